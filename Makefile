@@ -1,0 +1,51 @@
+# eagle3 — every target sets itself up on a fresh machine (venv, CPU torch, the package).
+# GPU machines: see README.md ("GPU install") instead of the pinned CPU torch below.
+PY      ?= python3
+VENV    ?= .venv
+BIN     := $(VENV)/bin
+TORCH   ?= torch==2.13.0
+STAMP   := $(VENV)/.installed
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test test-fast lint demo bench tiny-target clean sglang-cpu
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# the CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build
+	$(BIN)/pip install -q "$(TORCH)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+# SGLang's argument parser on CPU (validates `eagle3 serve` commands); sglang's full install is CUDA-only.
+sglang-cpu: install
+	$(BIN)/pip install -q --no-deps "sglang>=0.5,<0.6" || echo "sglang not installable here; serve parser tests will skip"
+	$(BIN)/pip install -q triton orjson uvloop pybase64 partial_json_parser msgspec || true
+
+test: install
+	$(BIN)/python -m pytest -q tests
+
+test-fast: install
+	$(BIN)/python -m pytest -q tests -m "not slow"
+
+lint: install
+	$(BIN)/ruff check eagle3cli tests recipes
+	$(BIN)/ruff format --check eagle3cli tests recipes || true
+
+demo: install
+	bash recipes/demo.sh
+
+bench: install
+	bash recipes/bench/run.sh
+
+# Rebuild the committed tiny target (about 12 minutes on 2 cores).
+tiny-target: install
+	$(BIN)/python recipes/tiny-target/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
+
+clean:
+	rm -rf runs/demo .pytest_cache

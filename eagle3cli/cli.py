@@ -1,0 +1,81 @@
+"""The `eagle3` command. Thin: each command parses flags, builds a typed config, calls
+`run_<stage>(config)`. Errors of kind UsageError exit 2 with a message, never a traceback."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from . import __version__
+from rich.markup import escape
+
+from .console import console
+from .errors import UsageError
+
+HELP = """EAGLE-3 draft heads, end to end: regenerate data with the target, cache its hidden states,
+train the head with training-time test, measure acceptance by depth, serve with SGLang.
+
+[bold]The chain[/] (each stage reads the previous stage's folder and checks its manifest):
+
+  eagle3 gen-data --target models/tiny-target --input ../shared/data/gsm8k_train.jsonl --run runs/demo
+  eagle3 cache    --run runs/demo
+  eagle3 train    --run runs/demo
+  eagle3 eval     --run runs/demo --depth 8 --bench gsm8k
+  eagle3 serve    --target models/tiny-target --head runs/demo/head --dry-run
+
+Start on a new machine with [bold]eagle3 doctor[/].
+"""
+
+app = typer.Typer(
+    name="eagle3",
+    help=HELP,
+    rich_markup_mode="rich",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    pretty_exceptions_enable=False,
+)
+
+# Each stage module defines `register(app)`, adding its command(s). Listed in chain order;
+# a module is added here only once its command does real work.
+COMMAND_MODULES = [
+    "eagle3cli.doctor",
+]
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"eagle3 {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    pass
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point. Click handles its own usage errors (exit 2); ours get the same treatment."""
+    try:
+        app(args=argv, prog_name="eagle3")  # standalone: always ends in SystemExit
+    except UsageError as e:
+        console.print(f"[bold red]error:[/] {escape(e.what)}")
+        if e.expected:
+            console.print(f"[bold]expected:[/] {escape(e.expected)}")
+        if e.next_step:
+            console.print(f"[bold]next:[/] {escape(e.next_step)}")
+        return e.exit_code
+    except SystemExit as e:
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Typed, frozen stage configs and YAML recipes that load into them.
+
+A recipe is a YAML file; either flat (keys of one stage's config) or with one section per
+stage (`gen_data:`, `cache:`, `train:`, `eval:`, `serve:`). Unknown keys fail loudly. Flags
+given on the command line override the recipe; unset flags (None) keep the recipe's or the
+dataclass default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .errors import UsageError
+
+C = TypeVar("C")
+STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "export")
+
+
+def load_recipe(path: Path | None, section: str) -> dict:
+    """The keys for one stage from a recipe file (flat, or the stage's own section)."""
+    if path is None:
+        return {}
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
+    if not isinstance(data, dict):
+        raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+    if any(k in data for k in STAGE_SECTIONS):
+        data = data.get(section) or {}
+    return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def _coerce(value: Any, tp: Any) -> Any:
+    """Turn YAML/CLI values into the field's type (paths, tuples of ints, optionals)."""
+    if value is None:
+        return None
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        return _coerce(value, args[0]) if len(args) == 1 else value
+    if tp is Path:
+        return Path(value)
+    if origin is tuple:
+        (inner, *_rest) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [v for v in value.replace(",", " ").split() if v]
+        return tuple(_coerce(v, inner) for v in value)
+    if tp in (int, float) and isinstance(value, str):
+        try:
+            return tp(value)
+        except ValueError:
+            return value  # left for validate() to report with the flag name
+    return value
+
+
+def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: Any) -> C:
+    """Recipe keys, then non-None flag overrides, into a frozen dataclass; validates all at once."""
+    data = load_recipe(recipe, section)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UsageError(
+            f"recipe {recipe}: unknown key(s) for {section}: {', '.join(unknown)}",
+            f"keys among: {', '.join(sorted(fields))}",
+            "fix the recipe (typos are not ignored)",
+        )
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(v, hints[k]) for k, v in data.items() if k in fields}
+    cfg = cls(**kwargs)
+    errors = cfg.validate() if hasattr(cfg, "validate") else []
+    if errors:
+        raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
+    return cfg
+
+
+def config_dict(cfg: Any) -> dict:
+    """JSON-friendly dict of a config (for manifests)."""
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}

@@ -1,0 +1,121 @@
+"""`eagle3 doctor`: what this node can run — versions, devices, DeepSpeed launcher, SGLang, disk."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import typer
+
+from .console import out, print_table
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    required: bool = True
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def check_packages() -> list[Check]:
+    rows = []
+    for pkg, required in [("torch", True), ("transformers", True), ("datasets", True), ("safetensors", True),
+                          ("deepspeed", True), ("typer", True), ("rich", True), ("sglang", False), ("vllm", False)]:
+        v = _version(pkg)
+        detail = v or ("not installed: pip install 'eagle3cli\\[serve]' on a GPU node" if pkg == "sglang"
+                       else "not installed" + ("" if required else " (optional)"))
+        rows.append(Check(pkg, v is not None, detail, required))
+    return rows
+
+
+def check_devices() -> list[Check]:
+    import psutil
+    import torch
+
+    mem = psutil.virtual_memory()
+    rows = [Check("cpu", True, f"{psutil.cpu_count()} cores, "
+                  f"{mem.total / 2**30:.1f} GiB RAM ({mem.available / 2**30:.1f} GiB free), "
+                  f"torch threads {torch.get_num_threads()}")]
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            p = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            rows.append(Check(f"cuda:{i}", True, f"{p.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
+                              f"sm_{p.major}{p.minor}, bf16={'yes' if torch.cuda.is_bf16_supported() else 'no'}"))
+    else:
+        rows.append(Check("cuda", False, f"no CUDA device (torch {torch.__version__}); CPU paths only", False))
+    return rows
+
+
+def check_deepspeed() -> Check:
+    """Can `deepspeed` launch here? The launcher binary and the accelerator it picks."""
+    launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
+    if not Path(launcher).exists():
+        return Check("deepspeed launcher", False, "the `deepspeed` launcher is not on PATH")
+    try:
+        code = "from deepspeed.accelerator import get_accelerator as g; print(g().device_name())"
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        acc = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
+    except (subprocess.TimeoutExpired, OSError):
+        acc = None
+    if acc is None:
+        return Check("deepspeed launcher", False, f"{launcher} present, but DeepSpeed failed to import")
+    return Check("deepspeed launcher", True, f"{launcher} (accelerator: {acc})")
+
+
+def check_sglang() -> Check:
+    """SGLang usable = its server-args parser imports (CPU: parser only; serving needs CUDA)."""
+    if _version("sglang") is None:
+        return Check("sglang parser", False, "sglang not installed (serve --dry-run still works; "
+                     "`make sglang-cpu` adds the parser on CPU)", False)
+    try:
+        importlib.import_module("sglang.srt.server_args")
+        return Check("sglang parser", True, "sglang.srt.server_args imports: serve commands are validated", False)
+    except Exception as e:  # noqa: BLE001 — any import failure means "not usable", with the reason
+        return Check("sglang parser", False, f"sglang installed but its parser fails to import: {type(e).__name__}: {e}"[:160], False)
+
+
+def check_disk(path: Path) -> Check:
+    path = path if path.exists() else Path.cwd()
+    u = shutil.disk_usage(path)
+    free = u.free / 2**30
+    return Check("disk", free > 5, f"{free:.1f} GiB free of {u.total / 2**30:.0f} GiB at {path.resolve()}")
+
+
+def run_doctor(runs_dir: Path) -> list[Check]:
+    return [*check_packages(), *check_devices(), check_deepspeed(), check_sglang(), check_disk(runs_dir)]
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(epilog="Example: eagle3 doctor --json > node.json")
+    def doctor(
+        runs_dir: Path = typer.Option(Path("runs"), help="Where run folders go (free space is checked there)."),
+        as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    ) -> None:
+        """Check this node: package versions, devices, DeepSpeed launcher, SGLang, free disk.
+
+        Exits 1 if something required is missing; optional parts (CUDA, SGLang) only warn.
+        """
+        checks = run_doctor(runs_dir)
+        if as_json:
+            out.print_json(json.dumps([c.__dict__ for c in checks]))
+        else:
+            print_table("eagle3 doctor", ["check", "status", "detail"],
+                        [[c.name, "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]no[/]"),
+                          c.detail] for c in checks])
+        if any(c.required and not c.ok for c in checks):
+            raise typer.Exit(1)

@@ -1,0 +1,183 @@
+"""Loading the target model and capturing its EAGLE-3 aux features.
+
+eagle3's layer-id convention: an aux id k is an index into transformers'
+`output_hidden_states`, i.e. the *input* of decoder layer k. The default `[2, L//2, L-3]`
+is what SGLang and vLLM capture when a head names no layers. Capture uses forward
+pre-hooks on exactly those layers, so no other layer's states are kept and the lm_head
+(a 128k-wide matmul on real targets) is skipped unless logits are asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+from ..manifest import model_fingerprint, tokenizer_fingerprint
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def top_aux_layer_ids(num_layers: int) -> tuple[int]:
+    """The top-only ablation: the input of the last decoder layer."""
+    return (num_layers - 1,)
+
+
+def resolve_model_path(name_or_path: str | Path) -> Path:
+    """A local folder, or a hub id already in the local cache (nothing is downloaded here)."""
+    p = Path(name_or_path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").exists():
+            raise UsageError(
+                f"{p} has no config.json", "a transformers model folder (config.json + *.safetensors)",
+                "pass the folder that contains config.json",
+            )
+        return p
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(name_or_path), local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1"))
+    except Exception as e:  # hub unreachable, unknown id, gated repo...
+        raise UsageError(
+            f"target '{name_or_path}' is neither a local folder nor a reachable hub model ({type(e).__name__})",
+            "a local model folder, e.g. models/tiny-target",
+            "eagle3 gen-data --target models/tiny-target ...",
+        ) from e
+
+
+def pick_device(device: str | None = None) -> torch.device:
+    if device and device != "auto":
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
+    """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and lossy)."""
+    if dtype and dtype != "auto":
+        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
+                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(path))
+    if not getattr(tok, "chat_template", None):
+        raise UsageError(
+            f"the tokenizer in {path} has no chat_template",
+            "a chat model whose tokenizer_config.json (or chat_template.jinja) defines one",
+            "use the instruct/chat variant of the model",
+        )
+    return tok
+
+
+def load_target(name_or_path: str | Path, device: str | None = None, dtype: str | None = None):
+    """(model, tokenizer, path) with the model in eval mode on the chosen device/dtype."""
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    dev = pick_device(device)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype)).to(dev).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model, load_tokenizer(path), path
+
+
+def num_layers(model) -> int:
+    return model.config.num_hidden_layers
+
+
+def decoder_layers(model):
+    return model.model.layers
+
+
+def validate_aux_layer_ids(ids: tuple[int, ...], n_layers: int) -> list[str]:
+    # Repeats are legal (engines allow them; a 4-layer target's default is [2, 2, 1]).
+    errors = []
+    bad = [i for i in ids if not 0 <= i < n_layers]
+    if bad:
+        errors.append(f"--aux-layers {bad} outside 0..{n_layers - 1} (the target has {n_layers} decoder layers)")
+    return errors
+
+
+@dataclass(frozen=True)
+class TargetIdentity:
+    """What later stages compare to refuse inputs made with another target."""
+
+    fingerprint: str
+    path: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    vocab_hash: str
+    chat_template_hash: str
+    max_position_embeddings: int
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+    def comparable(self) -> dict:
+        """Fields that must match (path may differ between machines)."""
+        d = self.as_dict()
+        d.pop("path")
+        return d
+
+
+def target_identity(path: Path, tokenizer, config=None) -> TargetIdentity:
+    path = Path(path)
+    cfg = config.to_dict() if config is not None else json.loads((path / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    tf = tokenizer_fingerprint(tokenizer)
+    return TargetIdentity(
+        fingerprint=model_fingerprint(path),
+        path=str(path),
+        vocab_size=int(cfg["vocab_size"]),
+        hidden_size=int(cfg["hidden_size"]),
+        num_hidden_layers=int(cfg["num_hidden_layers"]),
+        vocab_hash=tf["vocab_hash"],
+        chat_template_hash=tf["chat_template_hash"],
+        max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
+    )
+
+
+class AuxCapture:
+    """Context manager: records the inputs of the chosen decoder layers during a forward."""
+
+    def __init__(self, model, aux_layer_ids: tuple[int, ...]):
+        self.model, self.ids = model, tuple(aux_layer_ids)
+        self.states: dict[int, torch.Tensor] = {}
+        self._handles = []
+
+    def __enter__(self) -> AuxCapture:
+        layers = decoder_layers(self.model)
+        for i in self.ids:
+            def hook(_mod, args, kwargs, i=i):
+                self.states[i] = args[0] if args else kwargs["hidden_states"]
+            self._handles.append(layers[i].register_forward_pre_hook(hook, with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def concat(self) -> torch.Tensor:
+        """[B, T, n_aux*H], in the order of aux_layer_ids (the order fc was trained on)."""
+        return torch.cat([self.states[i] for i in self.ids], dim=-1)
+
+
+@torch.no_grad()
+def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                     aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(aux [B,T,n_aux*H], last_hidden [B,T,H]) for a batch; last_hidden is after the final norm,
+    so teacher logits are exactly `model.lm_head(last_hidden)`."""
+    with AuxCapture(model, aux_layer_ids) as cap:
+        out = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
+    return cap.concat(), out.last_hidden_state

@@ -1,0 +1,85 @@
+"""Shared fixtures: tiny random Llama targets built locally, and the committed trained target.
+
+Everything runs offline on CPU. The random targets reuse the committed tokenizer (with its
+ChatML template) so chat rendering is real; their weights are random and seeded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_TARGET = REPO / "models" / "tiny-target"
+SHARED_DATA = REPO.parent / "shared" / "data"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+
+
+def pytest_collection_modifyitems(config, items):
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if "gpu" in item.keywords:
+                item.add_marker(skip)
+
+
+def build_random_target(out: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+    """A random LlamaForCausalLM saved like a real checkpoint (config, safetensors, tokenizer)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(str(TINY_TARGET))
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    model = LlamaForCausalLM(cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    for f in TOKENIZER_FILES:
+        if (TINY_TARGET / f).exists():
+            shutil.copy(TINY_TARGET / f, out / f)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_target_dir(tmp_path_factory) -> Path:
+    """4-layer, 64-wide random target (aux layers [2, 2, 1] by the default rule)."""
+    return build_random_target(tmp_path_factory.mktemp("tiny-random-target") / "model", num_layers=4)
+
+
+@pytest.fixture(scope="session")
+def deep_target_dir(tmp_path_factory) -> Path:
+    """8-layer random target whose default aux layers [2, 4, 5] are distinct."""
+    return build_random_target(tmp_path_factory.mktemp("deep-random-target") / "model", num_layers=8, seed=1)
+
+
+@pytest.fixture(scope="session")
+def trained_target_dir() -> Path:
+    """The committed small trained target (models/tiny-target) for quality checks."""
+    assert (TINY_TARGET / "model.safetensors").exists(), "models/tiny-target is missing: run `make tiny-target`"
+    return TINY_TARGET
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    assert SHARED_DATA.exists(), f"{SHARED_DATA} missing (the shared/ folder beside the repo)"
+    return SHARED_DATA
