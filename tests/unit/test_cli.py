@@ -1,0 +1,75 @@
+"""The CLI frame: help, version, doctor, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from eagle3cli import __version__
+from eagle3cli.cli import main
+from eagle3cli.errors import UsageError
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle3cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_help_lists_doctor_and_chain_examples():
+    r = run("--help")
+    assert r.returncode == 0
+    assert "doctor" in r.stdout
+    assert "eagle3 gen-data" in r.stdout and "eagle3 eval" in r.stdout
+
+
+def test_version():
+    r = run("--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"eagle3 {__version__}"
+
+
+def test_bad_flag_exits_2_with_message():
+    r = run("--no-such-flag")
+    assert r.returncode == 2
+    assert "No such option" in r.stderr
+
+
+def test_doctor_json_reports_versions_devices_and_disk():
+    r = run("doctor", "--json")
+    assert r.returncode == 0, r.stderr
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    import torch
+    import transformers
+
+    assert checks["torch"]["detail"] == torch.__version__
+    assert checks["transformers"]["detail"] == transformers.__version__
+    assert checks["deepspeed"]["ok"]
+    assert "cores" in checks["cpu"]["detail"]
+    assert "GiB free" in checks["disk"]["detail"]
+    assert checks["deepspeed launcher"]["ok"], checks["deepspeed launcher"]
+    assert "sglang parser" in checks
+
+
+def test_doctor_table():
+    r = run("doctor")
+    assert r.returncode == 0
+    assert "eagle3 doctor" in r.stdout and "deepspeed launcher" in r.stdout
+
+
+def test_usage_error_exits_2(monkeypatch, capsys):
+    from eagle3cli import doctor
+
+    def boom(runs_dir):
+        raise UsageError("the thing is wrong", "a right thing", "eagle3 doctor --help")
+
+    monkeypatch.setattr(doctor, "run_doctor", boom)
+    assert main(["doctor"]) == 2
+    err = capsys.readouterr().err
+    assert "the thing is wrong" in err and "expected:" in err and "next:" in err
+
+
+@pytest.mark.parametrize("cmd", ["doctor"])
+def test_every_command_help_has_an_example(cmd):
+    r = run(cmd, "--help")
+    assert r.returncode == 0 and "Example:" in r.stdout
