@@ -1,0 +1,1 @@
+"""`eagle3 serve`: preflight checks, engine commands (SGLang / vLLM), launch + health, load bench."""

@@ -1,0 +1,320 @@
+"""`eagle3 serve-bench`: load a speculative server and a baseline at several concurrencies.
+
+Speculation trades spare compute for fewer target passes; as the batch grows the GPU has
+less to spare, so the speed-up shrinks and eventually turns into a slow-down. The bench
+finds that concurrency. Per level: output-token throughput, request latency percentiles and
+accept length — per request from SGLang's `meta_info` (`completion_tokens / spec_verify_ct`,
+or `spec_accept_length` where the server reports it) or, on the OpenAI API, from SGLang's
+`sglext.spec_tokens_details` extension; and after each level from `/server_info`'s
+`avg_spec_accept_length` (a running average over recent batches).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from ..config import config_dict
+from ..console import log, print_table, progress, warn
+from ..errors import UsageError
+from ..manifest import atomic_write_json, write_manifest
+from .config import BenchConfig
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mt_bench_questions.jsonl"
+
+
+@dataclass
+class RequestResult:
+    ok: bool
+    latency_s: float
+    completion_tokens: int = 0
+    verify_ct: int | None = None        # target verify passes (SGLang meta_info.spec_verify_ct)
+    accept_length: float | None = None  # tokens per verify pass, as the server reports it
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    server: str
+    concurrency: int
+    requests: int
+    failed: int
+    wall_s: float
+    output_tokens: int
+    throughput_tok_s: float
+    requests_per_s: float
+    latency_p50_s: float | None
+    latency_p90_s: float | None
+    latency_p99_s: float | None
+    accept_length: float | None          # sum(tokens) / sum(verify passes) over this level's requests
+    server_accept_length: float | None   # /server_info avg_spec_accept_length after the level
+    first_error: str | None = None
+
+
+# ---------------------------------------------------------------- prompts
+def _prompt_of(rec: dict) -> str | None:
+    for key in ("prompt", "text", "question", "instruction", "input"):
+        if isinstance(rec.get(key), str) and rec[key].strip():
+            return rec[key]
+    turns = rec.get("turns")
+    if isinstance(turns, list) and turns and isinstance(turns[0], str):
+        return turns[0]
+    for key in ("messages", "conversations"):
+        msgs = rec.get(key)
+        if isinstance(msgs, list):
+            for m in msgs:
+                if isinstance(m, dict) and m.get("role", m.get("from")) in ("user", "human"):
+                    return m.get("content", m.get("value"))
+    return None
+
+
+def load_prompts(path: Path | None) -> list[str]:
+    path = Path(path) if path is not None else DEFAULT_PROMPTS
+    if not path.exists():
+        raise UsageError(f"prompt file {path} does not exist", "a JSONL file with a prompt/question/turns/messages "
+                         "field per line", "eagle3 serve-bench --prompts ../shared/data/mt_bench_questions.jsonl ...")
+    prompts = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            p = _prompt_of(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise UsageError(f"{path}:{n} is not JSON ({e})", "one JSON object per line") from e
+        if p:
+            prompts.append(p)
+    if not prompts:
+        raise UsageError(f"{path} has no usable prompts", "lines with a prompt, question, turns or messages field")
+    return prompts
+
+
+# ---------------------------------------------------------------- one request
+async def _request(client: httpx.AsyncClient, url: str, api: str, prompt: str, model: str, cfg: BenchConfig
+                   ) -> RequestResult:
+    t0 = time.perf_counter()
+    try:
+        if api == "generate":
+            params = {"max_new_tokens": cfg.max_tokens, "temperature": 0.0}
+            if cfg.ignore_eos:
+                params["ignore_eos"] = True
+            r = await client.post(f"{url}/generate", json={"text": prompt, "sampling_params": params})
+        else:
+            # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`)
+            body = {"model": model, "messages": [{"role": "user", "content": prompt}],
+                    "max_tokens": cfg.max_tokens, "temperature": 0.0, "return_spec_tokens_details": True}
+            if cfg.ignore_eos:
+                body["ignore_eos"] = True
+            r = await client.post(f"{url}/v1/chat/completions", json=body)
+        latency = time.perf_counter() - t0
+        if r.status_code != 200:
+            return RequestResult(False, latency, error=f"HTTP {r.status_code}: {r.text[:160]}")
+        data = r.json()
+    except (httpx.HTTPError, json.JSONDecodeError) as e:
+        return RequestResult(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"[:200])
+    if api == "generate":
+        meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
+        tokens = int(meta.get("completion_tokens") or 0)
+        verify = meta.get("spec_verify_ct")
+        verify = int(verify) if verify else None
+        acc = meta.get("spec_accept_length")
+        if acc is None and verify:
+            acc = tokens / verify
+        return RequestResult(True, latency, tokens, verify, float(acc) if acc is not None else None)
+    tokens = int(((data.get("usage") or {}).get("completion_tokens")) or 0)
+    spec = (data.get("sglext") or {}).get("spec_tokens_details")
+    spec = spec[0] if isinstance(spec, list) and spec else spec
+    if isinstance(spec, dict) and spec.get("spec_verify_ct"):
+        verify = int(spec["spec_verify_ct"])
+        return RequestResult(True, latency, tokens, verify, float(spec.get("spec_accept_length") or tokens / verify))
+    return RequestResult(True, latency, tokens)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    k = (len(s) - 1) * q
+    lo, hi = math.floor(k), math.ceil(k)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+async def _server_accept_length(client: httpx.AsyncClient, url: str) -> float | None:
+    """SGLang's running average over recent batches (`internal_states[*].avg_spec_accept_length`)."""
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            r = await client.get(url + path)
+        except httpx.HTTPError:
+            continue
+        if r.status_code != 200:
+            continue
+        try:
+            info = r.json()
+        except json.JSONDecodeError:
+            continue
+        states = info.get("internal_states") or [info]
+        vals = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+        vals = [float(v) for v in vals if isinstance(v, (int, float))]
+        if vals:
+            return sum(vals) / len(vals)
+    return None
+
+
+async def _model_name(client: httpx.AsyncClient, url: str) -> str:
+    try:
+        r = await client.get(url + "/v1/models")
+        return r.json()["data"][0]["id"]
+    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError):
+        return "default"
+
+
+async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> None:
+    try:
+        r = await client.get(url + "/health")
+        ok = r.status_code == 200
+        why = f"HTTP {r.status_code}"
+    except httpx.HTTPError as e:
+        ok, why = False, f"{type(e).__name__}: {e}"
+    if not ok:
+        raise UsageError(f"the {label} server at {url} is not healthy ({why})", "a running SGLang/vLLM server",
+                         "start it: eagle3 serve --target T --head H --port PORT   (baseline: the plain engine)")
+
+
+# ---------------------------------------------------------------- one level
+async def run_level(label: str, url: str, prompts: list[str], concurrency: int, n_requests: int,
+                    cfg: BenchConfig) -> LevelResult:
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(timeout=cfg.timeout, limits=limits) as client:
+        model = await _model_name(client, url) if cfg.api == "openai" else ""
+        await _request(client, url, cfg.api, prompts[0], model, cfg)  # warm-up, not counted
+        sem = asyncio.Semaphore(concurrency)
+        results: list[RequestResult] = []
+        with progress(f"{label} c={concurrency}", total=n_requests, unit="req") as bar:
+            async def one(i: int) -> None:
+                async with sem:
+                    res = await _request(client, url, cfg.api, prompts[i % len(prompts)], model, cfg)
+                results.append(res)
+                bar.advance(1, tokens=res.completion_tokens)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(one(i) for i in range(n_requests)))
+            wall = time.perf_counter() - t0
+        server_acc = await _server_accept_length(client, url)
+    good = [r for r in results if r.ok]
+    tokens = sum(r.completion_tokens for r in good)
+    verified = [r for r in good if r.verify_ct]
+    acc = (sum(r.completion_tokens for r in verified) / sum(r.verify_ct for r in verified)) if verified else None
+    if acc is None:
+        reported = [r.accept_length for r in good if r.accept_length is not None]
+        acc = sum(reported) / len(reported) if reported else None
+    lat = [r.latency_s for r in good]
+    errors = [r.error for r in results if not r.ok]
+    return LevelResult(
+        server=label, concurrency=concurrency, requests=len(results), failed=len(errors), wall_s=wall,
+        output_tokens=tokens, throughput_tok_s=tokens / wall if wall > 0 else 0.0,
+        requests_per_s=len(good) / wall if wall > 0 else 0.0,
+        latency_p50_s=_percentile(lat, 0.5), latency_p90_s=_percentile(lat, 0.9), latency_p99_s=_percentile(lat, 0.99),
+        accept_length=acc, server_accept_length=server_acc, first_error=errors[0] if errors else None,
+    )
+
+
+# ---------------------------------------------------------------- summary
+def speedups(levels: list[LevelResult]) -> dict[int, float]:
+    """Speculative / baseline throughput per concurrency measured on both servers.
+
+    A level where every request failed measured nothing; it gets no speed-up (not 0)."""
+    spec = {r.concurrency: r.throughput_tok_s for r in levels if r.server == "speculative" and r.failed < r.requests}
+    base = {r.concurrency: r.throughput_tok_s for r in levels if r.server == "baseline" and r.failed < r.requests}
+    return {c: spec[c] / base[c] for c in sorted(spec) if c in base and base[c] > 0}
+
+
+def crossover(speedup: dict[int, float]) -> int | None:
+    """The smallest concurrency from which speculation no longer pays (speed-up < 1) at every higher one."""
+    cs = sorted(speedup)
+    for i, c in enumerate(cs):
+        if all(speedup[d] < 1.0 for d in cs[i:]):
+            return c
+    return None
+
+
+def plot(levels: list[LevelResult], speedup: dict[int, float], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, style in (("speculative", "o-"), ("baseline", "s--")):
+        pts = sorted((r.concurrency, r.throughput_tok_s) for r in levels if r.server == label)
+        if pts:
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)
+    ax1.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="output tokens / s", title="throughput")
+    ax1.legend()
+    if speedup:
+        cs = sorted(speedup)
+        ax2.plot(cs, [speedup[c] for c in cs], "o-", color="tab:green")
+        ax2.axhline(1.0, color="gray", lw=1, ls=":")
+    ax2.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="speculative / baseline",
+            title="speed-up" if speedup else "speed-up (no baseline given)")
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def _fmt(v, digits=3):
+    return "-" if v is None else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))
+
+
+def run_bench(cfg: BenchConfig) -> Path:
+    """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
+    prompts = load_prompts(cfg.prompts)
+    servers = [("speculative", cfg.spec_url.rstrip("/"))]
+    if cfg.base_url:
+        servers.append(("baseline", cfg.base_url.rstrip("/")))
+    else:
+        warn("no --base-url: throughput is measured, but there is no speed-up without a baseline server")
+
+    async def main() -> list[LevelResult]:
+        async with httpx.AsyncClient(timeout=10.0) as client:
+            for label, url in servers:
+                await _check_reachable(client, label, url)
+        levels = []
+        for c in cfg.concurrency:
+            for label, url in servers:
+                levels.append(await run_level(label, url, prompts, c, max(cfg.requests, 2 * c), cfg))
+        return levels
+
+    levels = asyncio.run(main())
+    sp = speedups(levels)
+    cross = crossover(sp)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [[r.server, r.concurrency, r.requests, r.failed, r.throughput_tok_s, _fmt(r.latency_p50_s),
+             _fmt(r.latency_p90_s), _fmt(r.latency_p99_s), _fmt(r.accept_length), _fmt(r.server_accept_length),
+             _fmt(sp.get(r.concurrency)) if r.server == "speculative" else ""] for r in levels]
+    print_table("serve-bench", ["server", "conc", "reqs", "failed", "tok/s", "p50 s", "p90 s", "p99 s",
+                                "accept len", "server accept", "speed-up"], rows)
+    if sp:
+        verdict = (f"speculation stops paying at concurrency {cross}" if cross is not None
+                   else f"speculation pays at every tested concurrency (up to {max(sp)})")
+        log(f"[bold]{verdict}[/]")
+    failed = sum(r.failed for r in levels)
+    if failed:
+        first = next(r.first_error for r in levels if r.first_error)
+        warn(f"{failed} request(s) failed; first: {first}")
+    report = {"config": config_dict(cfg), "levels": [asdict(r) for r in levels],
+              "speedup": {str(c): v for c, v in sp.items()}, "stops_paying_at": cross,
+              "prompts": len(prompts)}
+    atomic_write_json(out / "bench.json", report)
+    plot(levels, sp, out / "bench.png")
+    write_manifest(out, "serve-bench", config=config_dict(cfg), counts={"requests": sum(r.requests for r in levels),
+                   "failed": failed}, stops_paying_at=cross)
+    log(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    return out

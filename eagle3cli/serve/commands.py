@@ -1,0 +1,207 @@
+"""The engine command lines, and their validation by SGLang's own argument parser.
+
+SGLang 0.5.x: `python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3
+--speculative-draft-model-path H --speculative-num-steps S --speculative-eagle-topk K
+--speculative-num-draft-tokens N --host ... --port ...`. vLLM: `vllm serve T --speculative-config
+'{"method": "eagle3", "model": H, "num_speculative_tokens": S}'`.
+
+Engines rename and drop flags between releases while their docs still show the old ones, and
+argparse accepts unambiguous prefixes by default. So where sglang is importable, the exact argv
+is parsed by `ServerArgs.add_cli_args` on a parser with `allow_abbrev=False`, then turned into
+`ServerArgs` and read back: what SGLang would run is what we meant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+
+SGLANG_MODULE = "sglang.launch_server"
+
+
+@dataclass(frozen=True)
+class SpecNumbers:
+    """SGLang's names: steps = --speculative-num-steps (draft depth), topk = --speculative-eagle-topk
+    (branching per step), draft_tokens = --speculative-num-draft-tokens (tree nodes verified,
+    root included). vLLM's num_speculative_tokens = steps (a chain)."""
+
+    steps: int
+    topk: int
+    draft_tokens: int
+    source: str
+
+
+# What SGLang chooses for Llama-family targets when EAGLE/EAGLE3 is given no numbers
+# (`auto_choose_speculative_params`): 5 steps, topk 4, 8 verified tokens.
+SGLANG_DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's defaults for Llama targets")
+
+
+def spec_from_eval(eval_dir: Path) -> SpecNumbers:
+    """`recommended: {steps, topk, num_draft_tokens}` from `runs/NAME/eval/report.json`."""
+    eval_dir = Path(eval_dir)
+    report = eval_dir / "report.json" if eval_dir.is_dir() or eval_dir.suffix != ".json" else eval_dir
+    if not report.exists() and (eval_dir / "eval" / "report.json").exists():  # runs/NAME given
+        report = eval_dir / "eval" / "report.json"
+    if not report.exists():
+        raise UsageError(f"{report} does not exist", "an eval folder with report.json (runs/NAME/eval)",
+                         "eagle3 eval --run runs/NAME   (or give --steps --topk --draft-tokens)")
+    try:
+        rec = json.loads(report.read_text()).get("recommended")
+    except (json.JSONDecodeError, AttributeError) as e:
+        raise UsageError(f"{report} is not a JSON report ({e})", "the report.json `eagle3 eval` writes") from e
+    keys = ("steps", "topk", "num_draft_tokens")
+    if not isinstance(rec, dict) or any(not isinstance(rec.get(k), int) for k in keys):
+        raise UsageError(f"{report} has no usable `recommended` block (found {rec!r})",
+                         "recommended: {steps: int, topk: int, num_draft_tokens: int}",
+                         "re-run eagle3 eval, or give --steps --topk --draft-tokens")
+    return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
+
+
+def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None,
+                 from_eval: Path | None) -> SpecNumbers:
+    """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else defaults."""
+    if steps is not None and topk is not None and draft_tokens is not None:
+        if from_eval is not None:
+            raise UsageError("--from-eval and --steps/--topk/--draft-tokens both given",
+                             "one source for the speculation numbers",
+                             "drop --from-eval to use the flags, or drop the flags to use the report")
+        return SpecNumbers(steps, topk, draft_tokens, source="flags")
+    if from_eval is not None:
+        return spec_from_eval(from_eval)
+    return SGLANG_DEFAULTS
+
+
+def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, host: str, port: int,
+                   extra: list[str] | tuple[str, ...] = (), python: str | None = None) -> list[str]:
+    return [
+        python or sys.executable, "-m", SGLANG_MODULE,
+        "--model-path", str(target),
+        "--speculative-algorithm", "EAGLE3",
+        "--speculative-draft-model-path", str(head),
+        "--speculative-num-steps", str(spec.steps),
+        "--speculative-eagle-topk", str(spec.topk),
+        "--speculative-num-draft-tokens", str(spec.draft_tokens),
+        "--host", host,
+        "--port", str(port),
+        *extra,
+    ]
+
+
+def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, host: str, port: int,
+                 extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+    spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
+    return [shutil.which("vllm") or "vllm", "serve", str(target), "--host", host, "--port", str(port),
+            "--speculative-config", json.dumps(spec_cfg), *extra]
+
+
+def build_command(engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=()) -> list[str]:
+    if engine == "sglang":
+        return sglang_command(target, head, spec, host, port, extra)
+    if engine == "vllm":
+        return vllm_command(target, head, spec, host, port, extra)
+    raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+
+
+def format_command(argv: list[str]) -> str:
+    """Copy-pasteable, one `--flag value` per line (`python -m MODULE` / `vllm serve T` first)."""
+    n = 3 if argv[1:2] in (["-m"], ["serve"]) else 1
+    lines, i = [shlex.join(argv[:n])], n
+    while i < len(argv):
+        take = 2 if (argv[i].startswith("--") and "=" not in argv[i] and i + 1 < len(argv)
+                     and not argv[i + 1].startswith("--")) else 1
+        lines.append(shlex.join(argv[i:i + take]))
+        i += take
+    return " \\\n    ".join(lines)
+
+
+# ---------------------------------------------------------------- SGLang's own parser
+class _ParseError(Exception):
+    pass
+
+
+class _StrictParser(argparse.ArgumentParser):
+    """Raises instead of printing SGLang's 400-line usage and exiting."""
+
+    def error(self, message: str):  # noqa: D401 — argparse's hook
+        raise _ParseError(message)
+
+
+@dataclass(frozen=True)
+class ParserCheck:
+    available: bool         # sglang's parser could be imported here
+    ok: bool                # the argv parsed and ServerArgs holds what we meant
+    message: str
+    sglang_version: str | None = None
+
+
+def sglang_parser_unavailable_reason() -> str | None:
+    """None when `sglang.srt.server_args` imports here; else why not (for skips and doctor)."""
+    try:
+        import sglang.srt.server_args  # noqa: F401
+    except Exception as e:  # noqa: BLE001 — missing package, missing light dep, CUDA-only import...
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
+def validate_sglang_argv(argv: list[str]) -> ParserCheck:
+    """Parse `python -m sglang.launch_server ...` with SGLang's parser (allow_abbrev=False)."""
+    reason = sglang_parser_unavailable_reason()
+    if reason is not None:
+        return ParserCheck(False, False, f"sglang's parser is not importable here ({reason})")
+    from importlib import metadata
+
+    from sglang.srt.server_args import ServerArgs
+
+    version = metadata.version("sglang")
+    try:
+        args = argv[argv.index(SGLANG_MODULE) + 1:]
+    except ValueError:
+        return ParserCheck(True, False, f"not an SGLang command (no `-m {SGLANG_MODULE}`)", version)
+    parser = _StrictParser(prog=SGLANG_MODULE, allow_abbrev=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        ns = parser.parse_args(args)
+    except _ParseError as e:
+        return ParserCheck(True, False, f"sglang {version} rejects the command: {e}", version)
+    expect = {"speculative_algorithm": "EAGLE3"}
+    flags = {"--model-path": "model_path", "--speculative-draft-model-path": "speculative_draft_model_path",
+             "--speculative-num-steps": "speculative_num_steps", "--speculative-eagle-topk": "speculative_eagle_topk",
+             "--speculative-num-draft-tokens": "speculative_num_draft_tokens", "--port": "port", "--host": "host"}
+    for flag, attr in flags.items():
+        if flag in args:
+            expect[attr] = args[len(args) - 1 - args[::-1].index(flag) + 1]  # the last occurrence wins
+    try:
+        server_args = ServerArgs.from_cli_args(ns)
+    except Exception as e:  # noqa: BLE001 — older 0.5.x resolve devices/models in __post_init__
+        server_args = ns
+        note = f" (ServerArgs not built here: {type(e).__name__}: {str(e)[:120]})"
+    else:
+        note = ""
+    wrong = [f"{k}={getattr(server_args, k, None)!r} (meant {v!r})" for k, v in expect.items()
+             if str(getattr(server_args, k, None)) != str(v)]
+    if wrong:
+        return ParserCheck(True, False, f"sglang {version} parses the command differently: {', '.join(wrong)}", version)
+    return ParserCheck(True, True, f"parsed by sglang {version}'s ServerArgs (allow_abbrev=False){note}", version)
+
+
+def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
+    """A request to paste once the server is up (SGLang's native /generate, and OpenAI chat)."""
+    h = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
+    base = f"http://{h}:{port}"
+    chat = json.dumps({"model": str(target), "messages": [{"role": "user", "content": "What is 17 * 23?"}],
+                       "max_tokens": 64, "temperature": 0})
+    lines = []
+    if engine == "sglang":
+        gen = json.dumps({"text": "The capital of France is", "sampling_params": {"max_new_tokens": 32, "temperature": 0}})
+        lines += ["# SGLang native API (meta_info.spec_verify_ct / spec_accept_length show speculation at work):",
+                  f"curl -s {base}/generate -H 'Content-Type: application/json' -d {shlex.quote(gen)}"]
+    lines += ["# OpenAI-compatible chat:",
+              f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}"]
+    return "\n".join(lines)

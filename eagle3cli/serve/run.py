@@ -1,0 +1,54 @@
+"""`run_serve(config)`: preflight, build the engine command, validate it, then print or launch it."""
+
+from __future__ import annotations
+
+from rich.markup import escape
+
+from ..console import log, out, warn
+from ..errors import UsageError
+from ..model.target import resolve_model_path
+from . import preflight as pf
+from .commands import build_command, format_command, ready_request, resolve_spec, validate_sglang_argv
+from .config import ServeConfig
+from .launch import launch
+
+
+def serve_problems(cfg: ServeConfig, spec) -> list[pf.Problem]:
+    """Every preflight check for this config (machine checks only when really launching)."""
+    # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
+    problems = pf.check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
+    problems += pf.check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
+    if not cfg.dry_run:
+        problems += pf.check_engine_installed(cfg.engine)
+        problems += pf.check_gpu(cfg.engine)
+        problems += pf.check_port(cfg.host, cfg.port)
+    return problems
+
+
+def run_serve(cfg: ServeConfig) -> int:
+    """Returns the process exit code: 0 for a dry run, else the engine's."""
+    flag_problems = pf.check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
+    pf.raise_if_errors(flag_problems, "eagle3 serve --help")
+    spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval)
+    problems = serve_problems(cfg, spec)
+    for p in problems:
+        if not p.is_error:
+            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
+    pf.raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
+    argv = build_command(cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args))
+    log(f"speculation: steps={spec.steps} topk={spec.topk} draft_tokens={spec.draft_tokens} "
+        f"(from {escape(spec.source)})")
+    if cfg.engine == "sglang":
+        check = validate_sglang_argv(argv)
+        if check.available and not check.ok:
+            raise UsageError(check.message, "flags this SGLang version accepts (no abbreviations)",
+                             "fix the flags after `--`; see python -m sglang.launch_server --help")
+        (log if check.ok else warn)(f"command check: {escape(check.message)}")
+    else:
+        warn("vLLM's parser is not checked here (only SGLang's is importable without a GPU)")
+    if cfg.dry_run:
+        log("preflight passed; --dry-run: the command is printed, nothing is started")
+        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
+        return 0
+    return launch(argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout,
+                  ready_message=ready_request(cfg.engine, cfg.host, cfg.port, cfg.target), log_prefix=cfg.engine)

@@ -1,0 +1,180 @@
+"""Engine commands: built from flags / eval report / defaults, and parsed by SGLang's own parser.
+
+The parser tests need `from sglang.srt.server_args import ServerArgs` to import; on a CPU machine
+that is `make sglang-cpu` (sglang --no-deps plus a few light packages). Without it they skip and
+say why.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+import pytest
+from test_serve_helpers import export_head
+
+from eagle3cli.cli import main
+from eagle3cli.errors import UsageError
+from eagle3cli.serve.commands import (
+    SGLANG_DEFAULTS,
+    SpecNumbers,
+    format_command,
+    ready_request,
+    resolve_spec,
+    sglang_command,
+    sglang_parser_unavailable_reason,
+    spec_from_eval,
+    validate_sglang_argv,
+    vllm_command,
+)
+
+
+@pytest.fixture(scope="module")
+def sglang_parser():
+    reason = sglang_parser_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"sglang's parser does not import here ({reason}); install it with `make sglang-cpu`")
+
+
+@pytest.fixture(scope="module")
+def head(tiny_target_dir, tmp_path_factory):
+    return export_head(tmp_path_factory.mktemp("serve-cmd") / "head", tiny_target_dir)
+
+
+def write_report(folder, recommended):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "report.json").write_text(json.dumps({"tau": 3.1, "recommended": recommended}))
+    return folder
+
+
+# ---------------------------------------------------------------- numbers
+def test_resolve_spec_sources(tmp_path):
+    assert resolve_spec(None, None, None, None) == SGLANG_DEFAULTS
+    assert resolve_spec(3, 1, 4, None) == SpecNumbers(3, 1, 4, "flags")
+    ev = write_report(tmp_path / "eval", {"steps": 6, "topk": 1, "num_draft_tokens": 7})
+    s = resolve_spec(None, None, None, ev)
+    assert (s.steps, s.topk, s.draft_tokens) == (6, 1, 7) and "report.json" in s.source
+    with pytest.raises(UsageError, match="both given"):
+        resolve_spec(3, 1, 4, ev)
+    assert spec_from_eval(tmp_path).steps == 6  # the run folder works too
+
+
+def test_eval_report_errors(tmp_path):
+    with pytest.raises(UsageError, match="does not exist"):
+        spec_from_eval(tmp_path / "nope")
+    ev = write_report(tmp_path / "eval", {"steps": 6})
+    with pytest.raises(UsageError, match="no usable `recommended`"):
+        spec_from_eval(ev)
+
+
+# ---------------------------------------------------------------- command shapes
+def test_sglang_command_shape():
+    argv = sglang_command("T", "H", SpecNumbers(3, 1, 4, "flags"), "0.0.0.0", 31000, ["--tp-size", "2"], python="python")
+    assert argv[:3] == ["python", "-m", "sglang.launch_server"]
+    pairs = dict(zip(argv[3:-2:2], argv[4:-2:2]))
+    assert pairs == {"--model-path": "T", "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "H",
+                     "--speculative-num-steps": "3", "--speculative-eagle-topk": "1",
+                     "--speculative-num-draft-tokens": "4", "--host": "0.0.0.0", "--port": "31000"}
+    assert argv[-2:] == ["--tp-size", "2"]
+
+
+def test_vllm_command_shape():
+    argv = vllm_command("T", "H", SpecNumbers(5, 1, 6, "flags"), "127.0.0.1", 8000)
+    assert argv[1:3] == ["serve", "T"]
+    cfg = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert cfg == {"method": "eagle3", "model": "H", "num_speculative_tokens": 5}
+
+
+def test_format_command_round_trips():
+    argv = sglang_command("/m/t x", "/h", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 1, ["--enable-metrics"])
+    text = format_command(argv)
+    assert text.count("\\\n") == len(text.splitlines()) - 1
+    assert shlex.split(text.replace("\\\n", " ")) == argv
+    v = vllm_command("T", "H", SpecNumbers(3, 1, 4, "f"), "h", 2)
+    assert shlex.split(format_command(v).replace("\\\n", " ")) == v
+
+
+def test_ready_request_is_valid_json():
+    text = ready_request("sglang", "0.0.0.0", 30000, "models/t")
+    assert "http://127.0.0.1:30000/generate" in text and "/v1/chat/completions" in text
+    bodies = [shlex.split(line)[-1] for line in text.splitlines() if line.startswith("curl")]
+    assert all(isinstance(json.loads(b), dict) for b in bodies)
+
+
+# ---------------------------------------------------------------- SGLang's own parser
+@pytest.mark.parametrize("spec,extra", [
+    (SGLANG_DEFAULTS, []),
+    (SpecNumbers(3, 1, 4, "chain"), []),
+    (SpecNumbers(5, 8, 32, "tree"), ["--mem-fraction-static", "0.8", "--context-length", "4096"]),
+    (SpecNumbers(7, 1, 8, "deep chain"), ["--tp-size", "2", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", "32"]),
+])
+def test_commands_parse_under_sglang(sglang_parser, spec, extra):
+    check = validate_sglang_argv(sglang_command("models/tiny-target", "runs/demo/head", spec, "127.0.0.1", 30000, extra))
+    assert check.available and check.ok, check.message
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--mem-frac", "0.8"], "unrecognized arguments: --mem-frac"),             # abbreviations are refused
+    (["--speculative-eagle-topk", "x"], "invalid int value"),
+    (["--no-such-flag"], "unrecognized arguments"),
+])
+def test_sglang_rejects_bad_flags(sglang_parser, extra, needle):
+    check = validate_sglang_argv(sglang_command("T", "H", SGLANG_DEFAULTS, "127.0.0.1", 30000, extra))
+    assert check.available and not check.ok and needle in check.message
+
+
+def test_sglang_parsed_values_are_checked(sglang_parser):
+    # a later flag overrides ours: SGLang would run steps=9, and the check reads it back from ServerArgs
+    argv = sglang_command("T", "H", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 30000, ["--speculative-num-steps", "9"])
+    check = validate_sglang_argv(argv)
+    assert check.ok, check.message  # the last occurrence is what we mean, and what SGLang runs
+    from sglang.srt.server_args import ServerArgs  # noqa: F401 — importable, per the fixture
+
+
+def test_dry_run_prints_a_command_sglang_parses(sglang_parser, head, tiny_target_dir, tmp_path, capsys):
+    """The exported head passes preflight and its dry-run command parses (the issue's 'done when')."""
+    ev = write_report(tmp_path / "eval", {"steps": 4, "topk": 1, "num_draft_tokens": 5})
+    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--from-eval", str(ev),
+                 "--dry-run", "--port", "30123", "--", "--mem-fraction-static", "0.7"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    argv = shlex.split(cap.out.replace("\\\n", " "))
+    assert argv[argv.index("--speculative-num-steps") + 1] == "4"
+    assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "5"
+    assert argv[-2:] == ["--mem-fraction-static", "0.7"]
+    check = validate_sglang_argv(argv)
+    assert check.ok, check.message
+    assert "parsed by sglang" in cap.err
+
+
+def test_dry_run_refuses_abbreviated_engine_flag(sglang_parser, head, tiny_target_dir, capsys):
+    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--dry-run",
+                 "--", "--mem-frac", "0.8"])
+    assert code == 2 and "rejects the command" in " ".join(capsys.readouterr().err.split())
+
+
+def test_dry_run_vllm(head, tiny_target_dir, capsys):
+    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run",
+                 "--steps", "3", "--topk", "1", "--draft-tokens", "4"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    argv = shlex.split(cap.out.replace("\\\n", " "))
+    assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
+
+
+def test_dry_run_vllm_refuses_a_tree(head, tiny_target_dir, capsys):
+    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"])
+    assert code == 2 and "drafts a chain" in " ".join(capsys.readouterr().err.split())  # SGLang's default topk 4 is a tree
+
+
+def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
+    recipe = tmp_path / "serve.yaml"
+    recipe.write_text(f"serve:\n  target: {tiny_target_dir}\n  head: {head}\n  engine: vllm\n  steps: 2\n"
+                      f"  topk: 1\n  draft_tokens: 3\n  port: 30999\n")
+    code = main(["serve", "--recipe", str(recipe), "--dry-run", "--port", "31000"])
+    cap = capsys.readouterr()
+    assert code == 0, cap.err
+    assert "--port 31000" in cap.out and '"num_speculative_tokens": 2' in cap.out
+    recipe.write_text("serve:\n  steps: 2\n  topc: 1\n")
+    assert main(["serve", "--recipe", str(recipe), "--dry-run"]) == 2
+    assert "unknown key(s) for serve: topc" in " ".join(capsys.readouterr().err.split())

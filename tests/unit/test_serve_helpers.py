@@ -1,0 +1,56 @@
+"""Helpers for the serve tests (no tests here): a real head export (`save_head`) and surgical breakages."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from eagle3cli.manifest import model_fingerprint
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.model.export import save_head
+from eagle3cli.model.target import default_aux_layer_ids
+
+
+def export_head(out: Path, target_dir: Path, draft_vocab: int = 256, aux: tuple[int, ...] | None = None,
+                seed: int = 0) -> Path:
+    """A random head for `target_dir`, written by the real exporter."""
+    tcfg = json.loads((Path(target_dir) / "config.json").read_text())
+    aux = aux or default_aux_layer_ids(tcfg["num_hidden_layers"])
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(draft_config_from_target(tcfg, draft_vocab, aux))
+    vocab = tcfg["vocab_size"]
+    target_ids = torch.randperm(vocab)[:draft_vocab].sort().values
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[target_ids] = True
+    draft.set_vocab_maps(target_ids - torch.arange(draft_vocab), t2d)
+    identity = {"path": str(target_dir), "fingerprint": model_fingerprint(target_dir), "vocab_size": vocab,
+                "hidden_size": tcfg["hidden_size"], "num_hidden_layers": tcfg["num_hidden_layers"],
+                "max_position_embeddings": tcfg["max_position_embeddings"]}
+    return save_head(draft, out, target_identity=identity)
+
+
+def copy_head(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def edit_config(head: Path, drop: tuple[str, ...] = (), **changes) -> None:
+    cfg = json.loads((head / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k, None)
+    cfg.update(changes)
+    (head / "config.json").write_text(json.dumps(cfg, indent=2))
+
+
+def edit_tensors(head: Path, drop: tuple[str, ...] = (), rename: dict | None = None, replace: dict | None = None) -> None:
+    tensors = load_file(str(head / "model.safetensors"))
+    for k in drop:
+        tensors.pop(k)
+    for old, new in (rename or {}).items():
+        tensors[new] = tensors.pop(old)
+    tensors.update(replace or {})
+    save_file(tensors, str(head / "model.safetensors"))
