@@ -193,7 +193,8 @@ def main() -> None:
     for step in range(steps):
         idx = order[(torch.arange(bs) + step * bs) % len(seqs)]
         batch = seqs[idx]
-        loss = model(input_ids=batch, labels=batch).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bool(cfg.get("autocast_bf16", False))):
+            loss = model(input_ids=batch, labels=batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

