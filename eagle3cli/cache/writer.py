@@ -1,0 +1,129 @@
+"""Run the target over a shard's samples and write one safetensors shard, atomically.
+
+A shard stores its samples' tokens stacked along one axis (no padding on disk): `input_ids`,
+`loss_mask`, `offsets` [n+1] (row ranges per sample) and the storage option's feature
+tensors. The forward batches samples by a padded-token budget, longest first, with right
+padding: under a causal mask the real positions never attend to pads, so features equal an
+unpadded forward up to float rounding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import save_file
+
+from ..model.target import capture_features
+from .storage import encode, id_dtype
+
+
+@dataclass
+class Sample:
+    index: int  # position in the cache (deterministic order)
+    id: str
+    input_ids: np.ndarray  # int32 [T]
+    loss_mask: np.ndarray  # bool [T]
+
+
+def batches_by_budget(lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Indices grouped so that (batch size x longest length) <= budget; longest first."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    out, cur = [], []
+    for i in order:
+        longest = lengths[cur[0]] if cur else lengths[i]
+        if cur and (len(cur) + 1) * longest > token_budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    return out
+
+
+@torch.no_grad()
+def shard_tensors(
+    samples: list[Sample],
+    model,
+    aux_layer_ids: tuple[int, ...],
+    storage: str,
+    *,
+    token_budget: int,
+    vocab_size: int,
+    topk: int,
+    pad_id: int,
+) -> dict[str, torch.Tensor]:
+    device = next(model.parameters()).device
+    lengths = [len(s.input_ids) for s in samples]
+    feats: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
+    for group in batches_by_budget(lengths, token_budget):
+        width = max(lengths[i] for i in group)
+        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
+        att = torch.zeros((len(group), width), dtype=torch.long)
+        for r, i in enumerate(group):
+            ids[r, : lengths[i]] = torch.from_numpy(samples[i].input_ids.astype(np.int64))
+            att[r, : lengths[i]] = 1
+        aux, last = capture_features(model, ids.to(device), att.to(device), aux_layer_ids)
+        # Encode the valid rows of the whole batch at once (one quantisation / lm_head pass).
+        valid = att.bool().to(device)
+        enc = encode(
+            storage,
+            aux[valid],
+            last[valid],
+            len(aux_layer_ids),
+            vocab_size=vocab_size,
+            lm_head=model.lm_head,
+            topk=topk,
+        )
+        start = 0
+        for i in group:
+            n = lengths[i]
+            feats[i] = {k: v[start : start + n].cpu() for k, v in enc.items()}
+            start += n
+    out = {k: torch.cat([f[k] for f in feats]) for k in feats[0]}
+    out["input_ids"] = torch.from_numpy(np.concatenate([s.input_ids for s in samples])).to(id_dtype(vocab_size))
+    out["loss_mask"] = torch.from_numpy(np.concatenate([s.loss_mask for s in samples])).to(torch.bool)
+    out["offsets"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def save_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
+    """safetensors to a temp name, fsync, rename: a shard file either exists whole or not at all."""
+    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
+    save_file(tensors, str(tmp), metadata=metadata)
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_shard(
+    path: Path,
+    samples: list[Sample],
+    model,
+    aux_layer_ids: tuple[int, ...],
+    storage: str,
+    *,
+    token_budget: int,
+    vocab_size: int,
+    topk: int,
+    pad_id: int,
+) -> None:
+    tensors = shard_tensors(
+        samples,
+        model,
+        aux_layer_ids,
+        storage,
+        token_budget=token_budget,
+        vocab_size=vocab_size,
+        topk=topk,
+        pad_id=pad_id,
+    )
+    # One metadata key: safetensors writes metadata in hash-map order, and byte-identical shards
+    # make a resumed run checkably equal to an uninterrupted one.
+    meta = {"eagle3": json.dumps({"storage": storage, "first_index": samples[0].index, "ids": [s.id for s in samples]})}
+    save_atomic(path, tensors, meta)
