@@ -1,0 +1,104 @@
+"""`eagle3 gen-data` configuration (recipe section `gen_data:`; flags override)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+BACKENDS = ("hf", "openai")
+
+# Fields that decide what the output records are. Resuming a folder with other values would
+# mix two datasets, so a mismatch is refused. (batch_size, concurrency, device and endpoints
+# change speed, not records: sampling is seeded per record and turn.)
+PLAN_FIELDS = ("inputs", "num_samples", "seed", "shard_size", "max_new_tokens", "temperature", "top_p",
+               "drop_truncated", "no_regenerate", "max_prompt_tokens")
+
+
+@dataclass(frozen=True)
+class GenDataConfig:
+    target: str | None = None
+    """Target model folder (its tokenizer renders prompts; the hf backend also generates with it)."""
+    inputs: tuple[str, ...] = ()
+    """Input files or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT for the mixture."""
+    run: Path | None = None
+    """Run folder runs/NAME; output goes to runs/NAME/data."""
+    out: Path | None = None
+    """Output folder (instead of --run)."""
+    backend: str = "hf"
+    """hf (embedded transformers) or openai (OpenAI-compatible endpoints: SGLang, vLLM)."""
+    endpoints: tuple[str, ...] = ()
+    """Base URLs for the openai backend, used round-robin, e.g. http://10.0.0.5:30000."""
+    concurrency: int = 32
+    """Requests in flight over all endpoints (openai backend)."""
+    timeout_s: float = 300.0
+    """Per-request timeout in seconds (openai backend)."""
+    retries: int = 4
+    """Retries per request on connect errors, timeouts and HTTP 5xx, with exponential backoff."""
+    backoff_s: float = 1.0
+    """First retry delay in seconds; doubles each retry."""
+    served_model_name: str | None = None
+    """Model name sent to the endpoint (default: the first id /v1/models reports)."""
+    num_samples: int | None = None
+    """Conversations to regenerate over all inputs (default: all), split by the input weights."""
+    max_new_tokens: int = 512
+    """Cap per assistant turn; a turn that hits it has finish_reason 'length'."""
+    temperature: float = 0.8
+    """Sampling temperature; 0 = greedy."""
+    top_p: float = 0.95
+    """Nucleus sampling mass."""
+    seed: int = 0
+    """Seeds the shuffle and every (record, turn)'s sampling."""
+    batch_size: int = 32
+    """Prompts per forward in the hf backend (sorted by length to cut padding)."""
+    shard_size: int = 512
+    """Conversations per output shard (also the unit of resume)."""
+    drop_truncated: bool = False
+    """Drop turns cut by max_new_tokens (and the turns after them) instead of keeping and flagging them."""
+    no_regenerate: bool = False
+    """Keep the original assistant answers (no generation); records without answers are rejected."""
+    max_prompt_tokens: int | None = None
+    """Longest prompt accepted (hf backend; default: context length - max_new_tokens)."""
+    device: str | None = None
+    """cpu, cuda, cuda:1 ... (default: cuda if available)."""
+    dtype: str | None = None
+    """fp32 / bf16 / fp16 (default: bf16 on GPU, fp32 on CPU)."""
+    dry_run: bool = False
+    """Show what would be read and one rendered prompt; write nothing."""
+
+    def validate(self) -> list[str]:
+        errors = []
+        if not self.target:
+            errors.append("--target is required: a local model folder, e.g. models/tiny-target")
+        if not self.inputs:
+            errors.append("--input is required (repeat it for a mixture), e.g. --input ../shared/data/gsm8k_train.jsonl")
+        if self.run is None and self.out is None and not self.dry_run:
+            errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
+        if self.run is not None and self.out is not None:
+            errors.append("give --run or --out, not both")
+        if self.backend not in BACKENDS:
+            errors.append(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
+        if self.backend == "openai" and not self.endpoints and not self.no_regenerate:
+            errors.append("--backend openai needs --endpoint URL (repeatable), e.g. --endpoint http://127.0.0.1:30000")
+        if self.backend == "hf" and self.endpoints:
+            errors.append("--endpoint is used by the openai backend: add --backend openai (or drop --endpoint)")
+        for name in ("concurrency", "batch_size", "shard_size", "max_new_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                errors.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
+            errors.append(f"--num-samples must be an integer >= 1, got {self.num_samples!r}")
+        if not isinstance(self.retries, int) or self.retries < 0:
+            errors.append(f"--retries must be an integer >= 0, got {self.retries!r}")
+        if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
+            errors.append(f"--temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
+        if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
+            errors.append(f"--top-p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
+            errors.append(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
+        return errors
+
+    @property
+    def out_dir(self) -> Path | None:
+        if self.out is not None:
+            return Path(self.out)
+        return Path(self.run) / "data" if self.run is not None else None

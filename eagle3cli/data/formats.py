@@ -1,0 +1,380 @@
+"""Input formats -> one normalised conversation record; bad rows become rejects, never crashes.
+
+Normalised record: `{"id": str, "source": str, "messages": [{"role", "content"}, ...], "meta": {}}`
+with roles system|user|assistant. A record either alternates user/assistant after an optional
+leading system turn (a conversation with answers), or holds only user turns (a prompt-only
+source such as MT-bench or `{prompt}`): gen-data writes an assistant answer after every user turn.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import UsageError
+
+ACCEPTED_SHAPES = (
+    "ShareGPT {conversations: [{from: human|gpt|system, value}]} (JSON array or JSONL); "
+    "UltraChat {messages: [{role, content}]} or {data: [user, assistant, ...]}; "
+    "{messages: [...]} or {prompt: str} JSONL; GSM8K {question, answer} JSONL; "
+    "MT-bench {turns: [str, ...]} JSONL; the same shapes in .parquet; "
+    "or an HF dataset as hf:NAME[:CONFIG]:SPLIT (from the local cache)"
+)
+
+SHAREGPT_ROLES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
+    "bing": "assistant", "model": "assistant",
+    "system": "system",
+}
+ROLES = ("system", "user", "assistant")
+
+
+class BadRecord(Exception):
+    """A row that cannot be used; `reason` is a short stable key counted in the manifest."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+
+
+@dataclass
+class InputSpec:
+    """One `--input PATH[:WEIGHT]` (or `hf:NAME[:CONFIG]:SPLIT[:WEIGHT]`)."""
+
+    spec: str
+    path: Path | None  # local file; None for an HF dataset
+    hf_name: str | None = None
+    hf_config: str | None = None
+    hf_split: str | None = None
+    weight: float = 1.0
+
+    @property
+    def name(self) -> str:
+        if self.path is not None:
+            return self.path.name
+        return f"hf:{self.hf_name}" + (f":{self.hf_config}" if self.hf_config else "") + f":{self.hf_split}"
+
+
+def _is_number(s: str) -> bool:
+    try:
+        float(s)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_input_spec(spec: str) -> InputSpec:
+    """`PATH`, `PATH:0.3`, `hf:NAME:SPLIT`, `hf:NAME:CONFIG:SPLIT:0.3`."""
+    spec = spec.strip()
+    body, weight = spec, 1.0
+    head, sep, tail = spec.rpartition(":")
+    if sep and _is_number(tail) and not Path(spec).exists():
+        body, weight = head, float(tail)
+    if weight <= 0:
+        raise UsageError(f"--input {spec}: weight must be > 0", "PATH[:WEIGHT] with WEIGHT > 0, e.g. data.jsonl:0.5")
+    if body.startswith("hf:"):
+        parts = body[3:].split(":")
+        if len(parts) == 2 and all(parts):
+            return InputSpec(spec, None, parts[0], None, parts[1], weight)
+        if len(parts) == 3 and all(parts):
+            return InputSpec(spec, None, parts[0], parts[1], parts[2], weight)
+        raise UsageError(f"--input {spec}: bad HF dataset spec", "hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:train")
+    path = Path(body).expanduser()
+    if not path.exists():
+        raise UsageError(f"--input {body} does not exist", ACCEPTED_SHAPES, "check the path (ls), or use hf:NAME:SPLIT for a cached HF dataset")
+    if path.is_dir():
+        raise UsageError(f"--input {body} is a folder", "one data file per --input (repeat --input for several)")
+    return InputSpec(spec, path, weight=weight)
+
+
+# ---------------------------------------------------------------- validation
+def check_messages(messages: list[dict]) -> None:
+    """Raise BadRecord unless the turns form a usable conversation (see module doc)."""
+    if not isinstance(messages, list) or not messages:
+        raise BadRecord("missing_fields", "no turns")
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise BadRecord("missing_fields", f"turn {i} is not an object")
+        if m.get("role") not in ROLES:
+            raise BadRecord("unknown_role", f"turn {i} role {m.get('role')!r}")
+        c = m.get("content")
+        if not isinstance(c, str):
+            raise BadRecord("non_string_content", f"turn {i} content is {type(c).__name__}")
+        if not c.strip():
+            raise BadRecord("empty_content", f"turn {i} ({m['role']}) is empty")
+    roles = [m["role"] for m in messages]
+    body = roles[1:] if roles[0] == "system" else roles
+    if "system" in body:
+        raise BadRecord("wrong_role_order", "system turn after the start")
+    if "user" not in body:
+        raise BadRecord("no_user_turn", "no user turn")
+    if body[0] != "user":
+        raise BadRecord("wrong_role_order", f"first turn is {body[0]}, expected user")
+    if "assistant" in body:
+        for i, r in enumerate(body):
+            if r != ("user" if i % 2 == 0 else "assistant"):
+                raise BadRecord("wrong_role_order", f"turn {i + (len(roles) - len(body))} is {r}, turns must alternate user/assistant")
+
+
+def _turn(role: str, content) -> dict:
+    return {"role": role, "content": content}
+
+
+def _from_sharegpt(row: dict) -> list[dict]:
+    conv = row["conversations"]
+    if not isinstance(conv, list):
+        raise BadRecord("missing_fields", "conversations is not a list")
+    out = []
+    for i, t in enumerate(conv):
+        if not isinstance(t, dict) or "from" not in t or "value" not in t:
+            raise BadRecord("missing_fields", f"turn {i} lacks from/value")
+        role = SHAREGPT_ROLES.get(str(t["from"]).lower())
+        if role is None:
+            raise BadRecord("unknown_role", f"turn {i} from {t['from']!r}")
+        out.append(_turn(role, t["value"]))
+    return out
+
+
+def _from_messages(row: dict) -> list[dict]:
+    msgs = row["messages"]
+    if not isinstance(msgs, list):
+        raise BadRecord("missing_fields", "messages is not a list")
+    out = []
+    for i, t in enumerate(msgs):
+        if not isinstance(t, dict) or "role" not in t or "content" not in t:
+            raise BadRecord("missing_fields", f"turn {i} lacks role/content")
+        role = SHAREGPT_ROLES.get(str(t["role"]).lower()) if isinstance(t["role"], str) else None
+        out.append(_turn(role or t["role"], t["content"]))
+    return out
+
+
+def _from_ultrachat_data(row: dict) -> list[dict]:
+    data = row["data"]
+    if not isinstance(data, list):
+        raise BadRecord("missing_fields", "data is not a list")
+    return [_turn("user" if i % 2 == 0 else "assistant", t) for i, t in enumerate(data)]
+
+
+def _from_turns(row: dict) -> list[dict]:
+    turns = row["turns"]
+    if not isinstance(turns, list):
+        raise BadRecord("missing_fields", "turns is not a list")
+    return [_turn("user", t) for t in turns]
+
+
+def _from_gsm8k(row: dict) -> list[dict]:
+    return [_turn("user", row["question"]), _turn("assistant", row["answer"])]
+
+
+def _from_prompt(row: dict) -> list[dict]:
+    msgs = []
+    if isinstance(row.get("system"), str):
+        msgs.append(_turn("system", row["system"]))
+    msgs.append(_turn("user", row["prompt"]))
+    for key in ("response", "completion", "chosen"):
+        if isinstance(row.get(key), str):
+            msgs.append(_turn("assistant", row[key]))
+            break
+    return msgs
+
+
+# Shape name, the keys that identify it, and its converter. First match wins.
+SHAPES = (
+    ("sharegpt", ("conversations",), _from_sharegpt),
+    ("messages", ("messages",), _from_messages),
+    ("ultrachat", ("data",), _from_ultrachat_data),
+    ("mt-bench", ("turns",), _from_turns),
+    ("gsm8k", ("question", "answer"), _from_gsm8k),
+    ("prompt", ("prompt",), _from_prompt),
+)
+ID_KEYS = ("id", "prompt_id", "question_id", "conversation_id", "idx")
+
+
+def detect_shape(row) -> str | None:
+    if not isinstance(row, dict):
+        return None
+    for name, keys, _ in SHAPES:
+        if all(k in row for k in keys):
+            return name
+    return None
+
+
+def normalise(row, shape: str, source: str, index: int) -> dict:
+    """One raw row of a file whose shape is `shape` -> normalised record (or BadRecord)."""
+    if not isinstance(row, dict):
+        raise BadRecord("missing_fields", f"row is {type(row).__name__}, not an object")
+    name, keys, conv = next(s for s in SHAPES if s[0] == shape)
+    missing = [k for k in keys if k not in row]
+    if missing:
+        raise BadRecord("missing_fields", f"no {', '.join(missing)} (file shape: {shape})")
+    messages = conv(row)
+    check_messages(messages)
+    rid = next((row[k] for k in ID_KEYS if isinstance(row.get(k), (str, int)) and not isinstance(row.get(k), bool)), None)
+    meta = {"row": index, "format": shape}
+    for k in ("category", "source"):
+        if isinstance(row.get(k), str):
+            meta[f"source_{k}"] = row[k]
+    return {"id": f"{source}:{rid if rid is not None else index}", "source": source, "messages": messages, "meta": meta}
+
+
+# ---------------------------------------------------------------- reading files
+@dataclass
+class ReadResult:
+    spec: InputSpec
+    shape: str
+    records: list[dict]
+    rejects: list[dict] = field(default_factory=list)
+    rows: int = 0
+
+    @property
+    def reject_counts(self) -> Counter:
+        return Counter(r["reason"] for r in self.rejects)
+
+
+def _reject(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
+    return {"source": source, "row": index, "id": rid, "reason": reason, "detail": detail}
+
+
+def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, str | None]]:
+    """(row index, parsed row or None, parse error) for every row of the input."""
+    if spec.path is None:
+        yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
+        return
+    path = spec.path
+    if path.suffix == ".parquet":
+        yield from ((i, r, None) for i, r in enumerate(_load_parquet(path)))
+        return
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--input {path} is not UTF-8 text ({e})", ACCEPTED_SHAPES) from e
+    stripped = text.lstrip()
+    if stripped.startswith("["):  # a JSON array (ShareGPT dumps); fall back to JSONL if it is not one
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError:
+            rows = None
+        if isinstance(rows, list):
+            yield from ((i, r, None) for i, r in enumerate(rows))
+            return
+    if stripped.startswith("{") and not path.suffix == ".jsonl":  # one JSON object holding a list?
+        try:
+            obj = json.loads(text)
+        except json.JSONDecodeError:
+            obj = None
+        if isinstance(obj, dict):
+            lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
+            if detect_shape(obj) is None and len(lists) == 1:
+                yield from ((i, r, None) for i, r in enumerate(lists[0]))
+                return
+    for i, line in enumerate(text.splitlines()):
+        if not line.strip():
+            continue
+        try:
+            yield i, json.loads(line), None
+        except json.JSONDecodeError as e:
+            yield i, None, f"line {i + 1}: {e.msg}"
+
+
+def _load_parquet(path: Path) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as e:  # noqa: BLE001 — any pyarrow failure means "not a readable parquet file"
+        raise UsageError(f"--input {path} is not a readable Parquet file ({type(e).__name__}: {e})", ACCEPTED_SHAPES) from e
+
+
+def _load_hf(spec: InputSpec):
+    try:
+        import datasets
+
+        return datasets.load_dataset(spec.hf_name, spec.hf_config, split=spec.hf_split)
+    except Exception as e:  # noqa: BLE001 — offline/unknown dataset/bad split all end the same way
+        raise UsageError(
+            f"HF dataset {spec.hf_name} (config {spec.hf_config}, split {spec.hf_split}) could not be loaded: "
+            f"{type(e).__name__}: {str(e)[:300]}",
+            "a dataset already in the local HF cache (no hub is reachable here), or a local file",
+            "download it where a hub is reachable and copy ~/.cache/huggingface, or export it to JSONL/Parquet",
+        ) from e
+
+
+SNIFF_ROWS = 50
+
+
+def read_input(spec: InputSpec) -> ReadResult:
+    """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError."""
+    source = spec.path.stem if spec.path is not None else spec.name
+    rows = list(_iter_raw_rows(spec))
+    parsed = [r for _, r, err in rows if err is None]
+    shapes = Counter(s for s in (detect_shape(r) for r in parsed[:SNIFF_ROWS]) if s)
+    if not shapes:
+        seen = sorted({k for r in parsed[:5] if isinstance(r, dict) for k in r})[:12]
+        what = f"keys {seen}" if seen else ("no JSON rows" if not parsed else f"rows of type {type(parsed[0]).__name__}")
+        raise UsageError(
+            f"--input {spec.spec}: not in any known format (found {what})",
+            ACCEPTED_SHAPES,
+            "convert the file to one of these shapes, e.g. JSONL with {\"messages\": [{\"role\", \"content\"}]}",
+        )
+    shape = shapes.most_common(1)[0][0]
+    result = ReadResult(spec, shape, [], rows=len(rows))
+    for index, row, err in rows:
+        if err is not None:
+            result.rejects.append(_reject(source, index, "malformed_json", err))
+            continue
+        try:
+            result.records.append(normalise(row, shape, source, index))
+        except BadRecord as e:
+            rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
+            result.rejects.append(_reject(source, index, e.reason, e.detail, rid))
+    return result
+
+
+# ---------------------------------------------------------------- mixture
+def first_prompt_key(record: dict) -> str:
+    """Dedup key: the first user prompt, case-folded, whitespace collapsed."""
+    first = next(m["content"] for m in record["messages"] if m["role"] == "user")
+    return re.sub(r"\s+", " ", first).strip().casefold()
+
+
+def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[int]:
+    """How many records each source contributes: all of them, or `total` split by weight
+    (largest remainder), never more than a source holds."""
+    if total is None:
+        return list(sizes)
+    wsum = sum(weights)
+    raw = [total * w / wsum for w in weights]
+    q = [int(r) for r in raw]
+    for i in sorted(range(len(raw)), key=lambda i: raw[i] - q[i], reverse=True)[: total - sum(q)]:
+        q[i] += 1
+    return [min(a, b) for a, b in zip(q, sizes)]
+
+
+def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) -> tuple[list[dict], list[dict]]:
+    """Seeded shuffle per source, global dedup by first prompt, mixture quotas, final shuffle.
+    Returns (plan, duplicate rejects). Deterministic for the same inputs and seed."""
+    seen: set[str] = set()
+    dup_rejects: list[dict] = []
+    unique: list[list[dict]] = []
+    for si, res in enumerate(results):
+        recs = list(res.records)
+        random.Random(f"{seed}:{si}:{res.spec.name}").shuffle(recs)
+        keep = []
+        for r in recs:
+            k = first_prompt_key(r)
+            if k in seen:
+                dup_rejects.append(_reject(r["source"], r["meta"]["row"], "duplicate", "same first prompt as an earlier record", r["id"]))
+                continue
+            seen.add(k)
+            keep.append(r)
+        unique.append(keep)
+    q = quotas([len(u) for u in unique], [r.spec.weight for r in results], num_samples)
+    plan = [r for u, n in zip(unique, q) for r in u[:n]]
+    random.Random(f"{seed}:mix").shuffle(plan)
+    return plan, dup_rejects

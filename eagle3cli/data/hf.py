@@ -1,0 +1,161 @@
+"""The embedded backend: transformers with a KV cache, batched, left-padded, length-bucketed.
+
+A hand-written decode loop rather than `model.generate`: finished rows leave the batch (their
+cache rows are dropped), each row samples from its own seeded generator (so a row's text does
+not depend on which rows share its batch), and only the last position's logits are computed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .regen import Conversation, OnDone, Sampling, TurnOutput
+
+
+def stop_token_ids(model, tokenizer) -> set[int]:
+    ids = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(src, "eos_token_id", None)
+        if eos is None:
+            continue
+        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
+    return {int(i) for i in ids}
+
+
+def render_prompt(tokenizer, messages: list[dict]) -> str:
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    # The template writes any BOS itself; adding special tokens again would double it.
+    return tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False).input_ids
+
+
+def _pick(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator] | None) -> torch.Tensor:
+    if sampling.greedy:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
+    if sampling.top_p < 1.0:
+        sp, si = probs.sort(-1, descending=True)
+        drop = sp.cumsum(-1) - sp > sampling.top_p  # keep the smallest prefix whose mass reaches top_p
+        sp = sp.masked_fill(drop, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
+    return torch.stack([torch.multinomial(probs[j], 1, generator=g)[0] for j, g in enumerate(gens)])
+
+
+class HFBackend:
+    name = "hf"
+
+    def __init__(self, model, tokenizer, sampling: Sampling, batch_size: int = 32,
+                 max_prompt_tokens: int | None = None, trace: list | None = None):
+        self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
+        self.batch_size = batch_size
+        self.device = next(model.parameters()).device
+        self.stop_ids = stop_token_ids(model, tokenizer)
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else min(self.stop_ids))
+        limit = getattr(model.config, "max_position_embeddings", None)
+        self.max_prompt_tokens = max_prompt_tokens or (limit - sampling.max_new_tokens if limit else None)
+        self.trace = trace  # tests: every (record id, turn, rendered prompt) the model saw
+
+    # -------------------------------------------------------------- one batch of prompts
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], seeds: list[int] | None = None,
+                 sampling: Sampling | None = None) -> list[TurnOutput]:
+        """Generate for prompts of any lengths (one left-padded batch); stops at EOS or max_new_tokens."""
+        s, dev = sampling or self.sampling, self.device
+        B, T = len(prompts), max(len(p) for p in prompts)
+        ids = torch.full((B, T), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((B, T), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, T - len(p):] = torch.tensor(p)
+            mask[i, T - len(p):] = 1
+        ids, mask = ids.to(dev), mask.to(dev)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        gens = None
+        if not s.greedy:
+            gens = [torch.Generator(device=dev).manual_seed(int(x)) for x in (seeds or [s.seed] * B)]
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
+                            use_cache=True, logits_to_keep=1).logits[:, -1]
+        next_pos = pos[:, -1] + 1
+        alive = list(range(B))
+        out_ids: list[list[int]] = [[] for _ in range(B)]
+        finish: list[str | None] = [None] * B
+        stop = torch.tensor(sorted(self.stop_ids), device=dev)
+        for _ in range(s.max_new_tokens):
+            tok = _pick(logits, s, gens)
+            is_stop = torch.isin(tok, stop).tolist()
+            toks = tok.tolist()
+            keep = []
+            for j, row in enumerate(alive):
+                if is_stop[j]:
+                    finish[row] = "stop"
+                    continue
+                out_ids[row].append(toks[j])
+                if len(out_ids[row]) >= s.max_new_tokens:
+                    finish[row] = "length"
+                else:
+                    keep.append(j)
+            if not keep:
+                break
+            if len(keep) < len(alive):
+                sel = torch.tensor(keep, device=dev)
+                cache.batch_select_indices(sel)
+                mask, tok, next_pos = mask[sel], tok[sel], next_pos[sel]
+                alive = [alive[j] for j in keep]
+                if gens is not None:
+                    gens = [gens[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
+                                cache=cache, use_cache=True).logits[:, -1]
+            next_pos = next_pos + 1
+        return [
+            TurnOutput(self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i] or "length",
+                       len(prompts[i]), len(out_ids[i]) + (finish[i] == "stop"))
+            for i in range(B)
+        ]
+
+    def batches(self, prompts: list[list[int]]) -> list[list[int]]:
+        """Indices of prompts in batches of similar length (sorted), so little compute goes to padding."""
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        return [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
+
+    def generate_sorted(self, prompts: list[list[int]], seeds: list[int]) -> list[TurnOutput]:
+        """All prompts, length-bucketed into batches; results in input order."""
+        results: list[TurnOutput | None] = [None] * len(prompts)
+        for chunk in self.batches(prompts):
+            for i, r in zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])):
+                results[i] = r
+        return results
+
+    # -------------------------------------------------------------- conversations
+    def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:
+        """Turn by turn across all conversations: round r answers every conversation's r-th user
+        turn, with the answers of rounds < r already in its history."""
+        active = [c for c in convs]
+        while active:
+            prompts, seeds, batch = [], [], []
+            for c in active:
+                msgs = c.history()
+                p = encode_prompt(self.tokenizer, msgs)
+                if self.max_prompt_tokens and len(p) > self.max_prompt_tokens:
+                    c.fail("prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}")
+                    continue
+                if self.trace is not None:
+                    self.trace.append((c.record["id"], c.turn, render_prompt(self.tokenizer, msgs)))
+                prompts.append(p)
+                seeds.append(c.seed(self.sampling))
+                batch.append(c)
+            for c in active:
+                if c.done:  # rejected before generating (prompt too long)
+                    on_done(c)
+            for chunk in self.batches(prompts):
+                outs = self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])
+                for i, out in zip(chunk, outs):
+                    batch[i].add(out)
+                    if batch[i].done:  # journaled per batch: a kill loses at most the batch in flight
+                        on_done(batch[i])
+            active = [c for c in active if not c.done]

@@ -1,0 +1,342 @@
+"""`run_gen_data(cfg) -> Path`: inputs -> plan -> regenerated shards -> manifest (written last).
+
+Resume: the plan (which records, in which order) is a pure function of the inputs and the
+config, so a re-run rebuilds the same plan. Plan position p goes to shard p // shard_size.
+While a shard is being generated, each finished conversation is appended to
+`progress/shard-NNNNN.journal.jsonl`; when the shard is complete its records are written in
+plan order to `shard-NNNNN.jsonl` (atomically: the file's existence means "done") and the
+journal is removed. A kill -9 at any point loses at most the conversations in flight; a
+half-written journal line is ignored. Sampling is seeded per (record, turn), so the resumed
+run writes exactly what an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections import Counter
+from pathlib import Path
+
+from ..config import config_dict
+from ..console import console, log, print_table, progress, warn
+from ..errors import StageError, UsageError
+from ..manifest import (
+    MANIFEST,
+    atomic_write_json,
+    atomic_write_text,
+    check_matches,
+    read_json,
+    sha256_file,
+    shard_record,
+    write_manifest,
+)
+from .config import PLAN_FIELDS, GenDataConfig
+from .formats import ReadResult, build_plan, parse_input_spec, read_input
+from .regen import Conversation, Sampling
+
+PROGRESS = "progress"
+STATE = "state.json"
+REJECTS = "rejects.jsonl"
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}.jsonl"
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, sort_keys=False)
+
+
+# ---------------------------------------------------------------- inputs and plan
+def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict]]:
+    specs = [parse_input_spec(s) for s in cfg.inputs]
+    results = [read_input(s) for s in specs]
+    plan, dup_rejects = build_plan(results, cfg.num_samples, cfg.seed)
+    read_rejects = [r for res in results for r in res.rejects]
+    if cfg.num_samples and len(plan) < cfg.num_samples:
+        warn(f"asked for {cfg.num_samples} conversations, the inputs hold {len(plan)} usable ones after dedup")
+    return results, plan, read_rejects + dup_rejects
+
+
+def input_fingerprints(results: list[ReadResult]) -> list[dict]:
+    out = []
+    for r in results:
+        d = {"spec": r.spec.spec, "format": r.shape, "rows": r.rows, "valid": len(r.records),
+             "rejected": len(r.rejects), "weight": r.spec.weight}
+        if r.spec.path is not None:
+            d["sha256"] = sha256_file(r.spec.path)
+        out.append(d)
+    return out
+
+
+def plan_config(cfg: GenDataConfig) -> dict:
+    d = config_dict(cfg)
+    return {k: (list(d[k]) if isinstance(d[k], tuple) else d[k]) for k in PLAN_FIELDS}
+
+
+# ---------------------------------------------------------------- target
+def load_target_identity(cfg: GenDataConfig):
+    from ..model.target import load_tokenizer, resolve_model_path, target_identity
+
+    path = resolve_model_path(cfg.target)
+    tok = load_tokenizer(path)
+    return path, tok, target_identity(path, tok)
+
+
+# ---------------------------------------------------------------- folder state
+def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | None:
+    """Refuse a folder made with another target or other plan settings; returns an existing
+    finished manifest (nothing to do) or None."""
+    nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
+    if (out / MANIFEST).exists():
+        m = read_json(out / MANIFEST)
+        if m.get("stage") != "gen-data":
+            raise UsageError(f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt)
+        check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
+        old = {k: m.get("config", {}).get(k) for k in PLAN_FIELDS}
+        if old != pcfg:
+            diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
+            raise StageError(f"{out} was generated with other settings ({diffs})", "the same inputs and sampling settings", nxt)
+        return m
+    state_path = out / PROGRESS / STATE
+    if state_path.exists():
+        st = read_json(state_path)
+        check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
+        if st.get("plan_config") != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
+            diffs = ", ".join(f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS
+                              if st.get("plan_config", {}).get(k) != pcfg[k]) or "the input files changed"
+            raise StageError(f"{out} holds an unfinished run with other settings ({diffs})",
+                             "the same command as the interrupted run", nxt)
+        return None
+    # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
+    if out.exists() and any(p.name not in (".gitkeep", PROGRESS) for p in out.iterdir()):
+        raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
+    return None
+
+
+# ---------------------------------------------------------------- journal
+def read_journal(path: Path) -> dict[int, dict]:
+    """Entries by plan index. A line cut by a kill is dropped (and cut off the file)."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    entries = {}
+    for line in data[:good_end].splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        entries[e["plan_index"]] = e
+    if good_end != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return entries
+
+
+class Journal:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(path, "a", encoding="utf-8")
+
+    def add(self, entry: dict) -> None:
+        # flush per conversation: a kill -9 then loses nothing already finished (page cache survives it).
+        self.f.write(_dumps(entry) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+# ---------------------------------------------------------------- no-regenerate
+def keep_original(conv: Conversation, tokenizer) -> None:
+    """--no-regenerate: the record's own answers, token-counted; prompt-only records are rejected."""
+    msgs = conv.record["messages"]
+    answers = [m["content"] for m in msgs if m["role"] == "assistant"]
+    if not answers:
+        conv.fail("no_assistant_answer", "--no-regenerate keeps original answers, and this record has none")
+        return
+    conv.users = conv.users[: len(answers)]  # a trailing unanswered user turn is dropped
+    for a in answers:
+        conv.answers.append(a)
+        conv.turn_meta.append({"finish_reason": "original", "prompt_tokens": 0,
+                               "completion_tokens": len(tokenizer(a, add_special_tokens=False).input_ids)})
+
+
+# ---------------------------------------------------------------- backends
+def make_backend(cfg: GenDataConfig, tokenizer):
+    sampling = Sampling(cfg.max_new_tokens, float(cfg.temperature), float(cfg.top_p), cfg.seed)
+    if cfg.backend == "openai":
+        from .openai import OpenAIBackend
+
+        return OpenAIBackend(list(cfg.endpoints), sampling, cfg.concurrency, cfg.timeout_s, cfg.retries,
+                             cfg.backoff_s, cfg.served_model_name, os.environ.get("OPENAI_API_KEY"))
+    from ..model.target import load_target
+    from .hf import HFBackend
+
+    model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
+
+
+# ---------------------------------------------------------------- dry run
+def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
+    from .hf import render_prompt
+
+    counts = Counter(r["reason"] for r in rejects)
+    print_table("gen-data --dry-run: inputs", ["input", "format", "rows", "valid", "rejected", "weight", "planned"],
+                [[r.spec.spec, r.shape, r.rows, len(r.records), len(r.rejects), r.spec.weight,
+                  sum(1 for p in plan if p["source"] == (r.spec.path.stem if r.spec.path else r.spec.name))]
+                 for r in results])
+    if counts:
+        print_table("rejected while reading", ["reason", "records"], [[k, v] for k, v in counts.most_common()])
+    log(f"would regenerate {len(plan)} conversations ({sum(len([m for m in p['messages'] if m['role'] == 'user']) for p in plan)} "
+        f"user turns) with backend {cfg.backend} into {cfg.out_dir or '(no output folder given)'}")
+    if plan:
+        first = Conversation(0, plan[0])
+        log(f"[bold]first prompt[/] ({plan[0]['id']}), rendered with the target's chat template:")
+        console.print(render_prompt(tokenizer, first.history()), markup=False, highlight=False)
+
+
+# ---------------------------------------------------------------- the stage
+def run_gen_data(cfg: GenDataConfig) -> Path:
+    results, plan, read_rejects = read_inputs(cfg)
+    path, tokenizer, identity = load_target_identity(cfg)
+    if cfg.dry_run:
+        dry_run(cfg, results, plan, read_rejects, tokenizer)
+        return cfg.out_dir or Path(".")
+    if not plan:
+        raise UsageError("no usable conversations in the inputs (every record was rejected)",
+                         "at least one valid record", f"eagle3 gen-data --dry-run --target {cfg.target} --input ...")
+    out = cfg.out_dir
+    pcfg = plan_config(cfg)
+    plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))
+    done = check_folder(out, identity, pcfg, plan_ids_hash)
+    if done is not None:
+        log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
+        return out
+    prog_dir = out / PROGRESS
+    prog_dir.mkdir(parents=True, exist_ok=True)
+    for stale in [*out.glob(".*.tmp"), *prog_dir.glob(".*.tmp")]:  # atomic writes cut by a kill
+        stale.unlink(missing_ok=True)
+    atomic_write_json(prog_dir / STATE, {"target": identity.as_dict(), "plan_config": pcfg,
+                                        "plan_ids_hash": plan_ids_hash, "planned": len(plan)})
+
+    n_shards = (len(plan) + cfg.shard_size - 1) // cfg.shard_size
+    todo = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
+    already = sum(min(cfg.shard_size, len(plan) - k * cfg.shard_size) for k in range(n_shards) if k not in todo)
+    journals = {k: read_journal(prog_dir / f"shard-{k:05d}.journal.jsonl") for k in todo}
+    already += sum(len(j) for j in journals.values())
+    if already:
+        log(f"resuming {out}: {already} of {len(plan)} conversations already done")
+
+    backend = None if cfg.no_regenerate else make_backend(cfg, tokenizer)
+    t0 = time.time()
+    with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
+        for k in todo:
+            lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
+            entries = journals[k]
+            pending = [Conversation(p, plan[p], cfg.drop_truncated) for p in range(lo, hi) if p not in entries]
+            journal = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
+
+            def on_done(c: Conversation, journal=journal, entries=entries) -> None:
+                e = {"plan_index": c.index}
+                if c.reject is not None:
+                    e["reject"] = c.reject_record()
+                else:
+                    e["record"] = c.result()
+                    if cfg.no_regenerate:
+                        e["record"]["meta"]["regenerated"] = False
+                entries[c.index] = e
+                journal.add(e)
+                bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))
+
+            try:
+                if backend is None:
+                    for c in pending:
+                        keep_original(c, tokenizer)
+                        on_done(c)
+                else:
+                    backend.regenerate(pending, on_done)
+            except KeyboardInterrupt:
+                warn(f"interrupted: finished conversations are kept in {prog_dir}; re-run the same command to resume")
+                raise
+            finally:
+                journal.close()
+            finish_shard(out, k, [entries[p] for p in range(lo, hi)])
+        session_tokens = bar.tokens
+    elapsed = time.time() - t0
+    return finalize(cfg, out, identity, results, plan, read_rejects, n_shards, elapsed, backend, session_tokens)
+
+
+def finish_shard(out: Path, k: int, entries: list[dict]) -> None:
+    """Rejects first, then the shard (its existence marks the shard done), then the journal goes."""
+    prog_dir = out / PROGRESS
+    rejects = [e["reject"] for e in entries if "reject" in e]
+    atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(_dumps(r) + "\n" for r in rejects))
+    atomic_write_text(out / shard_name(k), "".join(_dumps(e["record"]) + "\n" for e in entries if "record" in e))
+    (prog_dir / f"shard-{k:05d}.journal.jsonl").unlink(missing_ok=True)
+
+
+def sha256_text(text: str) -> str:
+    import hashlib
+
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def finalize(cfg, out: Path, identity, results, plan, read_rejects, n_shards, elapsed, backend,
+             session_tokens: int = 0) -> Path:
+    gen_rejects, shards, records = [], [], []
+    for k in range(n_shards):
+        p = out / shard_name(k)
+        recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        records += recs
+        shards.append(shard_record(p, records=len(recs)))
+        rp = out / PROGRESS / f"rejects-{k:05d}.jsonl"
+        gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
+    all_rejects = read_rejects + gen_rejects
+    atomic_write_text(out / REJECTS, "".join(_dumps(r) + "\n" for r in all_rejects))
+    turns = [t for r in records for t in r["meta"]["turns"]]
+    counts = {
+        "rows_read": sum(r.rows for r in results),
+        "valid": sum(len(r.records) for r in results),
+        "planned": len(plan),
+        "written": len(records),
+        "regenerated": 0 if cfg.no_regenerate else len(records),
+        "skipped": len(all_rejects),
+        "skipped_by_reason": dict(Counter(r["reason"] for r in all_rejects).most_common()),
+        "truncated": sum(1 for r in records if r["meta"]["truncated"]),
+        "dropped_turns": sum(r["meta"]["dropped_turns"] for r in records),
+        "turns": len(turns),
+    }
+    tokens = {"prompt": sum(t["prompt_tokens"] for t in turns), "completion": sum(t["completion_tokens"] for t in turns)}
+    write_manifest(
+        out, "gen-data",
+        target=identity.as_dict(),
+        chat_template_hash=identity.chat_template_hash,
+        config=config_dict(cfg),
+        backend=None if backend is None else backend.name,
+        regenerated=not cfg.no_regenerate,
+        inputs=input_fingerprints(results),
+        counts=counts,
+        tokens=tokens,
+        shards=shards,
+        rejects={"file": REJECTS, "records": len(all_rejects), "sha256": sha256_file(out / REJECTS)},
+        last_session_seconds=round(elapsed, 2),
+    )
+    shutil.rmtree(out / PROGRESS, ignore_errors=True)
+    rows = [["conversations written", counts["written"]], ["planned", counts["planned"]],
+            ["skipped", counts["skipped"]]]
+    rows += [[f"  {k}", v] for k, v in counts["skipped_by_reason"].items()]
+    rows += [["truncated (kept, flagged)" if not cfg.drop_truncated else "turns dropped (truncated)",
+              counts["truncated"] if not cfg.drop_truncated else counts["dropped_turns"]],
+             ["assistant turns", counts["turns"]], ["completion tokens", tokens["completion"]],
+             ["prompt tokens", tokens["prompt"]], ["shards", len(shards)]]
+    if elapsed > 0 and session_tokens and not cfg.no_regenerate:
+        rows.append(["generated tok/s (this session)", round(session_tokens / elapsed, 1)])
+    if getattr(backend, "retried", 0):
+        rows.append(["request retries", backend.retried])
+    print_table(f"gen-data -> {out}", ["", "value"], rows)
+    return out

@@ -1,0 +1,106 @@
+"""gen-data end to end through the CLI: kill -9 mid-run then resume gives exactly the records of an
+uninterrupted run; a folder made with another target is refused; --no-regenerate; --dry-run."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from eagle3cli.cli import main
+
+pytestmark = pytest.mark.integration
+
+
+def _args(target, out, *extra):
+    return ["gen-data", "--target", str(target), "--input", str(SHARED_GSM8K), "--input", str(SHARED_MT),
+            "--num-samples", "8", "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "3",
+            "--batch-size", "2", "--shard-size", "3", "--out", str(out), *extra]
+
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+SHARED_GSM8K, SHARED_MT = SHARED / "gsm8k_test.jsonl", SHARED / "mt_bench_questions.jsonl"
+
+
+def _folder_bytes(out: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
+
+
+def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    assert main(_args(tiny_target_dir, ref)) == 0
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3cli", *_args(tiny_target_dir, killed)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.time() + 480  # generous: on a shared 2-core box the subprocess can be starved for minutes
+        journal = killed / "progress" / "shard-00001.journal.jsonl"
+        # kill once shard 0 is complete and shard 1 is under way (journal written, or just completed):
+        # completed shards, a journal and untouched shards are all exercised on resume
+        while time.time() < deadline and proc.poll() is None:
+            if (journal.exists() and journal.read_bytes().count(b"\n") >= 1) or (killed / "shard-00001.jsonl").exists():
+                break
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        assert (killed / "shard-00000.jsonl").exists(), "no shard done before the deadline (machine starved?)"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (killed / "manifest.json").exists() and (killed / "shard-00000.jsonl").exists()
+    assert main(_args(tiny_target_dir, killed)) == 0
+    assert _folder_bytes(killed) == _folder_bytes(ref)
+    m_ref, m_killed = (json.loads((d / "manifest.json").read_text()) for d in (ref, killed))
+    assert m_killed["counts"] == m_ref["counts"] and m_killed["shards"] == m_ref["shards"]
+    assert m_ref["counts"]["written"] == 8 and m_ref["regenerated"] is True
+    ids = [json.loads(line)["id"] for f in sorted(ref.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) == 8
+    assert not (killed / "progress").exists()
+    # a finished folder re-run is a no-op, not a duplicate
+    assert main(_args(tiny_target_dir, killed)) == 0
+    assert _folder_bytes(killed) == _folder_bytes(ref)
+
+
+def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir, tmp_path, capsys):
+    out = tmp_path / "data"
+    args = ["gen-data", "--input", str(SHARED_GSM8K), "--num-samples", "2", "--max-new-tokens", "2",
+            "--out", str(out)]
+    assert main([*args, "--target", str(tiny_target_dir)]) == 0
+    before = _folder_bytes(out)
+    capsys.readouterr()
+    assert main([*args, "--target", str(deep_target_dir)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "does not match" in err and "num_hidden_layers" in err
+    assert _folder_bytes(out) == before
+    assert main([*args, "--target", str(tiny_target_dir), "--seed", "5"]) == 2  # other settings: refused too
+
+
+def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
+    out = tmp_path / "orig"
+    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_GSM8K), "--input", str(SHARED_MT),
+                 "--num-samples", "20", "--no-regenerate", "--out", str(out)]) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["regenerated"] is False and m["counts"]["regenerated"] == 0
+    recs = [json.loads(line) for line in (out / "shard-00000.jsonl").read_text().splitlines()]
+    gsm = {json.loads(line)["question"]: json.loads(line)["answer"] for line in SHARED_GSM8K.read_text().splitlines()}
+    assert recs and all(r["meta"]["regenerated"] is False for r in recs)
+    assert all(gsm[r["messages"][0]["content"]] == r["messages"][1]["content"] for r in recs)
+    # MT-bench has no answers to keep: rejected with the reason, counted
+    assert m["counts"]["skipped_by_reason"].get("no_assistant_answer", 0) == 20 - len(recs) > 0
+
+
+def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
+    out = tmp_path / "dry"
+    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_MT), "--out", str(out),
+                 "--dry-run"]) == 0
+    captured = capsys.readouterr()
+    assert "<|im_start|>user" in captured.err and "mt-bench" in captured.out
+    assert not out.exists()

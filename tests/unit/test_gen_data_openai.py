@@ -1,0 +1,102 @@
+"""The openai backend against our real HTTP server (127.0.0.1, backed by the tiny target):
+regenerates multi-turn conversations, survives injected 5xx and timeouts, and rejects a record
+whose retries run out while the run goes on."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from eagle3cli.data.config import GenDataConfig
+from eagle3cli.data.http_server import ModelServer
+from eagle3cli.data.run import run_gen_data
+from eagle3cli.model.target import load_target
+
+
+@pytest.fixture(scope="module")
+def model_tok(tiny_target_dir):
+    model, tok, _ = load_target(tiny_target_dir)
+    return model, tok
+
+
+@pytest.fixture
+def server_factory(model_tok):
+    servers = []
+
+    def make(**faults) -> ModelServer:
+        srv = ModelServer(*model_tok, served_model_name="tiny", **faults)
+        srv.start("127.0.0.1", 0)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mt_input(tmp_path):
+    p = tmp_path / "mt.jsonl"
+    p.write_text("".join(json.dumps({"question_id": i, "turns": [f"Question {i}?", f"Follow-up {i}?"]}) + "\n"
+                         for i in range(4)))
+    return p
+
+
+def _cfg(target, inputs, out, endpoints, **kw):
+    base = dict(target=str(target), inputs=(str(inputs),), out=out, backend="openai", endpoints=tuple(endpoints),
+                max_new_tokens=6, temperature=0.0, concurrency=4, timeout_s=6.0, retries=6, backoff_s=0.05)
+    base.update(kw)
+    return GenDataConfig(**base)
+
+
+def _records(out):
+    return [json.loads(line) for f in sorted(out.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+
+
+def test_server_endpoints(server_factory):
+    srv = server_factory()
+    assert httpx.get(f"{srv.url}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"] == "tiny"
+    chat = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                             "max_tokens": 3, "temperature": 0}).json()
+    assert chat["choices"][0]["finish_reason"] in ("stop", "length") and chat["usage"]["completion_tokens"] <= 3
+    gen = httpx.post(f"{srv.url}/generate", json={"text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+                                                  "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()
+    assert gen["text"] == chat["choices"][0]["message"]["content"]  # same template, same greedy text
+    assert gen["meta_info"]["completion_tokens"] == chat["usage"]["completion_tokens"]
+    assert gen["meta_info"]["finish_reason"]["type"] == chat["choices"][0]["finish_reason"]
+    assert httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": []}).status_code == 400
+
+
+def test_openai_backend_regenerates_and_survives_5xx_and_timeouts(server_factory, tiny_target_dir, mt_input, tmp_path):
+    srv = server_factory(fail_first=3, sleep_first=1, sleep_s=9.0)  # 9 s > the 6 s client timeout
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: connect errors, retried on the live one
+    out = run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url, dead]))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0 and m["backend"] == "openai"
+    recs = _records(out)
+    assert all([x["role"] for x in r["messages"]] == ["user", "assistant"] * 2 for r in recs)
+    # on-policy: each turn-2 request carried the regenerated turn-1 answer
+    ok_chats = [r["body"]["messages"] for r in srv.requests]
+    for r in recs:
+        turn2 = [msgs for msgs in ok_chats if len(msgs) == 3 and msgs[0]["content"] == r["messages"][0]["content"]]
+        assert turn2 and all(msgs[1]["content"] == r["messages"][1]["content"] for msgs in turn2)
+    assert len(srv.requests) >= 8 + 3 + 1  # 8 turns + 3 injected 500s + 1 timed-out request
+
+
+def test_openai_backend_rejects_after_retries_and_goes_on(server_factory, tiny_target_dir, mt_input, tmp_path):
+    srv = server_factory(fail_first=4)  # with retries=1: two records' first turns fail twice each
+    out = run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url], retries=1, concurrency=1))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 2 and m["counts"]["skipped_by_reason"] == {"endpoint_error": 2}
+    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
+    assert len(rejects) == 2 and all("HTTP 500" in r["detail"] and "2 attempts" in r["detail"] for r in rejects)
