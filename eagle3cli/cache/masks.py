@@ -110,9 +110,15 @@ def char_spans(tokenizer, messages: list[dict], sample_id: str = "?") -> tuple[s
 
 
 def mask_conversation(
-    tokenizer, messages: list[dict], max_length: int, sample_id: str = "?", special_ids: set[int] | None = None
+    tokenizer, messages: list[dict], max_length: int, sample_id: str = "?", special_ids: set[int] | None = None,
+    cut_turns: frozenset[int] = frozenset(),
 ) -> MaskedSample:
-    """Token ids and a loss mask (True = assistant token to predict) for one conversation."""
+    """Token ids and a loss mask (True = assistant token to predict) for one conversation.
+
+    `cut_turns`: indices (among assistant turns) whose generation stopped at max_new_tokens. The
+    template still closes them with its end-of-turn token, but the target never emitted it there,
+    so it is not trained on (else the draft learns to end turns mid-answer).
+    """
     text, spans = char_spans(tokenizer, messages, sample_id)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), list(enc["offset_mapping"])
@@ -133,7 +139,7 @@ def mask_conversation(
         if last < len(ids) and ids[last] in special:
             end_token = ids[last]
             last += 1
-        for k in range(first, last):
+        for k in range(first, last - (end_token is not None and len(turns) in cut_turns)):
             mask[k] = True
         turns.append((first, last))
         # Self-check: what training will see as "assistant" must be exactly the assistant text.
@@ -144,6 +150,12 @@ def mask_conversation(
             raise _template_error(sample_id, "a special token falls inside an assistant message")
     truncated = len(ids) > max_length
     return MaskedSample(ids[:max_length], mask[:max_length], truncated, len(ids), turns)
+
+
+def cut_turns(record: dict) -> frozenset[int]:
+    """Assistant turns gen-data recorded as cut by max_new_tokens (meta.turns[i].finish_reason)."""
+    turns = (record.get("meta") or {}).get("turns") or []
+    return frozenset(i for i, t in enumerate(turns) if isinstance(t, dict) and t.get("finish_reason") == "length")
 
 
 def check_template(tokenizer) -> None:

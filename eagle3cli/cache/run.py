@@ -47,7 +47,7 @@ from ..model.target import (
     validate_aux_layer_ids,
 )
 from . import vocab as V
-from .masks import _special_ids, check_template, mask_conversation
+from .masks import _special_ids, check_template, cut_turns, mask_conversation
 from .reader import INDEX_FILE, VOCAB_FILE
 from .storage import STORAGES, bf16_layout_bytes, bytes_per_token
 from .writer import Sample, save_atomic, write_shard
@@ -217,7 +217,8 @@ def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict):
         if not any(m["role"] == "assistant" and m["content"].strip() for m in rec["messages"]):
             skip("no assistant message")
             continue
-        s = mask_conversation(tok, rec["messages"], cfg.max_length, sample_id=sid, special_ids=special)
+        s = mask_conversation(tok, rec["messages"], cfg.max_length, sample_id=sid, special_ids=special,
+                              cut_turns=cut_turns(rec))
         if s.truncated:
             counts["truncated"] += 1
         if not any(s.loss_mask):

@@ -146,3 +146,20 @@ def test_template_that_refuses_a_conversation_is_a_usage_error(tmp_path):
     )
     with pytest.raises(UsageError, match="refuses this conversation.*no system role"):
         mask_conversation(tok, MULTI, max_length=4096, sample_id="s1")
+
+
+def test_turn_cut_by_max_new_tokens_does_not_train_the_end_token(styled):
+    """gen-data flags turns stopped by max_new_tokens; the template still closes them, the target did not."""
+    from eagle3cli.cache.masks import cut_turns
+
+    style, tok = styled
+    msgs = [m for m in MULTI if style != "mistral" or m["role"] != "system"]
+    record = {"messages": msgs, "meta": {"turns": [{"finish_reason": "stop"}, {"finish_reason": "length"},
+                                                   {"finish_reason": "stop"}]}}
+    assert cut_turns(record) == {1}
+    full = mask_conversation(tok, msgs, max_length=4096)
+    cut = mask_conversation(tok, msgs, max_length=4096, cut_turns=cut_turns(record))
+    end_id = tok.convert_tokens_to_ids(STYLES[style][4])
+    runs_full, runs_cut = _masked_runs(full.input_ids, full.loss_mask), _masked_runs(cut.input_ids, cut.loss_mask)
+    assert runs_cut[0] == runs_full[0] and runs_cut[2] == runs_full[2]
+    assert runs_full[1][-1] == end_id and runs_cut[1] == runs_full[1][:-1]
