@@ -35,10 +35,10 @@ $(SGLANG_STAMP): $(STAMP)
 	@test -f $(SGLANG_STAMP) || echo "sglang parser not importable here: serve parser tests will skip"
 
 test: install sglang-cpu
-	$(BIN)/python -m pytest -q tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 test-fast: install sglang-cpu
-	$(BIN)/python -m pytest -q tests -m "not slow"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests -m "not slow"
 
 lint: install
 	$(BIN)/ruff check eagle3cli tests recipes
@@ -48,7 +48,7 @@ demo: install
 	bash recipes/demo.sh
 
 bench: install
-	bash recipes/bench/run.sh
+	$(BIN)/python recipes/bench/run_bench.py
 
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install

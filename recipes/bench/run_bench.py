@@ -1,0 +1,167 @@
+"""`make bench`: the EAGLE-3 paper's claims at small scale, and the toolkit's own figures.
+
+    .venv/bin/python recipes/bench/run_bench.py [--out runs/bench] [--samples 300] [--quick]
+
+Everything runs through the real `eagle3` commands on the committed tiny target (CPU), in run
+folders under --out, so an interrupted bench resumes (each stage resumes from its manifest).
+Claims, each from heads trained with the same recipe (recipes/bench/train.yaml):
+  1. TTT keeps acceptance flat: --ttt-steps 7 vs --ttt-steps 1, alpha_1..alpha_8.
+  2. Multi-layer fusion beats the top layer: aux [2, 6, 9] vs top-only [11].
+  3. More data keeps helping: 1x, 2x, 4x regenerated conversations, same epochs (steps/sample).
+  4. Regenerated vs original responses: the target's own answers vs GSM8K's reference answers.
+  5. Toolkit figures: regeneration throughput, cache bytes/token, training tok/s + memory, eval
+     speedup (chain and tree) vs plain decoding — each a ratio from one run.
+Writes --out/results.json, plots, and docs/results.md (tables, plots, commands, machine info,
+and a reading of what did and did not reproduce).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+E3 = [sys.executable, "-m", "eagle3cli"]
+PY = sys.executable
+COMMANDS: list[str] = []
+
+
+def sh(args: list[str], capture: bool = False) -> str:
+    """Run one command from the repo root, echo it, remember it for the results page."""
+    shown = " ".join(shlex.quote(str(a)) for a in args).replace(sys.executable, ".venv/bin/python")
+    shown = shown.replace(".venv/bin/python -m eagle3cli", "eagle3")
+    COMMANDS.append(shown)
+    print(f"\n$ {shown}", flush=True)
+    t0 = time.time()
+    r = subprocess.run([str(a) for a in args], cwd=REPO, text=True,
+                       stdout=subprocess.PIPE if capture else None)
+    print(f"  ({time.time() - t0:.0f}s, exit {r.returncode})", flush=True)
+    if r.returncode != 0:
+        raise SystemExit(f"bench step failed (exit {r.returncode}): {shown}")
+    return r.stdout if capture else ""
+
+
+def last_json(text: str) -> dict:
+    """The helper scripts print one JSON object (possibly pretty-printed) at the end."""
+    start = text.rfind("\n{")
+    return json.loads(text[start + 1 if start >= 0 else text.find("{"):])
+
+
+def chain_stats(report_path: Path) -> dict:
+    rep = json.loads(report_path.read_text())
+    label, modes = next(iter(rep["heads"].items()))
+    out = {"label": label}
+    for mode, st in modes.items():
+        out[mode] = {
+            "tau": st["acceptance"]["tau"],
+            "tau_by_depth": st["acceptance"].get("tau_by_depth"),
+            "alpha": [r["alpha"] for r in st["acceptance"].get("per_depth", [])],
+            "speedup_vs_plain": st["speedup_vs_plain"],
+            "speedup_vs_generate": st.get("speedup_vs_generate"),
+            "tokens_per_s": st["speed"]["tokens_per_s"],
+            "mismatches": st["lossless"].get("mismatches"),
+        }
+    out["plain_tokens_per_s"] = rep["baselines"]["plain"]["tokens_per_s"]
+    out["recommended"] = rep.get("recommended")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "bench")
+    ap.add_argument("--samples", type=int, default=300, help="conversations in the 1x data set")
+    ap.add_argument("--epochs", type=int, default=4, help="epochs for every head (same steps per sample)")
+    ap.add_argument("--eval-prompts", type=int, default=16)
+    ap.add_argument("--quick", action="store_true", help="tiny sizes: checks the plumbing in a few minutes")
+    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results.md")
+    args = ap.parse_args()
+    if args.quick:
+        args.samples, args.epochs, args.eval_prompts = 24, 1, 3
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    n1, n4 = args.samples, 4 * args.samples
+    t_start = time.time()
+    gen_recipe, cache_recipe = "recipes/tiny/gen-data.yaml", "recipes/tiny/cache.yaml"
+    train_recipe = "recipes/bench/train.yaml"
+
+    # ---- data: the target's own answers (4x) and the original GSM8K answers, same prompts
+    sh([*E3, "gen-data", "--recipe", gen_recipe, "--run", out / "regen", "--num-samples", n4])
+    sh([*E3, "gen-data", "--recipe", gen_recipe, "--run", out / "orig", "--num-samples", n4, "--no-regenerate"])
+
+    # ---- caches
+    caches = {
+        "regen4x": [*E3, "cache", "--recipe", cache_recipe, "--run", out / "regen"],
+        "regen1x": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
+                    "--out", out / "regen1x" / "cache", "--max-samples", n1],
+        "regen2x": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
+                    "--out", out / "regen2x" / "cache", "--max-samples", 2 * n1],
+        "top": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
+                "--out", out / "top" / "cache", "--aux-layers", "11"],  # top only: the input of the last of 12 layers
+        "orig": [*E3, "cache", "--recipe", cache_recipe, "--run", out / "orig"],
+    }
+    for cmd in caches.values():
+        sh(cmd)
+
+    # ---- heads: (run folder, cache folder, extra flags)
+    heads = {
+        "ttt7": (out / "regen", out / "regen" / "cache", []),
+        "ttt1": (out / "ttt1", out / "regen" / "cache", ["--ttt-steps", "1"]),
+        "top": (out / "top", out / "top" / "cache", []),
+        "regen1x": (out / "regen1x", out / "regen1x" / "cache", []),
+        "regen2x": (out / "regen2x", out / "regen2x" / "cache", []),
+        "orig": (out / "orig", out / "orig" / "cache", []),
+    }
+    train_metrics = {}
+    for name, (run, cache, extra) in heads.items():
+        sh([*E3, "train", "--recipe", train_recipe, "--run", run, "--cache", cache, "--epochs", args.epochs, *extra])
+        lines = (run / "train" / "metrics.jsonl").read_text().splitlines()
+        train_metrics[name] = json.loads(lines[-1]) if lines else {}
+
+    # ---- acceptance on GSM8K test (chain, depth 8, greedy) for every head
+    evals = {}
+    for name, (run, _cache, _extra) in heads.items():
+        sh([*E3, "eval", "--run", run, "--target", "models/tiny-target", "--bench", "gsm8k",
+            "--num-prompts", args.eval_prompts, "--max-new-tokens", 128, "--depth", 8, "--mode", "chain",
+            "--no-generate-baseline", "--threads", 1])
+        evals[name] = chain_stats(run / "eval" / "report.json")
+    # the main head: chain + tree against plain and generate, GSM8K and MT-bench
+    main_run = out / "regen"
+    speed = {}
+    for bench in ("gsm8k", "mt_bench"):
+        dest = out / f"speed-{bench}"
+        sh([*E3, "eval", "--head", main_run / "head", "--out", dest, "--target", "models/tiny-target",
+            "--bench", bench, "--num-prompts", args.eval_prompts, "--max-new-tokens", 128, "--depth", 8,
+            "--mode", "both", "--threads", 1])
+        speed[bench] = chain_stats(dest / "report.json")
+        shutil.copy(dest / "acceptance.png", args.results_md.parent / f"results-acceptance-{bench}.png")
+
+    # ---- toolkit figures (each script prints one JSON object)
+    quick = ["--num-prompts", "8"] if args.quick else []
+    tool = {
+        "gen_data": last_json(sh([PY, "recipes/bench/gen_data_throughput.py", *quick], capture=True)),
+        "cache": last_json(sh([PY, "recipes/bench/cache_bytes.py", *(["--num-samples", "16"] if args.quick else [])],
+                              capture=True)),
+        "train": last_json(sh([PY, "recipes/bench/train_speed.py"], capture=True)),
+    }
+
+    results = {
+        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+                    "cpus": os.cpu_count(), "python": platform.python_version()},
+        "settings": vars(args) | {"out": str(out), "results_md": str(args.results_md)},
+        "evals": evals, "speed": speed, "train_final": train_metrics, "toolkit": tool,
+        "commands": COMMANDS, "minutes": round((time.time() - t_start) / 60, 1),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
+    sh([PY, "recipes/bench/report.py", "--results", out / "results.json", "--out", args.results_md])
+
+
+if __name__ == "__main__":
+    main()
