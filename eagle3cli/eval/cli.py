@@ -1,0 +1,60 @@
+"""`eagle3 eval`: parse flags, build the EvalConfig, call run_eval."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from ..config import build_config
+from .config import EvalConfig
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "eval",
+        epilog="Example: eagle3 eval --run runs/demo --target models/tiny-target --depth 8 --bench gsm8k "
+               "--num-prompts 10 --mode both",
+    )
+    def eval_cmd(
+        target: str = typer.Option(None, help="Target model folder (default: the one the head records)."),
+        head: Path = typer.Option(None, help="Exported head folder (default: RUN/head)."),
+        run: Path = typer.Option(None, help="Run folder; the report is written to RUN/eval."),
+        out: Path = typer.Option(None, help="Report folder (default: RUN/eval)."),
+        depth: int = typer.Option(None, help="Draft depth D (chain length / tree levels). [default: 8]"),
+        bench: str = typer.Option(None, help="gsm8k | mt_bench | humaneval | FILE.jsonl. [default: gsm8k]"),
+        num_prompts: int = typer.Option(None, help="Prompts to decode. [default: 10]"),
+        max_new_tokens: int = typer.Option(None, help="New tokens per prompt. [default: 128]"),
+        temperature: float = typer.Option(None, help="0 = greedy; > 0 = lossless speculative sampling."),
+        top_p: float = typer.Option(None, help="Nucleus sampling mass (with --temperature > 0)."),
+        mode: str = typer.Option(None, help="chain | tree | both. [default: chain]"),
+        topk: int = typer.Option(None, help="Tree: top-k children per frontier node. [default: 4]"),
+        num_draft_tokens: int = typer.Option(None, help="Tree: tokens verified per pass, root included (SGLang's count). [default: 16]"),
+        compare: list[str] = typer.Option(None, help="Another head folder to overlay (repeatable)."),
+        endpoint: str = typer.Option(None, help="Evaluate a running SGLang server (its /generate) instead."),
+        data_dir: Path = typer.Option(None, help="Data folder (default $EAGLE3_DATA or ../shared/data)."),
+        generate_baseline: bool = typer.Option(None, "--generate-baseline/--no-generate-baseline",
+                                               help="Also time transformers' generate. [default: on]"),
+        seed: int = typer.Option(None, help="Sampling seed."),
+        device: str = typer.Option(None, help="cpu | cuda | auto."),
+        threads: int = typer.Option(None, help="torch CPU threads (small models on a busy CPU: 1)."),
+        recipe: Path = typer.Option(None, help="YAML recipe (section `eval:`); flags override it."),
+    ) -> None:
+        """Speculative decoding with the head: acceptance by depth, tau, speedup, losslessness.
+
+        Decodes benchmark prompts with the target alone (our KV-cache loop and transformers'
+        generate) and with the head (chain and/or EAGLE-2 tree), then reports per-depth acceptance
+        (conditional alpha_k and unconditional), tau(d) for every d <= D (tokens per target pass,
+        bonus token included), wall-clock tokens/s and speedups, greedy mismatches against plain
+        decoding, and a recommended serving config, into RUN/eval/report.json + acceptance.png.
+        """
+        from .run import run_eval
+
+        cfg = build_config(
+            EvalConfig, recipe, "eval", target=target, head=head, run=run, out=out, depth=depth, bench=bench,
+            num_prompts=num_prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+            mode=mode, topk=topk, num_draft_tokens=num_draft_tokens, compare=tuple(compare) if compare else None,
+            endpoint=endpoint, data_dir=data_dir, generate_baseline=generate_baseline, seed=seed, device=device,
+            threads=threads,
+        )
+        run_eval(cfg)

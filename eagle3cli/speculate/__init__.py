@@ -1,0 +1,24 @@
+"""Speculation math as pure tensor functions (no files, no screen): sampling with the
+probabilities returned, chain and tree verification (greedy and lossless sampling), EAGLE-2
+dynamic tree construction, tree attention masks and position ids. Shared by eval, serve
+benchmarks and tests."""
+
+from .chain import verify_chain_greedy, verify_chain_sampling
+from .sampling import logits_to_probs, residual, sample, sample_from
+from .tree import (
+    DraftTree,
+    children_of,
+    expand_frontier,
+    node_depths,
+    select_nodes,
+    tree_attention_mask,
+    tree_position_ids,
+    verify_tree_greedy,
+    verify_tree_sampling,
+)
+
+__all__ = [
+    "DraftTree", "children_of", "expand_frontier", "logits_to_probs", "node_depths", "residual", "sample",
+    "sample_from", "select_nodes", "tree_attention_mask", "tree_position_ids", "verify_chain_greedy",
+    "verify_chain_sampling", "verify_tree_greedy", "verify_tree_sampling",
+]

@@ -1,0 +1,142 @@
+"""`eagle3 eval` end to end on a tiny random target + head: the files it writes, the report's
+fields, bad inputs exiting 2, and the --endpoint path against a fake SGLang /generate."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+
+import pytest
+import torch
+
+from eagle3cli.cli import main
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.model.export import save_head
+from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
+    model, tok, path = load_target(target_dir)
+    cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
+    return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
+
+
+@pytest.fixture(scope="module")
+def heads(tiny_target_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-heads")
+    return make_head(tiny_target_dir, root / "run" / "head"), make_head(tiny_target_dir, root / "other" / "head", 1)
+
+
+@pytest.fixture(scope="module")
+def prompts_file(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("eval-prompts") / "prompts.jsonl"
+    rows = [{"prompt": "What is two plus two?"},
+            {"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "Apple."}]},
+            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}]
+    p.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return p
+
+
+def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, tmp_path):
+    head, other = heads
+    out = tmp_path / "eval"
+    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(head), "--compare", str(other),
+               "--bench", str(prompts_file), "--num-prompts", "3", "--max-new-tokens", "10", "--depth", "3",
+               "--mode", "both", "--topk", "2", "--num-draft-tokens", "6", "--out", str(out)])
+    assert rc == 0
+    assert {p.name for p in out.iterdir()} == {"report.json", "acceptance.png", "manifest.json"}
+    rep = json.loads((out / "report.json").read_text())
+    assert len(rep["heads"]) == 2
+    for modes in rep["heads"].values():
+        assert set(modes) == {"chain", "tree"}
+        for st in modes.values():
+            assert st["lossless"]["compared"] == 3 and st["lossless"]["mismatches"] == 0
+            acc = st["acceptance"]
+            assert len(acc["per_depth"]) == 3 and len(acc["tau_by_depth"]) == 4
+            assert acc["tau"] >= 1.0
+        rows = modes["chain"]["acceptance"]["per_depth"]
+        assert rows[0]["attempts"] == modes["chain"]["acceptance"]["rounds"]
+    assert rep["baselines"]["plain"]["tokens"] == 30 and rep["baselines"]["generate"]["tokens"] == 30
+    assert set(rep["recommended"]) >= {"steps", "topk", "num_draft_tokens"}
+    assert "bonus" in rep["tau_definition"]
+    man = json.loads((out / "manifest.json").read_text())
+    assert man["stage"] == "eval" and man["counts"]["prompts"] == 3
+    assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--depth", "0"], "--depth must be an integer >= 1"),
+    (["--bench", "nonsense"], "unknown --bench"),
+    (["--mode", "spiral"], "--mode must be one of"),
+    (["--max-new-tokens", "5000"], "positions, the target has 1024"),
+])
+def test_bad_inputs_exit_2(tiny_target_dir, heads, args, needle, capsys, tmp_path):
+    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--out", str(tmp_path / "e"),
+               "--num-prompts", "1", *args])
+    assert rc == 2
+    assert needle in " ".join(capsys.readouterr().err.split())
+
+
+def test_head_for_another_target_exits_2(deep_target_dir, tiny_target_dir, tmp_path, capsys):
+    head = make_head(deep_target_dir, tmp_path / "deep-head")  # aux layers [2, 4, 5] of an 8-layer target
+    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(head), "--num-prompts", "1",
+               "--out", str(tmp_path / "e")])
+    assert rc == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "does not fit the target" in err and "aux layer ids" in err
+
+
+def test_missing_head_exits_2(tiny_target_dir, tmp_path, capsys):
+    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(tmp_path / "nope")])
+    assert rc == 2 and "does not exist" in " ".join(capsys.readouterr().err.split())
+
+
+class _FakeSGLang(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        assert self.path == "/generate" and "<|im_start|>user" in body["text"]
+        n = body["sampling_params"]["max_new_tokens"]
+        meta = {"completion_tokens": n, "spec_verify_ct": n // 4, "spec_accept_length": 4.0}
+        data = json.dumps({"text": "x", "meta_info": meta}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a):
+        pass
+
+
+def test_endpoint_reads_sglang_meta_info(tiny_target_dir, prompts_file, tmp_path):
+    server = HTTPServer(("127.0.0.1", 0), _FakeSGLang)
+    t = threading.Thread(target=server.serve_forever, daemon=True)
+    t.start()
+    try:
+        rc = main(["eval", "--endpoint", f"http://127.0.0.1:{server.server_port}", "--target", str(tiny_target_dir),
+                   "--bench", str(prompts_file), "--num-prompts", "2", "--max-new-tokens", "40",
+                   "--out", str(tmp_path / "ep")])
+    finally:
+        server.shutdown()
+    assert rc == 0
+    rep = json.loads((tmp_path / "ep" / "report.json").read_text())
+    assert rep["tau"] == pytest.approx(4.0) and rep["num_prompts"] == 2
+
+
+def test_endpoint_unreachable_exits_2(prompts_file, tmp_path, capsys):
+    rc = main(["eval", "--endpoint", "http://127.0.0.1:9", "--bench", str(prompts_file), "--num-prompts", "1",
+               "--out", str(tmp_path / "ep")])
+    assert rc == 2 and "cannot reach" in " ".join(capsys.readouterr().err.split())
