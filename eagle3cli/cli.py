@@ -41,6 +41,11 @@ app = typer.Typer(
 # a module is added here only once its command does real work.
 COMMAND_MODULES = [
     "eagle3cli.doctor",
+    "eagle3cli.data.cli",
+    "eagle3cli.cache.cli",
+    "eagle3cli.train.cli",
+    "eagle3cli.eval.cli",
+    "eagle3cli.serve.cli",
 ]
 
 

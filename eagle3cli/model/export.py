@@ -1,0 +1,318 @@
+"""The exported head: `runs/NAME/head/` in the layout SGLang's and vLLM's `LlamaForCausalLMEagle3` load.
+
+Files: `config.json` (a Llama config, see `head_config`), `model.safetensors` (the names below,
+no `model.` prefix, no embeddings) and `manifest.json`. `load_head` is the only reader.
+
+Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
+`model_executor/models/llama_eagle3.py`):
+  * SGLang maps a checkpoint name `n` to `n` if it is a parameter, else to `model.n`; unknown names
+    are skipped silently, so a typo here is a head that loads with random weights.
+  * `d2t` becomes SGLang's `hot_token_id = d2t + arange(draft_vocab)`; `t2d` is skipped by SGLang
+    and vLLM, kept for our tools. A missing `d2t` maps draft id i to target id i (acceptance ~0).
+  * `draft_vocab_size` must be present (SGLang fails without it; `null` means the target's lm_head).
+  * `tie_word_embeddings: false`, else the trained `lm_head` is replaced by the embeddings.
+  * Explicit aux layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as "output of
+    layer k" (captures the input of layer k+1); vLLM reads a top-level
+    `eagle_aux_hidden_state_layer_ids` as `hidden_states[k]`. Ours are `hidden_states[k]`, so the
+    head writes `k - 1` for SGLang and `k` for vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import LlamaConfig
+
+from ..errors import UsageError
+from ..manifest import atomic_write_json, read_json, shard_record, write_manifest
+from .draft import Eagle3Draft
+
+HEAD_WEIGHTS = "model.safetensors"
+HEAD_ARCH = "LlamaForCausalLMEagle3"
+# Parameter names of the exported head, exactly as the engines map them (embeddings excluded).
+HEAD_TENSOR_NAMES = (
+    "fc.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
+# Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
+_OWN_KEYS = ("aux_layer_ids",)
+EXPORT_FORMATS = ("sglang", "vllm", "speculators")
+
+
+def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The exported tensors: every draft parameter/buffer but the (frozen, target-owned) embeddings."""
+    sd = draft.state_dict()
+    missing = [n for n in HEAD_TENSOR_NAMES if n not in sd]
+    if missing:
+        raise UsageError(f"draft model lacks {missing}", "an eagle3cli.model.draft.Eagle3Draft")
+    # Contiguous fp copies: safetensors refuses shared/non-contiguous storage.
+    return {n: sd[n].detach().to("cpu").contiguous().clone() for n in HEAD_TENSOR_NAMES}
+
+
+def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: dict | None = None) -> dict:
+    """config.json for SGLang/vLLM: a 1-layer Llama config plus the EAGLE-3 fields both engines read."""
+    cfg = draft.config.to_dict()
+    aux = [int(i) for i in draft.config.aux_layer_ids]
+    if any(i < 1 for i in aux):
+        raise UsageError(
+            f"aux layer ids {aux} include 0 (the embedding output), which SGLang cannot express",
+            "aux layer ids >= 1 (the input of decoder layer k)",
+        )
+    for k in _OWN_KEYS + ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
+        cfg.pop(k, None)
+    max_pos = int(cfg.get("max_position_embeddings") or 0)
+    if target_identity and target_identity.get("max_position_embeddings"):
+        max_pos = max(max_pos, int(target_identity["max_position_embeddings"]))
+    rope = cfg.get("rope_parameters") or {}
+    cfg.update(
+        architectures=[HEAD_ARCH],
+        model_type="llama",
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        norm_output=False,
+        draft_vocab_size=int(draft.config.draft_vocab_size),
+        vocab_size=int(draft.config.vocab_size),
+        target_hidden_size=int(draft.config.target_hidden_size),
+        max_position_embeddings=max_pos,
+        torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
+        # SGLang adds 1 to these (output of layer k -> input of layer k+1).
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux], "use_aux_hidden_state": True},
+        # vLLM reads this first, as hidden_states[k].
+        eagle_aux_hidden_state_layer_ids=aux,
+        eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
+    )
+    # Engines that predate transformers 5's rope_parameters read these top-level names.
+    if "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+    if rope.get("rope_type", "default") != "default":
+        cfg.setdefault("rope_scaling", rope)
+    return cfg
+
+
+def save_head(draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None,
+              extra: dict | None = None) -> Path:
+    """Write `out_dir/{config.json, model.safetensors, manifest.json}` (manifest last, atomically)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
+    tensors = head_state_dict(draft)
+    tmp = out_dir / f".{HEAD_WEIGHTS}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out_dir / HEAD_WEIGHTS)
+    atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
+    write_manifest(
+        out_dir, "head",
+        target=target_identity or {},
+        aux_layer_ids=[int(i) for i in draft.config.aux_layer_ids],
+        draft_vocab_size=int(draft.config.draft_vocab_size),
+        shards=[shard_record(out_dir / HEAD_WEIGHTS, tensors=len(tensors))],
+        **(extra or {}),
+    )
+    return out_dir
+
+
+def _draft_config_from_head(cfg: dict, head_dir: Path) -> LlamaConfig:
+    problems = []
+    if HEAD_ARCH not in (cfg.get("architectures") or []):
+        problems.append(f"architectures is {cfg.get('architectures')}, expected ['{HEAD_ARCH}']")
+    if cfg.get("num_hidden_layers") != 1:
+        problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, expected 1")
+    if not cfg.get("draft_vocab_size"):
+        problems.append("draft_vocab_size is missing (SGLang cannot load such a head)")
+    if cfg.get("tie_word_embeddings", True):
+        problems.append("tie_word_embeddings is not false (engines would drop the trained lm_head)")
+    aux = (cfg.get("eagle3") or {}).get("aux_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
+    if not aux:
+        problems.append("no aux layer ids (eagle3.aux_layer_ids or eagle_aux_hidden_state_layer_ids)")
+    if problems:
+        raise UsageError(
+            f"{head_dir}/config.json is not an EAGLE-3 head:\n  " + "\n  ".join(problems),
+            "a folder written by `eagle3 train` (runs/NAME/head)",
+            "eagle3 train --run runs/NAME",
+        )
+    fields = {k: v for k, v in cfg.items() if k not in ("eagle3", "eagle_config", "torch_dtype", "norm_output")}
+    llama = LlamaConfig(**fields)
+    llama.draft_vocab_size = int(cfg["draft_vocab_size"])
+    llama.target_hidden_size = int(cfg.get("target_hidden_size") or cfg["hidden_size"])
+    llama.aux_layer_ids = [int(i) for i in aux]
+    llama.architectures = [HEAD_ARCH]
+    return llama
+
+
+def load_head(head_dir: Path, target_model=None) -> Eagle3Draft:
+    """The draft from `runs/NAME/head/`; with `target_model`, its input embeddings are copied in.
+
+    Refuses a folder whose config or tensor names/shapes are not the exported head's (a head the
+    engines would load half-random). Without a target the embeddings are left zero: set them
+    before drafting (eval/serve pass the target).
+    """
+    head_dir = Path(head_dir)
+    cfg_path, w_path = head_dir / "config.json", head_dir / HEAD_WEIGHTS
+    for p in (cfg_path, w_path):
+        if not p.exists():
+            raise UsageError(f"{p} does not exist", "an exported head folder (config.json + model.safetensors)",
+                             "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
+    try:
+        cfg = read_json(cfg_path)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{cfg_path} is not valid JSON ({e})") from e
+    draft = Eagle3Draft(_draft_config_from_head(cfg, head_dir))
+    tensors = load_file(str(w_path))
+    expected = {n: t for n, t in draft.state_dict().items() if n != "embed_tokens.weight"}
+    problems = [f"missing {n}" for n in expected if n not in tensors]
+    problems += [f"unexpected {n}" for n in tensors if n not in expected]
+    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
+                 for n, t in expected.items() if n in tensors and tensors[n].shape != t.shape]
+    if problems:
+        raise UsageError(
+            f"{w_path} does not match its config.json:\n  " + "\n  ".join(problems[:12]),
+            f"exactly the tensors {', '.join(HEAD_TENSOR_NAMES)}",
+            "re-export the head: eagle3 train --run runs/NAME --resume",
+        )
+    dtype = tensors["fc.weight"].dtype
+    draft = draft.to(dtype)
+    draft.load_state_dict({**tensors, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
+    if target_model is not None:
+        copy_target_embeddings(draft, target_model)
+    return draft.eval()
+
+
+def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
+    _copy_embeddings(draft, target_model.get_input_embeddings().weight)
+
+
+def _copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
+    if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
+        raise UsageError(
+            f"the target's embeddings are {tuple(emb.shape)}, the head expects "
+            f"{tuple(draft.embed_tokens.weight.shape)} (vocab_size, hidden_size)",
+            "the target model the head was trained for",
+            "check --target; the head's config.json `eagle3.target` names it",
+        )
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
+    draft.embed_tokens.weight.requires_grad_(False)
+
+
+@torch.no_grad()
+def init_draft_from_weights(draft: Eagle3Draft, embed: torch.Tensor, lm_head: torch.Tensor | None,
+                            norm: torch.Tensor | None, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
+    """Start from the target: frozen embeddings, lm_head = the target's rows of the draft vocab,
+    final norm = the target's. fc/midlayer then only have to reproduce something like the target's
+    last hidden state for step 0 to be right, which shortens early training a lot."""
+    _copy_embeddings(draft, embed)
+    d2t = d2t.to(torch.long).cpu()
+    if t2d is None:
+        t2d = torch.zeros(draft.config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(d2t)) + d2t] = True
+    draft.set_vocab_maps(d2t, t2d)
+    target_ids = torch.arange(len(d2t)) + d2t
+    if lm_head is not None and lm_head.shape[1] == draft.lm_head.weight.shape[1]:
+        draft.lm_head.weight.copy_(lm_head[target_ids.to(lm_head.device)].to(draft.lm_head.weight))
+    if norm is not None and norm.shape == draft.norm.weight.shape:
+        draft.norm.weight.copy_(norm.to(draft.norm.weight))
+
+
+def init_draft_from_target(draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
+    """`init_draft_from_weights` with the tensors of a loaded target model."""
+    norm = getattr(getattr(target_model, "model", None), "norm", None)
+    init_draft_from_weights(draft, target_model.get_input_embeddings().weight,
+                            target_model.get_output_embeddings().weight,
+                            None if norm is None else norm.weight, d2t, t2d)
+
+
+@torch.no_grad()
+def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> float:
+    """Reload the export and compare its logits with the in-memory draft's; returns max |diff|."""
+    reloaded = load_head(head_dir)
+    reloaded.embed_tokens.weight.copy_(draft.embed_tokens.weight.to("cpu", reloaded.embed_tokens.weight.dtype))
+    ref = draft
+    device = next(draft.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    cfg = draft.config
+    ids = torch.randint(0, cfg.vocab_size, (1, seq_len), generator=g)
+    aux = torch.randn(1, seq_len, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)
+    was_training = ref.training
+    ref.eval()
+    try:
+        h_ref = list(ref.ttt_unroll(ids.to(device), aux.to(device, ref.fc.weight.dtype), steps=2))[-1]
+        h_new = list(reloaded.ttt_unroll(ids, aux.to(reloaded.fc.weight.dtype), steps=2))[-1]
+        diff = (ref.logits(h_ref).float().cpu() - reloaded.logits(h_new).float()).abs().max().item()
+    finally:
+        ref.train(was_training)
+    return diff
+
+
+# ---------------------------------------------------------------- other layouts
+def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
+    """vLLM `speculators` style: the Llama layer config nested, speculator fields top-level."""
+    layer = {k: v for k, v in cfg.items()
+             if k not in ("eagle3", "eagle_config", "eagle_aux_hidden_state_layer_ids", "architectures",
+                          "draft_vocab_size", "target_hidden_size", "norm_output")}
+    layer["architectures"] = ["LlamaForCausalLM"]
+    target = (cfg.get("eagle3") or {}).get("target") or {}
+    return {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.1.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg["draft_vocab_size"],
+        "target_hidden_size": cfg.get("target_hidden_size"),
+        "norm_before_residual": False,
+        "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens,
+                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "verifier": {"name_or_path": target.get("path"), "architectures": ["LlamaForCausalLM"]},
+        },
+        "torch_dtype": cfg.get("torch_dtype", "float32"),
+        "eagle3": cfg.get("eagle3"),
+    }
+
+
+def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7) -> Path:
+    """Copy a head into another engine's layout.
+
+    sglang and vllm: the head's own layout (both engines load it; vLLM maps `midlayer.` to
+    `layers.0.` itself). speculators: `layers.0.*` names and a `speculators_model_type: eagle3`
+    config; not verified against a speculators install here (none is available offline).
+    """
+    if fmt not in EXPORT_FORMATS:
+        raise UsageError(f"unknown --format {fmt!r}", f"one of {', '.join(EXPORT_FORMATS)}",
+                         "eagle3 export --head runs/NAME/head --format sglang --out DIR")
+    head_dir, out_dir = Path(head_dir), Path(out_dir)
+    draft = load_head(head_dir)  # validates names and shapes before anything is written
+    cfg = read_json(head_dir / "config.json")
+    if out_dir.resolve() == head_dir.resolve():
+        raise UsageError("--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if fmt in ("sglang", "vllm"):
+        shutil.copyfile(head_dir / HEAD_WEIGHTS, out_dir / HEAD_WEIGHTS)
+        atomic_write_json(out_dir / "config.json", cfg)
+    else:
+        tensors = {n.replace("midlayer.", "layers.0."): t for n, t in head_state_dict(draft).items()}
+        save_file(tensors, str(out_dir / HEAD_WEIGHTS), metadata={"format": "pt"})
+        atomic_write_json(out_dir / "config.json", _speculators_config(cfg, num_speculative_tokens))
+    write_manifest(out_dir, "export", format=fmt, source=str(head_dir),
+                   target=(cfg.get("eagle3") or {}).get("target", {}),
+                   shards=[shard_record(out_dir / HEAD_WEIGHTS)])
+    return out_dir

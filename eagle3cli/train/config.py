@@ -1,0 +1,104 @@
+"""`TrainConfig`: every knob of `eagle3 train`, one docstring line each (the flag's help)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    run: Path | None = None
+    """Run folder: reads runs/NAME/cache (or data/ with --online), writes train/ and head/."""
+    cache: Path | None = None
+    """Cache folder (default RUN/cache)."""
+    online: bool = False
+    """Train from RUN/data conversations, running the target in-process (no cache)."""
+    data: Path | None = None
+    """gen-data folder for --online (default RUN/data)."""
+    target: Path | None = None
+    """Target model folder (default: the path recorded in the cache manifest)."""
+    ttt_steps: int = 7
+    """Training-time-test unroll depth K (1 = no TTT, the paper's ablation)."""
+    step_weight: float = 0.8
+    """Loss weight of TTT step k is step_weight**k."""
+    aux_layers: str = "cache"
+    """Which aux layers: 'cache' (whatever the cache holds), 'default' [2, L//2, L-3], 'top' [L-1], or ids '2,4,5'."""
+    draft_vocab_size: int = 32000
+    """Draft vocab size for --online (offline, the cache's vocab is used)."""
+    max_length: int = 2048
+    """Tokens per sample; longer samples are cut."""
+    epochs: int = 1
+    """Passes over the data."""
+    max_steps: int | None = None
+    """Stop after this many optimizer steps (overrides epochs)."""
+    lr: float = 3e-4
+    """Peak learning rate (AdamW)."""
+    min_lr_ratio: float = 0.0
+    """Cosine schedule floor as a fraction of --lr."""
+    warmup_ratio: float = 0.03
+    """Share of the optimizer steps spent in linear warmup."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    grad_clip: float = 0.5
+    """Max global gradient norm (0 = off)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step."""
+    token_budget: int = 4096
+    """Padded tokens per micro-batch (batch size x longest sample)."""
+    max_batch_size: int = 64
+    """Samples per micro-batch at most."""
+    seed: int = 0
+    """Seed of the data order and the head's initialisation."""
+    log_every: int = 10
+    """Optimizer steps per metrics line (metrics.jsonl + one log line)."""
+    save_every: int = 100
+    """Optimizer steps per checkpoint (must be a multiple of --log-every for exact resume)."""
+    keep_checkpoints: int = 2
+    """Checkpoints kept besides the best one."""
+    resume: bool = True
+    """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
+    device: str | None = None
+    """cpu, cuda, cuda:N (default: cuda if available)."""
+    dtype: str | None = None
+    """fp32 or bf16 (default: bf16 on GPU, fp32 on CPU)."""
+    deepspeed: str | None = None
+    """zero1 | zero2 | zero3 | a DeepSpeed config JSON: launch through the deepspeed launcher."""
+    nproc: int = 1
+    """Processes per node for --deepspeed."""
+    hostfile: Path | None = None
+    """DeepSpeed hostfile for multi-node runs."""
+    tensorboard: bool = False
+    """Also write TensorBoard scalars to RUN/train/tb (needs the tensorboard package)."""
+
+    def validate(self) -> list[str]:
+        e = []
+        if self.run is None:
+            e.append("--run is required (the run folder, e.g. runs/demo)")
+        if not 1 <= self.ttt_steps <= 32:
+            e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
+        for name in ("lr", "token_budget", "max_batch_size", "grad_accum", "log_every", "save_every", "epochs",
+                     "max_length", "nproc", "draft_vocab_size"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or v <= 0:
+                e.append(f"--{name.replace('_', '-')} {v!r}: expected a positive number")
+        if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps <= 0):
+            e.append(f"--max-steps {self.max_steps!r}: expected a positive integer")
+        if not 0 <= self.warmup_ratio < 1:
+            e.append(f"--warmup-ratio {self.warmup_ratio}: expected 0 <= r < 1")
+        if not 0 < self.step_weight <= 1:
+            e.append(f"--step-weight {self.step_weight}: expected 0 < w <= 1")
+        if not e and self.save_every % self.log_every:
+            e.append(f"--save-every {self.save_every} is not a multiple of --log-every {self.log_every}")
+        if self.aux_layers not in ("cache", "default", "top"):
+            try:
+                [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
+            except ValueError:
+                e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
+        if self.dtype not in (None, "auto", "fp32", "float32", "bf16", "bfloat16"):
+            e.append(f"--dtype {self.dtype!r}: expected fp32 or bf16")
+        if self.deepspeed is None and (self.nproc != 1 or self.hostfile is not None):
+            e.append("--nproc/--hostfile need --deepspeed (zero1|zero2|zero3|CONFIG.json)")
+        return e

@@ -1,0 +1,146 @@
+"""Training batches: offline from a cache folder, or online from gen-data conversations.
+
+Both sources expose `lengths` and `sample(i)`; `plan_epoch` turns lengths into a deterministic,
+length-bucketed, token-budget batch plan for (seed, epoch), so the position in an epoch is just
+(epoch, batch index) and a resumed run sees exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+
+
+def plan_epoch(lengths: list[int], token_budget: int, seed: int, epoch: int, max_batch_size: int = 256,
+               bucket_factor: int = 50) -> list[list[int]]:
+    """Batches of sample indices with (batch size x longest length) <= token_budget.
+
+    Samples are shuffled, then sorted by length within chunks of `bucket_factor` batches' worth of
+    samples (length bucketing keeps padding low without a fixed length order), cut into batches,
+    and the batches shuffled. Deterministic in (seed, epoch).
+    """
+    rng = random.Random(seed * 1_000_003 + epoch)
+    order = list(range(len(lengths)))
+    rng.shuffle(order)
+    mean = max(1, sum(lengths) // max(1, len(lengths)))
+    chunk = max(1, bucket_factor * max(1, token_budget // mean))
+    batches: list[list[int]] = []
+    for s in range(0, len(order), chunk):
+        part = sorted(order[s : s + chunk], key=lambda i: lengths[i], reverse=True)
+        cur: list[int] = []
+        for i in part:
+            longest = lengths[cur[0]] if cur else lengths[i]
+            if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch_size):
+                batches.append(cur)
+                cur = []
+            cur.append(i)
+        if cur:
+            batches.append(cur)
+    rng.shuffle(batches)
+    return batches
+
+
+def collate(samples: list[dict], max_length: int | None = None) -> dict[str, torch.Tensor]:
+    """Right-pad a list of samples into a batch (pad id 0, loss_mask False, zero features).
+
+    Right padding is safe for the causal draft: real positions never attend to later pads, and
+    the loss mask is False there. `lengths` is kept for token counting.
+    """
+    if max_length:
+        samples = [{k: v[:max_length] for k, v in s.items()} for s in samples]
+    width = max(len(s["input_ids"]) for s in samples)
+    out: dict[str, torch.Tensor] = {}
+    for key in samples[0]:
+        rows = []
+        for s in samples:
+            x = s[key]
+            pad = width - x.shape[0]
+            if pad:
+                x = torch.cat([x, x.new_zeros((pad, *x.shape[1:]))])
+            rows.append(x)
+        out[key] = torch.stack(rows)
+    out["lengths"] = torch.tensor([len(s["input_ids"]) for s in samples])
+    return out
+
+
+class CacheSource:
+    """Offline: a `runs/NAME/cache/` folder through CacheReader."""
+
+    online = False
+
+    def __init__(self, cache_dir: Path):
+        from ..cache.reader import CacheReader
+
+        self.reader = CacheReader(cache_dir)
+        self.lengths = list(self.reader.lengths)
+        self.d2t, self.t2d = self.reader.d2t, self.reader.t2d
+        self.aux_layer_ids = tuple(self.reader.aux_layer_ids)
+        self.target = self.reader.target
+        self.teacher = self.reader.teacher
+        if not self.lengths:
+            raise UsageError(f"cache {cache_dir} holds no samples", "a cache with at least one sample",
+                             "eagle3 cache --run runs/NAME")
+
+    def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
+        return collate([self.reader[i] for i in indices], max_length)
+
+
+def read_conversations(data_dir: Path) -> list[dict]:
+    """The records of a gen-data folder, in shard order (the manifest must exist: a finished stage)."""
+    from ..manifest import read_manifest
+
+    m = read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
+    records = []
+    for s in m["shards"]:
+        with open(Path(data_dir) / s["file"]) as f:
+            records += [json.loads(line) for line in f if line.strip()]
+    return records
+
+
+class OnlineSource:
+    """Online: tokenise gen-data conversations with the cache stage's masks and run the target
+    in-process per batch (no cache on disk; features cost one target forward per batch)."""
+
+    online = True
+
+    def __init__(self, data_dir: Path, target_model, tokenizer, aux_layer_ids: tuple[int, ...],
+                 draft_vocab_size: int, max_length: int):
+        from ..cache.masks import mask_conversation
+        from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
+
+        self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
+        self.samples: list[tuple[list[int], list[bool]]] = []
+        for r in read_conversations(data_dir):
+            ms = mask_conversation(tokenizer, r["messages"], max_length, r.get("id", "?"))
+            if any(ms.loss_mask):
+                self.samples.append((ms.input_ids, ms.loss_mask))
+        if not self.samples:
+            raise UsageError(f"{data_dir} has no conversation with an assistant turn", "gen-data output",
+                             "eagle3 gen-data ... --run runs/NAME")
+        vocab = target_model.config.vocab_size
+        if draft_vocab_size > vocab:
+            raise UsageError(f"--draft-vocab-size {draft_vocab_size} is larger than the target's vocab ({vocab})",
+                             f"at most {vocab}")
+        self.d2t, self.t2d = build_mapping(select_draft_tokens(token_counts(self.samples, vocab), draft_vocab_size),
+                                           vocab)
+        self.lengths = [len(ids) for ids, _ in self.samples]
+        self.teacher = "last_hidden"
+        self.target = None
+
+    @torch.no_grad()
+    def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
+        from ..model.target import capture_features
+
+        rows = [{"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}
+                for i in indices]
+        b = collate(rows, max_length)
+        device = next(self.model.parameters()).device
+        att = (torch.arange(b["input_ids"].shape[1])[None] < b["lengths"][:, None]).long()
+        aux, last = capture_features(self.model, b["input_ids"].to(device), att.to(device), self.aux_layer_ids)
+        b["aux_hidden"], b["last_hidden"] = aux.float(), last.float()  # stay on the target's device
+        return b

@@ -1,0 +1,481 @@
+"""`run_train(cfg)`: setup() builds everything, fit() is the loop, finish() exports the head.
+
+Single process on CPU/GPU by default; under the DeepSpeed launcher (`--deepspeed`) the same code
+runs per rank with a DeepSpeed engine. On CPU in one process a run killed at any point and
+re-run resumes from its last checkpoint with bit-identical losses (same data order, optimizer,
+scheduler and RNG state). Under DeepSpeed resume restores the same state through the engine's
+own checkpoints; bit-exactness then depends on the collective's reduction order (not promised).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .. import console
+from ..config import config_dict
+from ..errors import UsageError
+from ..manifest import atomic_write_json, check_matches, read_json, sha256_file, write_manifest
+from ..model.draft import Eagle3Draft, draft_config_from_target
+from ..model.export import init_draft_from_weights, save_head, self_check
+from ..model.target import (
+    default_aux_layer_ids,
+    load_tokenizer,
+    pick_device,
+    pick_dtype,
+    resolve_model_path,
+    target_identity,
+    top_aux_layer_ids,
+    validate_aux_layer_ids,
+)
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import CacheSource, OnlineSource, plan_epoch
+from .ttt import (
+    Teacher,
+    accuracies,
+    conditional_acceptance,
+    draft_ttt_loss,
+    simulated_accept_length,
+    teacher_from_hidden,
+    teacher_from_topk,
+)
+
+CACHE_NEXT = "eagle3 cache --run runs/NAME"
+
+
+# ---------------------------------------------------------------- target pieces
+def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, {embed, lm_head, norm}) read straight from the safetensors: training needs
+    only these three tensors of the target, not its decoder layers."""
+    from safetensors import safe_open
+
+    cfg = read_json(path / "config.json")
+    cfg = cfg.get("text_config", cfg)
+    index = path / "model.safetensors.index.json"
+    files = read_json(index)["weight_map"] if index.exists() else None
+    wanted = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}
+    if cfg.get("tie_word_embeddings"):
+        wanted["lm_head"] = wanted["embed"]
+    out = {}
+    for key, name in wanted.items():
+        f = path / (files[name] if files and name in files else "model.safetensors")
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                out[key] = h.get_tensor(name).float()
+        except Exception as e:  # missing file or tensor: not a Llama-style checkpoint
+            raise UsageError(f"cannot read {name} from {f} ({type(e).__name__}: {e})",
+                             "a Llama-style safetensors checkpoint (model.embed_tokens, lm_head, model.norm)") from e
+    return cfg, out
+
+
+def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+    if choice == "cache":
+        if cache_ids is None:
+            return default_aux_layer_ids(n_layers)
+        return tuple(cache_ids)
+    if choice == "default":
+        ids = default_aux_layer_ids(n_layers)
+    elif choice == "top":
+        ids = top_aux_layer_ids(n_layers)
+    else:
+        ids = tuple(int(x) for x in choice.replace(",", " ").split())
+    errors = validate_aux_layer_ids(ids, n_layers)
+    if errors:
+        raise UsageError(errors[0], f"ids in 1..{n_layers - 1}")
+    if cache_ids is not None and tuple(cache_ids) != tuple(ids):
+        raise UsageError(
+            f"--aux-layers {choice} means layers {list(ids)}, but the cache holds features of layers {list(cache_ids)}",
+            "a cache built with the same aux layers",
+            f"eagle3 cache --run runs/NAME --aux-layers {','.join(map(str, ids))}   (into another run folder)",
+        )
+    return tuple(ids)
+
+
+# ---------------------------------------------------------------- state
+@dataclass
+class Interval:
+    """Sums over the optimizer steps since the last metrics line."""
+
+    steps: int = 0
+    micro: int = 0
+    loss: float = 0.0
+    step_loss: torch.Tensor | None = None
+    sums: torch.Tensor | None = None  # [4, K]: correct, count, chain_correct, chain_count
+    tokens: int = 0
+    grad_norm: float = 0.0
+    started: float = field(default_factory=time.time)
+
+    def add(self, out, tokens: int) -> None:
+        s = torch.stack([out.correct, out.count, out.chain_correct, out.chain_count]).detach().float().cpu()
+        self.sums = s if self.sums is None else self.sums + s
+        sl = out.step_loss.detach().float().cpu()
+        self.step_loss = sl if self.step_loss is None else self.step_loss + sl
+        self.loss += float(out.loss.detach())
+        self.micro += 1
+        self.tokens += tokens
+
+
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    run_dir: Path
+    train_dir: Path
+    head_dir: Path
+    source: object
+    draft: Eagle3Draft
+    model: object  # the draft, or the DeepSpeed engine wrapping it
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    lm_head: torch.Tensor | None
+    device: torch.device
+    autocast: torch.dtype | None
+    identity: dict
+    total_steps: int
+    rank: int = 0
+    world: int = 1
+    deepspeed: bool = False
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
+    best: float = -1.0
+    last_metrics: dict = field(default_factory=dict)
+    tokens_seen: int = 0
+    stopped: str = ""
+    tb: object = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
+
+
+def _cosine(total: int, warmup: int, floor: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        p = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
+
+    return f
+
+
+def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
+    """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
+    if cfg.online:
+        from ..model.target import load_target
+
+        data_dir = cfg.data or run_dir / "data"
+        gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
+        tpath = cfg.target or (gm.get("target") or {}).get("path")
+        if not tpath:
+            raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
+        target_model, tok, tpath = load_target(tpath, device=str(device))
+        tcfg = target_model.config.to_dict()
+        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
+        source = OnlineSource(data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length)
+        weights = {"embed": target_model.get_input_embeddings().weight.float().cpu(),
+                   "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
+                   "norm": target_model.model.norm.weight.float().cpu()}
+    else:
+        cache_dir = cfg.cache or run_dir / "cache"
+        if not Path(cache_dir).exists():
+            raise UsageError(f"no cache at {cache_dir}", "the output folder of `eagle3 cache`",
+                             f"eagle3 cache --run {run_dir}   (or train without one: eagle3 train --run {run_dir} --online)")
+        source = CacheSource(cache_dir)
+        tpath = cfg.target or source.target.get("path")
+        if not tpath or not Path(tpath).exists():
+            raise UsageError(f"the cache's target model {tpath!r} is not on this machine",
+                             "the target model folder the cache was built with", "pass --target PATH")
+        tpath = resolve_model_path(tpath)
+        tok = load_tokenizer(tpath)
+        tcfg, weights = load_target_weights(tpath)
+        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
+    identity = target_identity(tpath, tok).as_dict()
+    if source.target:
+        check_matches("the cache", {k: source.target.get(k) for k in identity if k != "path"},
+                      {k: v for k, v in identity.items() if k != "path"},
+                      f"rebuild the cache with this target: eagle3 cache --run {run_dir}, or pass --target "
+                      f"{source.target.get('path')}")
+    vocab, draft_vocab = int(tcfg["vocab_size"]), len(source.d2t)
+    if draft_vocab > vocab or int((torch.arange(draft_vocab) + source.d2t).max()) >= vocab:
+        raise UsageError(f"draft vocab ({draft_vocab}) maps outside the target vocab ({vocab})",
+                         f"a draft vocab of at most {vocab} target tokens", f"{CACHE_NEXT} --draft-vocab-size N")
+    return source, identity, tcfg, weights, aux_ids
+
+
+def setup(cfg: TrainConfig) -> Trainer:
+    run_dir = Path(cfg.run)
+    train_dir, head_dir = run_dir / "train", run_dir / "head"
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    use_ds = cfg.deepspeed is not None
+    device = pick_device(cfg.device)
+    if use_ds and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    source, identity, tcfg, weights, aux_ids = load_source(cfg, run_dir, device)
+    draft_vocab = len(source.d2t)
+
+    # ---- the draft
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(draft_config_from_target(tcfg, draft_vocab, aux_ids))
+    init_draft_from_weights(draft, weights["embed"], weights["lm_head"], weights["norm"], source.d2t, source.t2d)
+    draft.to(device)
+    lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    per_step = world * cfg.grad_accum
+    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size))
+    if n_batches < per_step:
+        raise UsageError(f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
+                         "more data, a smaller --token-budget or --grad-accum")
+    total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio))
+    autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
+    model = draft
+    if use_ds:
+        from .launch import deepspeed_engine
+
+        model, optimizer, sched = deepspeed_engine(draft, optimizer, sched, cfg, train_dir, autocast is not None)
+        autocast = None  # the engine's bf16 section casts the model itself
+    tr = Trainer(cfg, run_dir, train_dir, head_dir, source, draft, model, optimizer, sched, lm_head, device,
+                 autocast, identity, total, rank, world, use_ds)
+    _maybe_resume(tr)
+    if cfg.tensorboard and rank == 0:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise UsageError("--tensorboard needs the tensorboard package", "pip install tensorboard",
+                             "or drop --tensorboard (metrics.jsonl has the same numbers)") from e
+        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.step + 1 if tr.step else None)
+    return tr
+
+
+def _config_key(cfg: TrainConfig) -> dict:
+    """Config fields that must match for a resume to be the same run."""
+    d = config_dict(cfg)
+    for k in ("resume", "max_steps", "epochs", "log_every", "save_every", "keep_checkpoints", "tensorboard",
+              "hostfile", "device"):
+        d.pop(k, None)
+    return d
+
+
+def _maybe_resume(tr: Trainer) -> None:
+    metrics = tr.train_dir / "metrics.jsonl"
+    path = ckpt.latest(tr.train_dir)
+    if not tr.cfg.resume or path is None:
+        if tr.rank == 0:
+            if path is not None:
+                console.warn(f"--no-resume: ignoring checkpoints in {path.parent} (they will be replaced)")
+            metrics.unlink(missing_ok=True)
+        return
+    state = ckpt.load(path)
+    if state["config"] != _config_key(tr.cfg):
+        diff = sorted(k for k in state["config"] if state["config"].get(k) != _config_key(tr.cfg).get(k))
+        raise UsageError(
+            f"{path} was written with other settings ({', '.join(diff)})",
+            "the same flags as the run being resumed",
+            f"rerun with the original flags, or start over: eagle3 train --run {tr.run_dir} --no-resume",
+        )
+    if tr.deepspeed:
+        tr.model.load_checkpoint(str(tr.train_dir / "deepspeed"), tag=state["ds_tag"])
+    else:
+        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
+        tr.optimizer.load_state_dict(state["optimizer"])
+        tr.scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"])
+    tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
+    tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
+    if tr.rank == 0:
+        ckpt.truncate_metrics(metrics, tr.step)
+    console.log(f"resumed from {path.name}: step {tr.step}, epoch {tr.epoch}, batch {tr.batch_pos}")
+
+
+def save_checkpoint(tr: Trainer) -> None:
+    is_best = tr.last_metrics.get("sim_accept_len", -1.0) > tr.best
+    if is_best:
+        tr.best = tr.last_metrics["sim_accept_len"]
+    tag = ckpt.ckpt_name(tr.step)
+    state = {"step": tr.step, "epoch": tr.epoch, "batch_pos": tr.batch_pos, "best": tr.best,
+             "tokens_seen": tr.tokens_seen, "rng": ckpt.rng_state(), "config": _config_key(tr.cfg),
+             "metrics": tr.last_metrics}
+    if tr.deepspeed:
+        tr.model.save_checkpoint(str(tr.train_dir / "deepspeed"), tag=tag)  # collective: every rank
+        state["ds_tag"] = tag
+    else:
+        state.update(model={k: v for k, v in tr.draft.state_dict().items() if k != "embed_tokens.weight"},
+                     optimizer=tr.optimizer.state_dict(), scheduler=tr.scheduler.state_dict())
+    if tr.rank == 0:
+        ckpt.save(tr.train_dir, tr.step, state, is_best, tr.cfg.keep_checkpoints)
+
+
+# ---------------------------------------------------------------- the loop
+def teacher_for(tr: Trainer, batch: dict) -> Teacher:
+    d2t = tr.draft.d2t
+    if "last_hidden" in batch:
+        return teacher_from_hidden(batch["last_hidden"], tr.lm_head, d2t)
+    return teacher_from_topk(batch["topk_ids"], batch["topk_logprobs"], d2t, tr.draft.config.vocab_size)
+
+
+def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
+    batch = {k: v.to(tr.device) for k, v in tr.source.batch(indices, tr.cfg.max_length).items()}
+    teacher = teacher_for(tr, batch)
+    batch["aux_hidden"] = batch["aux_hidden"].to(tr.draft.fc.weight.dtype)
+    with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
+        out = draft_ttt_loss(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
+    if tr.deepspeed:
+        tr.model.backward(out.loss)  # the engine scales by its gradient_accumulation_steps
+        tr.model.step()
+    else:
+        (out.loss / tr.cfg.grad_accum).backward()
+    interval.add(out, int(batch["lengths"].sum()))
+
+
+def optimizer_step(tr: Trainer, interval: Interval) -> None:
+    if tr.deepspeed:
+        norm = tr.model.get_global_grad_norm()
+        interval.grad_norm += float(norm) if norm is not None else 0.0
+    else:
+        params = [p for p in tr.draft.parameters() if p.requires_grad]
+        if tr.cfg.grad_clip > 0:
+            interval.grad_norm += float(torch.nn.utils.clip_grad_norm_(params, tr.cfg.grad_clip))
+        tr.optimizer.step()
+        tr.scheduler.step()
+        tr.optimizer.zero_grad(set_to_none=True)
+    tr.step += 1
+    interval.steps += 1
+
+
+def log_interval(tr: Trainer, iv: Interval) -> dict:
+    sums, step_loss = iv.sums.clone(), iv.step_loss.clone()
+    extra = torch.tensor([iv.loss, iv.micro, iv.tokens, iv.grad_norm], dtype=torch.float64)
+    if tr.world > 1:
+        import torch.distributed as dist
+
+        packed = torch.cat([sums.flatten().double(), step_loss.double(), extra]).to(tr.device)
+        dist.all_reduce(packed)
+        packed = packed.cpu()
+        k = sums.shape[1]
+        sums = packed[: 4 * k].view(4, k).float()
+        step_loss = packed[4 * k : 5 * k].float()
+        extra = packed[5 * k :]
+        extra[3] /= tr.world  # every rank saw the same global norm
+    loss, micro, tokens, gnorm = extra.tolist()
+    acc = accuracies(sums[0], sums[1])
+    elapsed = max(1e-9, time.time() - iv.started)
+    tr.tokens_seen += int(tokens)
+    m = {
+        "step": tr.step, "epoch": tr.epoch, "lr": tr.scheduler.get_last_lr()[0],
+        "loss": loss / micro,
+        "loss_k": [round(float(x) / micro, 6) for x in step_loss],
+        "acc_k": [round(a, 5) for a in acc],
+        "alpha_k": [round(a, 5) for a in conditional_acceptance(sums[2], sums[3])],
+        "sim_accept_len": round(simulated_accept_length(acc), 4),
+        "grad_norm": gnorm / max(1, iv.steps),
+        "tokens": int(tokens), "tok_per_s": round(tokens / elapsed, 1), "tokens_seen": tr.tokens_seen,
+    }
+    tr.last_metrics = m
+    if tr.rank == 0:
+        with open(tr.train_dir / "metrics.jsonl", "a") as f:
+            f.write(json.dumps(m) + "\n")
+        if tr.tb is not None:
+            for key in ("loss", "sim_accept_len", "lr", "grad_norm", "tok_per_s"):
+                tr.tb.add_scalar(f"train/{key}", m[key], tr.step)
+            for k, (lk, ak) in enumerate(zip(m["loss_k"], m["acc_k"], strict=True)):
+                tr.tb.add_scalar(f"loss_k/{k}", lk, tr.step)
+                tr.tb.add_scalar(f"acc_k/{k}", ak, tr.step)
+            tr.tb.flush()
+        console.log(f"step {tr.step}/{tr.total_steps} ep {tr.epoch} loss {m['loss']:.4f} "
+                    f"acc0 {acc[0]:.3f} acc{len(acc) - 1} {acc[-1]:.3f} accept_len {m['sim_accept_len']:.3f} "
+                    f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s")
+    return m
+
+
+def next_step_batches(tr: Trainer, plan: list[list[int]]) -> list[list[int]] | None:
+    """This rank's micro-batches for the next optimizer step, or None at the end of the epoch."""
+    per_step = tr.world * tr.cfg.grad_accum
+    if tr.batch_pos + per_step > len(plan):
+        return None  # the epoch's last few batches do not fill a step on every rank: dropped
+    group = plan[tr.batch_pos : tr.batch_pos + per_step]
+    return group[tr.rank * tr.cfg.grad_accum : (tr.rank + 1) * tr.cfg.grad_accum]
+
+
+def fit(tr: Trainer) -> None:
+    cfg = tr.cfg
+    tr.train_dir.mkdir(parents=True, exist_ok=True)
+    tr.model.train()
+    iv = Interval()
+    plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size)
+    with console.progress("train", total=tr.total_steps, unit="step", completed=tr.step) as bar:
+        while tr.step < tr.total_steps:
+            mine = next_step_batches(tr, plan)
+            if mine is None:
+                if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None:
+                    break
+                tr.epoch, tr.batch_pos = tr.epoch + 1, 0
+                plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size)
+                continue
+            before = iv.tokens
+            for indices in mine:
+                micro_step(tr, indices, iv)
+            tr.batch_pos += tr.world * cfg.grad_accum
+            optimizer_step(tr, iv)
+            bar.advance(1, tokens=iv.tokens - before)
+            if tr.step % cfg.log_every == 0 or tr.step == tr.total_steps:
+                log_interval(tr, iv)
+                iv = Interval()
+            if tr.step % cfg.save_every == 0:
+                save_checkpoint(tr)
+    if iv.steps:
+        log_interval(tr, iv)
+    tr.stopped = (f"reached {tr.total_steps} optimizer steps" if tr.step >= tr.total_steps
+                  else f"finished {cfg.epochs} epoch(s)")
+    if tr.step % cfg.save_every:
+        save_checkpoint(tr)
+
+
+def finish(tr: Trainer) -> Path:
+    """Export the head (rank 0), check it reloads to the same logits, write the train manifest."""
+    summary = {"steps": tr.step, "epochs": tr.epoch + 1, "tokens_seen": tr.tokens_seen, "stopped": tr.stopped,
+               "ttt_steps": tr.cfg.ttt_steps, "final_metrics": tr.last_metrics}
+    draft = tr.draft
+    if tr.deepspeed:
+        from .launch import gathered_params
+
+        ctx = gathered_params(tr.model, draft)
+    else:
+        from contextlib import nullcontext
+
+        ctx = nullcontext()
+    with ctx:
+        if tr.rank == 0:
+            export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
+            save_head(export, tr.head_dir, tr.identity, {"training": summary})
+            diff = self_check(export, tr.head_dir)
+            if diff > 1e-4:
+                raise UsageError(f"exported head reproduces the trained logits only to {diff:.2e}",
+                                 "a lossless export (< 1e-4)")
+            source = {"cache": str(tr.cfg.cache or tr.run_dir / "cache")} if not tr.cfg.online else {
+                "data": str(tr.cfg.data or tr.run_dir / "data")}
+            cache_manifest = Path(source.get("cache", "")) / "manifest.json"
+            write_manifest(
+                tr.train_dir, "train", config=config_dict(tr.cfg), target=tr.identity,
+                aux_layer_ids=list(draft.config.aux_layer_ids), draft_vocab_size=draft.config.draft_vocab_size,
+                input=source | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
+                head=str(tr.head_dir), export_self_check_max_abs_diff=diff, world_size=tr.world, **summary,
+            )
+            atomic_write_json(tr.train_dir / "summary.json", summary)
+            console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
+    return tr.head_dir
+
+
+def run_train(cfg: TrainConfig) -> Path:
+    if cfg.deepspeed is not None and "LOCAL_RANK" not in os.environ:
+        from .launch import launch
+
+        return launch(cfg)
+    tr = setup(cfg)
+    fit(tr)
+    return finish(tr)

@@ -1,0 +1,206 @@
+"""eagle3 train on a tiny random target: files written, exact resume after kill -9, clear errors,
+and (slow) a 2-process DeepSpeed ZeRO-2 run that tracks the single-process run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from test_train_fixtures import REPO, eagle3, make_run, metrics
+
+from eagle3cli.cli import main
+from eagle3cli.config import build_config
+from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head
+from eagle3cli.train.config import TrainConfig
+from eagle3cli.train.loop import finish, fit, setup
+
+FAST = ["--token-budget", "640", "--max-length", "160"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_target_dir):
+    return make_run(tmp_path_factory.mktemp("train") / "base", tiny_target_dir, n=24)
+
+
+@pytest.fixture
+def run_dir(tmp_path, base_run):
+    d = tmp_path / "run"
+    d.mkdir()
+    for sub in ("data", "cache"):
+        shutil.copytree(base_run / sub, d / sub)
+    return d
+
+
+def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_target_dir):
+    from transformers import AutoModelForCausalLM
+
+    cfg = build_config(TrainConfig, None, "train", run=run_dir, max_steps=4, log_every=2, save_every=2,
+                       token_budget=640, max_length=160, ttt_steps=3)
+    tr = setup(cfg)
+    fit(tr)
+    head = finish(tr)
+    m = metrics(run_dir)
+    assert [r["step"] for r in m] == [2, 4]
+    for r in m:
+        assert len(r["loss_k"]) == len(r["acc_k"]) == len(r["alpha_k"]) == 3
+        assert r["tok_per_s"] > 0 and r["loss"] > 0 and 0 <= r["sim_accept_len"] <= 3
+    ck = run_dir / "train" / "checkpoints"
+    assert (ck / "last").resolve().name == "step-0000004.pt" and (ck / "best").is_symlink()
+    man = json.loads((run_dir / "train" / "manifest.json").read_text())
+    assert man["stage"] == "train" and man["steps"] == 4 and man["export_self_check_max_abs_diff"] == 0.0
+
+    # the export reloads (with the target's embeddings) to exactly the trained model's logits
+    target = AutoModelForCausalLM.from_pretrained(str(tiny_target_dir))
+    loaded = load_head(head, target)
+    batch = tr.source.batch([0, 1], 160)
+    with torch.no_grad():
+        tr.draft.eval()
+        a = [tr.draft.logits(h) for h in tr.draft.ttt_unroll(batch["input_ids"], batch["aux_hidden"], 3)]
+        b = [loaded.logits(h) for h in loaded.ttt_unroll(batch["input_ids"], batch["aux_hidden"], 3)]
+    for x, y in zip(a, b, strict=True):
+        torch.testing.assert_close(x, y, rtol=0, atol=0)
+    assert torch.equal(loaded.embed_tokens.weight, target.get_input_embeddings().weight)
+    assert torch.equal(loaded.d2t, tr.source.d2t) and torch.equal(loaded.t2d, tr.source.t2d)
+
+
+def _losses(run_dir):
+    return [(r["step"], r["loss"], r["loss_k"], r["acc_k"]) for r in metrics(run_dir)]
+
+
+def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir):
+    args = ["--max-steps", "10", "--log-every", "1", "--save-every", "2", "--ttt-steps", "2", *FAST]
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    for sub in ("data", "cache"):
+        shutil.copytree(run_dir / sub, ref / sub)
+    r = eagle3("train", "--run", ref, *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+    import os
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
+    p = subprocess.Popen([sys.executable, "-m", "eagle3cli", "train", "--run", str(run_dir), *args],
+                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while time.time() < deadline and p.poll() is None and len(metrics(run_dir)) < 5:
+        time.sleep(0.05)
+    assert p.poll() is None, "the run finished before it could be killed"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed_at = len(metrics(run_dir))
+    assert 5 <= killed_at < 10
+    r = eagle3("train", "--run", run_dir, *args)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "resumed from step-" in r.stderr
+    assert _losses(run_dir) == _losses(ref)  # bit-identical, including the steps redone after the kill
+
+
+def test_resume_with_other_settings_is_refused(run_dir, capsys):
+    assert main(["train", "--run", str(run_dir), "--max-steps", "2", "--log-every", "1", "--save-every", "1",
+                 *FAST]) == 0
+    assert main(["train", "--run", str(run_dir), "--max-steps", "3", "--lr", "1e-2", *FAST]) == 2
+    assert "other settings (lr)" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize("case", ["missing-cache", "other-target", "aux-top", "bad-ds-key", "ds-optimizer",
+                                  "draft-vocab", "bad-flag-value"])
+def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_target_dir, capsys):
+    base = ["train", "--run", str(run_dir), *FAST]
+    expect = {
+        "missing-cache": ("no cache at", ["--cache", str(tmp_path / "nope")]),
+        "other-target": ("does not match this run", ["--target", str(deep_target_dir)]),
+        "aux-top": ("the cache holds features of layers", ["--aux-layers", "top"]),
+        "bad-ds-key": ("invalid DeepSpeed config", ["--deepspeed", "BADJSON"]),
+        "ds-optimizer": ("'optimizer' is set by", ["--deepspeed", "OPTJSON"]),
+        "draft-vocab": ("larger than the target's vocab", ["--online", "--draft-vocab-size", "100000"]),
+        "bad-flag-value": ("--ttt-steps 0", ["--ttt-steps", "0"]),
+    }[case]
+    flags = expect[1]
+    if "BADJSON" in flags:
+        (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 2, "no_such_key": 1}}))
+        flags = ["--deepspeed", str(tmp_path / "ds.json"), "--nproc", "2"]
+    if "OPTJSON" in flags:
+        (tmp_path / "ds.json").write_text(json.dumps({"optimizer": {"type": "Adam"}}))
+        flags = ["--deepspeed", str(tmp_path / "ds.json"), "--nproc", "2"]
+    assert main(base + flags) == 2
+    err = " ".join(capsys.readouterr().err.split())  # rich wraps long lines
+    assert expect[0] in err, err
+    assert "Traceback" not in err
+    assert not (run_dir / "train" / "launch.yaml").exists()  # nothing was launched
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_two_processes_tracks_single_process(tmp_path, run_dir):
+    """2 ranks x 1 micro-batch vs 1 process x 2 accumulated micro-batches: the same batches and the
+    same averaged gradient per step, so the losses agree up to reduction-order rounding."""
+    single = tmp_path / "single"
+    single.mkdir()
+    for sub in ("data", "cache"):
+        shutil.copytree(run_dir / sub, single / sub)
+    common = ["--max-steps", "4", "--log-every", "1", "--save-every", "2", "--ttt-steps", "3", *FAST]
+    r = eagle3("train", "--run", single, "--grad-accum", "2", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = eagle3("train", "--run", run_dir, "--deepspeed", "zero2", "--nproc", "2", *common, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    a, b = metrics(single), metrics(run_dir)
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
+        assert y["tokens"] == x["tokens"]
+    assert a[-1]["loss"] < a[0]["loss"]
+    assert (run_dir / "head" / "model.safetensors").exists()
+    assert json.loads((run_dir / "train" / "manifest.json").read_text())["world_size"] == 2
+    head = load_head(run_dir / "head")
+    assert set(head.state_dict()) - {"embed_tokens.weight"} == set(HEAD_TENSOR_NAMES)
+
+
+def test_recipes_and_deepspeed_configs_validate():
+    from eagle3cli.train.launch import deepspeed_config
+
+    cfg = build_config(TrainConfig, REPO / "recipes/tiny/train.yaml", "train", run="runs/x")
+    assert cfg.ttt_steps == 7 and cfg.save_every % cfg.log_every == 0
+    for name in ("zero1", "zero2", "zero3"):
+        for spec in (name, str(REPO / "recipes/deepspeed" / f"{name}.json")):
+            ds = deepspeed_config(build_config(TrainConfig, None, "train", run="r", deepspeed=spec, grad_accum=3,
+                                               nproc=2), bf16=False)
+            assert ds["zero_optimization"]["stage"] == int(name[-1])
+            assert ds["gradient_accumulation_steps"] == 3 and ds["bf16"] == {"enabled": False}
+
+
+def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
+    shutil.rmtree(run_dir / "cache")
+    assert main(["train", "--run", str(run_dir), "--online", "--target", str(tiny_target_dir), "--draft-vocab-size",
+                 "300", "--max-steps", "2", "--log-every", "1", "--save-every", "2", "--ttt-steps", "2", *FAST]) == 0
+    m = metrics(run_dir)
+    assert [r["step"] for r in m] == [1, 2] and all(r["tokens"] > 0 for r in m)
+    head = load_head(run_dir / "head")
+    assert head.config.draft_vocab_size == 300 and head.config.aux_layer_ids == [2, 2, 1]
+    assert json.loads((run_dir / "train" / "manifest.json").read_text())["input"]["data"].endswith("data")
+
+
+def test_top_layer_ablation_trains_fc_over_one_hidden(tmp_path, tiny_target_dir):
+    run = make_run(tmp_path / "top", tiny_target_dir, n=8, aux_layers=(3,))
+    assert main(["train", "--run", str(run), "--aux-layers", "top", "--ttt-steps", "1", "--max-steps", "1",
+                 "--log-every", "1", "--save-every", "1", *FAST]) == 0
+    head = load_head(run / "head")
+    assert head.fc.weight.shape == (64, 64) and head.config.aux_layer_ids == [3]
+    assert len(metrics(run)[0]["acc_k"]) == 1
+
+
+def test_tensorboard_scalars_or_a_clear_error(run_dir, capsys):
+    args = ["train", "--run", str(run_dir), "--max-steps", "1", "--log-every", "1", "--save-every", "1",
+            "--tensorboard", *FAST]
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        assert main(args) == 2
+        assert "pip install tensorboard" in " ".join(capsys.readouterr().err.split())
+        return
+    assert main(args) == 0
+    assert list((run_dir / "train" / "tb").glob("events.out.tfevents.*"))

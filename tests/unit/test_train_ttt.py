@@ -1,0 +1,147 @@
+"""The fast masked TTT loss equals an explicit step-by-step reference unroll (values and grads)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaConfig
+
+from eagle3cli.model.draft import DraftCache, Eagle3Draft, draft_config_from_target
+from eagle3cli.train.ttt import (
+    conditional_acceptance,
+    draft_ttt_loss,
+    simulated_accept_length,
+    target_to_draft_index,
+    teacher_from_hidden,
+    teacher_from_topk,
+)
+
+V, H, VD, T, B, K = 96, 32, 40, 11, 2, 4
+
+
+def tiny_draft(seed: int = 0) -> Eagle3Draft:
+    tcfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=4,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(draft_config_from_target(tcfg, VD, (2, 2, 1))).double()
+    for p in draft.parameters():  # non-trivial norms, so a wrong norm placement shows
+        if p.dim() == 1:
+            p.data.uniform_(0.5, 1.5)
+    d2t = torch.sort(torch.randperm(V)[:VD]).values - torch.arange(VD)
+    t2d = torch.zeros(V, dtype=torch.bool)
+    t2d[torch.arange(VD) + d2t] = True
+    draft.set_vocab_maps(d2t, t2d)
+    return draft
+
+
+def tiny_batch(seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    aux = torch.randn(B, T, 3 * H, generator=g, dtype=torch.float64)
+    loss_mask = torch.rand(B, T, generator=g) > 0.3
+    lengths = torch.tensor([T, T - 3])
+    for b, n in enumerate(lengths):  # right padding on the second row
+        ids[b, n:] = 0
+        loss_mask[b, n:] = False
+    last_hidden = torch.randn(B, T, H, generator=g, dtype=torch.float64)
+    lm_head = torch.randn(V, H, generator=g, dtype=torch.float64)
+    return {"input_ids": ids, "aux_hidden": aux, "loss_mask": loss_mask}, last_hidden, lm_head
+
+
+def reference_loss(draft: Eagle3Draft, batch, teacher, steps: int, w: float):
+    """Per anchor: step 0 over the whole prefix with a DraftCache, then chain steps 1..K-1
+    on the draft's own hidden state, one incremental `forward` each. Loss written out per anchor."""
+    ids, aux, lm = batch["input_ids"], batch["aux_hidden"], batch["loss_mask"]
+    total = 0.0
+    for k_step in range(steps):
+        num, den = 0.0, 0
+        for b in range(ids.shape[0]):
+            ids_b = ids[b : b + 1]
+            tokens0 = F.pad(ids_b[:, 1:], (0, 1))
+            cache = DraftCache()
+            h0 = draft(tokens0, aux[b : b + 1], torch.arange(T)[None], cache, from_target=True)
+            for t in range(T):
+                tp, pp = t + 2 + k_step, t + 1 + k_step
+                if tp >= T or not lm[b, tp] or not teacher.valid[b, pp]:
+                    continue
+                c = DraftCache(k=cache.k[:, :, : t + 1], v=cache.v[:, :, : t + 1])
+                h = h0[:, t : t + 1]
+                for j in range(1, k_step + 1):
+                    h = draft(ids_b[:, t + 1 + j : t + 2 + j], h, torch.tensor([[t + j]]), c, from_target=False)
+                logp = torch.log_softmax(draft.logits(h)[0, 0], -1)
+                num = num - (teacher.probs[b, pp] * logp).sum()
+                den += 1
+        total = total + (w**k_step) * num / max(den, 1)
+    return total
+
+
+def test_fast_ttt_equals_reference_unroll_values_and_grads():
+    draft = tiny_draft()
+    ref = copy.deepcopy(draft)
+    batch, last_hidden, lm_head = tiny_batch()
+    teacher = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
+    assert teacher.valid.any() and not teacher.valid.all()  # both branches of the mask are exercised
+
+    fast = draft_ttt_loss(draft, batch, teacher, K, step_weight=0.8)
+    slow = reference_loss(ref, batch, teacher, K, 0.8)
+    fast.loss.backward()
+    slow.backward()
+    assert fast.count.min() > 0
+    torch.testing.assert_close(fast.loss, slow, rtol=1e-6, atol=1e-8)  # ttt_unroll takes softmax in fp32
+    for (name, p), (_, q) in zip(draft.named_parameters(), ref.named_parameters(), strict=True):
+        if p.requires_grad:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_loss_ignores_padding_and_masked_positions():
+    draft = tiny_draft()
+    batch, last_hidden, lm_head = tiny_batch()
+    teacher = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
+    base = draft_ttt_loss(draft, batch, teacher, K).loss.item()
+    # changing padded tokens/features (row 1 beyond its length) must not change the loss
+    batch2 = {k: v.clone() for k, v in batch.items()}
+    batch2["input_ids"][1, T - 3 :] = 5
+    batch2["aux_hidden"][1, T - 3 :] += 10.0
+    assert abs(draft_ttt_loss(draft, batch2, teacher, K).loss.item() - base) < 1e-12
+    # with no assistant positions nothing is counted and the loss is zero
+    batch2["loss_mask"][:] = False
+    out = draft_ttt_loss(draft, batch2, teacher, K)
+    assert out.loss.item() == 0.0 and out.count.sum() == 0
+
+
+def test_teacher_restricted_to_draft_vocab_and_topk_agrees():
+    draft = tiny_draft()
+    _, last_hidden, lm_head = tiny_batch()
+    th = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
+    torch.testing.assert_close(th.probs.sum(-1), torch.ones(B, T, dtype=torch.float32))
+    chunked = teacher_from_hidden(last_hidden, lm_head, draft.d2t, rows=5)  # row chunking changes nothing
+    assert torch.equal(chunked.probs, th.probs) and torch.equal(chunked.valid, th.valid)
+    full = torch.log_softmax((last_hidden @ lm_head.t()).float(), -1)
+    # the argmax is valid exactly when the target's top token is a draft token, and then maps back
+    top = full.argmax(-1)
+    assert torch.equal(th.valid, draft.t2d[top])
+    assert torch.equal(draft.draft_to_target(th.argmax)[th.valid], top[th.valid])
+    # the compact cache with k = whole vocab gives the same teacher
+    lp, ids = full.topk(V, dim=-1)
+    tk = teacher_from_topk(ids, lp, draft.d2t, V)
+    torch.testing.assert_close(tk.probs, th.probs, rtol=1e-5, atol=1e-6)
+    assert torch.equal(tk.valid, th.valid) and torch.equal(tk.argmax[tk.valid], th.argmax[th.valid])
+    # and with a small k the teacher puts mass only on draft ids within the top-k
+    lp4, ids4 = full.topk(4, dim=-1)
+    t4 = teacher_from_topk(ids4, lp4, draft.d2t, V)
+    idx = target_to_draft_index(draft.d2t, V)
+    for b in range(B):
+        for t in range(T):
+            allowed = {int(i) for i in idx[ids4[b, t]] if i >= 0}
+            assert set(torch.nonzero(t4.probs[b, t]).flatten().tolist()) <= allowed
+
+
+def test_acceptance_summaries():
+    assert simulated_accept_length([1.0] * 7) == 7.0
+    assert simulated_accept_length([0.5, 0.5]) == pytest.approx(0.75)
+    assert simulated_accept_length([0.0, 1.0]) == 0.0
+    assert conditional_acceptance([8, 4, 4], [10, 10, 10]) == pytest.approx([0.8, 0.5, 1.0])
