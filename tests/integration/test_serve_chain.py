@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_serve_helpers import export_head  # noqa: E402
+from serve_helpers import export_head  # noqa: E402
 
 from eagle3cli.cli import main  # noqa: E402
 from eagle3cli.serve import preflight as pf  # noqa: E402
@@ -40,7 +40,7 @@ def test_head_for_trained_target_passes_and_parses(trained_target_dir, tmp_path,
 
 def test_head_exported_by_eagle3_train_passes_and_parses(tiny_target_dir, tmp_path, capsys):
     """The issue's "done when": `eagle3 train` exports a head; preflight passes; the dry run parses."""
-    from test_train_fixtures import make_run
+    from train_fixtures import make_run
 
     run = make_run(tmp_path / "run", tiny_target_dir, n=8)
     code = main(["train", "--run", str(run), "--max-steps", "2", "--token-budget", "640", "--max-length", "160",

@@ -11,7 +11,7 @@ import json
 import shlex
 
 import pytest
-from test_serve_helpers import export_head
+from serve_helpers import export_head
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError

@@ -159,7 +159,7 @@ def test_engine_ignoring_sigterm_is_killed(standin):
 
 def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_path, monkeypatch, capfd):
     """`eagle3 serve` (no --dry-run) end to end with the stand-in in place of SGLang."""
-    from test_serve_helpers import export_head
+    from serve_helpers import export_head
 
     from eagle3cli.cli import main
     from eagle3cli.serve import preflight, run

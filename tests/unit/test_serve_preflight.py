@@ -7,7 +7,7 @@ import socket
 
 import pytest
 import torch
-from test_serve_helpers import copy_head, edit_config, edit_tensors, export_head
+from serve_helpers import copy_head, edit_config, edit_tensors, export_head
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError

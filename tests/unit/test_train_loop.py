@@ -12,7 +12,7 @@ import time
 
 import pytest
 import torch
-from test_train_fixtures import REPO, eagle3, make_run, metrics
+from train_fixtures import REPO, eagle3, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
