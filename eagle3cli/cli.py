@@ -7,10 +7,9 @@ import importlib
 import sys
 
 import typer
-
-from . import __version__
 from rich.markup import escape
 
+from . import __version__
 from .console import console
 from .errors import UsageError
 

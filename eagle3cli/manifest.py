@@ -86,7 +86,7 @@ def verify_shards(folder: Path, shards: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------- fingerprints
-def _safetensors_header_digest(path: Path, h: "hashlib._Hash") -> None:
+def _safetensors_header_digest(path: Path, h: hashlib._Hash) -> None:
     # The header names every tensor with dtype, shape and byte offsets; with a 1 MiB sample of the
     # data this identifies a checkpoint without reading 16 GB of weights.
     with open(path, "rb") as f:

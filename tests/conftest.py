@@ -32,6 +32,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def one_thread():
+    """Tiny models are per-op-overhead bound, and two OpenMP threads on a shared 2-core machine
+    contend badly (20x slower measured): tests run single-threaded, as `make test` also sets."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def build_random_target(out: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
     """A random LlamaForCausalLM saved like a real checkpoint (config, safetensors, tokenizer)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM

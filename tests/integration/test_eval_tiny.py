@@ -18,13 +18,6 @@ from eagle3cli.model.target import default_aux_layer_ids, load_target, target_id
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 
 @pytest.fixture(scope="module")
 def head(trained_target_dir, tmp_path_factory):

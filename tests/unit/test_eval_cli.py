@@ -17,14 +17,6 @@ from eagle3cli.model.export import save_head
 from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
     model, tok, path = load_target(target_dir)
     cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))

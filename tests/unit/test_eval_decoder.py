@@ -21,15 +21,6 @@ from eagle3cli.model.target import default_aux_layer_ids, load_target
 from eagle3cli.speculate import tree_attention_mask, tree_position_ids
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: per-op threading overhead dominates, and on a shared 2-core machine two
-    threads contend (20x slower here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
 class OracleDraft(nn.Module):
     """Entry at position t (token x[t+1]) proposes for x[t+2]. Its hidden state carries t.
 

@@ -3,7 +3,6 @@ tree selection, tree attention masks and position ids."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from eagle3cli.speculate import (
@@ -20,15 +19,6 @@ from eagle3cli.speculate import (
     verify_tree_sampling,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: per-op threading overhead dominates, and on a shared 2-core machine two
-    threads contend (20x slower here)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 def chi_square_pvalue(counts: torch.Tensor, probs: torch.Tensor) -> float:
     """Pearson's test; cells with expected count < 5 are pooled into one."""
