@@ -119,6 +119,20 @@ def main() -> None:
           f"| the target's own (regenerated) | {tf:.3f} | {fmt(ev['ttt7']['chain']['alpha'][0])} | {fmt(ev['ttt7']['chain']['alpha'][3])} |",
           f"| GSM8K reference answers | {to:.3f} | {fmt(ev['orig']['chain']['alpha'][0])} | {fmt(ev['orig']['chain']['alpha'][3])} |",
           "", f"Same prompts, same steps. Claim {verdict(tf > to)}.", ""]
+    # cache storage: does the compact layout cost acceptance?
+    if "compact" in ev:
+        tc = ev["compact"]["chain"]["tau"]
+        loss = (tf - tc) / tf
+        cb = r["toolkit"].get("cache", {})
+        L += ["## Cache storage and acceptance", "",
+              "| storage | τ (depth 8) | α1 |", "| --- | --- | --- |",
+              f"| bf16 (exact teacher) | {tf:.3f} | {fmt(ev['ttt7']['chain']['alpha'][0])} |",
+              f"| compact (fp8 aux + top-4 teacher) | {tc:.3f} | {fmt(ev['compact']['chain']['alpha'][0])} |", "",
+              f"τ loss with compact storage: {100 * loss:+.1f}% (the bar to become the default is a loss of at most 2%): "
+              + ("it qualifies." if loss <= 0.02 else "bf16 stays the default."), ""]
+        if cb:
+            L += ["Bytes per token, from `recipes/bench/cache_bytes.py`:", "", "```json",
+                  json.dumps(cb, indent=1)[:3000], "```", ""]
     # 5. speed
     L += ["## 5. The toolkit's own figures", "", "### Speculative decoding vs plain decoding (greedy, CPU, 1 thread)", "",
           "| bench | decoder | τ | tok/s | vs our plain loop | vs `generate` | greedy mismatches |",
