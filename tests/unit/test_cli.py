@@ -17,10 +17,11 @@ def run(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "eagle3cli", *args], capture_output=True, text=True, timeout=300)
 
 
-def test_help_lists_doctor_and_chain_examples():
+def test_help_lists_every_stage_and_chain_examples():
     r = run("--help")
     assert r.returncode == 0
-    assert "doctor" in r.stdout
+    for cmd in ("doctor", "gen-data", "cache", "train", "export", "eval", "serve", "serve-bench"):
+        assert f" {cmd} " in r.stdout, cmd
     assert "eagle3 gen-data" in r.stdout and "eagle3 eval" in r.stdout
 
 
@@ -69,7 +70,7 @@ def test_usage_error_exits_2(monkeypatch, capsys):
     assert "the thing is wrong" in err and "expected:" in err and "next:" in err
 
 
-@pytest.mark.parametrize("cmd", ["doctor"])
+@pytest.mark.parametrize("cmd", ["doctor", "gen-data", "cache", "train", "export", "eval", "serve", "serve-bench"])
 def test_every_command_help_has_an_example(cmd):
     r = run(cmd, "--help")
     assert r.returncode == 0 and "Example:" in r.stdout
