@@ -32,18 +32,20 @@ REPO = Path(__file__).resolve().parents[2]
 E3 = [sys.executable, "-m", "eagle3cli"]
 PY = sys.executable
 COMMANDS: list[str] = []
+SECONDS: dict[str, float] = {}
 
 
 def sh(args: list[str], capture: bool = False) -> str:
     """Run one command from the repo root, echo it, remember it for the results page."""
     shown = " ".join(shlex.quote(str(a)) for a in args).replace(sys.executable, ".venv/bin/python")
-    shown = shown.replace(".venv/bin/python -m eagle3cli", "eagle3")
+    shown = shown.replace(".venv/bin/python -m eagle3cli", "eagle3").replace(f"{REPO}/", "")
     COMMANDS.append(shown)
     print(f"\n$ {shown}", flush=True)
     t0 = time.time()
     r = subprocess.run([str(a) for a in args], cwd=REPO, text=True,
                        stdout=subprocess.PIPE if capture else None)
-    print(f"  ({time.time() - t0:.0f}s, exit {r.returncode})", flush=True)
+    SECONDS[shown] = time.time() - t0
+    print(f"  ({SECONDS[shown]:.0f}s, exit {r.returncode})", flush=True)
     if r.returncode != 0:
         raise SystemExit(f"bench step failed (exit {r.returncode}): {shown}")
     return r.stdout if capture else ""
@@ -168,12 +170,20 @@ def main() -> None:
             saved.write_text(json.dumps(last_json(sh(cmd, capture=True)), indent=1))
         tool[name] = json.loads(saved.read_text())
 
+    # A resumed pass skips finished work; keep each command's longest (= working) time across passes.
+    dur_file = out / "durations.json"
+    durations = json.loads(dur_file.read_text()) if dur_file.exists() else {}
+    for k, v in SECONDS.items():
+        durations[k] = max(v, durations.get(k, 0.0))
+    dur_file.write_text(json.dumps(durations, indent=1))
+
     results = {
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpus": os.cpu_count(), "python": platform.python_version()},
         "settings": vars(args) | {"out": str(out), "results_md": str(args.results_md)},
         "evals": evals, "speed": speed, "train_final": train_metrics, "toolkit": tool,
         "commands": COMMANDS, "minutes": round((time.time() - t_start) / 60, 1),
+        "work_minutes": round(sum(durations.get(c, 0.0) for c in COMMANDS) / 60, 1),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
     sh([PY, "recipes/bench/report.py", "--results", out / "results.json", "--out", args.results_md])
