@@ -81,7 +81,10 @@ def load_tokenizer(path: Path):
 def load_target(name_or_path: str | Path, device: str | None = None, dtype: str | None = None):
     """(model, tokenizer, path) with the model in eval mode on the chosen device/dtype."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    # transformers' own "Loading weights" bar would interleave with our rich progress bars
+    hf_logging.disable_progress_bar()
     path = resolve_model_path(name_or_path)
     dev = pick_device(device)
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype)).to(dev).eval()
