@@ -42,7 +42,7 @@ test-fast: install sglang-cpu
 
 lint: install
 	$(BIN)/ruff check eagle3cli tests recipes
-	$(BIN)/ruff format --check eagle3cli tests recipes || true
+	$(BIN)/ruff format --check eagle3cli tests recipes
 
 demo: install
 	bash recipes/demo.sh

@@ -33,11 +33,23 @@ def _version(pkg: str) -> str | None:
 
 def check_packages() -> list[Check]:
     rows = []
-    for pkg, required in [("torch", True), ("transformers", True), ("datasets", True), ("safetensors", True),
-                          ("deepspeed", True), ("typer", True), ("rich", True), ("sglang", False), ("vllm", False)]:
+    for pkg, required in [
+        ("torch", True),
+        ("transformers", True),
+        ("datasets", True),
+        ("safetensors", True),
+        ("deepspeed", True),
+        ("typer", True),
+        ("rich", True),
+        ("sglang", False),
+        ("vllm", False),
+    ]:
         v = _version(pkg)
-        detail = v or ("not installed: pip install 'eagle3cli\\[serve]' on a GPU node" if pkg == "sglang"
-                       else "not installed" + ("" if required else " (optional)"))
+        detail = v or (
+            "not installed: pip install 'eagle3cli\\[serve]' on a GPU node"
+            if pkg == "sglang"
+            else "not installed" + ("" if required else " (optional)")
+        )
         rows.append(Check(pkg, v is not None, detail, required))
     return rows
 
@@ -47,15 +59,27 @@ def check_devices() -> list[Check]:
     import torch
 
     mem = psutil.virtual_memory()
-    rows = [Check("cpu", True, f"{psutil.cpu_count()} cores, "
-                  f"{mem.total / 2**30:.1f} GiB RAM ({mem.available / 2**30:.1f} GiB free), "
-                  f"torch threads {torch.get_num_threads()}")]
+    rows = [
+        Check(
+            "cpu",
+            True,
+            f"{psutil.cpu_count()} cores, "
+            f"{mem.total / 2**30:.1f} GiB RAM ({mem.available / 2**30:.1f} GiB free), "
+            f"torch threads {torch.get_num_threads()}",
+        )
+    ]
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             p = torch.cuda.get_device_properties(i)
             free, total = torch.cuda.mem_get_info(i)
-            rows.append(Check(f"cuda:{i}", True, f"{p.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
-                              f"sm_{p.major}{p.minor}, bf16={'yes' if torch.cuda.is_bf16_supported() else 'no'}"))
+            rows.append(
+                Check(
+                    f"cuda:{i}",
+                    True,
+                    f"{p.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
+                    f"sm_{p.major}{p.minor}, bf16={'yes' if torch.cuda.is_bf16_supported() else 'no'}",
+                )
+            )
     else:
         rows.append(Check("cuda", False, f"no CUDA device (torch {torch.__version__}); CPU paths only", False))
     return rows
@@ -80,13 +104,22 @@ def check_deepspeed() -> Check:
 def check_sglang() -> Check:
     """SGLang usable = its server-args parser imports (CPU: parser only; serving needs CUDA)."""
     if _version("sglang") is None:
-        return Check("sglang parser", False, "sglang not installed (serve --dry-run still works; "
-                     "`make sglang-cpu` adds the parser on CPU)", False)
+        return Check(
+            "sglang parser",
+            False,
+            "sglang not installed (serve --dry-run still works; `make sglang-cpu` adds the parser on CPU)",
+            False,
+        )
     try:
         importlib.import_module("sglang.srt.server_args")
         return Check("sglang parser", True, "sglang.srt.server_args imports: serve commands are validated", False)
     except Exception as e:  # noqa: BLE001 — any import failure means "not usable", with the reason
-        return Check("sglang parser", False, f"sglang installed but its parser fails to import: {type(e).__name__}: {e}"[:160], False)
+        return Check(
+            "sglang parser",
+            False,
+            f"sglang installed but its parser fails to import: {type(e).__name__}: {e}"[:160],
+            False,
+        )
 
 
 def check_disk(path: Path) -> Check:
@@ -114,8 +147,17 @@ def register(app: typer.Typer) -> None:
         if as_json:
             out.print_json(json.dumps([c.__dict__ for c in checks]))
         else:
-            print_table("eagle3 doctor", ["check", "status", "detail"],
-                        [[c.name, "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]no[/]"),
-                          c.detail] for c in checks])
+            print_table(
+                "eagle3 doctor",
+                ["check", "status", "detail"],
+                [
+                    [
+                        c.name,
+                        "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]no[/]"),
+                        c.detail,
+                    ]
+                    for c in checks
+                ],
+            )
         if any(c.required and not c.ok for c in checks):
             raise typer.Exit(1)

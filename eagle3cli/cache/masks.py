@@ -110,7 +110,11 @@ def char_spans(tokenizer, messages: list[dict], sample_id: str = "?") -> tuple[s
 
 
 def mask_conversation(
-    tokenizer, messages: list[dict], max_length: int, sample_id: str = "?", special_ids: set[int] | None = None,
+    tokenizer,
+    messages: list[dict],
+    max_length: int,
+    sample_id: str = "?",
+    special_ids: set[int] | None = None,
     cut_turns: frozenset[int] = frozenset(),
 ) -> MaskedSample:
     """Token ids and a loss mask (True = assistant token to predict) for one conversation.

@@ -217,8 +217,9 @@ def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict):
         if not any(m["role"] == "assistant" and m["content"].strip() for m in rec["messages"]):
             skip("no assistant message")
             continue
-        s = mask_conversation(tok, rec["messages"], cfg.max_length, sample_id=sid, special_ids=special,
-                              cut_turns=cut_turns(rec))
+        s = mask_conversation(
+            tok, rec["messages"], cfg.max_length, sample_id=sid, special_ids=special, cut_turns=cut_turns(rec)
+        )
         if s.truncated:
             counts["truncated"] += 1
         if not any(s.loss_mask):

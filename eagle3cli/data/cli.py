@@ -16,12 +16,23 @@ EPILOG = (
 def register(app: typer.Typer) -> None:
     @app.command("gen-data", epilog=EPILOG)
     def gen_data(
-        target: str = typer.Option(None, help="Target model folder (tokenizer + chat template; hf backend generates with it)."),
-        inputs: list[str] = typer.Option(None, "--input", "-i", help="Input file or hf:NAME[:CONFIG]:SPLIT, with optional :WEIGHT. Repeat for a mixture."),
+        target: str = typer.Option(
+            None, help="Target model folder (tokenizer + chat template; hf backend generates with it)."
+        ),
+        inputs: list[str] = typer.Option(
+            None,
+            "--input",
+            "-i",
+            help="Input file or hf:NAME[:CONFIG]:SPLIT, with optional :WEIGHT. Repeat for a mixture.",
+        ),
         run: Path = typer.Option(None, help="Run folder runs/NAME; writes runs/NAME/data."),
         out: Path = typer.Option(None, help="Output folder (instead of --run)."),
-        backend: str = typer.Option(None, help="hf (embedded transformers, default) or openai (SGLang/vLLM endpoints)."),
-        endpoints: list[str] = typer.Option(None, "--endpoint", help="OpenAI-compatible base URL; repeat for round-robin."),
+        backend: str = typer.Option(
+            None, help="hf (embedded transformers, default) or openai (SGLang/vLLM endpoints)."
+        ),
+        endpoints: list[str] = typer.Option(
+            None, "--endpoint", help="OpenAI-compatible base URL; repeat for round-robin."
+        ),
         concurrency: int = typer.Option(None, help="Requests in flight (openai backend). (default 32)"),
         timeout_s: float = typer.Option(None, "--timeout", help="Per-request timeout, seconds (openai). (default 300)"),
         retries: int = typer.Option(None, help="Retries per request on connect errors/timeouts/5xx. (default 4)"),
@@ -33,11 +44,21 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(None, help="Shuffle and sampling seed. (default 0)"),
         batch_size: int = typer.Option(None, help="Prompts per forward (hf backend). (default 32)"),
         shard_size: int = typer.Option(None, help="Conversations per output shard (unit of resume). (default 512)"),
-        drop_truncated: bool = typer.Option(None, "--drop-truncated/--keep-truncated", help="Drop turns cut by max-new-tokens, or keep them flagged. (default keep)"),
-        no_regenerate: bool = typer.Option(None, "--no-regenerate/--regenerate", help="Keep the original assistant answers (manifest regenerated: false)."),
+        drop_truncated: bool = typer.Option(
+            None,
+            "--drop-truncated/--keep-truncated",
+            help="Drop turns cut by max-new-tokens, or keep them flagged. (default keep)",
+        ),
+        no_regenerate: bool = typer.Option(
+            None,
+            "--no-regenerate/--regenerate",
+            help="Keep the original assistant answers (manifest regenerated: false).",
+        ),
         device: str = typer.Option(None, help="cpu / cuda / cuda:N (hf backend)."),
         dtype: str = typer.Option(None, help="fp32 / bf16 / fp16 (hf backend; default bf16 on GPU)."),
-        dry_run: bool = typer.Option(None, "--dry-run", help="Show what would be read and one rendered prompt; write nothing."),
+        dry_run: bool = typer.Option(
+            None, "--dry-run", help="Show what would be read and one rendered prompt; write nothing."
+        ),
         recipe: Path = typer.Option(None, help="YAML recipe (section gen_data: or flat); flags override it."),
     ) -> None:
         """Regenerate the assistant turns of prompt datasets with the target model.
@@ -52,12 +73,30 @@ def register(app: typer.Typer) -> None:
         from .run import run_gen_data
 
         cfg = build_config(
-            GenDataConfig, recipe, "gen_data",
-            target=target, inputs=tuple(inputs) if inputs else None, run=run, out=out, backend=backend,
-            endpoints=tuple(endpoints) if endpoints else None, concurrency=concurrency, timeout_s=timeout_s,
-            retries=retries, served_model_name=served_model_name, num_samples=num_samples,
-            max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed, batch_size=batch_size,
-            shard_size=shard_size, drop_truncated=drop_truncated, no_regenerate=no_regenerate, device=device,
-            dtype=dtype, dry_run=dry_run,
+            GenDataConfig,
+            recipe,
+            "gen_data",
+            target=target,
+            inputs=tuple(inputs) if inputs else None,
+            run=run,
+            out=out,
+            backend=backend,
+            endpoints=tuple(endpoints) if endpoints else None,
+            concurrency=concurrency,
+            timeout_s=timeout_s,
+            retries=retries,
+            served_model_name=served_model_name,
+            num_samples=num_samples,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            batch_size=batch_size,
+            shard_size=shard_size,
+            drop_truncated=drop_truncated,
+            no_regenerate=no_regenerate,
+            device=device,
+            dtype=dtype,
+            dry_run=dry_run,
         )
         run_gen_data(cfg)

@@ -10,8 +10,18 @@ BACKENDS = ("hf", "openai")
 # Fields that decide what the output records are. Resuming a folder with other values would
 # mix two datasets, so a mismatch is refused. (batch_size, concurrency, device and endpoints
 # change speed, not records: sampling is seeded per record and turn.)
-PLAN_FIELDS = ("inputs", "num_samples", "seed", "shard_size", "max_new_tokens", "temperature", "top_p",
-               "drop_truncated", "no_regenerate", "max_prompt_tokens")
+PLAN_FIELDS = (
+    "inputs",
+    "num_samples",
+    "seed",
+    "shard_size",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "drop_truncated",
+    "no_regenerate",
+    "max_prompt_tokens",
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +80,9 @@ class GenDataConfig:
         if not self.target:
             errors.append("--target is required: a local model folder, e.g. models/tiny-target")
         if not self.inputs:
-            errors.append("--input is required (repeat it for a mixture), e.g. --input ../shared/data/gsm8k_train.jsonl")
+            errors.append(
+                "--input is required (repeat it for a mixture), e.g. --input ../shared/data/gsm8k_train.jsonl"
+            )
         if self.run is None and self.out is None and not self.dry_run:
             errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
         if self.run is not None and self.out is not None:

@@ -27,9 +27,14 @@ ACCEPTED_SHAPES = (
 )
 
 SHAREGPT_ROLES = {
-    "human": "user", "user": "user",
-    "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant", "bard": "assistant",
-    "bing": "assistant", "model": "assistant",
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
     "system": "system",
 }
 ROLES = ("system", "user", "assistant")
@@ -84,10 +89,17 @@ def parse_input_spec(spec: str) -> InputSpec:
             return InputSpec(spec, None, parts[0], None, parts[1], weight)
         if len(parts) == 3 and all(parts):
             return InputSpec(spec, None, parts[0], parts[1], parts[2], weight)
-        raise UsageError(f"--input {spec}: bad HF dataset spec", "hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:train")
+        raise UsageError(
+            f"--input {spec}: bad HF dataset spec",
+            "hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:train",
+        )
     path = Path(body).expanduser()
     if not path.exists():
-        raise UsageError(f"--input {body} does not exist", ACCEPTED_SHAPES, "check the path (ls), or use hf:NAME:SPLIT for a cached HF dataset")
+        raise UsageError(
+            f"--input {body} does not exist",
+            ACCEPTED_SHAPES,
+            "check the path (ls), or use hf:NAME:SPLIT for a cached HF dataset",
+        )
     if path.is_dir():
         raise UsageError(f"--input {body} is a folder", "one data file per --input (repeat --input for several)")
     return InputSpec(spec, path, weight=weight)
@@ -119,7 +131,10 @@ def check_messages(messages: list[dict]) -> None:
     if "assistant" in body:
         for i, r in enumerate(body):
             if r != ("user" if i % 2 == 0 else "assistant"):
-                raise BadRecord("wrong_role_order", f"turn {i + (len(roles) - len(body))} is {r}, turns must alternate user/assistant")
+                raise BadRecord(
+                    "wrong_role_order",
+                    f"turn {i + (len(roles) - len(body))} is {r}, turns must alternate user/assistant",
+                )
 
 
 def _turn(role: str, content) -> dict:
@@ -215,7 +230,9 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
         raise BadRecord("missing_fields", f"no {', '.join(missing)} (file shape: {shape})")
     messages = conv(row)
     check_messages(messages)
-    rid = next((row[k] for k in ID_KEYS if isinstance(row.get(k), (str, int)) and not isinstance(row.get(k), bool)), None)
+    rid = next(
+        (row[k] for k in ID_KEYS if isinstance(row.get(k), (str, int)) and not isinstance(row.get(k), bool)), None
+    )
     meta = {"row": index, "format": shape}
     for k in ("category", "source"):
         if isinstance(row.get(k), str):
@@ -288,7 +305,9 @@ def _load_parquet(path: Path) -> list[dict]:
     try:
         return pq.read_table(path).to_pylist()
     except Exception as e:  # noqa: BLE001 — any pyarrow failure means "not a readable parquet file"
-        raise UsageError(f"--input {path} is not a readable Parquet file ({type(e).__name__}: {e})", ACCEPTED_SHAPES) from e
+        raise UsageError(
+            f"--input {path} is not a readable Parquet file ({type(e).__name__}: {e})", ACCEPTED_SHAPES
+        ) from e
 
 
 def _load_hf(spec: InputSpec):
@@ -316,11 +335,13 @@ def read_input(spec: InputSpec) -> ReadResult:
     shapes = Counter(s for s in (detect_shape(r) for r in parsed[:SNIFF_ROWS]) if s)
     if not shapes:
         seen = sorted({k for r in parsed[:5] if isinstance(r, dict) for k in r})[:12]
-        what = f"keys {seen}" if seen else ("no JSON rows" if not parsed else f"rows of type {type(parsed[0]).__name__}")
+        what = (
+            f"keys {seen}" if seen else ("no JSON rows" if not parsed else f"rows of type {type(parsed[0]).__name__}")
+        )
         raise UsageError(
             f"--input {spec.spec}: not in any known format (found {what})",
             ACCEPTED_SHAPES,
-            "convert the file to one of these shapes, e.g. JSONL with {\"messages\": [{\"role\", \"content\"}]}",
+            'convert the file to one of these shapes, e.g. JSONL with {"messages": [{"role", "content"}]}',
         )
     shape = shapes.most_common(1)[0][0]
     result = ReadResult(spec, shape, [], rows=len(rows))
@@ -369,7 +390,11 @@ def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) ->
         for r in recs:
             k = first_prompt_key(r)
             if k in seen:
-                dup_rejects.append(_reject(r["source"], r["meta"]["row"], "duplicate", "same first prompt as an earlier record", r["id"]))
+                dup_rejects.append(
+                    _reject(
+                        r["source"], r["meta"]["row"], "duplicate", "same first prompt as an earlier record", r["id"]
+                    )
+                )
                 continue
             seen.add(k)
             keep.append(r)

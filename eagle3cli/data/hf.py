@@ -46,8 +46,15 @@ def _pick(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator] 
 class HFBackend:
     name = "hf"
 
-    def __init__(self, model, tokenizer, sampling: Sampling, batch_size: int = 32,
-                 max_prompt_tokens: int | None = None, trace: list | None = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        sampling: Sampling,
+        batch_size: int = 32,
+        max_prompt_tokens: int | None = None,
+        trace: list | None = None,
+    ):
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
@@ -60,16 +67,17 @@ class HFBackend:
 
     # -------------------------------------------------------------- one batch of prompts
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], seeds: list[int] | None = None,
-                 sampling: Sampling | None = None) -> list[TurnOutput]:
+    def generate(
+        self, prompts: list[list[int]], seeds: list[int] | None = None, sampling: Sampling | None = None
+    ) -> list[TurnOutput]:
         """Generate for prompts of any lengths (one left-padded batch); stops at EOS or max_new_tokens."""
         s, dev = sampling or self.sampling, self.device
         B, T = len(prompts), max(len(p) for p in prompts)
         ids = torch.full((B, T), self.pad_id, dtype=torch.long)
         mask = torch.zeros((B, T), dtype=torch.long)
         for i, p in enumerate(prompts):
-            ids[i, T - len(p):] = torch.tensor(p)
-            mask[i, T - len(p):] = 1
+            ids[i, T - len(p) :] = torch.tensor(p)
+            mask[i, T - len(p) :] = 1
         ids, mask = ids.to(dev), mask.to(dev)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         gens = None
@@ -78,8 +86,9 @@ class HFBackend:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-        logits = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache,
-                            use_cache=True, logits_to_keep=1).logits[:, -1]
+        logits = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
+        ).logits[:, -1]
         next_pos = pos[:, -1] + 1
         alive = list(range(B))
         out_ids: list[list[int]] = [[] for _ in range(B)]
@@ -109,19 +118,24 @@ class HFBackend:
                 if gens is not None:
                     gens = [gens[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
-            logits = self.model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                                cache=cache, use_cache=True).logits[:, -1]
+            logits = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache, use_cache=True
+            ).logits[:, -1]
             next_pos = next_pos + 1
         return [
-            TurnOutput(self.tokenizer.decode(out_ids[i], skip_special_tokens=True), finish[i] or "length",
-                       len(prompts[i]), len(out_ids[i]) + (finish[i] == "stop"))
+            TurnOutput(
+                self.tokenizer.decode(out_ids[i], skip_special_tokens=True),
+                finish[i] or "length",
+                len(prompts[i]),
+                len(out_ids[i]) + (finish[i] == "stop"),
+            )
             for i in range(B)
         ]
 
     def batches(self, prompts: list[list[int]]) -> list[list[int]]:
         """Indices of prompts in batches of similar length (sorted), so little compute goes to padding."""
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
-        return [order[k:k + self.batch_size] for k in range(0, len(order), self.batch_size)]
+        return [order[k : k + self.batch_size] for k in range(0, len(order), self.batch_size)]
 
     def generate_sorted(self, prompts: list[list[int]], seeds: list[int]) -> list[TurnOutput]:
         """All prompts, length-bucketed into batches; results in input order."""
@@ -142,7 +156,9 @@ class HFBackend:
                 msgs = c.history()
                 p = encode_prompt(self.tokenizer, msgs)
                 if self.max_prompt_tokens and len(p) > self.max_prompt_tokens:
-                    c.fail("prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}")
+                    c.fail(
+                        "prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}"
+                    )
                     continue
                 if self.trace is not None:
                     self.trace.append((c.record["id"], c.turn, render_prompt(self.tokenizer, msgs)))

@@ -24,8 +24,16 @@ from .regen import Sampling
 
 
 class ModelServer:
-    def __init__(self, model, tokenizer, served_model_name: str = "default", fail_first: int = 0,
-                 sleep_first: int = 0, sleep_s: float = 0.0, max_new_tokens: int = 256):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        served_model_name: str = "default",
+        fail_first: int = 0,
+        sleep_first: int = 0,
+        sleep_s: float = 0.0,
+        max_new_tokens: int = 256,
+    ):
         self.backend = HFBackend(model, tokenizer, Sampling(max_new_tokens=max_new_tokens), batch_size=1)
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
@@ -51,7 +59,9 @@ class ModelServer:
     # ------------------------------------------------------------ generation
     def _sampling(self, body: dict, max_key: str) -> Sampling:
         return Sampling(
-            max_new_tokens=int(body.get(max_key) or body.get("max_completion_tokens") or self.backend.sampling.max_new_tokens),
+            max_new_tokens=int(
+                body.get(max_key) or body.get("max_completion_tokens") or self.backend.sampling.max_new_tokens
+            ),
             temperature=float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0),
             top_p=float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0),
             seed=int(body.get("seed") or 0),
@@ -72,10 +82,14 @@ class ModelServer:
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.served_model_name,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": out.text},
-                         "finish_reason": out.finish_reason}],
-            "usage": {"prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens,
-                      "total_tokens": out.prompt_tokens + out.completion_tokens},
+            "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": out.finish_reason}
+            ],
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            },
         }
 
     def generate(self, body: dict) -> dict:
@@ -91,8 +105,15 @@ class ModelServer:
         fr = {"type": out.finish_reason}
         if out.finish_reason == "length":
             fr["length"] = out.completion_tokens
-        return {"text": out.text, "meta_info": {"id": uuid.uuid4().hex[:12], "prompt_tokens": out.prompt_tokens,
-                                                "completion_tokens": out.completion_tokens, "finish_reason": fr}}
+        return {
+            "text": out.text,
+            "meta_info": {
+                "id": uuid.uuid4().hex[:12],
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "finish_reason": fr,
+            },
+        }
 
     # ------------------------------------------------------------ http
     def handler(self):
@@ -169,8 +190,11 @@ class ModelServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m eagle3cli.data.http_server", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="python -m eagle3cli.data.http_server",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("--model", required=True, help="local transformers model folder")
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=30000)
@@ -184,8 +208,9 @@ def main(argv: list[str] | None = None) -> None:
     from ..model.target import load_target
 
     model, tok, path = load_target(a.model, device=a.device)
-    srv = ModelServer(model, tok, a.served_model_name or Path(path).name, a.fail_first, a.sleep_first, a.sleep_s,
-                      a.max_new_tokens)
+    srv = ModelServer(
+        model, tok, a.served_model_name or Path(path).name, a.fail_first, a.sleep_first, a.sleep_s, a.max_new_tokens
+    )
     srv.httpd = ThreadingHTTPServer((a.host, a.port), srv.handler())
     srv.httpd.daemon_threads = True
     print(f"serving {path} at http://{a.host}:{srv.httpd.server_address[1]}", flush=True)

@@ -34,8 +34,17 @@ def base_url(endpoint: str) -> str:
 class OpenAIBackend:
     name = "openai"
 
-    def __init__(self, endpoints: list[str], sampling: Sampling, concurrency: int = 16, timeout_s: float = 120.0,
-                 retries: int = 4, backoff_s: float = 0.5, model_name: str | None = None, api_key: str | None = None):
+    def __init__(
+        self,
+        endpoints: list[str],
+        sampling: Sampling,
+        concurrency: int = 16,
+        timeout_s: float = 120.0,
+        retries: int = 4,
+        backoff_s: float = 0.5,
+        model_name: str | None = None,
+        api_key: str | None = None,
+    ):
         self.endpoints = [base_url(e) for e in endpoints]
         self.sampling, self.concurrency = sampling, concurrency
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
@@ -80,9 +89,15 @@ class OpenAIBackend:
 
     async def _complete(self, client: httpx.AsyncClient, messages: list[dict], seed: int) -> TurnOutput:
         s = self.sampling
-        body = {"model": self.model_name, "messages": messages, "max_tokens": s.max_new_tokens,
-                "temperature": max(s.temperature, 0.0), "top_p": s.top_p if not s.greedy else 1.0,
-                "seed": seed % (2**31), "stream": False}
+        body = {
+            "model": self.model_name,
+            "messages": messages,
+            "max_tokens": s.max_new_tokens,
+            "temperature": max(s.temperature, 0.0),
+            "top_p": s.top_p if not s.greedy else 1.0,
+            "seed": seed % (2**31),
+            "stream": False,
+        }
         last = ""
         for attempt in range(self.retries + 1):
             url = f"{self.endpoints[next(self._rr)]}/v1/chat/completions"
@@ -114,5 +129,9 @@ class OpenAIBackend:
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise EndpointError("bad_response", f"{url} answered without choices[0].message.content ({e})") from e
         finish = choice.get("finish_reason") or "stop"
-        return TurnOutput(text, "length" if finish == "length" else "stop",
-                          int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0))
+        return TurnOutput(
+            text,
+            "length" if finish == "length" else "stop",
+            int(usage.get("prompt_tokens") or 0),
+            int(usage.get("completion_tokens") or 0),
+        )

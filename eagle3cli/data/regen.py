@@ -83,8 +83,13 @@ class Conversation:
             self.reject = ("empty_generation", f"turn {self.turn} generated no text")
             return
         self.answers.append(out.text)
-        self.turn_meta.append({"finish_reason": out.finish_reason, "prompt_tokens": out.prompt_tokens,
-                               "completion_tokens": out.completion_tokens})
+        self.turn_meta.append(
+            {
+                "finish_reason": out.finish_reason,
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+            }
+        )
 
     def fail(self, reason: str, detail: str) -> None:
         self.reject = (reason, detail)
@@ -95,18 +100,25 @@ class Conversation:
         for u, a in zip(self.users, self.answers):
             msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
         meta = dict(self.record.get("meta", {}))
-        meta.update({
-            "regenerated": True,
-            "turns": self.turn_meta,
-            "truncated": any(t["finish_reason"] == "length" for t in self.turn_meta),
-            "dropped_turns": len(self.users) - len(self.answers),
-        })
+        meta.update(
+            {
+                "regenerated": True,
+                "turns": self.turn_meta,
+                "truncated": any(t["finish_reason"] == "length" for t in self.turn_meta),
+                "dropped_turns": len(self.users) - len(self.answers),
+            }
+        )
         return {"id": self.record["id"], "source": self.record["source"], "messages": msgs, "meta": meta}
 
     def reject_record(self) -> dict:
         reason, detail = self.reject
-        return {"source": self.record["source"], "row": self.record.get("meta", {}).get("row"),
-                "id": self.record["id"], "reason": reason, "detail": detail}
+        return {
+            "source": self.record["source"],
+            "row": self.record.get("meta", {}).get("row"),
+            "id": self.record["id"],
+            "reason": reason,
+            "detail": detail,
+        }
 
 
 # Called once per conversation as it finishes: (conversation). Backends call it from their loop.

@@ -63,8 +63,14 @@ def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[
 def input_fingerprints(results: list[ReadResult]) -> list[dict]:
     out = []
     for r in results:
-        d = {"spec": r.spec.spec, "format": r.shape, "rows": r.rows, "valid": len(r.records),
-             "rejected": len(r.rejects), "weight": r.spec.weight}
+        d = {
+            "spec": r.spec.spec,
+            "format": r.shape,
+            "rows": r.rows,
+            "valid": len(r.records),
+            "rejected": len(r.rejects),
+            "weight": r.spec.weight,
+        }
         if r.spec.path is not None:
             d["sha256"] = sha256_file(r.spec.path)
         out.append(d)
@@ -93,22 +99,35 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
     if (out / MANIFEST).exists():
         m = read_json(out / MANIFEST)
         if m.get("stage") != "gen-data":
-            raise UsageError(f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt)
+            raise UsageError(
+                f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
+            )
         check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
         old = {k: m.get("config", {}).get(k) for k in PLAN_FIELDS}
         if old != pcfg:
             diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
-            raise StageError(f"{out} was generated with other settings ({diffs})", "the same inputs and sampling settings", nxt)
+            raise StageError(
+                f"{out} was generated with other settings ({diffs})", "the same inputs and sampling settings", nxt
+            )
         return m
     state_path = out / PROGRESS / STATE
     if state_path.exists():
         st = read_json(state_path)
         check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
         if st.get("plan_config") != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
-            diffs = ", ".join(f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS
-                              if st.get("plan_config", {}).get(k) != pcfg[k]) or "the input files changed"
-            raise StageError(f"{out} holds an unfinished run with other settings ({diffs})",
-                             "the same command as the interrupted run", nxt)
+            diffs = (
+                ", ".join(
+                    f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}"
+                    for k in PLAN_FIELDS
+                    if st.get("plan_config", {}).get(k) != pcfg[k]
+                )
+                or "the input files changed"
+            )
+            raise StageError(
+                f"{out} holds an unfinished run with other settings ({diffs})",
+                "the same command as the interrupted run",
+                nxt,
+            )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
     if out.exists() and any(p.name not in (".gitkeep", PROGRESS) for p in out.iterdir()):
@@ -162,8 +181,13 @@ def keep_original(conv: Conversation, tokenizer) -> None:
     conv.users = conv.users[: len(answers)]  # a trailing unanswered user turn is dropped
     for a in answers:
         conv.answers.append(a)
-        conv.turn_meta.append({"finish_reason": "original", "prompt_tokens": 0,
-                               "completion_tokens": len(tokenizer(a, add_special_tokens=False).input_ids)})
+        conv.turn_meta.append(
+            {
+                "finish_reason": "original",
+                "prompt_tokens": 0,
+                "completion_tokens": len(tokenizer(a, add_special_tokens=False).input_ids),
+            }
+        )
 
 
 # ---------------------------------------------------------------- backends
@@ -172,8 +196,16 @@ def make_backend(cfg: GenDataConfig, tokenizer):
     if cfg.backend == "openai":
         from .openai import OpenAIBackend
 
-        return OpenAIBackend(list(cfg.endpoints), sampling, cfg.concurrency, cfg.timeout_s, cfg.retries,
-                             cfg.backoff_s, cfg.served_model_name, os.environ.get("OPENAI_API_KEY"))
+        return OpenAIBackend(
+            list(cfg.endpoints),
+            sampling,
+            cfg.concurrency,
+            cfg.timeout_s,
+            cfg.retries,
+            cfg.backoff_s,
+            cfg.served_model_name,
+            os.environ.get("OPENAI_API_KEY"),
+        )
     from ..model.target import load_target
     from .hf import HFBackend
 
@@ -186,14 +218,28 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
     from .hf import render_prompt
 
     counts = Counter(r["reason"] for r in rejects)
-    print_table("gen-data --dry-run: inputs", ["input", "format", "rows", "valid", "rejected", "weight", "planned"],
-                [[r.spec.spec, r.shape, r.rows, len(r.records), len(r.rejects), r.spec.weight,
-                  sum(1 for p in plan if p["source"] == (r.spec.path.stem if r.spec.path else r.spec.name))]
-                 for r in results])
+    print_table(
+        "gen-data --dry-run: inputs",
+        ["input", "format", "rows", "valid", "rejected", "weight", "planned"],
+        [
+            [
+                r.spec.spec,
+                r.shape,
+                r.rows,
+                len(r.records),
+                len(r.rejects),
+                r.spec.weight,
+                sum(1 for p in plan if p["source"] == (r.spec.path.stem if r.spec.path else r.spec.name)),
+            ]
+            for r in results
+        ],
+    )
     if counts:
         print_table("rejected while reading", ["reason", "records"], [[k, v] for k, v in counts.most_common()])
-    log(f"would regenerate {len(plan)} conversations ({sum(len([m for m in p['messages'] if m['role'] == 'user']) for p in plan)} "
-        f"user turns) with backend {cfg.backend} into {cfg.out_dir or '(no output folder given)'}")
+    log(
+        f"would regenerate {len(plan)} conversations ({sum(len([m for m in p['messages'] if m['role'] == 'user']) for p in plan)} "
+        f"user turns) with backend {cfg.backend} into {cfg.out_dir or '(no output folder given)'}"
+    )
     if plan:
         first = Conversation(0, plan[0])
         log(f"[bold]first prompt[/] ({plan[0]['id']}), rendered with the target's chat template:")
@@ -208,8 +254,11 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         dry_run(cfg, results, plan, read_rejects, tokenizer)
         return cfg.out_dir or Path(".")
     if not plan:
-        raise UsageError("no usable conversations in the inputs (every record was rejected)",
-                         "at least one valid record", f"eagle3 gen-data --dry-run --target {cfg.target} --input ...")
+        raise UsageError(
+            "no usable conversations in the inputs (every record was rejected)",
+            "at least one valid record",
+            f"eagle3 gen-data --dry-run --target {cfg.target} --input ...",
+        )
     out = cfg.out_dir
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))
@@ -221,8 +270,10 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     prog_dir.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob(".*.tmp"), *prog_dir.glob(".*.tmp")]:  # atomic writes cut by a kill
         stale.unlink(missing_ok=True)
-    atomic_write_json(prog_dir / STATE, {"target": identity.as_dict(), "plan_config": pcfg,
-                                        "plan_ids_hash": plan_ids_hash, "planned": len(plan)})
+    atomic_write_json(
+        prog_dir / STATE,
+        {"target": identity.as_dict(), "plan_config": pcfg, "plan_ids_hash": plan_ids_hash, "planned": len(plan)},
+    )
 
     n_shards = (len(plan) + cfg.shard_size - 1) // cfg.shard_size
     todo = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
@@ -286,8 +337,9 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def finalize(cfg, out: Path, identity, results, plan, read_rejects, n_shards, elapsed, backend,
-             session_tokens: int = 0) -> Path:
+def finalize(
+    cfg, out: Path, identity, results, plan, read_rejects, n_shards, elapsed, backend, session_tokens: int = 0
+) -> Path:
     gen_rejects, shards, records = [], [], []
     for k in range(n_shards):
         p = out / shard_name(k)
@@ -311,9 +363,13 @@ def finalize(cfg, out: Path, identity, results, plan, read_rejects, n_shards, el
         "dropped_turns": sum(r["meta"]["dropped_turns"] for r in records),
         "turns": len(turns),
     }
-    tokens = {"prompt": sum(t["prompt_tokens"] for t in turns), "completion": sum(t["completion_tokens"] for t in turns)}
+    tokens = {
+        "prompt": sum(t["prompt_tokens"] for t in turns),
+        "completion": sum(t["completion_tokens"] for t in turns),
+    }
     write_manifest(
-        out, "gen-data",
+        out,
+        "gen-data",
         target=identity.as_dict(),
         chat_template_hash=identity.chat_template_hash,
         config=config_dict(cfg),
@@ -327,13 +383,22 @@ def finalize(cfg, out: Path, identity, results, plan, read_rejects, n_shards, el
         last_session_seconds=round(elapsed, 2),
     )
     shutil.rmtree(out / PROGRESS, ignore_errors=True)
-    rows = [["conversations written", counts["written"]], ["planned", counts["planned"]],
-            ["skipped", counts["skipped"]]]
+    rows = [
+        ["conversations written", counts["written"]],
+        ["planned", counts["planned"]],
+        ["skipped", counts["skipped"]],
+    ]
     rows += [[f"  {k}", v] for k, v in counts["skipped_by_reason"].items()]
-    rows += [["truncated (kept, flagged)" if not cfg.drop_truncated else "turns dropped (truncated)",
-              counts["truncated"] if not cfg.drop_truncated else counts["dropped_turns"]],
-             ["assistant turns", counts["turns"]], ["completion tokens", tokens["completion"]],
-             ["prompt tokens", tokens["prompt"]], ["shards", len(shards)]]
+    rows += [
+        [
+            "truncated (kept, flagged)" if not cfg.drop_truncated else "turns dropped (truncated)",
+            counts["truncated"] if not cfg.drop_truncated else counts["dropped_turns"],
+        ],
+        ["assistant turns", counts["turns"]],
+        ["completion tokens", tokens["completion"]],
+        ["prompt tokens", tokens["prompt"]],
+        ["shards", len(shards)],
+    ]
     if elapsed > 0 and session_tokens and not cfg.no_regenerate:
         rows.append(["generated tok/s (this session)", round(session_tokens / elapsed, 1)])
     if getattr(backend, "retried", 0):

@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     @app.command(
         "eval",
         epilog="Example: eagle3 eval --run runs/demo --target models/tiny-target --depth 8 --bench gsm8k "
-               "--num-prompts 10 --mode both",
+        "--num-prompts 10 --mode both",
     )
     def eval_cmd(
         target: str = typer.Option(None, help="Target model folder (default: the one the head records)."),
@@ -29,12 +29,15 @@ def register(app: typer.Typer) -> None:
         top_p: float = typer.Option(None, help="Nucleus sampling mass (with --temperature > 0)."),
         mode: str = typer.Option(None, help="chain | tree | both. [default: chain]"),
         topk: int = typer.Option(None, help="Tree: top-k children per frontier node. [default: 4]"),
-        num_draft_tokens: int = typer.Option(None, help="Tree: tokens verified per pass, root included (SGLang's count). [default: 16]"),
+        num_draft_tokens: int = typer.Option(
+            None, help="Tree: tokens verified per pass, root included (SGLang's count). [default: 16]"
+        ),
         compare: list[str] = typer.Option(None, help="Another head folder to overlay (repeatable)."),
         endpoint: str = typer.Option(None, help="Evaluate a running SGLang server (its /generate) instead."),
         data_dir: Path = typer.Option(None, help="Data folder (default $EAGLE3_DATA or ../shared/data)."),
-        generate_baseline: bool = typer.Option(None, "--generate-baseline/--no-generate-baseline",
-                                               help="Also time transformers' generate. [default: on]"),
+        generate_baseline: bool = typer.Option(
+            None, "--generate-baseline/--no-generate-baseline", help="Also time transformers' generate. [default: on]"
+        ),
         seed: int = typer.Option(None, help="Sampling seed."),
         device: str = typer.Option(None, help="cpu | cuda | auto."),
         threads: int = typer.Option(None, help="torch CPU threads (small models on a busy CPU: 1)."),
@@ -51,10 +54,28 @@ def register(app: typer.Typer) -> None:
         from .run import run_eval
 
         cfg = build_config(
-            EvalConfig, recipe, "eval", target=target, head=head, run=run, out=out, depth=depth, bench=bench,
-            num_prompts=num_prompts, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            mode=mode, topk=topk, num_draft_tokens=num_draft_tokens, compare=tuple(compare) if compare else None,
-            endpoint=endpoint, data_dir=data_dir, generate_baseline=generate_baseline, seed=seed, device=device,
+            EvalConfig,
+            recipe,
+            "eval",
+            target=target,
+            head=head,
+            run=run,
+            out=out,
+            depth=depth,
+            bench=bench,
+            num_prompts=num_prompts,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            mode=mode,
+            topk=topk,
+            num_draft_tokens=num_draft_tokens,
+            compare=tuple(compare) if compare else None,
+            endpoint=endpoint,
+            data_dir=data_dir,
+            generate_baseline=generate_baseline,
+            seed=seed,
+            device=device,
             threads=threads,
         )
         run_eval(cfg)

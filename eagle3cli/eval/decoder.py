@@ -40,10 +40,10 @@ from ..speculate import (
 
 @dataclass
 class DecodeResult:
-    tokens: list[int]                                     # the new tokens (eos included if emitted)
+    tokens: list[int]  # the new tokens (eos included if emitted)
     accept_lens: list[int] = field(default_factory=list)  # accepted draft tokens per verification round
-    seconds: float = 0.0                                   # wall clock, prefill included
-    target_calls: int = 0                                  # target forwards, prefill included
+    seconds: float = 0.0  # wall clock, prefill included
+    target_calls: int = 0  # target forwards, prefill included
     draft_calls: int = 0
 
     @property
@@ -75,8 +75,15 @@ def _target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def plain_decode(model, prompt_ids: list[int], max_new_tokens: int, eos: set[int], temperature: float = 0.0,
-                 top_p: float = 1.0, generator: torch.Generator | None = None) -> DecodeResult:
+def plain_decode(
+    model,
+    prompt_ids: list[int],
+    max_new_tokens: int,
+    eos: set[int],
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
     """The baseline: the same KV-cache forward as the speculative decoder, one token per call."""
     dev = model.device
     start = time.perf_counter()
@@ -99,11 +106,19 @@ def hf_generate(model, prompt_ids: list[int], max_new_tokens: int, eos: set[int]
     """transformers' own greedy `generate`, for the reference speed and output."""
     ids = torch.tensor([prompt_ids], device=model.device)
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
-                         eos_token_id=sorted(eos) or None, pad_token_id=pad_id, temperature=None, top_p=None,
-                         top_k=None)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=sorted(eos) or None,
+        pad_token_id=pad_id,
+        temperature=None,
+        top_p=None,
+        top_k=None,
+    )
     seconds = time.perf_counter() - start
-    new = out[0, len(prompt_ids):].tolist()
+    new = out[0, len(prompt_ids) :].tolist()
     tokens: list[int] = []
     _finish(tokens, new, eos, max_new_tokens)
     return DecodeResult(tokens, seconds=seconds, target_calls=len(tokens))
@@ -134,8 +149,14 @@ class DraftRunner:
     def commit(self) -> None:
         self.committed = self.length
 
-    def step(self, token_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, from_target: bool,
-             mask: torch.Tensor | None = None) -> torch.Tensor:
+    def step(
+        self,
+        token_ids: torch.Tensor,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        from_target: bool,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Append n entries (token_ids [n], hidden [1,n,*], positions [n]); returns their output
         hidden states [1,n,H]. `mask` [n, length + n] says what each sees; None = all existing
         entries, causal among the new ones."""
@@ -152,23 +173,40 @@ class DraftRunner:
         s = self.length
         if s + n > self.k.shape[2]:
             raise RuntimeError(f"draft KV buffer of {self.k.shape[2]} entries overflowed")
-        self.k[:, :, s:s + n] = k
-        self.v[:, :, s:s + n] = v
+        self.k[:, :, s : s + n] = k
+        self.v[:, :, s : s + n] = v
         self.length = s + n
         if mask is None and n > 1:
             mask = torch.ones(n, s + n, dtype=torch.bool, device=x.device)
             mask[:, s:] = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-        out = F.scaled_dot_product_attention(q, self.k[:, :, : s + n], self.v[:, :, : s + n], attn_mask=mask,
-                                             scale=self.scale, enable_gqa=self.nh != self.nkv)
+        out = F.scaled_dot_product_attention(
+            q,
+            self.k[:, :, : s + n],
+            self.v[:, :, : s + n],
+            attn_mask=mask,
+            scale=self.scale,
+            enable_gqa=self.nh != self.nkv,
+        )
         return layer.finish(hidden, out)
 
 
 class SpeculativeDecoder:
     """Greedy (temperature 0) or lossless-sampling speculative decoding with one EAGLE-3 head."""
 
-    def __init__(self, target, draft: Eagle3Draft, aux_layer_ids: tuple[int, ...], *, mode: str = "chain",
-                 depth: int = 8, topk: int = 4, num_draft_tokens: int = 16, temperature: float = 0.0,
-                 top_p: float = 1.0, eos: set[int] | None = None):
+    def __init__(
+        self,
+        target,
+        draft: Eagle3Draft,
+        aux_layer_ids: tuple[int, ...],
+        *,
+        mode: str = "chain",
+        depth: int = 8,
+        topk: int = 4,
+        num_draft_tokens: int = 16,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        eos: set[int] | None = None,
+    ):
         self.target, self.draft = target, draft
         self.aux_ids = tuple(aux_layer_ids)
         self.mode, self.depth, self.topk, self.num_draft_tokens = mode, depth, topk, num_draft_tokens
@@ -176,15 +214,17 @@ class SpeculativeDecoder:
         self.eos = set(eos or ())
         self.device = target.device
         self.vocab = target.config.vocab_size
-        self.draft_to_target_ids = draft.draft_to_target(torch.arange(draft.config.draft_vocab_size,
-                                                                      device=draft.d2t.device)).to(self.device)
+        self.draft_to_target_ids = draft.draft_to_target(
+            torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)
+        ).to(self.device)
         # 4D masks: sdpa takes bool (True = attend), eager adds a float mask
         self.bool_mask = getattr(target.config, "_attn_implementation", "sdpa") != "eager"
 
     # ------------------------------------------------------------------ target
     def _target(self, ids: torch.Tensor, cache, cap: AuxCapture, position_ids=None, attention_mask=None):
-        out = self.target.model(input_ids=ids, cache=cache, use_cache=True, position_ids=position_ids,
-                                attention_mask=attention_mask)
+        out = self.target.model(
+            input_ids=ids, cache=cache, use_cache=True, position_ids=position_ids, attention_mask=attention_mask
+        )
         self.result.target_calls += 1
         return _target_logits(self.target, out.last_hidden_state)[0], cap.concat()[0]
 
@@ -193,14 +233,16 @@ class SpeculativeDecoder:
         """Step-0 entries for newly committed positions; returns the last entry's output [1,1,H]."""
         dr.crop(dr.committed)
         n = tokens.shape[0]
-        out = dr.step(tokens, aux.unsqueeze(0), torch.arange(first_pos, first_pos + n, device=self.device),
-                      from_target=True)
+        out = dr.step(
+            tokens, aux.unsqueeze(0), torch.arange(first_pos, first_pos + n, device=self.device), from_target=True
+        )
         self.result.draft_calls += 1
         dr.commit()
         return out[:, -1:]
 
-    def _draft_step(self, token_ids: torch.Tensor, hidden: torch.Tensor, position: int, dr,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
+    def _draft_step(
+        self, token_ids: torch.Tensor, hidden: torch.Tensor, position: int, dr, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """n new entries at one rope position, each seeing exactly `mask` [n, length + n]
         (None: a chain step, which sees everything). Tree levels need the mask: siblings must
         not see each other."""
@@ -298,8 +340,13 @@ class SpeculativeDecoder:
             mask = torch.zeros(len(fr), s_old + len(fr), dtype=torch.bool, device=dev)
             mask[:, :committed] = True
             mask[torch.tensor(rows_i, device=dev), torch.tensor(cols_i, device=dev)] = True
-            out = self._draft_step(self.draft_to_target_ids[toks_all[frontier]], hid_all[frontier].unsqueeze(0),
-                                   length - 1 + level, dcache, mask)
+            out = self._draft_step(
+                self.draft_to_target_ids[toks_all[frontier]],
+                hid_all[frontier].unsqueeze(0),
+                length - 1 + level,
+                dcache,
+                mask,
+            )
             lp = torch.log_softmax(self.draft.logits(out)[0].float(), -1)
             scores_all = torch.cat(cand_sc)
             sc, tok, slot = expand_frontier(scores_all[frontier], lp, min(k, lp.shape[-1]))
@@ -320,7 +367,9 @@ class SpeculativeDecoder:
         m = torch.ones(n + 1, length + n + 1, dtype=torch.bool, device=dev)
         m[:, length:] = tree_attention_mask(tree.parents).to(dev)
         if not self.bool_mask:
-            m = torch.zeros(m.shape, dtype=self.target.dtype, device=dev).masked_fill(~m, torch.finfo(self.target.dtype).min)
+            m = torch.zeros(m.shape, dtype=self.target.dtype, device=dev).masked_fill(
+                ~m, torch.finfo(self.target.dtype).min
+            )
         logits, aux = self._target(ids, cache, cap, position_ids=pos, attention_mask=m[None, None])
         if self.temperature <= 0:
             path, emitted = verify_tree_greedy(tree_tokens.cpu(), tree.parents, logits)

@@ -24,24 +24,35 @@ def _render_text(tokenizer, messages) -> str:
 def query(client, url: str, text: str, cfg: EvalConfig) -> dict:
     import httpx
 
-    body = {"text": text, "sampling_params": {"temperature": cfg.temperature, "top_p": cfg.top_p,
-                                              "max_new_tokens": cfg.max_new_tokens}}
+    body = {
+        "text": text,
+        "sampling_params": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens},
+    }
     t0 = time.perf_counter()
     try:
         r = client.post(url.rstrip("/") + "/generate", json=body)
     except httpx.HTTPError as e:
-        raise UsageError(f"cannot reach {url} ({type(e).__name__}: {e})", "a running SGLang server",
-                         "eagle3 serve --target T --head H, then pass its URL") from e
+        raise UsageError(
+            f"cannot reach {url} ({type(e).__name__}: {e})",
+            "a running SGLang server",
+            "eagle3 serve --target T --head H, then pass its URL",
+        ) from e
     seconds = time.perf_counter() - t0
     if r.status_code != 200:
         raise UsageError(f"{url}/generate answered HTTP {r.status_code}: {r.text[:200]}", "HTTP 200 from SGLang")
     meta = r.json().get("meta_info") or {}
     if "spec_verify_ct" not in meta:
-        raise UsageError(f"{url} reports no spec_verify_ct in meta_info: speculative decoding is off there",
-                         "a server started with --speculative-algorithm EAGLE3",
-                         "eagle3 serve --target T --head H")
-    return {"completion_tokens": int(meta.get("completion_tokens", 0)), "verify_ct": int(meta["spec_verify_ct"]),
-            "accept_length": meta.get("spec_accept_length"), "seconds": seconds}
+        raise UsageError(
+            f"{url} reports no spec_verify_ct in meta_info: speculative decoding is off there",
+            "a server started with --speculative-algorithm EAGLE3",
+            "eagle3 serve --target T --head H",
+        )
+    return {
+        "completion_tokens": int(meta.get("completion_tokens", 0)),
+        "verify_ct": int(meta["spec_verify_ct"]),
+        "accept_length": meta.get("spec_accept_length"),
+        "seconds": seconds,
+    }
 
 
 def run_endpoint_eval(cfg: EvalConfig) -> Path:
@@ -62,7 +73,10 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
     verify = sum(r["verify_ct"] for r in rows)
     secs = sum(r["seconds"] for r in rows)
     report = {
-        "endpoint": cfg.endpoint, "bench": cfg.bench, "num_prompts": len(rows), "temperature": cfg.temperature,
+        "endpoint": cfg.endpoint,
+        "bench": cfg.bench,
+        "num_prompts": len(rows),
+        "temperature": cfg.temperature,
         "tau": toks / verify if verify else None,
         "tau_definition": "completion_tokens / spec_verify_ct summed over prompts (bonus token included)",
         "tokens_per_s_sequential": toks / secs if secs else 0.0,
@@ -70,10 +84,21 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
     }
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "report.json", report)
-    print_table(f"{cfg.endpoint} on {cfg.bench}", ["prompts", "tokens", "verify passes", "tau", "tok/s"],
-                [[len(rows), toks, verify, f"{report['tau']:.3f}" if verify else "-",
-                  f"{report['tokens_per_s_sequential']:.1f}"]])
-    write_manifest(out, "eval", config=config_dict(cfg), counts={"prompts": len(rows), "tokens": toks},
-                   files=["report.json"])
+    print_table(
+        f"{cfg.endpoint} on {cfg.bench}",
+        ["prompts", "tokens", "verify passes", "tau", "tok/s"],
+        [
+            [
+                len(rows),
+                toks,
+                verify,
+                f"{report['tau']:.3f}" if verify else "-",
+                f"{report['tokens_per_s_sequential']:.1f}",
+            ]
+        ],
+    )
+    write_manifest(
+        out, "eval", config=config_dict(cfg), counts={"prompts": len(rows), "tokens": toks}, files=["report.json"]
+    )
     log(f"eval: wrote {out / 'report.json'}")
     return out

@@ -22,14 +22,16 @@ def acceptance_by_depth(accept_lens: list[int], depth: int) -> dict:
         uncond = accepted / rounds if rounds else 0.0
         tau += uncond
         taus.append(tau)
-        rows.append({
-            "depth": k,
-            "attempts": attempts,
-            "accepted": accepted,
-            "alpha": accepted / attempts if attempts else None,
-            "unconditional": uncond,
-            "tau_at_depth": tau,
-        })
+        rows.append(
+            {
+                "depth": k,
+                "attempts": attempts,
+                "accepted": accepted,
+                "alpha": accepted / attempts if attempts else None,
+                "unconditional": uncond,
+                "tau_at_depth": tau,
+            }
+        )
     return {
         "rounds": rounds,
         "tau": (sum(accept_lens) + rounds) / rounds if rounds else 1.0,
@@ -48,8 +50,9 @@ def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
     return my - slope * mx, slope
 
 
-def predicted_speedup(tau: float, target_cost: dict[int, float], n_verify: int, draft_calls: int,
-                      draft_step: float, target_1: float) -> float:
+def predicted_speedup(
+    tau: float, target_cost: dict[int, float], n_verify: int, draft_calls: int, draft_step: float, target_1: float
+) -> float:
     """tokens per second of speculation over plain decoding, from measured costs (seconds)."""
     t_verify = interpolate(target_cost, n_verify)
     round_time = t_verify + draft_calls * draft_step
@@ -81,13 +84,28 @@ def recommend(chain_taus: list[float], cost: dict, tree: dict | None = None) -> 
     options = []
     for d in range(1, len(chain_taus)):
         s = predicted_speedup(chain_taus[d], cost["target"], d + 1, d, cost["draft_step"], t1)
-        options.append({"steps": d, "topk": 1, "num_draft_tokens": d + 1, "predicted_speedup": round(s, 3),
-                        "from": f"chain tau({d}) = {chain_taus[d]:.3f}"})
+        options.append(
+            {
+                "steps": d,
+                "topk": 1,
+                "num_draft_tokens": d + 1,
+                "predicted_speedup": round(s, 3),
+                "from": f"chain tau({d}) = {chain_taus[d]:.3f}",
+            }
+        )
     if tree:
-        s = predicted_speedup(tree["tau"], cost["target"], tree["num_draft_tokens"], tree["steps"],
-                              cost["draft_step"], t1)
-        options.append({"steps": tree["steps"], "topk": tree["topk"], "num_draft_tokens": tree["num_draft_tokens"],
-                        "predicted_speedup": round(s, 3), "from": f"tree tau = {tree['tau']:.3f}"})
+        s = predicted_speedup(
+            tree["tau"], cost["target"], tree["num_draft_tokens"], tree["steps"], cost["draft_step"], t1
+        )
+        options.append(
+            {
+                "steps": tree["steps"],
+                "topk": tree["topk"],
+                "num_draft_tokens": tree["num_draft_tokens"],
+                "predicted_speedup": round(s, 3),
+                "from": f"tree tau = {tree['tau']:.3f}",
+            }
+        )
     if not options:
         return {"steps": 1, "topk": 1, "num_draft_tokens": 2, "predicted_speedup": None, "from": "no measurement"}
     best = max(options, key=lambda o: o["predicted_speedup"])

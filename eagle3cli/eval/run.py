@@ -29,8 +29,11 @@ def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
 def _head_config(head: Path) -> dict:
     p = Path(head) / "config.json"
     if not p.exists():
-        raise UsageError(f"{p} does not exist", "an exported head folder (config.json + model.safetensors)",
-                         "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
+        raise UsageError(
+            f"{p} does not exist",
+            "an exported head folder (config.json + model.safetensors)",
+            "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
+        )
     return read_json(p)
 
 
@@ -39,8 +42,11 @@ def _target_path(cfg: EvalConfig, head_cfg: dict | None) -> str:
         return cfg.target
     recorded = ((head_cfg or {}).get("eagle3") or {}).get("target", {}).get("path")
     if not recorded:
-        raise UsageError("no --target given and the head records none", "--target MODEL_DIR",
-                         "eagle3 eval --target models/tiny-target --head runs/NAME/head")
+        raise UsageError(
+            "no --target given and the head records none",
+            "--target MODEL_DIR",
+            "eagle3 eval --target models/tiny-target --head runs/NAME/head",
+        )
     return recorded
 
 
@@ -58,12 +64,16 @@ def check_head_fits(head: Path, head_cfg: dict, target_cfg) -> tuple[int, ...]:
         problems.append(f"aux layer ids {bad} do not exist in a {target_cfg.num_hidden_layers}-layer target")
     recorded = (head_cfg.get("eagle3") or {}).get("target") or {}
     if recorded.get("num_hidden_layers") not in (None, target_cfg.num_hidden_layers):
-        problems.append(f"layers: head trained on a {recorded['num_hidden_layers']}-layer target, "
-                        f"this one has {target_cfg.num_hidden_layers}")
+        problems.append(
+            f"layers: head trained on a {recorded['num_hidden_layers']}-layer target, "
+            f"this one has {target_cfg.num_hidden_layers}"
+        )
     if problems:
-        raise UsageError(f"head {head} does not fit the target:\n  " + "\n  ".join(problems),
-                         "the target model the head was trained for",
-                         "pass --target with the model named in the head's config.json (eagle3.target.path)")
+        raise UsageError(
+            f"head {head} does not fit the target:\n  " + "\n  ".join(problems),
+            "the target model the head was trained for",
+            "pass --target with the model named in the head's config.json (eagle3.target.path)",
+        )
     return tuple(int(i) for i in aux)
 
 
@@ -77,11 +87,16 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
         aux = check_head_fits(h, hc, target.config)
         rec = (hc.get("eagle3") or {}).get("target") or {}
         if rec.get("vocab_hash") and rec["vocab_hash"] != ident.vocab_hash:
-            raise UsageError(f"head {h} was trained with another tokenizer (vocab hash differs)",
-                             "the target the head was trained for", "check --target")
+            raise UsageError(
+                f"head {h} was trained with another tokenizer (vocab hash differs)",
+                "the target the head was trained for",
+                "check --target",
+            )
         if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
-            warn(f"head {h} records target weights {rec['fingerprint'][:12]}, this target is "
-                 f"{ident.fingerprint[:12]}: acceptance may suffer")
+            warn(
+                f"head {h} records target weights {rec['fingerprint'][:12]}, this target is "
+                f"{ident.fingerprint[:12]}: acceptance may suffer"
+            )
         draft = load_head(h, target_model=target).to(target.device)
         label = str(h.parent.name + "/" + h.name) if h.parent.name else str(h)
         if any(label == lab for lab, _, _ in heads):
@@ -93,8 +108,13 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
 def _summ(results: list[DecodeResult]) -> dict:
     toks = sum(len(r.tokens) for r in results)
     secs = sum(r.seconds for r in results)
-    return {"tokens": toks, "seconds": round(secs, 4), "tokens_per_s": toks / secs if secs else 0.0,
-            "target_calls": sum(r.target_calls for r in results), "draft_calls": sum(r.draft_calls for r in results)}
+    return {
+        "tokens": toks,
+        "seconds": round(secs, 4),
+        "tokens_per_s": toks / secs if secs else 0.0,
+        "target_calls": sum(r.target_calls for r in results),
+        "draft_calls": sum(r.draft_calls for r in results),
+    }
 
 
 @torch.inference_mode()
@@ -139,8 +159,7 @@ def measure_costs(target, draft, aux, prompt: list[int], depth: int, topk: int, 
         draft_best = min(draft_best, time.perf_counter() - t0)
         dc.crop(dc.committed)
     intercept, slope = fit_linear(list(costs), list(costs.values()))
-    return {"target": costs, "draft_step": draft_best,
-            "target_fit": {"per_call_s": intercept, "per_token_s": slope}}
+    return {"target": costs, "draft_step": draft_best, "target_fit": {"per_call_s": intercept, "per_token_s": slope}}
 
 
 def _plot(path: Path, per_head: dict, title: str) -> None:
@@ -156,17 +175,26 @@ def _plot(path: Path, per_head: dict, title: str) -> None:
             continue
         rows = st["acceptance"]["per_depth"]
         ks = [r["depth"] for r in rows]
-        line = a1.plot(ks, [r["alpha"] if r["alpha"] is not None else float("nan") for r in rows], "o-",
-                       label=f"{label} alpha_k (conditional)")
-        a1.plot(ks, [r["unconditional"] for r in rows], "s--", color=line[0].get_color(), alpha=0.6,
-                label=f"{label} P(first k accepted)")
+        line = a1.plot(
+            ks,
+            [r["alpha"] if r["alpha"] is not None else float("nan") for r in rows],
+            "o-",
+            label=f"{label} alpha_k (conditional)",
+        )
+        a1.plot(
+            ks,
+            [r["unconditional"] for r in rows],
+            "s--",
+            color=line[0].get_color(),
+            alpha=0.6,
+            label=f"{label} P(first k accepted)",
+        )
         taus = st["acceptance"]["tau_by_depth"]
         a1.set_xticks(ks)
         a2.set_xticks(range(len(taus)))
         a2.plot(range(len(taus)), taus, "o-", color=line[0].get_color(), label=f"{label} chain tau(d)")
         if modes.get("tree"):
-            a2.axhline(modes["tree"]["acceptance"]["tau"], color=line[0].get_color(), ls=":",
-                       label=f"{label} tree tau")
+            a2.axhline(modes["tree"]["acceptance"]["tau"], color=line[0].get_color(), ls=":", label=f"{label} tree tau")
     a1.set(xlabel="draft depth k", ylabel="acceptance", ylim=(0, 1.02), title="Acceptance by depth")
     a2.set(xlabel="draft depth d", ylabel="tau (tokens / target pass, bonus incl.)", title="tau by depth")
     for a in (a1, a2):
@@ -201,18 +229,29 @@ def run_eval(cfg: EvalConfig) -> Path:
         ids = render(tok, msgs)
         need = len(ids) + cfg.max_new_tokens + max(cfg.depth, cfg.num_draft_tokens) + 1
         if ctx and need > ctx:
-            raise UsageError(f"prompt {pid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and "
-                             f"the draft window it needs {need} positions, the target has {ctx}",
-                             "prompts + new tokens within the target's context",
-                             "lower --max-new-tokens or use shorter prompts")
+            raise UsageError(
+                f"prompt {pid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and "
+                f"the draft window it needs {need} positions, the target has {ctx}",
+                "prompts + new tokens within the target's context",
+                "lower --max-new-tokens or use shorter prompts",
+            )
         prompts.append((pid, ids))
     modes = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
     greedy = cfg.temperature <= 0
 
     def decoder(draft, aux, mode):
-        return SpeculativeDecoder(target, draft, aux, mode=mode, depth=cfg.depth, topk=cfg.topk,
-                                  num_draft_tokens=cfg.num_draft_tokens, temperature=cfg.temperature,
-                                  top_p=cfg.top_p, eos=eos)
+        return SpeculativeDecoder(
+            target,
+            draft,
+            aux,
+            mode=mode,
+            depth=cfg.depth,
+            topk=cfg.topk,
+            num_draft_tokens=cfg.num_draft_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            eos=eos,
+        )
 
     decoders = {(label, m): decoder(d, aux, m) for label, d, aux in heads for m in modes}
     # warm-up: first calls allocate and pick kernels; keep them out of the timings
@@ -224,12 +263,21 @@ def run_eval(cfg: EvalConfig) -> Path:
     plain, gen, spec = [], [], {k: [] for k in decoders}
     mismatches = {k: [] for k in decoders}
     total_runs = len(prompts)
-    log(f"eval: {len(prompts)} prompts from {cfg.bench}, {len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, "
-        f"max {cfg.max_new_tokens} new tokens, temperature {cfg.temperature}")
+    log(
+        f"eval: {len(prompts)} prompts from {cfg.bench}, {len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, "
+        f"max {cfg.max_new_tokens} new tokens, temperature {cfg.temperature}"
+    )
     with progress("eval", total=total_runs, unit="prompt") as bar:
         for i, (pid, ids) in enumerate(prompts):
-            p = plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p,
-                             torch.Generator().manual_seed(cfg.seed + i))
+            p = plain_decode(
+                target,
+                ids,
+                cfg.max_new_tokens,
+                eos,
+                cfg.temperature,
+                cfg.top_p,
+                torch.Generator().manual_seed(cfg.seed + i),
+            )
             plain.append(p)
             if cfg.generate_baseline:
                 g = hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
@@ -242,11 +290,18 @@ def run_eval(cfg: EvalConfig) -> Path:
                 spec[key].append(r)
                 n_tok += len(r.tokens)
                 if greedy and r.tokens != p.tokens:
-                    at = next((j for j, (a, b) in enumerate(zip(r.tokens, p.tokens)) if a != b),
-                              min(len(r.tokens), len(p.tokens)))
-                    mismatches[key].append({"prompt": pid, "first_diff_at": at,
-                                            "speculative": tok.decode(r.tokens[at:at + 12]),
-                                            "plain": tok.decode(p.tokens[at:at + 12])})
+                    at = next(
+                        (j for j, (a, b) in enumerate(zip(r.tokens, p.tokens)) if a != b),
+                        min(len(r.tokens), len(p.tokens)),
+                    )
+                    mismatches[key].append(
+                        {
+                            "prompt": pid,
+                            "first_diff_at": at,
+                            "speculative": tok.decode(r.tokens[at : at + 12]),
+                            "plain": tok.decode(p.tokens[at : at + 12]),
+                        }
+                    )
             bar.advance(1, tokens=n_tok)
 
     costs = measure_costs(target, heads[0][1], heads[0][2], prompts[0][1], cfg.depth, cfg.topk)
@@ -261,27 +316,52 @@ def run_eval(cfg: EvalConfig) -> Path:
             "speed": s,
             "speedup_vs_plain": s["tokens_per_s"] / plain_s["tokens_per_s"],
             "speedup_vs_generate": s["tokens_per_s"] / gen_s["tokens_per_s"] if gen_s else None,
-            "lossless": ({"compared": len(results), "mismatches": len(mismatches[(label, mode)]),
-                          "examples": mismatches[(label, mode)][:5]} if greedy else
-                         {"compared": 0, "note": "sampling: outputs are compared in distribution (tests), "
-                                                 "not token for token"}),
+            "lossless": (
+                {
+                    "compared": len(results),
+                    "mismatches": len(mismatches[(label, mode)]),
+                    "examples": mismatches[(label, mode)][:5],
+                }
+                if greedy
+                else {
+                    "compared": 0,
+                    "note": "sampling: outputs are compared in distribution (tests), not token for token",
+                }
+            ),
         }
     main_label = heads[0][0]
     main = per_head[main_label]
-    tree_cfg = ({"tau": main["tree"]["acceptance"]["tau"], "steps": cfg.depth, "topk": cfg.topk,
-                 "num_draft_tokens": cfg.num_draft_tokens} if "tree" in main else None)
+    tree_cfg = (
+        {
+            "tau": main["tree"]["acceptance"]["tau"],
+            "steps": cfg.depth,
+            "topk": cfg.topk,
+            "num_draft_tokens": cfg.num_draft_tokens,
+        }
+        if "tree" in main
+        else None
+    )
     chain_taus = main["chain"]["acceptance"]["tau_by_depth"] if "chain" in main else [1.0]
     rec = recommend(chain_taus, costs, tree_cfg)
     report = {
-        "bench": cfg.bench, "num_prompts": len(prompts), "max_new_tokens": cfg.max_new_tokens,
-        "temperature": cfg.temperature, "top_p": cfg.top_p, "depth": cfg.depth, "mode": cfg.mode,
+        "bench": cfg.bench,
+        "num_prompts": len(prompts),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "depth": cfg.depth,
+        "mode": cfg.mode,
         "tree": {"topk": cfg.topk, "num_draft_tokens": cfg.num_draft_tokens},
         "tau_definition": TAU_NOTE,
         "alpha_definition": "alpha_k = P(draft token k accepted | tokens 1..k-1 accepted), from chain rounds",
-        "target": ident.as_dict(), "heads": per_head,
+        "target": ident.as_dict(),
+        "heads": per_head,
         "baselines": {"plain": plain_s, "generate": gen_s},
-        "cost_model": {"target_pass_s": {str(k): v for k, v in costs["target"].items()},
-                       "draft_step_s": costs["draft_step"], "target_fit": costs["target_fit"]},
+        "cost_model": {
+            "target_pass_s": {str(k): v for k, v in costs["target"].items()},
+            "draft_step_s": costs["draft_step"],
+            "target_fit": costs["target_fit"],
+        },
         "recommended": rec,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -289,10 +369,15 @@ def run_eval(cfg: EvalConfig) -> Path:
     _plot(out / "acceptance.png", per_head, f"{cfg.bench}, {len(prompts)} prompts, T={cfg.temperature}")
     atomic_write_json(out / "report.json", report)
     _print(report, cfg)
-    write_manifest(out, "eval", config=config_dict(cfg), target=ident.as_dict(),
-                   heads=[str(h) for h in [head, *cfg.compare]],
-                   counts={"prompts": len(prompts), "plain_tokens": plain_s["tokens"]},
-                   files=["report.json", "acceptance.png"])
+    write_manifest(
+        out,
+        "eval",
+        config=config_dict(cfg),
+        target=ident.as_dict(),
+        heads=[str(h) for h in [head, *cfg.compare]],
+        counts={"prompts": len(prompts), "plain_tokens": plain_s["tokens"]},
+        files=["report.json", "acceptance.png"],
+    )
     log(f"eval: wrote {out / 'report.json'} and {out / 'acceptance.png'}")
     return out
 
@@ -300,25 +385,54 @@ def run_eval(cfg: EvalConfig) -> Path:
 def _print(report: dict, cfg: EvalConfig) -> None:
     for label, modes in report["heads"].items():
         if "chain" in modes:
-            rows = [[r["depth"], f"{r['accepted']}/{r['attempts']}",
-                     "-" if r["alpha"] is None else f"{r['alpha']:.3f}", f"{r['unconditional']:.3f}",
-                     f"{r['tau_at_depth']:.3f}"] for r in modes["chain"]["acceptance"]["per_depth"]]
-            print_table(f"{label}: acceptance by depth (chain, {cfg.bench}); {TAU_NOTE}",
-                        ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(first k acc.)", "tau(k)"], rows)
+            rows = [
+                [
+                    r["depth"],
+                    f"{r['accepted']}/{r['attempts']}",
+                    "-" if r["alpha"] is None else f"{r['alpha']:.3f}",
+                    f"{r['unconditional']:.3f}",
+                    f"{r['tau_at_depth']:.3f}",
+                ]
+                for r in modes["chain"]["acceptance"]["per_depth"]
+            ]
+            print_table(
+                f"{label}: acceptance by depth (chain, {cfg.bench}); {TAU_NOTE}",
+                ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(first k acc.)", "tau(k)"],
+                rows,
+            )
     base = report["baselines"]
     rows = [["plain loop", "1.000", f"{base['plain']['tokens_per_s']:.1f}", "1.00x", "-", "-"]]
     if base["generate"]:
-        rows.append(["transformers generate", "1.000", f"{base['generate']['tokens_per_s']:.1f}",
-                     f"{base['generate']['tokens_per_s'] / base['plain']['tokens_per_s']:.2f}x", "1.00x", "-"])
+        rows.append(
+            [
+                "transformers generate",
+                "1.000",
+                f"{base['generate']['tokens_per_s']:.1f}",
+                f"{base['generate']['tokens_per_s'] / base['plain']['tokens_per_s']:.2f}x",
+                "1.00x",
+                "-",
+            ]
+        )
     for label, modes in report["heads"].items():
         for mode, st in modes.items():
             ll = st["lossless"]
-            rows.append([f"{label} {mode}", f"{st['acceptance']['tau']:.3f}", f"{st['speed']['tokens_per_s']:.1f}",
-                         f"{st['speedup_vs_plain']:.2f}x",
-                         f"{st['speedup_vs_generate']:.2f}x" if st["speedup_vs_generate"] else "-",
-                         f"{ll['mismatches']}/{ll['compared']}" if ll["compared"] else "n/a (sampling)"])
-    print_table("speed (wall clock, same run)", ["decoder", "tau", "tok/s", "vs plain", "vs generate",
-                                                   "greedy mismatches"], rows)
+            rows.append(
+                [
+                    f"{label} {mode}",
+                    f"{st['acceptance']['tau']:.3f}",
+                    f"{st['speed']['tokens_per_s']:.1f}",
+                    f"{st['speedup_vs_plain']:.2f}x",
+                    f"{st['speedup_vs_generate']:.2f}x" if st["speedup_vs_generate"] else "-",
+                    f"{ll['mismatches']}/{ll['compared']}" if ll["compared"] else "n/a (sampling)",
+                ]
+            )
+    print_table(
+        "speed (wall clock, same run)",
+        ["decoder", "tau", "tok/s", "vs plain", "vs generate", "greedy mismatches"],
+        rows,
+    )
     r = report["recommended"]
-    log(f"recommended for serve: steps={r['steps']} topk={r['topk']} num_draft_tokens={r['num_draft_tokens']} "
-        f"(predicted {r['predicted_speedup']}x, {r['from']})")
+    log(
+        f"recommended for serve: steps={r['steps']} topk={r['topk']} num_draft_tokens={r['num_draft_tokens']} "
+        f"(predicted {r['predicted_speedup']}x, {r['from']})"
+    )

@@ -106,8 +106,9 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     return cfg
 
 
-def save_head(draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None,
-              extra: dict | None = None) -> Path:
+def save_head(
+    draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None, extra: dict | None = None
+) -> Path:
     """Write `out_dir/{config.json, model.safetensors, manifest.json}` (manifest last, atomically)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -118,7 +119,8 @@ def save_head(draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = 
     tmp.replace(out_dir / HEAD_WEIGHTS)
     atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
     write_manifest(
-        out_dir, "head",
+        out_dir,
+        "head",
         target=target_identity or {},
         aux_layer_ids=[int(i) for i in draft.config.aux_layer_ids],
         draft_vocab_size=int(draft.config.draft_vocab_size),
@@ -167,8 +169,11 @@ def load_head(head_dir: Path, target_model=None) -> Eagle3Draft:
     cfg_path, w_path = head_dir / "config.json", head_dir / HEAD_WEIGHTS
     for p in (cfg_path, w_path):
         if not p.exists():
-            raise UsageError(f"{p} does not exist", "an exported head folder (config.json + model.safetensors)",
-                             "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
+            raise UsageError(
+                f"{p} does not exist",
+                "an exported head folder (config.json + model.safetensors)",
+                "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
+            )
     try:
         cfg = read_json(cfg_path)
     except json.JSONDecodeError as e:
@@ -178,8 +183,11 @@ def load_head(head_dir: Path, target_model=None) -> Eagle3Draft:
     expected = {n: t for n, t in draft.state_dict().items() if n != "embed_tokens.weight"}
     problems = [f"missing {n}" for n in expected if n not in tensors]
     problems += [f"unexpected {n}" for n in tensors if n not in expected]
-    problems += [f"{n}: shape {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
-                 for n, t in expected.items() if n in tensors and tensors[n].shape != t.shape]
+    problems += [
+        f"{n}: shape {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
+        for n, t in expected.items()
+        if n in tensors and tensors[n].shape != t.shape
+    ]
     if problems:
         raise UsageError(
             f"{w_path} does not match its config.json:\n  " + "\n  ".join(problems[:12]),
@@ -212,8 +220,14 @@ def _copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
 
 
 @torch.no_grad()
-def init_draft_from_weights(draft: Eagle3Draft, embed: torch.Tensor, lm_head: torch.Tensor | None,
-                            norm: torch.Tensor | None, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
+def init_draft_from_weights(
+    draft: Eagle3Draft,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor | None,
+    norm: torch.Tensor | None,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor | None = None,
+) -> None:
     """Start from the target: frozen embeddings, lm_head = the target's rows of the draft vocab,
     final norm = the target's. fc/midlayer then only have to reproduce something like the target's
     last hidden state for step 0 to be right, which shortens early training a lot."""
@@ -230,12 +244,19 @@ def init_draft_from_weights(draft: Eagle3Draft, embed: torch.Tensor, lm_head: to
         draft.norm.weight.copy_(norm.to(draft.norm.weight))
 
 
-def init_draft_from_target(draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None) -> None:
+def init_draft_from_target(
+    draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None
+) -> None:
     """`init_draft_from_weights` with the tensors of a loaded target model."""
     norm = getattr(getattr(target_model, "model", None), "norm", None)
-    init_draft_from_weights(draft, target_model.get_input_embeddings().weight,
-                            target_model.get_output_embeddings().weight,
-                            None if norm is None else norm.weight, d2t, t2d)
+    init_draft_from_weights(
+        draft,
+        target_model.get_input_embeddings().weight,
+        target_model.get_output_embeddings().weight,
+        None if norm is None else norm.weight,
+        d2t,
+        t2d,
+    )
 
 
 @torch.no_grad()
@@ -263,9 +284,20 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
 # ---------------------------------------------------------------- other layouts
 def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     """vLLM `speculators` style: the Llama layer config nested, speculator fields top-level."""
-    layer = {k: v for k, v in cfg.items()
-             if k not in ("eagle3", "eagle_config", "eagle_aux_hidden_state_layer_ids", "architectures",
-                          "draft_vocab_size", "target_hidden_size", "norm_output")}
+    layer = {
+        k: v
+        for k, v in cfg.items()
+        if k
+        not in (
+            "eagle3",
+            "eagle_config",
+            "eagle_aux_hidden_state_layer_ids",
+            "architectures",
+            "draft_vocab_size",
+            "target_hidden_size",
+            "norm_output",
+        )
+    }
     layer["architectures"] = ["LlamaForCausalLM"]
     target = (cfg.get("eagle3") or {}).get("target") or {}
     return {
@@ -280,8 +312,14 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
-            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": num_speculative_tokens,
-                                  "verifier_accept_k": 1, "accept_tolerance": 0.0}],
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": num_speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
             "verifier": {"name_or_path": target.get("path"), "architectures": ["LlamaForCausalLM"]},
         },
         "torch_dtype": cfg.get("torch_dtype", "float32"),
@@ -297,13 +335,18 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     config; not verified against a speculators install here (none is available offline).
     """
     if fmt not in EXPORT_FORMATS:
-        raise UsageError(f"unknown --format {fmt!r}", f"one of {', '.join(EXPORT_FORMATS)}",
-                         "eagle3 export --head runs/NAME/head --format sglang --out DIR")
+        raise UsageError(
+            f"unknown --format {fmt!r}",
+            f"one of {', '.join(EXPORT_FORMATS)}",
+            "eagle3 export --head runs/NAME/head --format sglang --out DIR",
+        )
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     draft = load_head(head_dir)  # validates names and shapes before anything is written
     cfg = read_json(head_dir / "config.json")
     if out_dir.resolve() == head_dir.resolve():
-        raise UsageError("--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT")
+        raise UsageError(
+            "--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT"
+        )
     out_dir.mkdir(parents=True, exist_ok=True)
     if fmt in ("sglang", "vllm"):
         shutil.copyfile(head_dir / HEAD_WEIGHTS, out_dir / HEAD_WEIGHTS)
@@ -312,7 +355,12 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in head_state_dict(draft).items()}
         save_file(tensors, str(out_dir / HEAD_WEIGHTS), metadata={"format": "pt"})
         atomic_write_json(out_dir / "config.json", _speculators_config(cfg, num_speculative_tokens))
-    write_manifest(out_dir, "export", format=fmt, source=str(head_dir),
-                   target=(cfg.get("eagle3") or {}).get("target", {}),
-                   shards=[shard_record(out_dir / HEAD_WEIGHTS)])
+    write_manifest(
+        out_dir,
+        "export",
+        format=fmt,
+        source=str(head_dir),
+        target=(cfg.get("eagle3") or {}).get("target", {}),
+        shards=[shard_record(out_dir / HEAD_WEIGHTS)],
+    )
     return out_dir

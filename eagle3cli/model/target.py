@@ -35,7 +35,8 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
     if p.is_dir():
         if not (p / "config.json").exists():
             raise UsageError(
-                f"{p} has no config.json", "a transformers model folder (config.json + *.safetensors)",
+                f"{p} has no config.json",
+                "a transformers model folder (config.json + *.safetensors)",
                 "pass the folder that contains config.json",
             )
         return p
@@ -60,8 +61,14 @@ def pick_device(device: str | None = None) -> torch.device:
 def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
     """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and lossy)."""
     if dtype and dtype != "auto":
-        return {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp16": torch.float16,
-                "float16": torch.float16, "fp32": torch.float32, "float32": torch.float32}[dtype]
+        return {
+            "bf16": torch.bfloat16,
+            "bfloat16": torch.bfloat16,
+            "fp16": torch.float16,
+            "float16": torch.float16,
+            "fp32": torch.float32,
+            "float32": torch.float32,
+        }[dtype]
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
@@ -161,8 +168,10 @@ class AuxCapture:
     def __enter__(self) -> AuxCapture:
         layers = decoder_layers(self.model)
         for i in self.ids:
+
             def hook(_mod, args, kwargs, i=i):
                 self.states[i] = args[0] if args else kwargs["hidden_states"]
+
             self._handles.append(layers[i].register_forward_pre_hook(hook, with_kwargs=True))
         return self
 
@@ -177,8 +186,9 @@ class AuxCapture:
 
 
 @torch.no_grad()
-def capture_features(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                     aux_layer_ids: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+def capture_features(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...]
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(aux [B,T,n_aux*H], last_hidden [B,T,H]) for a batch; last_hidden is after the final norm,
     so teacher logits are exactly `model.lm_head(last_hidden)`."""
     with AuxCapture(model, aux_layer_ids) as cap:

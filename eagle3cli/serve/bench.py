@@ -34,7 +34,7 @@ class RequestResult:
     ok: bool
     latency_s: float
     completion_tokens: int = 0
-    verify_ct: int | None = None        # target verify passes (SGLang meta_info.spec_verify_ct)
+    verify_ct: int | None = None  # target verify passes (SGLang meta_info.spec_verify_ct)
     accept_length: float | None = None  # tokens per verify pass, as the server reports it
     error: str | None = None
 
@@ -52,8 +52,8 @@ class LevelResult:
     latency_p50_s: float | None
     latency_p90_s: float | None
     latency_p99_s: float | None
-    accept_length: float | None          # sum(tokens) / sum(verify passes) over this level's requests
-    server_accept_length: float | None   # /server_info avg_spec_accept_length after the level
+    accept_length: float | None  # sum(tokens) / sum(verify passes) over this level's requests
+    server_accept_length: float | None  # /server_info avg_spec_accept_length after the level
     first_error: str | None = None
 
 
@@ -77,8 +77,11 @@ def _prompt_of(rec: dict) -> str | None:
 def load_prompts(path: Path | None) -> list[str]:
     path = Path(path) if path is not None else DEFAULT_PROMPTS
     if not path.exists():
-        raise UsageError(f"prompt file {path} does not exist", "a JSONL file with a prompt/question/turns/messages "
-                         "field per line", "eagle3 serve-bench --prompts ../shared/data/mt_bench_questions.jsonl ...")
+        raise UsageError(
+            f"prompt file {path} does not exist",
+            "a JSONL file with a prompt/question/turns/messages field per line",
+            "eagle3 serve-bench --prompts ../shared/data/mt_bench_questions.jsonl ...",
+        )
     prompts = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -95,8 +98,9 @@ def load_prompts(path: Path | None) -> list[str]:
 
 
 # ---------------------------------------------------------------- one request
-async def _request(client: httpx.AsyncClient, url: str, api: str, prompt: str, model: str, cfg: BenchConfig
-                   ) -> RequestResult:
+async def _request(
+    client: httpx.AsyncClient, url: str, api: str, prompt: str, model: str, cfg: BenchConfig
+) -> RequestResult:
     t0 = time.perf_counter()
     try:
         if api == "generate":
@@ -106,8 +110,13 @@ async def _request(client: httpx.AsyncClient, url: str, api: str, prompt: str, m
             r = await client.post(f"{url}/generate", json={"text": prompt, "sampling_params": params})
         else:
             # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`)
-            body = {"model": model, "messages": [{"role": "user", "content": prompt}],
-                    "max_tokens": cfg.max_tokens, "temperature": 0.0, "return_spec_tokens_details": True}
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": cfg.max_tokens,
+                "temperature": 0.0,
+                "return_spec_tokens_details": True,
+            }
             if cfg.ignore_eos:
                 body["ignore_eos"] = True
             r = await client.post(f"{url}/v1/chat/completions", json=body)
@@ -181,13 +190,17 @@ async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> N
     except httpx.HTTPError as e:
         ok, why = False, f"{type(e).__name__}: {e}"
     if not ok:
-        raise UsageError(f"the {label} server at {url} is not healthy ({why})", "a running SGLang/vLLM server",
-                         "start it: eagle3 serve --target T --head H --port PORT   (baseline: the plain engine)")
+        raise UsageError(
+            f"the {label} server at {url} is not healthy ({why})",
+            "a running SGLang/vLLM server",
+            "start it: eagle3 serve --target T --head H --port PORT   (baseline: the plain engine)",
+        )
 
 
 # ---------------------------------------------------------------- one level
-async def run_level(label: str, url: str, prompts: list[str], concurrency: int, n_requests: int,
-                    cfg: BenchConfig) -> LevelResult:
+async def run_level(
+    label: str, url: str, prompts: list[str], concurrency: int, n_requests: int, cfg: BenchConfig
+) -> LevelResult:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=limits) as client:
         model = await _model_name(client, url) if cfg.api == "openai" else ""
@@ -195,6 +208,7 @@ async def run_level(label: str, url: str, prompts: list[str], concurrency: int, 
         sem = asyncio.Semaphore(concurrency)
         results: list[RequestResult] = []
         with progress(f"{label} c={concurrency}", total=n_requests, unit="req") as bar:
+
             async def one(i: int) -> None:
                 async with sem:
                     res = await _request(client, url, cfg.api, prompts[i % len(prompts)], model, cfg)
@@ -215,11 +229,20 @@ async def run_level(label: str, url: str, prompts: list[str], concurrency: int, 
     lat = [r.latency_s for r in good]
     errors = [r.error for r in results if not r.ok]
     return LevelResult(
-        server=label, concurrency=concurrency, requests=len(results), failed=len(errors), wall_s=wall,
-        output_tokens=tokens, throughput_tok_s=tokens / wall if wall > 0 else 0.0,
+        server=label,
+        concurrency=concurrency,
+        requests=len(results),
+        failed=len(errors),
+        wall_s=wall,
+        output_tokens=tokens,
+        throughput_tok_s=tokens / wall if wall > 0 else 0.0,
         requests_per_s=len(good) / wall if wall > 0 else 0.0,
-        latency_p50_s=_percentile(lat, 0.5), latency_p90_s=_percentile(lat, 0.9), latency_p99_s=_percentile(lat, 0.99),
-        accept_length=acc, server_accept_length=server_acc, first_error=errors[0] if errors else None,
+        latency_p50_s=_percentile(lat, 0.5),
+        latency_p90_s=_percentile(lat, 0.9),
+        latency_p99_s=_percentile(lat, 0.99),
+        accept_length=acc,
+        server_accept_length=server_acc,
+        first_error=errors[0] if errors else None,
     )
 
 
@@ -259,8 +282,12 @@ def plot(levels: list[LevelResult], speedup: dict[int, float], path: Path) -> No
         cs = sorted(speedup)
         ax2.plot(cs, [speedup[c] for c in cs], "o-", color="tab:green")
         ax2.axhline(1.0, color="gray", lw=1, ls=":")
-    ax2.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="speculative / baseline",
-            title="speed-up" if speedup else "speed-up (no baseline given)")
+    ax2.set(
+        xscale="log",
+        xlabel="concurrency (requests in flight)",
+        ylabel="speculative / baseline",
+        title="speed-up" if speedup else "speed-up (no baseline given)",
+    )
     fig.tight_layout()
     tmp = path.with_name(f".{path.name}.tmp.png")
     fig.savefig(tmp, dpi=110)
@@ -296,25 +323,65 @@ def run_bench(cfg: BenchConfig) -> Path:
     cross = crossover(sp)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    rows = [[r.server, r.concurrency, r.requests, r.failed, r.throughput_tok_s, _fmt(r.latency_p50_s),
-             _fmt(r.latency_p90_s), _fmt(r.latency_p99_s), _fmt(r.accept_length), _fmt(r.server_accept_length),
-             _fmt(sp.get(r.concurrency)) if r.server == "speculative" else ""] for r in levels]
-    print_table("serve-bench", ["server", "conc", "reqs", "failed", "tok/s", "p50 s", "p90 s", "p99 s",
-                                "accept len", "server accept", "speed-up"], rows)
+    rows = [
+        [
+            r.server,
+            r.concurrency,
+            r.requests,
+            r.failed,
+            r.throughput_tok_s,
+            _fmt(r.latency_p50_s),
+            _fmt(r.latency_p90_s),
+            _fmt(r.latency_p99_s),
+            _fmt(r.accept_length),
+            _fmt(r.server_accept_length),
+            _fmt(sp.get(r.concurrency)) if r.server == "speculative" else "",
+        ]
+        for r in levels
+    ]
+    print_table(
+        "serve-bench",
+        [
+            "server",
+            "conc",
+            "reqs",
+            "failed",
+            "tok/s",
+            "p50 s",
+            "p90 s",
+            "p99 s",
+            "accept len",
+            "server accept",
+            "speed-up",
+        ],
+        rows,
+    )
     if sp:
-        verdict = (f"speculation stops paying at concurrency {cross}" if cross is not None
-                   else f"speculation pays at every tested concurrency (up to {max(sp)})")
+        verdict = (
+            f"speculation stops paying at concurrency {cross}"
+            if cross is not None
+            else f"speculation pays at every tested concurrency (up to {max(sp)})"
+        )
         log(f"[bold]{verdict}[/]")
     failed = sum(r.failed for r in levels)
     if failed:
         first = next(r.first_error for r in levels if r.first_error)
         warn(f"{failed} request(s) failed; first: {first}")
-    report = {"config": config_dict(cfg), "levels": [asdict(r) for r in levels],
-              "speedup": {str(c): v for c, v in sp.items()}, "stops_paying_at": cross,
-              "prompts": len(prompts)}
+    report = {
+        "config": config_dict(cfg),
+        "levels": [asdict(r) for r in levels],
+        "speedup": {str(c): v for c, v in sp.items()},
+        "stops_paying_at": cross,
+        "prompts": len(prompts),
+    }
     atomic_write_json(out / "bench.json", report)
     plot(levels, sp, out / "bench.png")
-    write_manifest(out, "serve-bench", config=config_dict(cfg), counts={"requests": sum(r.requests for r in levels),
-                   "failed": failed}, stops_paying_at=cross)
+    write_manifest(
+        out,
+        "serve-bench",
+        config=config_dict(cfg),
+        counts={"requests": sum(r.requests for r in levels), "failed": failed},
+        stops_paying_at=cross,
+    )
     log(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
     return out

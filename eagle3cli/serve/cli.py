@@ -34,8 +34,9 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(None, "--dry-run", help="Check everything and print the command; start nothing."),
         health_timeout: float = typer.Option(None, help="Seconds to wait for /health \\[default: 900]."),
         recipe: Path = typer.Option(None, help="YAML recipe (section `serve:`); flags override it."),
-        extra_args: list[str] = typer.Argument(None, metavar="[-- ENGINE_ARGS...]",
-                                               help="After `--`: passed to the engine unchanged."),
+        extra_args: list[str] = typer.Argument(
+            None, metavar="[-- ENGINE_ARGS...]", help="After `--`: passed to the engine unchanged."
+        ),
     ) -> None:
         """Serve the target with the trained head on SGLang (or vLLM), after checking the head fits.
 
@@ -46,10 +47,23 @@ def register(app: typer.Typer) -> None:
         from .config import ServeConfig
         from .run import run_serve
 
-        cfg = build_config(ServeConfig, recipe, "serve", target=target, head=head, engine=engine, host=host,
-                           port=port, steps=steps, topk=topk, draft_tokens=draft_tokens, from_eval=from_eval,
-                           dry_run=dry_run, health_timeout=health_timeout,
-                           extra_args=tuple(extra_args) if extra_args else None)
+        cfg = build_config(
+            ServeConfig,
+            recipe,
+            "serve",
+            target=target,
+            head=head,
+            engine=engine,
+            host=host,
+            port=port,
+            steps=steps,
+            topk=topk,
+            draft_tokens=draft_tokens,
+            from_eval=from_eval,
+            dry_run=dry_run,
+            health_timeout=health_timeout,
+            extra_args=tuple(extra_args) if extra_args else None,
+        )
         raise typer.Exit(run_serve(cfg))
 
     @app.command("serve-bench", epilog=BENCH_EPILOG)
@@ -73,7 +87,19 @@ def register(app: typer.Typer) -> None:
         from .bench import run_bench
         from .config import BenchConfig
 
-        cfg = build_config(BenchConfig, recipe, "serve_bench", spec_url=spec_url, base_url=base_url, api=api,
-                           concurrency=concurrency, requests=requests, max_tokens=max_tokens, ignore_eos=ignore_eos,
-                           prompts=prompts, out=out, timeout=timeout)
+        cfg = build_config(
+            BenchConfig,
+            recipe,
+            "serve_bench",
+            spec_url=spec_url,
+            base_url=base_url,
+            api=api,
+            concurrency=concurrency,
+            requests=requests,
+            max_tokens=max_tokens,
+            ignore_eos=ignore_eos,
+            prompts=prompts,
+            out=out,
+            timeout=timeout,
+        )
         run_bench(cfg)

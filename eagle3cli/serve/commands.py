@@ -50,55 +50,94 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
     if not report.exists() and (eval_dir / "eval" / "report.json").exists():  # runs/NAME given
         report = eval_dir / "eval" / "report.json"
     if not report.exists():
-        raise UsageError(f"{report} does not exist", "an eval folder with report.json (runs/NAME/eval)",
-                         "eagle3 eval --run runs/NAME   (or give --steps --topk --draft-tokens)")
+        raise UsageError(
+            f"{report} does not exist",
+            "an eval folder with report.json (runs/NAME/eval)",
+            "eagle3 eval --run runs/NAME   (or give --steps --topk --draft-tokens)",
+        )
     try:
         rec = json.loads(report.read_text()).get("recommended")
     except (json.JSONDecodeError, AttributeError) as e:
         raise UsageError(f"{report} is not a JSON report ({e})", "the report.json `eagle3 eval` writes") from e
     keys = ("steps", "topk", "num_draft_tokens")
     if not isinstance(rec, dict) or any(not isinstance(rec.get(k), int) for k in keys):
-        raise UsageError(f"{report} has no usable `recommended` block (found {rec!r})",
-                         "recommended: {steps: int, topk: int, num_draft_tokens: int}",
-                         "re-run eagle3 eval, or give --steps --topk --draft-tokens")
+        raise UsageError(
+            f"{report} has no usable `recommended` block (found {rec!r})",
+            "recommended: {steps: int, topk: int, num_draft_tokens: int}",
+            "re-run eagle3 eval, or give --steps --topk --draft-tokens",
+        )
     return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
 
 
-def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None,
-                 from_eval: Path | None) -> SpecNumbers:
+def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None) -> SpecNumbers:
     """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else defaults."""
     if steps is not None and topk is not None and draft_tokens is not None:
         if from_eval is not None:
-            raise UsageError("--from-eval and --steps/--topk/--draft-tokens both given",
-                             "one source for the speculation numbers",
-                             "drop --from-eval to use the flags, or drop the flags to use the report")
+            raise UsageError(
+                "--from-eval and --steps/--topk/--draft-tokens both given",
+                "one source for the speculation numbers",
+                "drop --from-eval to use the flags, or drop the flags to use the report",
+            )
         return SpecNumbers(steps, topk, draft_tokens, source="flags")
     if from_eval is not None:
         return spec_from_eval(from_eval)
     return SGLANG_DEFAULTS
 
 
-def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, host: str, port: int,
-                   extra: list[str] | tuple[str, ...] = (), python: str | None = None) -> list[str]:
+def sglang_command(
+    target: Path | str,
+    head: Path | str,
+    spec: SpecNumbers,
+    host: str,
+    port: int,
+    extra: list[str] | tuple[str, ...] = (),
+    python: str | None = None,
+) -> list[str]:
     return [
-        python or sys.executable, "-m", SGLANG_MODULE,
-        "--model-path", str(target),
-        "--speculative-algorithm", "EAGLE3",
-        "--speculative-draft-model-path", str(head),
-        "--speculative-num-steps", str(spec.steps),
-        "--speculative-eagle-topk", str(spec.topk),
-        "--speculative-num-draft-tokens", str(spec.draft_tokens),
-        "--host", host,
-        "--port", str(port),
+        python or sys.executable,
+        "-m",
+        SGLANG_MODULE,
+        "--model-path",
+        str(target),
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        str(head),
+        "--speculative-num-steps",
+        str(spec.steps),
+        "--speculative-eagle-topk",
+        str(spec.topk),
+        "--speculative-num-draft-tokens",
+        str(spec.draft_tokens),
+        "--host",
+        host,
+        "--port",
+        str(port),
         *extra,
     ]
 
 
-def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, host: str, port: int,
-                 extra: list[str] | tuple[str, ...] = ()) -> list[str]:
+def vllm_command(
+    target: Path | str,
+    head: Path | str,
+    spec: SpecNumbers,
+    host: str,
+    port: int,
+    extra: list[str] | tuple[str, ...] = (),
+) -> list[str]:
     spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
-    return [shutil.which("vllm") or "vllm", "serve", str(target), "--host", host, "--port", str(port),
-            "--speculative-config", json.dumps(spec_cfg), *extra]
+    return [
+        shutil.which("vllm") or "vllm",
+        "serve",
+        str(target),
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--speculative-config",
+        json.dumps(spec_cfg),
+        *extra,
+    ]
 
 
 def build_command(engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=()) -> list[str]:
@@ -114,9 +153,17 @@ def format_command(argv: list[str]) -> str:
     n = 3 if argv[1:2] in (["-m"], ["serve"]) else 1
     lines, i = [shlex.join(argv[:n])], n
     while i < len(argv):
-        take = 2 if (argv[i].startswith("--") and "=" not in argv[i] and i + 1 < len(argv)
-                     and not argv[i + 1].startswith("--")) else 1
-        lines.append(shlex.join(argv[i:i + take]))
+        take = (
+            2
+            if (
+                argv[i].startswith("--")
+                and "=" not in argv[i]
+                and i + 1 < len(argv)
+                and not argv[i + 1].startswith("--")
+            )
+            else 1
+        )
+        lines.append(shlex.join(argv[i : i + take]))
         i += take
     return " \\\n    ".join(lines)
 
@@ -135,8 +182,8 @@ class _StrictParser(argparse.ArgumentParser):
 
 @dataclass(frozen=True)
 class ParserCheck:
-    available: bool         # sglang's parser could be imported here
-    ok: bool                # the argv parsed and ServerArgs holds what we meant
+    available: bool  # sglang's parser could be imported here
+    ok: bool  # the argv parsed and ServerArgs holds what we meant
     message: str
     sglang_version: str | None = None
 
@@ -161,7 +208,7 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
 
     version = metadata.version("sglang")
     try:
-        args = argv[argv.index(SGLANG_MODULE) + 1:]
+        args = argv[argv.index(SGLANG_MODULE) + 1 :]
     except ValueError:
         return ParserCheck(True, False, f"not an SGLang command (no `-m {SGLANG_MODULE}`)", version)
     parser = _StrictParser(prog=SGLANG_MODULE, allow_abbrev=False)
@@ -171,9 +218,15 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
     except _ParseError as e:
         return ParserCheck(True, False, f"sglang {version} rejects the command: {e}", version)
     expect = {"speculative_algorithm": "EAGLE3"}
-    flags = {"--model-path": "model_path", "--speculative-draft-model-path": "speculative_draft_model_path",
-             "--speculative-num-steps": "speculative_num_steps", "--speculative-eagle-topk": "speculative_eagle_topk",
-             "--speculative-num-draft-tokens": "speculative_num_draft_tokens", "--port": "port", "--host": "host"}
+    flags = {
+        "--model-path": "model_path",
+        "--speculative-draft-model-path": "speculative_draft_model_path",
+        "--speculative-num-steps": "speculative_num_steps",
+        "--speculative-eagle-topk": "speculative_eagle_topk",
+        "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
+        "--port": "port",
+        "--host": "host",
+    }
     for flag, attr in flags.items():
         if flag in args:
             expect[attr] = args[len(args) - 1 - args[::-1].index(flag) + 1]  # the last occurrence wins
@@ -184,8 +237,11 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
         note = f" (ServerArgs not built here: {type(e).__name__}: {str(e)[:120]})"
     else:
         note = ""
-    wrong = [f"{k}={getattr(server_args, k, None)!r} (meant {v!r})" for k, v in expect.items()
-             if str(getattr(server_args, k, None)) != str(v)]
+    wrong = [
+        f"{k}={getattr(server_args, k, None)!r} (meant {v!r})"
+        for k, v in expect.items()
+        if str(getattr(server_args, k, None)) != str(v)
+    ]
     if wrong:
         return ParserCheck(True, False, f"sglang {version} parses the command differently: {', '.join(wrong)}", version)
     return ParserCheck(True, True, f"parsed by sglang {version}'s ServerArgs (allow_abbrev=False){note}", version)
@@ -195,13 +251,25 @@ def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
     """A request to paste once the server is up (SGLang's native /generate, and OpenAI chat)."""
     h = "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
     base = f"http://{h}:{port}"
-    chat = json.dumps({"model": str(target), "messages": [{"role": "user", "content": "What is 17 * 23?"}],
-                       "max_tokens": 64, "temperature": 0})
+    chat = json.dumps(
+        {
+            "model": str(target),
+            "messages": [{"role": "user", "content": "What is 17 * 23?"}],
+            "max_tokens": 64,
+            "temperature": 0,
+        }
+    )
     lines = []
     if engine == "sglang":
-        gen = json.dumps({"text": "The capital of France is", "sampling_params": {"max_new_tokens": 32, "temperature": 0}})
-        lines += ["# SGLang native API (meta_info.spec_verify_ct / spec_accept_length show speculation at work):",
-                  f"curl -s {base}/generate -H 'Content-Type: application/json' -d {shlex.quote(gen)}"]
-    lines += ["# OpenAI-compatible chat:",
-              f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}"]
+        gen = json.dumps(
+            {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
+        )
+        lines += [
+            "# SGLang native API (meta_info.spec_verify_ct / spec_accept_length show speculation at work):",
+            f"curl -s {base}/generate -H 'Content-Type: application/json' -d {shlex.quote(gen)}",
+        ]
+    lines += [
+        "# OpenAI-compatible chat:",
+        f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}",
+    ]
     return "\n".join(lines)

@@ -79,8 +79,7 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, stop: threading.Event,
-                 poll_s: float = 0.5) -> str:
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, stop: threading.Event, poll_s: float = 0.5) -> str:
     """'healthy' | 'exited' | 'timeout' | 'stopped'."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -97,9 +96,19 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, stop: threa
     return "timeout"
 
 
-def launch(argv: list[str], host: str, port: int, *, health_path: str = "/health", health_timeout_s: float = 900.0,
-           ready_message: str = "", grace_s: float = 15.0, env: dict | None = None, cwd: Path | None = None,
-           log_prefix: str = "engine") -> int:
+def launch(
+    argv: list[str],
+    host: str,
+    port: int,
+    *,
+    health_path: str = "/health",
+    health_timeout_s: float = 900.0,
+    ready_message: str = "",
+    grace_s: float = 15.0,
+    env: dict | None = None,
+    cwd: Path | None = None,
+    log_prefix: str = "engine",
+) -> int:
     """Start `argv`, stream its log, wait for `health_path`, then run until it exits or we are told to stop.
 
     Returns the exit code to use: the engine's (128+N if a signal ended it), 124 if it never became
@@ -117,14 +126,23 @@ def launch(argv: list[str], host: str, port: int, *, health_path: str = "/health
     if in_main:
         for sig in (signal.SIGINT, signal.SIGTERM):
             old[sig] = signal.signal(sig, on_signal)
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                            start_new_session=True, env=env, cwd=cwd)
+    proc = subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        env=env,
+        cwd=cwd,
+    )
     streamer = threading.Thread(target=_stream, args=(proc.stdout, log_prefix), daemon=True)
     streamer.start()
     url = f"http://{local_host(host)}:{port}"
     try:
-        log(f"[bold]engine[/] started (pid {proc.pid}, own process group); waiting for {url}{health_path} "
-            f"(up to {health_timeout_s:.0f}s)")
+        log(
+            f"[bold]engine[/] started (pid {proc.pid}, own process group); waiting for {url}{health_path} "
+            f"(up to {health_timeout_s:.0f}s)"
+        )
         state = wait_healthy(url + health_path, proc, health_timeout_s, stop)
         if state == "healthy":
             console.print(f"[bold green]ready[/] at {url}")
@@ -133,8 +151,10 @@ def launch(argv: list[str], host: str, port: int, *, health_path: str = "/health
             while proc.poll() is None and not stop.is_set():
                 stop.wait(0.2)
         if state == "timeout":
-            console.print(f"[bold red]error:[/] the engine was not healthy at {url}{health_path} after "
-                          f"{health_timeout_s:.0f}s; stopping it (raise --health-timeout for large models)")
+            console.print(
+                f"[bold red]error:[/] the engine was not healthy at {url}{health_path} after "
+                f"{health_timeout_s:.0f}s; stopping it (raise --health-timeout for large models)"
+            )
         if proc.poll() is None:
             if caught:
                 log(f"{signal.Signals(caught[0]).name}: stopping the engine's process group")
@@ -143,8 +163,10 @@ def launch(argv: list[str], host: str, port: int, *, health_path: str = "/health
             stop_group(proc, 2.0)  # the leader left; take any children it orphaned with it
         rc = proc.wait()
         if state == "exited":
-            console.print(f"[bold red]error:[/] the engine exited with code {exit_code(rc)} before it was healthy "
-                          f"(its log is above)")
+            console.print(
+                f"[bold red]error:[/] the engine exited with code {exit_code(rc)} before it was healthy "
+                f"(its log is above)"
+            )
             return exit_code(rc) or 1
         if state == "timeout":
             return HEALTH_TIMEOUT_EXIT

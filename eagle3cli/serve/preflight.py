@@ -104,9 +104,9 @@ def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
 def _canonical(name: str) -> str:
     """The head-contract name SGLang would map this checkpoint name to."""
     if name.startswith("model."):
-        name = name[len("model."):]
+        name = name[len("model.") :]
     if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0."):]
+        name = "midlayer." + name[len("layers.0.") :]
     return name
 
 
@@ -146,51 +146,82 @@ def _check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: in
     problems: list[Problem] = []
     try:
         trained = _int_list((head_cfg.get("eagle3") or {}).get("aux_layer_ids"))
-        resolved = {"sglang": sglang_hidden_ids(head_cfg, target_layers),
-                    "vllm": vllm_hidden_ids(head_cfg, target_layers)}
+        resolved = {
+            "sglang": sglang_hidden_ids(head_cfg, target_layers),
+            "vllm": vllm_hidden_ids(head_cfg, target_layers),
+        }
     except ValueError as e:
-        return [_err(f"an aux layer id field of the head's config.json is malformed: {e}",
-                     "lists of integers: eagle3.aux_layer_ids, eagle_config.eagle_aux_hidden_state_layer_ids, "
-                     "eagle_aux_hidden_state_layer_ids")]
+        return [
+            _err(
+                f"an aux layer id field of the head's config.json is malformed: {e}",
+                "lists of integers: eagle3.aux_layer_ids, eagle_config.eagle_aux_hidden_state_layer_ids, "
+                "eagle_aux_hidden_state_layer_ids",
+            )
+        ]
     eagle_cfg = head_cfg.get("eagle_config") or {}
     if eagle_cfg.get("use_aux_hidden_state") is False:
-        problems.append(_err(
-            "eagle_config.use_aux_hidden_state is false: SGLang would feed the head only the last hidden state",
-            "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)"))
+        problems.append(
+            _err(
+                "eagle_config.use_aux_hidden_state is false: SGLang would feed the head only the last hidden state",
+                "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)",
+            )
+        )
     if trained is None:
         sg, vl = resolved["sglang"][0], resolved["vllm"][0]
         if sg != vl:
-            problems.append(_warn(
-                f"the head has no eagle3.aux_layer_ids and the engines read different layers: SGLang "
-                f"hidden_states{sg} ({resolved['sglang'][1]}), vLLM hidden_states{vl} ({resolved['vllm'][1]})",
-                "add eagle3.aux_layer_ids (hidden_states indices the head was trained on) and write each "
-                "engine's field in its own convention: eagle_config ids = k-1, top-level ids = k"))
+            problems.append(
+                _warn(
+                    f"the head has no eagle3.aux_layer_ids and the engines read different layers: SGLang "
+                    f"hidden_states{sg} ({resolved['sglang'][1]}), vLLM hidden_states{vl} ({resolved['vllm'][1]})",
+                    "add eagle3.aux_layer_ids (hidden_states indices the head was trained on) and write each "
+                    "engine's field in its own convention: eagle_config ids = k-1, top-level ids = k",
+                )
+            )
         else:
-            problems.append(_warn(
-                f"the head has no eagle3.aux_layer_ids, so its training layers cannot be checked; both engines "
-                f"will feed hidden_states{sg}", "heads exported by `eagle3 train` record them"))
+            problems.append(
+                _warn(
+                    f"the head has no eagle3.aux_layer_ids, so its training layers cannot be checked; both engines "
+                    f"will feed hidden_states{sg}",
+                    "heads exported by `eagle3 train` record them",
+                )
+            )
         trained_ids = resolved[engine][0]
     else:
         trained_ids = [int(k) for k in trained]
         bad = [k for k in trained_ids if not 1 <= k <= target_layers - 1]
         if bad:
-            problems.append(_err(
-                f"eagle3.aux_layer_ids {trained_ids} include {bad}, outside 1..{target_layers - 1} for a "
-                f"{target_layers}-layer target", "serve the head with the target it was trained on"))
+            problems.append(
+                _err(
+                    f"eagle3.aux_layer_ids {trained_ids} include {bad}, outside 1..{target_layers - 1} for a "
+                    f"{target_layers}-layer target",
+                    "serve the head with the target it was trained on",
+                )
+            )
         for eng, (ids, source) in resolved.items():
             if ids == trained_ids:
                 continue
             want = [k - 1 for k in trained_ids] if eng == "sglang" else trained_ids
-            field = "eagle_config.eagle_aux_hidden_state_layer_ids" if eng == "sglang" else \
-                "top-level eagle_aux_hidden_state_layer_ids"
-            msg = (f"{eng} would feed hidden_states{ids} from {source}, but the head was trained on "
-                   f"hidden_states{trained_ids} (eagle3.aux_layer_ids)")
+            field = (
+                "eagle_config.eagle_aux_hidden_state_layer_ids"
+                if eng == "sglang"
+                else "top-level eagle_aux_hidden_state_layer_ids"
+            )
+            msg = (
+                f"{eng} would feed hidden_states{ids} from {source}, but the head was trained on "
+                f"hidden_states{trained_ids} (eagle3.aux_layer_ids)"
+            )
             fix = f"set {field} to {want} in the head's config.json"
-            problems.append(_err(msg, fix) if eng == engine else _warn(msg + f" (only matters for --engine {eng})", fix))
+            problems.append(
+                _err(msg, fix) if eng == engine else _warn(msg + f" (only matters for --engine {eng})", fix)
+            )
     if n_aux_fc is not None and n_aux_fc != len(trained_ids):
-        problems.append(_err(
-            f"fc.weight reads {n_aux_fc} aux features, but the config names {len(trained_ids)} aux layers "
-            f"({trained_ids})", "re-export the head; its config.json and weights come from different runs"))
+        problems.append(
+            _err(
+                f"fc.weight reads {n_aux_fc} aux features, but the config names {len(trained_ids)} aux layers "
+                f"({trained_ids})",
+                "re-export the head; its config.json and weights come from different runs",
+            )
+        )
     return problems
 
 
@@ -199,73 +230,134 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     """Everything about the head folder that the engine would accept silently or fail on late."""
     head_dir, target_dir = Path(head_dir), Path(target_dir)
     head_cfg = read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
-    target_cfg = _text_cfg(read_config(target_dir, "target", "pass --target, the model folder the head was trained for"))
+    target_cfg = _text_cfg(
+        read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
+    )
     weights = head_dir / HEAD_WEIGHTS
     problems: list[Problem] = []
     reexport = "re-export the head: eagle3 train --run runs/NAME --resume"
 
     lacking = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if not isinstance(target_cfg.get(k), int)]
     if lacking:
-        raise UsageError(f"{target_dir}/config.json has no integer {', '.join(lacking)}",
-                         "a transformers decoder config (Llama, Qwen, ...)", "pass the target model folder as --target")
+        raise UsageError(
+            f"{target_dir}/config.json has no integer {', '.join(lacking)}",
+            "a transformers decoder config (Llama, Qwen, ...)",
+            "pass the target model folder as --target",
+        )
     t_vocab, t_hidden = int(target_cfg["vocab_size"]), int(target_cfg["hidden_size"])
     t_layers = int(target_cfg["num_hidden_layers"])
     t_maxpos = int(target_cfg.get("max_position_embeddings") or 0)
 
     # --- config.json
     if HEAD_ARCH not in (head_cfg.get("architectures") or []):
-        problems.append(_err(f"architectures is {head_cfg.get('architectures')}; the engines pick the EAGLE-3 "
-                             f"draft class by name", f'set "architectures": ["{HEAD_ARCH}"]'))
+        problems.append(
+            _err(
+                f"architectures is {head_cfg.get('architectures')}; the engines pick the EAGLE-3 draft class by name",
+                f'set "architectures": ["{HEAD_ARCH}"]',
+            )
+        )
     if head_cfg.get("vocab_size") != t_vocab:
-        problems.append(_err(f"head vocab_size {head_cfg.get('vocab_size')} != target vocab_size {t_vocab}",
-                             "serve the head with the target it was trained for (eagle3.target in its config)"))
+        problems.append(
+            _err(
+                f"head vocab_size {head_cfg.get('vocab_size')} != target vocab_size {t_vocab}",
+                "serve the head with the target it was trained for (eagle3.target in its config)",
+            )
+        )
     h_hidden = head_cfg.get("hidden_size")
     if h_hidden != t_hidden:
-        problems.append(_err(f"head hidden_size {h_hidden} != target hidden_size {t_hidden}",
-                             "serve the head with the target it was trained for"))
+        problems.append(
+            _err(
+                f"head hidden_size {h_hidden} != target hidden_size {t_hidden}",
+                "serve the head with the target it was trained for",
+            )
+        )
     if "target_hidden_size" in head_cfg and head_cfg["target_hidden_size"] != t_hidden:
-        problems.append(_err(f"head target_hidden_size {head_cfg['target_hidden_size']} != target hidden_size "
-                             f"{t_hidden}", "serve the head with the target it was trained for"))
+        problems.append(
+            _err(
+                f"head target_hidden_size {head_cfg['target_hidden_size']} != target hidden_size {t_hidden}",
+                "serve the head with the target it was trained for",
+            )
+        )
     draft_vocab = head_cfg.get("draft_vocab_size", "<missing>")
     if draft_vocab == "<missing>":
-        problems.append(_err("draft_vocab_size is missing from the head's config.json (SGLang fails to build the "
-                             "draft lm_head)", f'add "draft_vocab_size": <rows of lm_head.weight>, or {reexport}'))
+        problems.append(
+            _err(
+                "draft_vocab_size is missing from the head's config.json (SGLang fails to build the draft lm_head)",
+                f'add "draft_vocab_size": <rows of lm_head.weight>, or {reexport}',
+            )
+        )
         draft_vocab = None
     elif draft_vocab is None:
-        problems.append(_err("draft_vocab_size is null: SGLang then loads the TARGET's lm_head into the draft and "
-                             "ignores the trained one", 'set "draft_vocab_size" to the rows of lm_head.weight'))
+        problems.append(
+            _err(
+                "draft_vocab_size is null: SGLang then loads the TARGET's lm_head into the draft and "
+                "ignores the trained one",
+                'set "draft_vocab_size" to the rows of lm_head.weight',
+            )
+        )
     elif not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= t_vocab:
-        problems.append(_err(f"draft_vocab_size {draft_vocab!r} is not an integer in 1..{t_vocab} (target vocab)",
-                             reexport))
+        problems.append(
+            _err(f"draft_vocab_size {draft_vocab!r} is not an integer in 1..{t_vocab} (target vocab)", reexport)
+        )
         draft_vocab = None
     if "tie_word_embeddings" not in head_cfg:
-        problems.append(_warn("tie_word_embeddings is not written: the engines then take the config class's "
-                              "default (false for Llama today)", '"tie_word_embeddings": false, explicitly'))
+        problems.append(
+            _warn(
+                "tie_word_embeddings is not written: the engines then take the config class's "
+                "default (false for Llama today)",
+                '"tie_word_embeddings": false, explicitly',
+            )
+        )
     elif head_cfg["tie_word_embeddings"] is not False:
-        problems.append(_err(f"tie_word_embeddings is {json.dumps(head_cfg['tie_word_embeddings'])}: the engines "
-                             f"replace the trained lm_head with the (target's) embeddings",
-                             '"tie_word_embeddings": false in the head\'s config.json'))
+        problems.append(
+            _err(
+                f"tie_word_embeddings is {json.dumps(head_cfg['tie_word_embeddings'])}: the engines "
+                f"replace the trained lm_head with the (target's) embeddings",
+                '"tie_word_embeddings": false in the head\'s config.json',
+            )
+        )
     if head_cfg.get("norm_output"):
-        problems.append(_err("norm_output is true: SGLang would feed the draft its own NORMED hidden state at "
-                             "later steps, but the head was trained on the pre-norm one",
-                             '"norm_output": false in the head\'s config.json'))
+        problems.append(
+            _err(
+                "norm_output is true: SGLang would feed the draft its own NORMED hidden state at "
+                "later steps, but the head was trained on the pre-norm one",
+                '"norm_output": false in the head\'s config.json',
+            )
+        )
     h_maxpos = int(head_cfg.get("max_position_embeddings") or 0)
     if h_maxpos < t_maxpos:
-        problems.append(_err(f"head max_position_embeddings {h_maxpos} < target's {t_maxpos}: the draft's rotary "
-                             f"tables and context limit come from it",
-                             f'"max_position_embeddings": {t_maxpos} (or more) in the head\'s config.json'))
+        problems.append(
+            _err(
+                f"head max_position_embeddings {h_maxpos} < target's {t_maxpos}: the draft's rotary "
+                f"tables and context limit come from it",
+                f'"max_position_embeddings": {t_maxpos} (or more) in the head\'s config.json',
+            )
+        )
     if head_cfg.get("num_hidden_layers") != 1:
-        problems.append(_err(f"num_hidden_layers is {head_cfg.get('num_hidden_layers')}; an eagle3 head has one "
-                             f"decoder layer (midlayer)", '"num_hidden_layers": 1'))
+        problems.append(
+            _err(
+                f"num_hidden_layers is {head_cfg.get('num_hidden_layers')}; an eagle3 head has one "
+                f"decoder layer (midlayer)",
+                '"num_hidden_layers": 1',
+            )
+        )
     target_id = (head_cfg.get("eagle3") or {}).get("target") or {}
     if target_id.get("num_hidden_layers") not in (None, t_layers):
-        problems.append(_err(f"the head was trained on a {target_id['num_hidden_layers']}-layer target "
-                             f"({target_id.get('path')}); --target has {t_layers} layers",
-                             f"--target {target_id.get('path') or '<the training target>'}"))
+        problems.append(
+            _err(
+                f"the head was trained on a {target_id['num_hidden_layers']}-layer target "
+                f"({target_id.get('path')}); --target has {t_layers} layers",
+                f"--target {target_id.get('path') or '<the training target>'}",
+            )
+        )
     if target_id.get("fingerprint") and target_id["fingerprint"] != model_fingerprint(target_dir):
-        problems.append(_warn(f"--target {target_dir} is not byte-identical to the training target "
-                              f"({target_id.get('path')}, fingerprint {target_id['fingerprint']})",
-                              "fine for a re-saved or re-quantised copy; otherwise pass the training target"))
+        problems.append(
+            _warn(
+                f"--target {target_dir} is not byte-identical to the training target "
+                f"({target_id.get('path')}, fingerprint {target_id['fingerprint']})",
+                "fine for a re-saved or re-quantised copy; otherwise pass the training target",
+            )
+        )
 
     # --- model.safetensors (header only)
     if not weights.exists():
@@ -282,14 +374,19 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     known = set(HEAD_TENSOR_NAMES) | set(_OPTIONAL_NAMES)
     unknown = sorted(n for n in index if _canonical(n) not in known)
     if unknown:
-        problems.append(_err(f"model.safetensors has tensor(s) SGLang cannot map and skips silently: "
-                             f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}",
-                             f"rename them to the head names ({', '.join(HEAD_TENSOR_NAMES[:3])}, ...) or {reexport}"))
+        problems.append(
+            _err(
+                f"model.safetensors has tensor(s) SGLang cannot map and skips silently: "
+                f"{', '.join(unknown[:8])}{' ...' if len(unknown) > 8 else ''}",
+                f"rename them to the head names ({', '.join(HEAD_TENSOR_NAMES[:3])}, ...) or {reexport}",
+            )
+        )
     required = [n for n in HEAD_TENSOR_NAMES if n not in ("d2t", "t2d")]
     missing = [n for n in required if n not in canon]
     if missing:
-        problems.append(_err(f"model.safetensors lacks {', '.join(missing)}: the engine would run those weights "
-                             f"random", reexport))
+        problems.append(
+            _err(f"model.safetensors lacks {', '.join(missing)}: the engine would run those weights random", reexport)
+        )
 
     def shape(n: str) -> tuple[int, ...] | None:
         return canon[n][1].shape if n in canon else None
@@ -303,15 +400,25 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
             n_aux_fc = fc[1] // t_hidden
     q = shape("midlayer.self_attn.q_proj.weight")
     if q is not None and isinstance(h_hidden, int) and (len(q) != 2 or q[1] != 2 * h_hidden):
-        problems.append(_err(f"midlayer.self_attn.q_proj.weight has shape {q}; an EAGLE-3 midlayer reads "
-                             f"[embed; hidden] = {2 * h_hidden} features", reexport))
+        problems.append(
+            _err(
+                f"midlayer.self_attn.q_proj.weight has shape {q}; an EAGLE-3 midlayer reads "
+                f"[embed; hidden] = {2 * h_hidden} features",
+                reexport,
+            )
+        )
     norm = shape("norm.weight")
     if norm is not None and norm != (h_hidden,):
         problems.append(_err(f"norm.weight has shape {norm}, expected ({h_hidden},)", reexport))
     lm = shape("lm_head.weight")
     if lm is not None and draft_vocab is not None and lm != (draft_vocab, h_hidden):
-        problems.append(_err(f"lm_head.weight has shape {lm}, but config says draft_vocab_size={draft_vocab}, "
-                             f"hidden_size={h_hidden}", f'set "draft_vocab_size": {lm[0]} or {reexport}'))
+        problems.append(
+            _err(
+                f"lm_head.weight has shape {lm}, but config says draft_vocab_size={draft_vocab}, "
+                f"hidden_size={h_hidden}",
+                f'set "draft_vocab_size": {lm[0]} or {reexport}',
+            )
+        )
     problems += _check_vocab_map(weights, canon, draft_vocab, t_vocab, reexport)
     problems += _check_aux_ids(head_cfg, t_layers, engine, n_aux_fc)
     return problems
@@ -324,14 +431,19 @@ def _check_vocab_map(weights: Path, canon: dict, draft_vocab: int | None, t_voca
         return problems
     if "d2t" not in canon:
         if draft_vocab < t_vocab:
-            problems.append(_err(f"model.safetensors has no d2t although draft_vocab_size {draft_vocab} < vocab "
-                                 f"{t_vocab}: the engine maps draft id i to target id i and acceptance collapses",
-                                 f"{reexport} (the exporter writes d2t = target_id - draft_id)"))
+            problems.append(
+                _err(
+                    f"model.safetensors has no d2t although draft_vocab_size {draft_vocab} < vocab "
+                    f"{t_vocab}: the engine maps draft id i to target id i and acceptance collapses",
+                    f"{reexport} (the exporter writes d2t = target_id - draft_id)",
+                )
+            )
         return problems
     name, info = canon["d2t"]
     if info.shape != (draft_vocab,) or info.dtype != "I64":
-        problems.append(_err(f"d2t has shape {info.shape} dtype {info.dtype}, expected ({draft_vocab},) int64",
-                             reexport))
+        problems.append(
+            _err(f"d2t has shape {info.shape} dtype {info.dtype}, expected ({draft_vocab},) int64", reexport)
+        )
         return problems
     import torch
     from safetensors import safe_open
@@ -341,17 +453,28 @@ def _check_vocab_map(weights: Path, canon: dict, draft_vocab: int | None, t_voca
         t2d = f.get_tensor(canon["t2d"][0]) if "t2d" in canon else None
     target_ids = torch.arange(draft_vocab) + d2t
     if int(target_ids.min()) < 0 or int(target_ids.max()) >= t_vocab:
-        problems.append(_err(f"d2t maps draft ids to target ids {int(target_ids.min())}..{int(target_ids.max())}, "
-                             f"outside the target vocab 0..{t_vocab - 1}", reexport))
+        problems.append(
+            _err(
+                f"d2t maps draft ids to target ids {int(target_ids.min())}..{int(target_ids.max())}, "
+                f"outside the target vocab 0..{t_vocab - 1}",
+                reexport,
+            )
+        )
     elif len(torch.unique(target_ids)) != draft_vocab:
         problems.append(_err("d2t maps several draft ids to the same target id", reexport))
     elif draft_vocab < t_vocab and not bool(d2t.any()):
-        problems.append(_warn("d2t is all zeros: the draft vocab is exactly target ids 0..N-1, which is what a "
-                              "missing d2t looks like", "check the draft-vocab step of `eagle3 cache`"))
+        problems.append(
+            _warn(
+                "d2t is all zeros: the draft vocab is exactly target ids 0..N-1, which is what a "
+                "missing d2t looks like",
+                "check the draft-vocab step of `eagle3 cache`",
+            )
+        )
     if t2d is not None and not problems:
         if tuple(t2d.shape) != (t_vocab,) or t2d.dtype != torch.bool:
-            problems.append(_err(f"t2d has shape {tuple(t2d.shape)} dtype {t2d.dtype}, expected ({t_vocab},) bool",
-                                 reexport))
+            problems.append(
+                _err(f"t2d has shape {tuple(t2d.shape)} dtype {t2d.dtype}, expected ({t_vocab},) bool", reexport)
+            )
         elif int(t2d.sum()) != draft_vocab or not bool(t2d[target_ids].all()):
             problems.append(_err("t2d disagrees with d2t (they name different target ids)", reexport))
     return problems
@@ -364,9 +487,13 @@ def check_spec_flags(steps: int | None, topk: int | None, draft_tokens: int | No
     named = [k for k, v in given.items() if v is not None]
     if named and len(named) != 3:
         missing = [k for k, v in given.items() if v is None]
-        return [_err(f"{', '.join(named)} given without {', '.join(missing)}: SGLang fills the rest from its own "
-                     f"per-model defaults, which may not fit yours",
-                     "give all three (--steps S --topk K --draft-tokens N), none, or --from-eval runs/NAME/eval")]
+        return [
+            _err(
+                f"{', '.join(named)} given without {', '.join(missing)}: SGLang fills the rest from its own "
+                f"per-model defaults, which may not fit yours",
+                "give all three (--steps S --topk K --draft-tokens N), none, or --from-eval runs/NAME/eval",
+            )
+        ]
     return []
 
 
@@ -379,16 +506,28 @@ def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "
     if problems:
         return problems
     if draft_tokens > steps * topk + 1:
-        problems.append(_err(f"--draft-tokens {draft_tokens} > steps*topk+1 = {steps * topk + 1}: the tree has "
-                             f"only that many nodes (root included)",
-                             f"--draft-tokens {steps * topk + 1} or more --steps/--topk"))
+        problems.append(
+            _err(
+                f"--draft-tokens {draft_tokens} > steps*topk+1 = {steps * topk + 1}: the tree has "
+                f"only that many nodes (root included)",
+                f"--draft-tokens {steps * topk + 1} or more --steps/--topk",
+            )
+        )
     if topk == 1 and draft_tokens != steps + 1:
-        problems.append(_err(f"--topk 1 (a chain) with --draft-tokens {draft_tokens}: a chain of {steps} steps "
-                             f"verifies exactly steps+1 = {steps + 1} tokens",
-                             f"--draft-tokens {steps + 1}"))
+        problems.append(
+            _err(
+                f"--topk 1 (a chain) with --draft-tokens {draft_tokens}: a chain of {steps} steps "
+                f"verifies exactly steps+1 = {steps + 1} tokens",
+                f"--draft-tokens {steps + 1}",
+            )
+        )
     if engine == "vllm" and topk != 1:
-        problems.append(_err(f"--topk {topk}: vLLM's eagle3 proposer drafts a chain "
-                             f"(num_speculative_tokens = steps)", f"--topk 1 --draft-tokens {steps + 1}"))
+        problems.append(
+            _err(
+                f"--topk {topk}: vLLM's eagle3 proposer drafts a chain (num_speculative_tokens = steps)",
+                f"--topk 1 --draft-tokens {steps + 1}",
+            )
+        )
     return problems
 
 
@@ -404,8 +543,12 @@ def check_gpu(engine: str) -> list[Problem]:
     import torch
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
-        return [_err(f"no CUDA device: {engine} serves on GPUs only (torch {torch.__version__} sees none)",
-                     "run on a GPU node, or add --dry-run to print and validate the command here")]
+        return [
+            _err(
+                f"no CUDA device: {engine} serves on GPUs only (torch {torch.__version__} sees none)",
+                "run on a GPU node, or add --dry-run to print and validate the command here",
+            )
+        ]
     return []
 
 

@@ -36,13 +36,18 @@ def run_serve(cfg: ServeConfig) -> int:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
     pf.raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
     argv = build_command(cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args))
-    log(f"speculation: steps={spec.steps} topk={spec.topk} draft_tokens={spec.draft_tokens} "
-        f"(from {escape(spec.source)})")
+    log(
+        f"speculation: steps={spec.steps} topk={spec.topk} draft_tokens={spec.draft_tokens} "
+        f"(from {escape(spec.source)})"
+    )
     if cfg.engine == "sglang":
         check = validate_sglang_argv(argv)
         if check.available and not check.ok:
-            raise UsageError(check.message, "flags this SGLang version accepts (no abbreviations)",
-                             "fix the flags after `--`; see python -m sglang.launch_server --help")
+            raise UsageError(
+                check.message,
+                "flags this SGLang version accepts (no abbreviations)",
+                "fix the flags after `--`; see python -m sglang.launch_server --help",
+            )
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
     else:
         warn("vLLM's parser is not checked here (only SGLang's is importable without a GPU)")
@@ -50,5 +55,11 @@ def run_serve(cfg: ServeConfig) -> int:
         log("preflight passed; --dry-run: the command is printed, nothing is started")
         out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
         return 0
-    return launch(argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout,
-                  ready_message=ready_request(cfg.engine, cfg.host, cfg.port, cfg.target), log_prefix=cfg.engine)
+    return launch(
+        argv,
+        cfg.host,
+        cfg.port,
+        health_timeout_s=cfg.health_timeout,
+        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, cfg.target),
+        log_prefix=cfg.engine,
+    )

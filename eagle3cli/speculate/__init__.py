@@ -18,7 +18,19 @@ from .tree import (
 )
 
 __all__ = [
-    "DraftTree", "children_of", "expand_frontier", "logits_to_probs", "node_depths", "residual", "sample",
-    "sample_from", "select_nodes", "tree_attention_mask", "tree_position_ids", "verify_chain_greedy",
-    "verify_chain_sampling", "verify_tree_greedy", "verify_tree_sampling",
+    "DraftTree",
+    "children_of",
+    "expand_frontier",
+    "logits_to_probs",
+    "node_depths",
+    "residual",
+    "sample",
+    "sample_from",
+    "select_nodes",
+    "tree_attention_mask",
+    "tree_position_ids",
+    "verify_chain_greedy",
+    "verify_chain_sampling",
+    "verify_tree_greedy",
+    "verify_tree_sampling",
 ]

@@ -22,8 +22,12 @@ def verify_chain_greedy(draft_tokens: torch.Tensor, target_logits: torch.Tensor)
     return accept_len, target_argmax[: accept_len + 1].clone()
 
 
-def verify_chain_sampling(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
-                          generator: torch.Generator | None = None) -> tuple[int, torch.Tensor]:
+def verify_chain_sampling(
+    draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor,
+    target_probs: torch.Tensor,
+    generator: torch.Generator | None = None,
+) -> tuple[int, torch.Tensor]:
     """Lossless speculative sampling (Leviathan et al. / Chen et al.).
 
     draft_tokens [D] were drawn from draft_probs [D, V] (in target-vocab space); target_probs

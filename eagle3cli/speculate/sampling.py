@@ -32,8 +32,9 @@ def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
-def sample(logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0,
-           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(
+    logits: torch.Tensor, temperature: float = 1.0, top_p: float = 1.0, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(tokens [...], probs [..., V]) for logits [..., V]; greedy (argmax) at temperature 0."""
     probs = logits_to_probs(logits, temperature, top_p)
     if temperature <= 0:

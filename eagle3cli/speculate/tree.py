@@ -19,10 +19,10 @@ from .sampling import residual, sample_from
 
 @dataclass(frozen=True)
 class DraftTree:
-    tokens: torch.Tensor   # [N] token ids (whatever vocab the caller uses)
+    tokens: torch.Tensor  # [N] token ids (whatever vocab the caller uses)
     parents: torch.Tensor  # [N] parent node index, -1 = the root
-    depths: torch.Tensor   # [N] 1 for the root's children
-    scores: torch.Tensor   # [N] cumulative draft log-probability of the path to the node
+    depths: torch.Tensor  # [N] 1 for the root's children
+    scores: torch.Tensor  # [N] cumulative draft log-probability of the path to the node
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
@@ -105,8 +105,9 @@ def children_of(parents: torch.Tensor) -> dict[int, list[int]]:
     return out
 
 
-def verify_tree_greedy(tokens: torch.Tensor, parents: torch.Tensor,
-                       target_logits: torch.Tensor) -> tuple[list[int], torch.Tensor]:
+def verify_tree_greedy(
+    tokens: torch.Tensor, parents: torch.Tensor, target_logits: torch.Tensor
+) -> tuple[list[int], torch.Tensor]:
     """(accepted node indices root->leaf, emitted tokens [len + 1]): descend while a child equals
     the target's argmax at its parent; the last argmax is the bonus token."""
     argmax = target_logits.argmax(-1).tolist()
@@ -125,8 +126,9 @@ def verify_tree_greedy(tokens: torch.Tensor, parents: torch.Tensor,
     return path, torch.tensor(emitted, dtype=torch.long)
 
 
-def verify_tree_sampling(tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor,
-                         generator: torch.Generator | None = None) -> tuple[list[int], torch.Tensor]:
+def verify_tree_sampling(
+    tokens: torch.Tensor, parents: torch.Tensor, target_probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[list[int], torch.Tensor]:
     """Lossless multi-candidate rejection sampling over a tree whose candidates were chosen
     deterministically (top-k), so each candidate is a point-mass proposal q = onehot(x).
 

@@ -23,8 +23,11 @@ CKPT_DIR = "checkpoints"
 
 
 def rng_state() -> dict:
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -87,6 +90,9 @@ def truncate_metrics(metrics_path: Path, step: int) -> None:
     """Drop metric lines written after checkpoint `step` (a killed run logged them; they are redone)."""
     if not metrics_path.exists():
         return
-    keep = [line for line in metrics_path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step]
+    keep = [
+        line
+        for line in metrics_path.read_text().splitlines()
+        if line.strip() and json.loads(line).get("step", 0) <= step
+    ]
     atomic_write_bytes(metrics_path, ("\n".join(keep) + "\n" if keep else "").encode())

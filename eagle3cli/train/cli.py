@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         run: Path = typer.Option(None, help="Run folder: reads RUN/cache, writes RUN/train and RUN/head."),
         recipe: Path = typer.Option(None, help="YAML recipe (flat or with a `train:` section); flags override it."),
         cache: Path = typer.Option(None, help="Cache folder (default RUN/cache)."),
-        online: bool = typer.Option(None, "--online/--offline", help="Run the target in-process on RUN/data instead of a cache."),
+        online: bool = typer.Option(
+            None, "--online/--offline", help="Run the target in-process on RUN/data instead of a cache."
+        ),
         data: Path = typer.Option(None, help="gen-data folder for --online (default RUN/data)."),
         target: Path = typer.Option(None, help="Target model folder (default: the one recorded in the cache)."),
         ttt_steps: int = typer.Option(None, help="TTT unroll depth K (default 7; 1 = no TTT)."),
@@ -44,14 +46,19 @@ def register(app: typer.Typer) -> None:
         log_every: int = typer.Option(None, help="Steps per metrics line (default 10)."),
         save_every: int = typer.Option(None, help="Steps per checkpoint, a multiple of --log-every (default 100)."),
         keep_checkpoints: int = typer.Option(None, help="Checkpoints kept besides the best (default 2)."),
-        resume: bool = typer.Option(None, "--resume/--no-resume", help="Resume from RUN/train/checkpoints/last (default on)."),
+        resume: bool = typer.Option(
+            None, "--resume/--no-resume", help="Resume from RUN/train/checkpoints/last (default on)."
+        ),
         device: str = typer.Option(None, help="cpu, cuda, cuda:N (default: cuda if available)."),
         dtype: str = typer.Option(None, help="fp32 | bf16 (default: bf16 on GPU, fp32 on CPU)."),
         deepspeed: str = typer.Option(None, help="zero1 | zero2 | zero3 | CONFIG.json: launch with DeepSpeed."),
         nproc: int = typer.Option(None, help="Processes per node with --deepspeed."),
         hostfile: Path = typer.Option(None, help="DeepSpeed hostfile for multi-node runs."),
-        tensorboard: bool = typer.Option(None, "--tensorboard/--no-tensorboard",
-                                         help="Also write TensorBoard scalars to RUN/train/tb (needs tensorboard)."),
+        tensorboard: bool = typer.Option(
+            None,
+            "--tensorboard/--no-tensorboard",
+            help="Also write TensorBoard scalars to RUN/train/tb (needs tensorboard).",
+        ),
     ) -> None:
         """Train the EAGLE-3 draft head with training-time test; export it to RUN/head.
 
@@ -67,7 +74,9 @@ def register(app: typer.Typer) -> None:
         head = run_train(cfg)
         log(f"[bold green]done:[/] head in {head}")
 
-    @app.command(epilog="Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators")
+    @app.command(
+        epilog="Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators"
+    )
     def export(
         head: Path = typer.Option(..., help="An exported head folder (RUN/head)."),
         format: str = typer.Option("sglang", "--format", help="sglang | vllm | speculators."),

@@ -79,8 +79,18 @@ class TrainConfig:
             e.append("--run is required (the run folder, e.g. runs/demo)")
         if not 1 <= self.ttt_steps <= 32:
             e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
-        for name in ("lr", "token_budget", "max_batch_size", "grad_accum", "log_every", "save_every", "epochs",
-                     "max_length", "nproc", "draft_vocab_size"):
+        for name in (
+            "lr",
+            "token_budget",
+            "max_batch_size",
+            "grad_accum",
+            "log_every",
+            "save_every",
+            "epochs",
+            "max_length",
+            "nproc",
+            "draft_vocab_size",
+        ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 e.append(f"--{name.replace('_', '-')} {v!r}: expected a positive number")

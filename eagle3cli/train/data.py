@@ -16,8 +16,9 @@ import torch
 from ..errors import UsageError
 
 
-def plan_epoch(lengths: list[int], token_budget: int, seed: int, epoch: int, max_batch_size: int = 256,
-               bucket_factor: int = 50) -> list[list[int]]:
+def plan_epoch(
+    lengths: list[int], token_budget: int, seed: int, epoch: int, max_batch_size: int = 256, bucket_factor: int = 50
+) -> list[list[int]]:
     """Batches of sample indices with (batch size x longest length) <= token_budget.
 
     Samples are shuffled, then sorted by length within chunks of `bucket_factor` batches' worth of
@@ -83,8 +84,11 @@ class CacheSource:
         self.target = self.reader.target
         self.teacher = self.reader.teacher
         if not self.lengths:
-            raise UsageError(f"cache {cache_dir} holds no samples", "a cache with at least one sample",
-                             "eagle3 cache --run runs/NAME")
+            raise UsageError(
+                f"cache {cache_dir} holds no samples",
+                "a cache with at least one sample",
+                "eagle3 cache --run runs/NAME",
+            )
 
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         return collate([self.reader[i] for i in indices], max_length)
@@ -108,8 +112,15 @@ class OnlineSource:
 
     online = True
 
-    def __init__(self, data_dir: Path, target_model, tokenizer, aux_layer_ids: tuple[int, ...],
-                 draft_vocab_size: int, max_length: int):
+    def __init__(
+        self,
+        data_dir: Path,
+        target_model,
+        tokenizer,
+        aux_layer_ids: tuple[int, ...],
+        draft_vocab_size: int,
+        max_length: int,
+    ):
         from ..cache.masks import mask_conversation
         from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 
@@ -120,14 +131,19 @@ class OnlineSource:
             if any(ms.loss_mask):
                 self.samples.append((ms.input_ids, ms.loss_mask))
         if not self.samples:
-            raise UsageError(f"{data_dir} has no conversation with an assistant turn", "gen-data output",
-                             "eagle3 gen-data ... --run runs/NAME")
+            raise UsageError(
+                f"{data_dir} has no conversation with an assistant turn",
+                "gen-data output",
+                "eagle3 gen-data ... --run runs/NAME",
+            )
         vocab = target_model.config.vocab_size
         if draft_vocab_size > vocab:
-            raise UsageError(f"--draft-vocab-size {draft_vocab_size} is larger than the target's vocab ({vocab})",
-                             f"at most {vocab}")
-        self.d2t, self.t2d = build_mapping(select_draft_tokens(token_counts(self.samples, vocab), draft_vocab_size),
-                                           vocab)
+            raise UsageError(
+                f"--draft-vocab-size {draft_vocab_size} is larger than the target's vocab ({vocab})", f"at most {vocab}"
+            )
+        self.d2t, self.t2d = build_mapping(
+            select_draft_tokens(token_counts(self.samples, vocab), draft_vocab_size), vocab
+        )
         self.lengths = [len(ids) for ids, _ in self.samples]
         self.teacher = "last_hidden"
         self.target = None
@@ -136,8 +152,10 @@ class OnlineSource:
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         from ..model.target import capture_features
 
-        rows = [{"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}
-                for i in indices]
+        rows = [
+            {"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}
+            for i in indices
+        ]
         b = collate(rows, max_length)
         device = next(self.model.parameters()).device
         att = (torch.arange(b["input_ids"].shape[1])[None] < b["lengths"][:, None]).long()

@@ -29,8 +29,11 @@ from .config import DEEPSPEED_PRESETS, TrainConfig
 
 # Sections whose values eagle3 sets from its own flags; "auto" in a user config means "take the flag".
 _OURS = {"gradient_accumulation_steps", "gradient_clipping", "train_micro_batch_size_per_gpu", "train_batch_size"}
-_REFUSED = {"optimizer": "--lr/--weight-decay (eagle3 uses AdamW)", "scheduler": "--warmup-ratio/--min-lr-ratio "
-            "(eagle3 uses warmup + cosine)", "fp16": "bf16 (fp16 loss scaling is not supported)"}
+_REFUSED = {
+    "optimizer": "--lr/--weight-decay (eagle3 uses AdamW)",
+    "scheduler": "--warmup-ratio/--min-lr-ratio (eagle3 uses warmup + cosine)",
+    "fp16": "bf16 (fp16 loss scaling is not supported)",
+}
 
 
 def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
@@ -43,23 +46,32 @@ def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
     else:
         path = Path(str(spec))
         if not path.is_file():
-            raise UsageError(f"--deepspeed {spec!r} is neither a preset nor a file",
-                             f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
-                             "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2")
+            raise UsageError(
+                f"--deepspeed {spec!r} is neither a preset nor a file",
+                f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
+                "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
+            )
         try:
             user = json.loads(path.read_text())
         except json.JSONDecodeError as e:
             raise UsageError(f"DeepSpeed config {path} is not valid JSON: {e}", "a JSON object") from e
         if not isinstance(user, dict):
             raise UsageError(f"DeepSpeed config {path} must be a JSON object, got {type(user).__name__}")
-    problems = [f"'{k}' is set by {why}" for k, why in _REFUSED.items() if k in user and (k != "fp16" or
-                (user[k] or {}).get("enabled"))]
+    problems = [
+        f"'{k}' is set by {why}"
+        for k, why in _REFUSED.items()
+        if k in user and (k != "fp16" or (user[k] or {}).get("enabled"))
+    ]
     for k in _OURS & set(user):
         if user[k] != "auto":
-            problems.append(f"'{k}' is set from eagle3's flags (--grad-accum/--grad-clip/--token-budget): "
-                            f"use \"auto\" or drop it")
+            problems.append(
+                f"'{k}' is set from eagle3's flags (--grad-accum/--grad-clip/--token-budget): use \"auto\" or drop it"
+            )
     if not isinstance(user.get("bf16", {}), dict) or user.get("bf16", {}).get("enabled", "auto") not in (
-            True, False, "auto"):
+        True,
+        False,
+        "auto",
+    ):
         problems.append("'bf16' must be an object with enabled: true | false | \"auto\"")
     zero = user.get("zero_optimization", {})
     try:
@@ -71,9 +83,11 @@ def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
     except Exception as e:  # pydantic validation error: unknown keys, bad values
         problems.append(f"zero_optimization: {str(e).splitlines()[0]} ({'; '.join(str(e).splitlines()[1:3])})")
     if problems:
-        raise UsageError(f"invalid DeepSpeed config ({spec}):\n  " + "\n  ".join(problems),
-                         "a DeepSpeed config without optimizer/scheduler sections; batch sizes 'auto'",
-                         "start from a preset: --deepspeed zero2")
+        raise UsageError(
+            f"invalid DeepSpeed config ({spec}):\n  " + "\n  ".join(problems),
+            "a DeepSpeed config without optimizer/scheduler sections; batch sizes 'auto'",
+            "start from a preset: --deepspeed zero2",
+        )
     resolved = {k: v for k, v in user.items() if k not in _OURS}
     resolved.update(
         train_micro_batch_size_per_gpu=1,  # batches are token-budgeted; DeepSpeed's count is nominal
@@ -103,13 +117,18 @@ def launch(cfg: TrainConfig) -> Path:
     train_dir = run_dir / "train"
     cache_dir = cfg.cache or run_dir / "cache"
     if not cfg.online and not (Path(cache_dir) / "manifest.json").exists():
-        raise UsageError(f"no finished cache at {cache_dir}", "the output folder of `eagle3 cache`",
-                         f"eagle3 cache --run {run_dir}")
+        raise UsageError(
+            f"no finished cache at {cache_dir}", "the output folder of `eagle3 cache`", f"eagle3 cache --run {run_dir}"
+        )
     if cfg.hostfile is not None and not Path(cfg.hostfile).is_file():
         raise UsageError(f"--hostfile {cfg.hostfile} does not exist", "an MPI-style hostfile (host slots=N)")
     device = pick_device(cfg.device)
-    ds = deepspeed_config(cfg, bf16=pick_dtype(device, cfg.dtype).is_floating_point and device.type == "cuda"
-                          and cfg.dtype not in ("fp32", "float32"))
+    ds = deepspeed_config(
+        cfg,
+        bf16=pick_dtype(device, cfg.dtype).is_floating_point
+        and device.type == "cuda"
+        and cfg.dtype not in ("fp32", "float32"),
+    )
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise UsageError("the `deepspeed` launcher is not on PATH", "pip install deepspeed", "eagle3 doctor")
@@ -128,8 +147,11 @@ def launch(cfg: TrainConfig) -> Path:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
-        raise UsageError(f"the DeepSpeed run failed (exit {rc}); its ranks' messages are above",
-                         None, f"fix the cause and re-run the same command (it resumes from {train_dir}/checkpoints)")
+        raise UsageError(
+            f"the DeepSpeed run failed (exit {rc}); its ranks' messages are above",
+            None,
+            f"fix the cause and re-run the same command (it resumes from {train_dir}/checkpoints)",
+        )
     return run_dir / "head"
 
 
@@ -140,7 +162,10 @@ def deepspeed_engine(draft, optimizer, scheduler, cfg: TrainConfig, train_dir: P
     ds = read_json(Path(cfg.deepspeed)) if Path(str(cfg.deepspeed)).is_file() else deepspeed_config(cfg, bf16)
     deepspeed.init_distributed(dist_backend=None)
     engine, opt, _, sched = deepspeed.initialize(
-        model=draft, optimizer=optimizer, lr_scheduler=scheduler, config=ds,
+        model=draft,
+        optimizer=optimizer,
+        lr_scheduler=scheduler,
+        config=ds,
         model_parameters=[p for p in draft.parameters() if p.requires_grad],
     )
     return engine, opt, sched

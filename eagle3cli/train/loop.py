@@ -70,8 +70,10 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
             with safe_open(str(f), framework="pt") as h:
                 out[key] = h.get_tensor(name).float()
         except Exception as e:  # missing file or tensor: not a Llama-style checkpoint
-            raise UsageError(f"cannot read {name} from {f} ({type(e).__name__}: {e})",
-                             "a Llama-style safetensors checkpoint (model.embed_tokens, lm_head, model.norm)") from e
+            raise UsageError(
+                f"cannot read {name} from {f} ({type(e).__name__}: {e})",
+                "a Llama-style safetensors checkpoint (model.embed_tokens, lm_head, model.norm)",
+            ) from e
     return cfg, out
 
 
@@ -175,33 +177,47 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tcfg = target_model.config.to_dict()
         aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source = OnlineSource(data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length)
-        weights = {"embed": target_model.get_input_embeddings().weight.float().cpu(),
-                   "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
-                   "norm": target_model.model.norm.weight.float().cpu()}
+        weights = {
+            "embed": target_model.get_input_embeddings().weight.float().cpu(),
+            "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
+            "norm": target_model.model.norm.weight.float().cpu(),
+        }
     else:
         cache_dir = cfg.cache or run_dir / "cache"
         if not Path(cache_dir).exists():
-            raise UsageError(f"no cache at {cache_dir}", "the output folder of `eagle3 cache`",
-                             f"eagle3 cache --run {run_dir}   (or train without one: eagle3 train --run {run_dir} --online)")
+            raise UsageError(
+                f"no cache at {cache_dir}",
+                "the output folder of `eagle3 cache`",
+                f"eagle3 cache --run {run_dir}   (or train without one: eagle3 train --run {run_dir} --online)",
+            )
         source = CacheSource(cache_dir)
         tpath = cfg.target or source.target.get("path")
         if not tpath or not Path(tpath).exists():
-            raise UsageError(f"the cache's target model {tpath!r} is not on this machine",
-                             "the target model folder the cache was built with", "pass --target PATH")
+            raise UsageError(
+                f"the cache's target model {tpath!r} is not on this machine",
+                "the target model folder the cache was built with",
+                "pass --target PATH",
+            )
         tpath = resolve_model_path(tpath)
         tok = load_tokenizer(tpath)
         tcfg, weights = load_target_weights(tpath)
         aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
     identity = target_identity(tpath, tok).as_dict()
     if source.target:
-        check_matches("the cache", {k: source.target.get(k) for k in identity if k != "path"},
-                      {k: v for k, v in identity.items() if k != "path"},
-                      f"rebuild the cache with this target: eagle3 cache --run {run_dir}, or pass --target "
-                      f"{source.target.get('path')}")
+        check_matches(
+            "the cache",
+            {k: source.target.get(k) for k in identity if k != "path"},
+            {k: v for k, v in identity.items() if k != "path"},
+            f"rebuild the cache with this target: eagle3 cache --run {run_dir}, or pass --target "
+            f"{source.target.get('path')}",
+        )
     vocab, draft_vocab = int(tcfg["vocab_size"]), len(source.d2t)
     if draft_vocab > vocab or int((torch.arange(draft_vocab) + source.d2t).max()) >= vocab:
-        raise UsageError(f"draft vocab ({draft_vocab}) maps outside the target vocab ({vocab})",
-                         f"a draft vocab of at most {vocab} target tokens", f"{CACHE_NEXT} --draft-vocab-size N")
+        raise UsageError(
+            f"draft vocab ({draft_vocab}) maps outside the target vocab ({vocab})",
+            f"a draft vocab of at most {vocab} target tokens",
+            f"{CACHE_NEXT} --draft-vocab-size N",
+        )
     return source, identity, tcfg, weights, aux_ids
 
 
@@ -228,11 +244,14 @@ def setup(cfg: TrainConfig) -> Trainer:
     per_step = world * cfg.grad_accum
     n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size))
     if n_batches < per_step:
-        raise UsageError(f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
-                         "more data, a smaller --token-budget or --grad-accum")
+        raise UsageError(
+            f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
+            "more data, a smaller --token-budget or --grad-accum",
+        )
     total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
     sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio))
+        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+    )
     autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
     model = draft
     if use_ds:
@@ -240,15 +259,35 @@ def setup(cfg: TrainConfig) -> Trainer:
 
         model, optimizer, sched = deepspeed_engine(draft, optimizer, sched, cfg, train_dir, autocast is not None)
         autocast = None  # the engine's bf16 section casts the model itself
-    tr = Trainer(cfg, run_dir, train_dir, head_dir, source, draft, model, optimizer, sched, lm_head, device,
-                 autocast, identity, total, rank, world, use_ds)
+    tr = Trainer(
+        cfg,
+        run_dir,
+        train_dir,
+        head_dir,
+        source,
+        draft,
+        model,
+        optimizer,
+        sched,
+        lm_head,
+        device,
+        autocast,
+        identity,
+        total,
+        rank,
+        world,
+        use_ds,
+    )
     _maybe_resume(tr)
     if cfg.tensorboard and rank == 0:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError as e:
-            raise UsageError("--tensorboard needs the tensorboard package", "pip install tensorboard",
-                             "or drop --tensorboard (metrics.jsonl has the same numbers)") from e
+            raise UsageError(
+                "--tensorboard needs the tensorboard package",
+                "pip install tensorboard",
+                "or drop --tensorboard (metrics.jsonl has the same numbers)",
+            ) from e
         tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.step + 1 if tr.step else None)
     return tr
 
@@ -256,8 +295,17 @@ def setup(cfg: TrainConfig) -> Trainer:
 def _config_key(cfg: TrainConfig) -> dict:
     """Config fields that must match for a resume to be the same run."""
     d = config_dict(cfg)
-    for k in ("resume", "max_steps", "epochs", "log_every", "save_every", "keep_checkpoints", "tensorboard",
-              "hostfile", "device"):
+    for k in (
+        "resume",
+        "max_steps",
+        "epochs",
+        "log_every",
+        "save_every",
+        "keep_checkpoints",
+        "tensorboard",
+        "hostfile",
+        "device",
+    ):
         d.pop(k, None)
     return d
 
@@ -298,15 +346,25 @@ def save_checkpoint(tr: Trainer) -> None:
     if is_best:
         tr.best = tr.last_metrics["sim_accept_len"]
     tag = ckpt.ckpt_name(tr.step)
-    state = {"step": tr.step, "epoch": tr.epoch, "batch_pos": tr.batch_pos, "best": tr.best,
-             "tokens_seen": tr.tokens_seen, "rng": ckpt.rng_state(), "config": _config_key(tr.cfg),
-             "metrics": tr.last_metrics}
+    state = {
+        "step": tr.step,
+        "epoch": tr.epoch,
+        "batch_pos": tr.batch_pos,
+        "best": tr.best,
+        "tokens_seen": tr.tokens_seen,
+        "rng": ckpt.rng_state(),
+        "config": _config_key(tr.cfg),
+        "metrics": tr.last_metrics,
+    }
     if tr.deepspeed:
         tr.model.save_checkpoint(str(tr.train_dir / "deepspeed"), tag=tag)  # collective: every rank
         state["ds_tag"] = tag
     else:
-        state.update(model={k: v for k, v in tr.draft.state_dict().items() if k != "embed_tokens.weight"},
-                     optimizer=tr.optimizer.state_dict(), scheduler=tr.scheduler.state_dict())
+        state.update(
+            model={k: v for k, v in tr.draft.state_dict().items() if k != "embed_tokens.weight"},
+            optimizer=tr.optimizer.state_dict(),
+            scheduler=tr.scheduler.state_dict(),
+        )
     if tr.rank == 0:
         ckpt.save(tr.train_dir, tr.step, state, is_best, tr.cfg.keep_checkpoints)
 
@@ -367,14 +425,18 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
     elapsed = max(1e-9, time.time() - iv.started)
     tr.tokens_seen += int(tokens)
     m = {
-        "step": tr.step, "epoch": tr.epoch, "lr": tr.scheduler.get_last_lr()[0],
+        "step": tr.step,
+        "epoch": tr.epoch,
+        "lr": tr.scheduler.get_last_lr()[0],
         "loss": loss / micro,
         "loss_k": [round(float(x) / micro, 6) for x in step_loss],
         "acc_k": [round(a, 5) for a in acc],
         "alpha_k": [round(a, 5) for a in conditional_acceptance(sums[2], sums[3])],
         "sim_accept_len": round(simulated_accept_length(acc), 4),
         "grad_norm": gnorm / max(1, iv.steps),
-        "tokens": int(tokens), "tok_per_s": round(tokens / elapsed, 1), "tokens_seen": tr.tokens_seen,
+        "tokens": int(tokens),
+        "tok_per_s": round(tokens / elapsed, 1),
+        "tokens_seen": tr.tokens_seen,
     }
     tr.last_metrics = m
     if tr.rank == 0:
@@ -387,9 +449,11 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
                 tr.tb.add_scalar(f"loss_k/{k}", lk, tr.step)
                 tr.tb.add_scalar(f"acc_k/{k}", ak, tr.step)
             tr.tb.flush()
-        console.log(f"step {tr.step}/{tr.total_steps} ep {tr.epoch} loss {m['loss']:.4f} "
-                    f"acc0 {acc[0]:.3f} acc{len(acc) - 1} {acc[-1]:.3f} accept_len {m['sim_accept_len']:.3f} "
-                    f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s")
+        console.log(
+            f"step {tr.step}/{tr.total_steps} ep {tr.epoch} loss {m['loss']:.4f} "
+            f"acc0 {acc[0]:.3f} acc{len(acc) - 1} {acc[-1]:.3f} accept_len {m['sim_accept_len']:.3f} "
+            f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
+        )
     return m
 
 
@@ -430,16 +494,23 @@ def fit(tr: Trainer) -> None:
                 save_checkpoint(tr)
     if iv.steps:
         log_interval(tr, iv)
-    tr.stopped = (f"reached {tr.total_steps} optimizer steps" if tr.step >= tr.total_steps
-                  else f"finished {cfg.epochs} epoch(s)")
+    tr.stopped = (
+        f"reached {tr.total_steps} optimizer steps" if tr.step >= tr.total_steps else f"finished {cfg.epochs} epoch(s)"
+    )
     if tr.step % cfg.save_every:
         save_checkpoint(tr)
 
 
 def finish(tr: Trainer) -> Path:
     """Export the head (rank 0), check it reloads to the same logits, write the train manifest."""
-    summary = {"steps": tr.step, "epochs": tr.epoch + 1, "tokens_seen": tr.tokens_seen, "stopped": tr.stopped,
-               "ttt_steps": tr.cfg.ttt_steps, "final_metrics": tr.last_metrics}
+    summary = {
+        "steps": tr.step,
+        "epochs": tr.epoch + 1,
+        "tokens_seen": tr.tokens_seen,
+        "stopped": tr.stopped,
+        "ttt_steps": tr.cfg.ttt_steps,
+        "final_metrics": tr.last_metrics,
+    }
     draft = tr.draft
     if tr.deepspeed:
         from .launch import gathered_params
@@ -455,16 +526,28 @@ def finish(tr: Trainer) -> Path:
             save_head(export, tr.head_dir, tr.identity, {"training": summary})
             diff = self_check(export, tr.head_dir)
             if diff > 1e-4:
-                raise UsageError(f"exported head reproduces the trained logits only to {diff:.2e}",
-                                 "a lossless export (< 1e-4)")
-            source = {"cache": str(tr.cfg.cache or tr.run_dir / "cache")} if not tr.cfg.online else {
-                "data": str(tr.cfg.data or tr.run_dir / "data")}
+                raise UsageError(
+                    f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
+                )
+            source = (
+                {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
+                if not tr.cfg.online
+                else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+            )
             cache_manifest = Path(source.get("cache", "")) / "manifest.json"
             write_manifest(
-                tr.train_dir, "train", config=config_dict(tr.cfg), target=tr.identity,
-                aux_layer_ids=list(draft.config.aux_layer_ids), draft_vocab_size=draft.config.draft_vocab_size,
-                input=source | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
-                head=str(tr.head_dir), export_self_check_max_abs_diff=diff, world_size=tr.world, **summary,
+                tr.train_dir,
+                "train",
+                config=config_dict(tr.cfg),
+                target=tr.identity,
+                aux_layer_ids=list(draft.config.aux_layer_ids),
+                draft_vocab_size=draft.config.draft_vocab_size,
+                input=source
+                | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
+                head=str(tr.head_dir),
+                export_self_check_max_abs_diff=diff,
+                world_size=tr.world,
+                **summary,
             )
             atomic_write_json(tr.train_dir / "summary.json", summary)
             console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")

@@ -32,8 +32,9 @@ def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def teacher_from_hidden(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor,
-                        rows: int = 2048) -> Teacher:
+def teacher_from_hidden(
+    last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, rows: int = 2048
+) -> Teacher:
     """Teacher from the target's final-normed hidden states and its lm_head [V, H].
 
     Chunked over tokens: full-vocab logits of a 128k-vocab target are 0.5 MB per token.
@@ -52,8 +53,9 @@ def teacher_from_hidden(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor,
 
 
 @torch.no_grad()
-def teacher_from_topk(topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, d2t: torch.Tensor,
-                      target_vocab: int) -> Teacher:
+def teacher_from_topk(
+    topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, d2t: torch.Tensor, target_vocab: int
+) -> Teacher:
     """Teacher from a compact cache: the target's top-k (ids, log-probs) per position.
 
     Mass outside the top-k is dropped and the in-draft-vocab part renormalised, which is the

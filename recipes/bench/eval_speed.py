@@ -38,9 +38,19 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=None, help="keep the eval report here (default: a temp dir)")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="eval-speed-"))
-    cfg = EvalConfig(target=a.target, head=a.head, out=out, bench=a.bench, num_prompts=a.num_prompts,
-                     max_new_tokens=a.max_new_tokens, depth=a.depth, mode="both", topk=a.topk,
-                     num_draft_tokens=a.num_draft_tokens, threads=a.threads)
+    cfg = EvalConfig(
+        target=a.target,
+        head=a.head,
+        out=out,
+        bench=a.bench,
+        num_prompts=a.num_prompts,
+        max_new_tokens=a.max_new_tokens,
+        depth=a.depth,
+        mode="both",
+        topk=a.topk,
+        num_draft_tokens=a.num_draft_tokens,
+        threads=a.threads,
+    )
     errors = cfg.validate()
     if errors:
         print("\n".join(errors), file=sys.stderr)
@@ -54,18 +64,25 @@ def main() -> int:
     rep = json.loads((out / "report.json").read_text())
     head = next(iter(rep["heads"].values()))
     res = {
-        "bench": a.bench, "prompts": rep["num_prompts"], "max_new_tokens": a.max_new_tokens, "depth": a.depth,
-        "tree": {"topk": a.topk, "num_draft_tokens": a.num_draft_tokens}, "threads": a.threads,
+        "bench": a.bench,
+        "prompts": rep["num_prompts"],
+        "max_new_tokens": a.max_new_tokens,
+        "depth": a.depth,
+        "tree": {"topk": a.topk, "num_draft_tokens": a.num_draft_tokens},
+        "threads": a.threads,
         "plain_tokens_per_s": round(rep["baselines"]["plain"]["tokens_per_s"], 2),
         "generate_tokens_per_s": round(rep["baselines"]["generate"]["tokens_per_s"], 2),
     }
     mismatches = 0
     for mode in ("chain", "tree"):
         st = head[mode]
-        res[mode] = {"tau": round(st["acceptance"]["tau"], 3), "tokens_per_s": round(st["speed"]["tokens_per_s"], 2),
-                     "speedup_vs_plain": round(st["speedup_vs_plain"], 3),
-                     "speedup_vs_generate": round(st["speedup_vs_generate"], 3),
-                     "greedy_mismatches": st["lossless"]["mismatches"]}
+        res[mode] = {
+            "tau": round(st["acceptance"]["tau"], 3),
+            "tokens_per_s": round(st["speed"]["tokens_per_s"], 2),
+            "speedup_vs_plain": round(st["speedup_vs_plain"], 3),
+            "speedup_vs_generate": round(st["speedup_vs_generate"], 3),
+            "greedy_mismatches": st["lossless"]["mismatches"],
+        }
         mismatches += st["lossless"]["mismatches"]
     res["chain"]["tau_by_depth"] = [round(t, 3) for t in head["chain"]["acceptance"]["tau_by_depth"]]
     res["goal_chain_2x_met"] = res["chain"]["speedup_vs_plain"] >= 2.0

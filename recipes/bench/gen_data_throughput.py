@@ -26,9 +26,13 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch intra-op threads (default: torch's). On a busy machine 1 avoids OpenMP threads "
-                         "spinning on descheduled peers, which can make small forwards 100x slower.")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default: torch's). On a busy machine 1 avoids OpenMP threads "
+        "spinning on descheduled peers, which can make small forwards 100x slower.",
+    )
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     import torch
@@ -58,8 +62,13 @@ def main() -> None:
     single = []
     with torch.no_grad():
         for p in prompts:
-            out = model.generate(torch.tensor([p]), max_new_tokens=a.max_new_tokens, do_sample=False,
-                                 eos_token_id=stop, pad_token_id=backend.pad_id)[0, len(p):]
+            out = model.generate(
+                torch.tensor([p]),
+                max_new_tokens=a.max_new_tokens,
+                do_sample=False,
+                eos_token_id=stop,
+                pad_token_id=backend.pad_id,
+            )[0, len(p) :]
             single.append(out)
     t_single = time.perf_counter() - t0
 
@@ -67,12 +76,23 @@ def main() -> None:
     tok_single = sum(int(o.numel()) for o in single)
     same = sum(o.text == tok.decode(s, skip_special_tokens=True) for o, s in zip(batched, single))
     result = {
-        "target": a.target, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "batch_size": a.batch_size,
+        "target": a.target,
+        "prompts": len(prompts),
+        "max_new_tokens": a.max_new_tokens,
+        "batch_size": a.batch_size,
         "torch_threads": torch.get_num_threads(),
-        "batched_hf": {"seconds": round(t_batched, 3), "conversations_per_s": round(len(prompts) / t_batched, 3),
-                       "tokens": tok_batched, "tok_per_s": round(tok_batched / t_batched, 1)},
-        "per_sample_generate": {"seconds": round(t_single, 3), "conversations_per_s": round(len(prompts) / t_single, 3),
-                                "tokens": tok_single, "tok_per_s": round(tok_single / t_single, 1)},
+        "batched_hf": {
+            "seconds": round(t_batched, 3),
+            "conversations_per_s": round(len(prompts) / t_batched, 3),
+            "tokens": tok_batched,
+            "tok_per_s": round(tok_batched / t_batched, 1),
+        },
+        "per_sample_generate": {
+            "seconds": round(t_single, 3),
+            "conversations_per_s": round(len(prompts) / t_single, 3),
+            "tokens": tok_single,
+            "tok_per_s": round(tok_single / t_single, 1),
+        },
         "speedup_conversations_per_s": round(t_single / t_batched, 2),
         "speedup_tok_per_s": round((tok_batched / t_batched) / (tok_single / t_single), 2),
         "identical_greedy_texts": f"{same}/{len(prompts)}",

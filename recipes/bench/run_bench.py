@@ -42,8 +42,7 @@ def sh(args: list[str], capture: bool = False) -> str:
     COMMANDS.append(shown)
     print(f"\n$ {shown}", flush=True)
     t0 = time.time()
-    r = subprocess.run([str(a) for a in args], cwd=REPO, text=True,
-                       stdout=subprocess.PIPE if capture else None)
+    r = subprocess.run([str(a) for a in args], cwd=REPO, text=True, stdout=subprocess.PIPE if capture else None)
     SECONDS[shown] = time.time() - t0
     print(f"  ({SECONDS[shown]:.0f}s, exit {r.returncode})", flush=True)
     if r.returncode != 0:
@@ -54,7 +53,7 @@ def sh(args: list[str], capture: bool = False) -> str:
 def last_json(text: str) -> dict:
     """The helper scripts print one JSON object (possibly pretty-printed) at the end."""
     start = text.rfind("\n{")
-    return json.loads(text[start + 1 if start >= 0 else text.find("{"):])
+    return json.loads(text[start + 1 if start >= 0 else text.find("{") :])
 
 
 def chain_stats(report_path: Path) -> dict:
@@ -101,16 +100,56 @@ def main() -> None:
     # ---- caches
     caches = {
         "regen4x": [*E3, "cache", "--recipe", cache_recipe, "--run", out / "regen"],
-        "regen1x": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
-                    "--out", out / "regen1x" / "cache", "--max-samples", n1],
-        "regen2x": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
-                    "--out", out / "regen2x" / "cache", "--max-samples", 2 * n1],
-        "top": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
-                "--out", out / "top" / "cache", "--aux-layers", "11"],  # top only: the input of the last of 12 layers
+        "regen1x": [
+            *E3,
+            "cache",
+            "--recipe",
+            cache_recipe,
+            "--data",
+            out / "regen" / "data",
+            "--out",
+            out / "regen1x" / "cache",
+            "--max-samples",
+            n1,
+        ],
+        "regen2x": [
+            *E3,
+            "cache",
+            "--recipe",
+            cache_recipe,
+            "--data",
+            out / "regen" / "data",
+            "--out",
+            out / "regen2x" / "cache",
+            "--max-samples",
+            2 * n1,
+        ],
+        "top": [
+            *E3,
+            "cache",
+            "--recipe",
+            cache_recipe,
+            "--data",
+            out / "regen" / "data",
+            "--out",
+            out / "top" / "cache",
+            "--aux-layers",
+            "11",
+        ],  # top only: the input of the last of 12 layers
         "orig": [*E3, "cache", "--recipe", cache_recipe, "--run", out / "orig"],
         # compact storage (fp8 aux + top-k teacher): its effect on acceptance decides the default
-        "compact": [*E3, "cache", "--recipe", cache_recipe, "--data", out / "regen" / "data",
-                    "--out", out / "compact" / "cache", "--storage", "compact"],
+        "compact": [
+            *E3,
+            "cache",
+            "--recipe",
+            cache_recipe,
+            "--data",
+            out / "regen" / "data",
+            "--out",
+            out / "compact" / "cache",
+            "--storage",
+            "compact",
+        ],
     }
     for cmd in caches.values():
         sh(cmd)
@@ -140,9 +179,29 @@ def main() -> None:
             # resume with nothing left to do), so the report still holds; delete RUN/eval to re-measure
             evals[name] = chain_stats(report)
             continue
-        sh([*E3, "eval", "--run", run, "--target", "models/tiny-target", "--bench", "gsm8k",
-            "--num-prompts", args.eval_prompts, "--max-new-tokens", 128, "--depth", 8, "--mode", "chain",
-            "--no-generate-baseline", "--threads", 1])
+        sh(
+            [
+                *E3,
+                "eval",
+                "--run",
+                run,
+                "--target",
+                "models/tiny-target",
+                "--bench",
+                "gsm8k",
+                "--num-prompts",
+                args.eval_prompts,
+                "--max-new-tokens",
+                128,
+                "--depth",
+                8,
+                "--mode",
+                "chain",
+                "--no-generate-baseline",
+                "--threads",
+                1,
+            ]
+        )
         evals[name] = chain_stats(run / "eval" / "report.json")
     # the main head: chain + tree against plain and generate, GSM8K and MT-bench
     main_run = out / "regen"
@@ -150,9 +209,30 @@ def main() -> None:
     for bench in ("gsm8k", "mt_bench"):
         dest = out / f"speed-{bench}"
         if not (dest / "report.json").exists():
-            sh([*E3, "eval", "--head", main_run / "head", "--out", dest, "--target", "models/tiny-target",
-                "--bench", bench, "--num-prompts", args.eval_prompts, "--max-new-tokens", 128, "--depth", 8,
-                "--mode", "both", "--threads", 1])
+            sh(
+                [
+                    *E3,
+                    "eval",
+                    "--head",
+                    main_run / "head",
+                    "--out",
+                    dest,
+                    "--target",
+                    "models/tiny-target",
+                    "--bench",
+                    bench,
+                    "--num-prompts",
+                    args.eval_prompts,
+                    "--max-new-tokens",
+                    128,
+                    "--depth",
+                    8,
+                    "--mode",
+                    "both",
+                    "--threads",
+                    1,
+                ]
+            )
         speed[bench] = chain_stats(dest / "report.json")
         shutil.copy(dest / "acceptance.png", args.results_md.parent / f"results-acceptance-{bench}.png")
 
@@ -178,11 +258,19 @@ def main() -> None:
     dur_file.write_text(json.dumps(durations, indent=1))
 
     results = {
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+            "python": platform.python_version(),
+        },
         "settings": vars(args) | {"out": str(out), "results_md": str(args.results_md)},
-        "evals": evals, "speed": speed, "train_final": train_metrics, "toolkit": tool,
-        "commands": COMMANDS, "minutes": round((time.time() - t_start) / 60, 1),
+        "evals": evals,
+        "speed": speed,
+        "train_final": train_metrics,
+        "toolkit": tool,
+        "commands": COMMANDS,
+        "minutes": round((time.time() - t_start) / 60, 1),
         "work_minutes": round(sum(durations.get(c, 0.0) for c in COMMANDS) / 60, 1),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")

@@ -41,12 +41,19 @@ def main() -> None:
     dev = torch.device(a.device)
     torch.manual_seed(0)
     h = a.hidden
-    tcfg = LlamaConfig(vocab_size=a.vocab, hidden_size=h, intermediate_size=3 * h, num_hidden_layers=12,
-                       num_attention_heads=a.heads, num_key_value_heads=max(1, a.heads // 2),
-                       max_position_embeddings=max(2048, a.seq))
+    tcfg = LlamaConfig(
+        vocab_size=a.vocab,
+        hidden_size=h,
+        intermediate_size=3 * h,
+        num_hidden_layers=12,
+        num_attention_heads=a.heads,
+        num_key_value_heads=max(1, a.heads // 2),
+        max_position_embeddings=max(2048, a.seq),
+    )
     draft = Eagle3Draft(draft_config_from_target(tcfg, a.draft_vocab, (2, 6, 9))).to(dev)
-    draft.set_vocab_maps(torch.arange(a.draft_vocab) * 0 + (a.vocab - a.draft_vocab) // 2,
-                         torch.zeros(a.vocab, dtype=torch.bool))
+    draft.set_vocab_maps(
+        torch.arange(a.draft_vocab) * 0 + (a.vocab - a.draft_vocab) // 2, torch.zeros(a.vocab, dtype=torch.bool)
+    )
     lm_head = torch.randn(a.vocab, h, device=dev) / h**0.5
     batch = {
         "input_ids": torch.randint(0, a.vocab, (a.batch, a.seq), device=dev),
@@ -80,14 +87,23 @@ def main() -> None:
     tokens = a.batch * a.seq * a.steps
     result = {
         "bench": "train_speed",
-        "shape": {"hidden": h, "vocab": a.vocab, "draft_vocab": a.draft_vocab, "batch": a.batch, "seq": a.seq,
-                  "ttt_steps": a.ttt_steps},
-        "device": str(dev), "dtype": "bf16-autocast" if bf16 else "fp32", "threads": torch.get_num_threads(),
+        "shape": {
+            "hidden": h,
+            "vocab": a.vocab,
+            "draft_vocab": a.draft_vocab,
+            "batch": a.batch,
+            "seq": a.seq,
+            "ttt_steps": a.ttt_steps,
+        },
+        "device": str(dev),
+        "dtype": "bf16-autocast" if bf16 else "fp32",
+        "threads": torch.get_num_threads(),
         "tokens_per_s": round(tokens / dt, 1),
         "ms_per_step": round(1000 * dt / a.steps, 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "peak_gpu_mib": round(torch.cuda.max_memory_allocated() / 2**20, 1) if dev.type == "cuda" else None,
-        "torch": torch.__version__, "python": platform.python_version(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
     }
     print(json.dumps(result))
 

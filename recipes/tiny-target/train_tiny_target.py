@@ -202,11 +202,16 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         if step % 20 == 0 or step == steps - 1:
             el = time.time() - t_train
-            print(f"step {step:4d}/{steps} loss {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e} "
-                  f"{(step + 1) * bs * cfg['seq_len'] / el:,.0f} tok/s", flush=True)
+            print(
+                f"step {step:4d}/{steps} loss {loss.item():.3f} lr {sched.get_last_lr()[0]:.2e} "
+                f"{(step + 1) * bs * cfg['seq_len'] / el:,.0f} tok/s",
+                flush=True,
+            )
 
     test = [json.loads(x) for x in (data / "gsm8k_test.jsonl").read_text().splitlines()][: cfg["heldout_samples"]]
-    test_convs = [[{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}] for r in test]
+    test_convs = [
+        [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}] for r in test
+    ]
     a_loss, t_loss = heldout_loss(model, tok, test_convs)
     elapsed = time.time() - t0
     print(f"held-out GSM8K test loss: {a_loss:.3f} nats/token on answers, {t_loss:.3f} on all tokens", flush=True)
@@ -216,15 +221,19 @@ def main() -> None:
     ids = tok(prompt, return_tensors="pt")["input_ids"]
     model.eval()
     with torch.no_grad():
-        gen = model.generate(ids, max_new_tokens=160, do_sample=False, eos_token_id=tok.eos_token_id,
-                             pad_token_id=tok.pad_token_id)
-    answer = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+        gen = model.generate(
+            ids, max_new_tokens=160, do_sample=False, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id
+        )
+    answer = tok.decode(gen[0, ids.shape[1] :], skip_special_tokens=True)
     print(f"Q: {q}\nA: {answer}", flush=True)
 
     out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-        do_sample=False, max_new_tokens=256,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        do_sample=False,
+        max_new_tokens=256,
     )
     # bf16 on disk halves the size (the 16 MB budget); eagle3 upcasts to fp32 on CPU.
     model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)

@@ -18,7 +18,6 @@ from eagle3cli.model.target import default_aux_layer_ids, load_target, target_id
 pytestmark = pytest.mark.integration
 
 
-
 @pytest.fixture(scope="module")
 def head(trained_target_dir, tmp_path_factory):
     model, tok, path = load_target(trained_target_dir)
@@ -30,18 +29,46 @@ def head(trained_target_dir, tmp_path_factory):
     with torch.no_grad():  # fc passes the top aux feature (input of layer L-3) straight through
         h = model.config.hidden_size
         draft.fc.weight.zero_()
-        draft.fc.weight[:, 2 * h:].copy_(torch.eye(h))
+        draft.fc.weight[:, 2 * h :].copy_(torch.eye(h))
         draft.midlayer.self_attn.o_proj.weight.zero_()
         draft.midlayer.mlp.down_proj.weight.zero_()
-    return save_head(draft, tmp_path_factory.mktemp("eval-int") / "head", target_identity(path, tok, model.config).as_dict())
+    return save_head(
+        draft, tmp_path_factory.mktemp("eval-int") / "head", target_identity(path, tok, model.config).as_dict()
+    )
 
 
 @pytest.mark.parametrize("bench", ["gsm8k", "mt_bench"])
 def test_eval_on_trained_target_is_lossless(trained_target_dir, shared_data, head, bench, tmp_path):
     out = tmp_path / "eval"
-    rc = main(["eval", "--target", str(trained_target_dir), "--head", str(head), "--bench", bench,
-               "--data-dir", str(shared_data), "--num-prompts", "3", "--max-new-tokens", "48", "--depth", "6",
-               "--mode", "both", "--topk", "3", "--num-draft-tokens", "10", "--out", str(out), "--threads", "1"])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            str(trained_target_dir),
+            "--head",
+            str(head),
+            "--bench",
+            bench,
+            "--data-dir",
+            str(shared_data),
+            "--num-prompts",
+            "3",
+            "--max-new-tokens",
+            "48",
+            "--depth",
+            "6",
+            "--mode",
+            "both",
+            "--topk",
+            "3",
+            "--num-draft-tokens",
+            "10",
+            "--out",
+            str(out),
+            "--threads",
+            "1",
+        ]
+    )
     assert rc == 0
     rep = json.loads((out / "report.json").read_text())
     st = next(iter(rep["heads"].values()))

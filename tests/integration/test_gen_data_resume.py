@@ -19,9 +19,30 @@ pytestmark = pytest.mark.integration
 
 
 def _args(target, out, *extra):
-    return ["gen-data", "--target", str(target), "--input", str(SHARED_GSM8K), "--input", str(SHARED_MT),
-            "--num-samples", "8", "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "3",
-            "--batch-size", "2", "--shard-size", "3", "--out", str(out), *extra]
+    return [
+        "gen-data",
+        "--target",
+        str(target),
+        "--input",
+        str(SHARED_GSM8K),
+        "--input",
+        str(SHARED_MT),
+        "--num-samples",
+        "8",
+        "--max-new-tokens",
+        "12",
+        "--temperature",
+        "0.8",
+        "--seed",
+        "3",
+        "--batch-size",
+        "2",
+        "--shard-size",
+        "3",
+        "--out",
+        str(out),
+        *extra,
+    ]
 
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
@@ -36,8 +57,12 @@ def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     assert main(_args(tiny_target_dir, ref)) == 0
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3cli", *_args(tiny_target_dir, killed)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagle3cli", *_args(tiny_target_dir, killed)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
     try:
         deadline = time.time() + 480  # generous: on a shared 2-core box the subprocess can be starved for minutes
         journal = killed / "progress" / "shard-00001.journal.jsonl"
@@ -71,8 +96,7 @@ def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
 
 def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir, tmp_path, capsys):
     out = tmp_path / "data"
-    args = ["gen-data", "--input", str(SHARED_GSM8K), "--num-samples", "2", "--max-new-tokens", "2",
-            "--out", str(out)]
+    args = ["gen-data", "--input", str(SHARED_GSM8K), "--num-samples", "2", "--max-new-tokens", "2", "--out", str(out)]
     assert main([*args, "--target", str(tiny_target_dir)]) == 0
     before = _folder_bytes(out)
     capsys.readouterr()
@@ -85,8 +109,25 @@ def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir,
 
 def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
     out = tmp_path / "orig"
-    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_GSM8K), "--input", str(SHARED_MT),
-                 "--num-samples", "20", "--no-regenerate", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "gen-data",
+                "--target",
+                str(tiny_target_dir),
+                "--input",
+                str(SHARED_GSM8K),
+                "--input",
+                str(SHARED_MT),
+                "--num-samples",
+                "20",
+                "--no-regenerate",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     m = json.loads((out / "manifest.json").read_text())
     assert m["regenerated"] is False and m["counts"]["regenerated"] == 0
     recs = [json.loads(line) for line in (out / "shard-00000.jsonl").read_text().splitlines()]
@@ -99,8 +140,10 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
 
 def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "dry"
-    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_MT), "--out", str(out),
-                 "--dry-run"]) == 0
+    assert (
+        main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_MT), "--out", str(out), "--dry-run"])
+        == 0
+    )
     captured = capsys.readouterr()
     assert "<|im_start|>user" in captured.err and "mt-bench" in captured.out
     assert not out.exists()

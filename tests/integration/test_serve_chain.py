@@ -25,8 +25,22 @@ def test_head_for_trained_target_passes_and_parses(trained_target_dir, tmp_path,
     head = export_head(tmp_path / "head", trained_target_dir, draft_vocab=1024)
     assert pf.check_head(head, trained_target_dir, "sglang") == []
     assert pf.check_head(head, trained_target_dir, "vllm") == []
-    code = main(["serve", "--target", str(trained_target_dir), "--head", str(head), "--dry-run",
-                 "--steps", "6", "--topk", "1", "--draft-tokens", "7"])
+    code = main(
+        [
+            "serve",
+            "--target",
+            str(trained_target_dir),
+            "--head",
+            str(head),
+            "--dry-run",
+            "--steps",
+            "6",
+            "--topk",
+            "1",
+            "--draft-tokens",
+            "7",
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     argv = shlex.split(cap.out.replace("\\\n", " "))
@@ -43,8 +57,21 @@ def test_head_exported_by_eagle3_train_passes_and_parses(tiny_target_dir, tmp_pa
     from train_fixtures import make_run
 
     run = make_run(tmp_path / "run", tiny_target_dir, n=8)
-    code = main(["train", "--run", str(run), "--max-steps", "2", "--token-budget", "640", "--max-length", "160",
-                 "--ttt-steps", "2"])
+    code = main(
+        [
+            "train",
+            "--run",
+            str(run),
+            "--max-steps",
+            "2",
+            "--token-budget",
+            "640",
+            "--max-length",
+            "160",
+            "--ttt-steps",
+            "2",
+        ]
+    )
     assert code == 0, capsys.readouterr().err
     head = run / "head"
     for engine in ("sglang", "vllm"):
@@ -76,9 +103,27 @@ def model_server(tiny_target_dir):
 def test_bench_against_model_server(model_server, tmp_path, api, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["Hello", "What is 2+2?", "Name a colour."]))
-    code = main(["serve-bench", "--spec-url", model_server.url, "--base-url", model_server.url, "--api", api,
-                 "--concurrency", "1,2", "--requests", "2", "--max-tokens", "6", "--prompts", str(prompts),
-                 "--out", str(tmp_path / "bench")])
+    code = main(
+        [
+            "serve-bench",
+            "--spec-url",
+            model_server.url,
+            "--base-url",
+            model_server.url,
+            "--api",
+            api,
+            "--concurrency",
+            "1,2",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "6",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "bench"),
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     report = json.loads((tmp_path / "bench" / "bench.json").read_text())

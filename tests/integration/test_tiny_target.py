@@ -35,11 +35,16 @@ def test_shape_and_size_on_disk(trained_target_dir, loaded):
 
 def test_chat_template_renders_roles_and_generation_prompt(loaded):
     tok, _ = loaded
-    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": "4"}]
+    msgs = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
     text = tok.apply_chat_template(msgs, tokenize=False)
-    assert text == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
-                    "<|im_start|>assistant\n4<|im_end|>\n")
+    assert text == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n2+2?<|im_end|>\n"
+        "<|im_start|>assistant\n4<|im_end|>\n"
+    )
     gen = tok.apply_chat_template(msgs[:2], tokenize=False, add_generation_prompt=True)
     assert gen.endswith("<|im_start|>assistant\n")
     assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|im_end|>") == tok.eos_token_id
@@ -51,13 +56,14 @@ def test_heldout_gsm8k_loss_below_bound(loaded, shared_data):
     total, count = 0.0, 0
     with torch.no_grad():
         for r in rows:
-            prompt = tok.apply_chat_template([{"role": "user", "content": r["question"]}], tokenize=False,
-                                             add_generation_prompt=True)
+            prompt = tok.apply_chat_template(
+                [{"role": "user", "content": r["question"]}], tokenize=False, add_generation_prompt=True
+            )
             full = prompt + r["answer"] + "<|im_end|>\n"
             n_prompt = len(tok(prompt)["input_ids"])
             ids = torch.tensor([tok(full)["input_ids"]])
             logits = model(input_ids=ids).logits[0, :-1]
-            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")[n_prompt - 1:]
+            nll = torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="none")[n_prompt - 1 :]
             total += nll.sum().item()
             count += nll.numel()
     assert total / count < HELDOUT_LOSS_BOUND, total / count
@@ -66,10 +72,11 @@ def test_heldout_gsm8k_loss_below_bound(loaded, shared_data):
 def test_generates_gsm8k_style_answer(loaded, shared_data):
     tok, model = loaded
     q = json.loads((shared_data / "gsm8k_test.jsonl").read_text().splitlines()[1])["question"]
-    ids = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt",
-                                  return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
     out = model.generate(ids, max_new_tokens=200, do_sample=False)
-    answer = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    answer = tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
     assert out[0, -1].item() == tok.eos_token_id, "the answer should end with <|im_end|>"
     assert "####" in answer and any(ch.isdigit() for ch in answer)
     assert "<<" in answer  # GSM8K's calculator annotations: the style was learnt

@@ -15,8 +15,9 @@ from eagle3cli.model.export import save_head
 from eagle3cli.model.target import default_aux_layer_ids
 
 
-def export_head(out: Path, target_dir: Path, draft_vocab: int = 256, aux: tuple[int, ...] | None = None,
-                seed: int = 0) -> Path:
+def export_head(
+    out: Path, target_dir: Path, draft_vocab: int = 256, aux: tuple[int, ...] | None = None, seed: int = 0
+) -> Path:
     """A random head for `target_dir`, written by the real exporter."""
     tcfg = json.loads((Path(target_dir) / "config.json").read_text())
     aux = aux or default_aux_layer_ids(tcfg["num_hidden_layers"])
@@ -27,9 +28,14 @@ def export_head(out: Path, target_dir: Path, draft_vocab: int = 256, aux: tuple[
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[target_ids] = True
     draft.set_vocab_maps(target_ids - torch.arange(draft_vocab), t2d)
-    identity = {"path": str(target_dir), "fingerprint": model_fingerprint(target_dir), "vocab_size": vocab,
-                "hidden_size": tcfg["hidden_size"], "num_hidden_layers": tcfg["num_hidden_layers"],
-                "max_position_embeddings": tcfg["max_position_embeddings"]}
+    identity = {
+        "path": str(target_dir),
+        "fingerprint": model_fingerprint(target_dir),
+        "vocab_size": vocab,
+        "hidden_size": tcfg["hidden_size"],
+        "num_hidden_layers": tcfg["num_hidden_layers"],
+        "max_position_embeddings": tcfg["max_position_embeddings"],
+    }
     return save_head(draft, out, target_identity=identity)
 
 
@@ -46,7 +52,9 @@ def edit_config(head: Path, drop: tuple[str, ...] = (), **changes) -> None:
     (head / "config.json").write_text(json.dumps(cfg, indent=2))
 
 
-def edit_tensors(head: Path, drop: tuple[str, ...] = (), rename: dict | None = None, replace: dict | None = None) -> None:
+def edit_tensors(
+    head: Path, drop: tuple[str, ...] = (), rename: dict | None = None, replace: dict | None = None
+) -> None:
     tensors = load_file(str(head / "model.safetensors"))
     for k in drop:
         tensors.pop(k)

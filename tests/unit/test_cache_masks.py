@@ -154,8 +154,10 @@ def test_turn_cut_by_max_new_tokens_does_not_train_the_end_token(styled):
 
     style, tok = styled
     msgs = [m for m in MULTI if style != "mistral" or m["role"] != "system"]
-    record = {"messages": msgs, "meta": {"turns": [{"finish_reason": "stop"}, {"finish_reason": "length"},
-                                                   {"finish_reason": "stop"}]}}
+    record = {
+        "messages": msgs,
+        "meta": {"turns": [{"finish_reason": "stop"}, {"finish_reason": "length"}, {"finish_reason": "stop"}]},
+    }
     assert cut_turns(record) == {1}
     full = mask_conversation(tok, msgs, max_length=4096)
     cut = mask_conversation(tok, msgs, max_length=4096, cut_turns=cut_turns(record))

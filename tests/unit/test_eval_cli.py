@@ -35,9 +35,11 @@ def heads(tiny_target_dir, tmp_path_factory):
 @pytest.fixture(scope="module")
 def prompts_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("eval-prompts") / "prompts.jsonl"
-    rows = [{"prompt": "What is two plus two?"},
-            {"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "Apple."}]},
-            {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]}]
+    rows = [
+        {"prompt": "What is two plus two?"},
+        {"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "Apple."}]},
+        {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
+    ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return p
 
@@ -45,9 +47,33 @@ def prompts_file(tmp_path_factory) -> Path:
 def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, tmp_path):
     head, other = heads
     out = tmp_path / "eval"
-    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(head), "--compare", str(other),
-               "--bench", str(prompts_file), "--num-prompts", "3", "--max-new-tokens", "10", "--depth", "3",
-               "--mode", "both", "--topk", "2", "--num-draft-tokens", "6", "--out", str(out)])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(head),
+            "--compare",
+            str(other),
+            "--bench",
+            str(prompts_file),
+            "--num-prompts",
+            "3",
+            "--max-new-tokens",
+            "10",
+            "--depth",
+            "3",
+            "--mode",
+            "both",
+            "--topk",
+            "2",
+            "--num-draft-tokens",
+            "6",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"report.json", "acceptance.png", "manifest.json"}
     rep = json.loads((out / "report.json").read_text())
@@ -69,23 +95,49 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
 
 
-@pytest.mark.parametrize("args, needle", [
-    (["--depth", "0"], "--depth must be an integer >= 1"),
-    (["--bench", "nonsense"], "unknown --bench"),
-    (["--mode", "spiral"], "--mode must be one of"),
-    (["--max-new-tokens", "5000"], "positions, the target has 1024"),
-])
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--depth", "0"], "--depth must be an integer >= 1"),
+        (["--bench", "nonsense"], "unknown --bench"),
+        (["--mode", "spiral"], "--mode must be one of"),
+        (["--max-new-tokens", "5000"], "positions, the target has 1024"),
+    ],
+)
 def test_bad_inputs_exit_2(tiny_target_dir, heads, args, needle, capsys, tmp_path):
-    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--out", str(tmp_path / "e"),
-               "--num-prompts", "1", *args])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(heads[0]),
+            "--out",
+            str(tmp_path / "e"),
+            "--num-prompts",
+            "1",
+            *args,
+        ]
+    )
     assert rc == 2
     assert needle in " ".join(capsys.readouterr().err.split())
 
 
 def test_head_for_another_target_exits_2(deep_target_dir, tiny_target_dir, tmp_path, capsys):
     head = make_head(deep_target_dir, tmp_path / "deep-head")  # aux layers [2, 4, 5] of an 8-layer target
-    rc = main(["eval", "--target", str(tiny_target_dir), "--head", str(head), "--num-prompts", "1",
-               "--out", str(tmp_path / "e")])
+    rc = main(
+        [
+            "eval",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(head),
+            "--num-prompts",
+            "1",
+            "--out",
+            str(tmp_path / "e"),
+        ]
+    )
     assert rc == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "does not fit the target" in err and "aux layer ids" in err
@@ -118,9 +170,23 @@ def test_endpoint_reads_sglang_meta_info(tiny_target_dir, prompts_file, tmp_path
     t = threading.Thread(target=server.serve_forever, daemon=True)
     t.start()
     try:
-        rc = main(["eval", "--endpoint", f"http://127.0.0.1:{server.server_port}", "--target", str(tiny_target_dir),
-                   "--bench", str(prompts_file), "--num-prompts", "2", "--max-new-tokens", "40",
-                   "--out", str(tmp_path / "ep")])
+        rc = main(
+            [
+                "eval",
+                "--endpoint",
+                f"http://127.0.0.1:{server.server_port}",
+                "--target",
+                str(tiny_target_dir),
+                "--bench",
+                str(prompts_file),
+                "--num-prompts",
+                "2",
+                "--max-new-tokens",
+                "40",
+                "--out",
+                str(tmp_path / "ep"),
+            ]
+        )
     finally:
         server.shutdown()
     assert rc == 0
@@ -129,6 +195,17 @@ def test_endpoint_reads_sglang_meta_info(tiny_target_dir, prompts_file, tmp_path
 
 
 def test_endpoint_unreachable_exits_2(prompts_file, tmp_path, capsys):
-    rc = main(["eval", "--endpoint", "http://127.0.0.1:9", "--bench", str(prompts_file), "--num-prompts", "1",
-               "--out", str(tmp_path / "ep")])
+    rc = main(
+        [
+            "eval",
+            "--endpoint",
+            "http://127.0.0.1:9",
+            "--bench",
+            str(prompts_file),
+            "--num-prompts",
+            "1",
+            "--out",
+            str(tmp_path / "ep"),
+        ]
+    )
     assert rc == 2 and "cannot reach" in " ".join(capsys.readouterr().err.split())

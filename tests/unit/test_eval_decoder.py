@@ -59,7 +59,6 @@ class OracleDraft(nn.Module):
         return out
 
 
-
 class _OracleRunner:
     """The decoder's draft-runner interface; an entry's output is its position."""
 
@@ -78,8 +77,12 @@ class _OracleRunner:
 
 
 PROMPTS = [
-    "What is 12 times 7?", "Write a haiku about rain.", "Explain recursion briefly.",
-    "List three colours.", "Translate 'good morning' to French.", "Why is the sky blue?",
+    "What is 12 times 7?",
+    "Write a haiku about rain.",
+    "Explain recursion briefly.",
+    "List three colours.",
+    "Translate 'good morning' to French.",
+    "Why is the sky blue?",
 ]
 
 
@@ -130,10 +133,18 @@ def test_stub_drafts_always_and_never(tiny, mode):
     ref = plain_decode(model, prompt, n_new, set())
     seq = prompt + ref.tokens
     aux = default_aux_layer_ids(model.config.num_hidden_layers)
-    always = SpeculativeDecoder(model, OracleDraft(seq, model.config.vocab_size), aux, mode=mode, depth=depth,
-                                topk=2, num_draft_tokens=12).generate(prompt, n_new)
-    never = SpeculativeDecoder(model, OracleDraft(seq, model.config.vocab_size, rank=lambda t: None), aux,
-                               mode=mode, depth=depth, topk=2, num_draft_tokens=12).generate(prompt, n_new)
+    always = SpeculativeDecoder(
+        model, OracleDraft(seq, model.config.vocab_size), aux, mode=mode, depth=depth, topk=2, num_draft_tokens=12
+    ).generate(prompt, n_new)
+    never = SpeculativeDecoder(
+        model,
+        OracleDraft(seq, model.config.vocab_size, rank=lambda t: None),
+        aux,
+        mode=mode,
+        depth=depth,
+        topk=2,
+        num_draft_tokens=12,
+    ).generate(prompt, n_new)
     assert always.tokens == ref.tokens == never.tokens
     # the last round may be cut by the token budget; every full round accepts all D
     assert always.accept_lens[:-1] == [depth] * (always.rounds - 1)
@@ -209,8 +220,15 @@ def test_sampled_outputs_follow_target_distribution(mode):
     from a speculation round that accepts, rejects and adds bonus tokens."""
     v = 5
     torch.manual_seed(3)
-    cfg = LlamaConfig(vocab_size=v, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=v,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20)  # peaky rows: a few hundred draws fill the likely cells
@@ -243,8 +261,16 @@ def test_eos_stops_decoding(tiny):
     d, aux = random_draft(model)
     seq = prompts[2] + ref.tokens
     for mode in ("chain", "tree"):
-        out = SpeculativeDecoder(model, OracleDraft(seq, model.config.vocab_size), aux, mode=mode, depth=4,
-                                 topk=2, num_draft_tokens=8, eos=stop).generate(prompts[2], 12)
+        out = SpeculativeDecoder(
+            model,
+            OracleDraft(seq, model.config.vocab_size),
+            aux,
+            mode=mode,
+            depth=4,
+            topk=2,
+            num_draft_tokens=8,
+            eos=stop,
+        ).generate(prompts[2], 12)
         first = ref.tokens.index(ref.tokens[5])
         assert out.tokens == ref.tokens[: first + 1]
     assert 2 in eos_ids_of(model, tok)

@@ -23,7 +23,11 @@ from eagle3cli.model.export import (
 )
 
 EXPECTED_NAMES = {
-    "fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d",
+    "fc.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
     *(f"midlayer.self_attn.{p}_proj.weight" for p in "qkvo"),
     *(f"midlayer.mlp.{p}_proj.weight" for p in ("gate", "up", "down")),
     *(f"midlayer.{n}.weight" for n in ("input_layernorm", "hidden_norm", "post_attention_layernorm")),
@@ -33,9 +37,16 @@ EXPECTED_NAMES = {
 @pytest.fixture(scope="module")
 def target():
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=300, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=4096,
-                      tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=300,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -100,15 +111,25 @@ def test_load_refuses_wrong_names_shapes_and_configs(tmp_path, target):
         load_head(head)
     save_file(t, str(head / "model.safetensors"))
     cfg = json.loads((head / "config.json").read_text())
-    for key, value, msg in [("tie_word_embeddings", True, "tie_word_embeddings"),
-                            ("draft_vocab_size", None, "draft_vocab_size is missing"),
-                            ("architectures", ["LlamaForCausalLM"], "architectures")]:
+    for key, value, msg in [
+        ("tie_word_embeddings", True, "tie_word_embeddings"),
+        ("draft_vocab_size", None, "draft_vocab_size is missing"),
+        ("architectures", ["LlamaForCausalLM"], "architectures"),
+    ]:
         (head / "config.json").write_text(json.dumps(dict(cfg, **{key: value})))
         with pytest.raises(UsageError, match=msg):
             load_head(head)
     (head / "config.json").write_text(json.dumps(cfg))
-    small = LlamaForCausalLM(LlamaConfig(vocab_size=200, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2))
+    small = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=200,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+        )
+    )
     with pytest.raises(UsageError, match="embeddings are"):
         load_head(head, small)
 

@@ -23,8 +23,17 @@ def _read(path: Path):
 
 
 def test_sharegpt_json_array_and_jsonl(tmp_path):
-    rows = [{"id": "a", "conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi"},
-                                          {"from": "gpt", "value": "Hello"}, {"from": "human", "value": "Bye"}]}]
+    rows = [
+        {
+            "id": "a",
+            "conversations": [
+                {"from": "system", "value": "Be brief."},
+                {"from": "human", "value": "Hi"},
+                {"from": "gpt", "value": "Hello"},
+                {"from": "human", "value": "Bye"},
+            ],
+        }
+    ]
     arr = tmp_path / "sg.json"
     arr.write_text(json.dumps(rows))
     for path in (arr, _jsonl(tmp_path / "sg.jsonl", rows)):
@@ -49,8 +58,18 @@ def test_shared_sharegpt_and_mtbench_and_gsm8k(shared_data):
 
 
 def test_ultrachat_messages_and_data_forms(tmp_path):
-    msgs = _read(_jsonl(tmp_path / "uc.jsonl", [{"prompt_id": "p1", "prompt": "Q?", "messages": [
-        {"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}]}]))
+    msgs = _read(
+        _jsonl(
+            tmp_path / "uc.jsonl",
+            [
+                {
+                    "prompt_id": "p1",
+                    "prompt": "Q?",
+                    "messages": [{"role": "user", "content": "Q?"}, {"role": "assistant", "content": "A."}],
+                }
+            ],
+        )
+    )
     assert msgs.shape == "messages" and msgs.records[0]["id"] == "uc:p1"
     data = _read(_jsonl(tmp_path / "uc_orig.jsonl", [{"id": 7, "data": ["Q1", "A1", "Q2", "A2"]}]))
     assert data.shape == "ultrachat"
@@ -66,8 +85,10 @@ def test_prompt_jsonl_and_parquet(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    pq.write_table(pa.Table.from_pylist([{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]),
-                   tmp_path / "g.parquet")
+    pq.write_table(
+        pa.Table.from_pylist([{"question": "1+1?", "answer": "2"}, {"question": "2+2?", "answer": "4"}]),
+        tmp_path / "g.parquet",
+    )
     pres = _read(tmp_path / "g.parquet")
     assert pres.shape == "gsm8k" and len(pres.records) == 2 and pres.records[1]["messages"][0]["content"] == "2+2?"
 
@@ -76,26 +97,47 @@ def test_every_bad_record_kind_is_rejected_with_its_reason(tmp_path):
     good = {"messages": [{"role": "user", "content": "fine"}, {"role": "assistant", "content": "ok"}]}
     rows = [
         good,
-        '{"messages": [',                                                                  # malformed_json
-        {"messages": [{"role": "user"}]},                                                   # missing_fields
-        {"prompt": "no messages key"},                                                      # missing_fields
-        {"messages": [{"role": "wizard", "content": "x"}]},                                 # unknown_role
-        {"messages": [{"role": "user", "content": "   "}]},                                 # empty_content
-        {"messages": [{"role": "user", "content": ["a", "list"]}]},                         # non_string_content
+        '{"messages": [',  # malformed_json
+        {"messages": [{"role": "user"}]},  # missing_fields
+        {"prompt": "no messages key"},  # missing_fields
+        {"messages": [{"role": "wizard", "content": "x"}]},  # unknown_role
+        {"messages": [{"role": "user", "content": "   "}]},  # empty_content
+        {"messages": [{"role": "user", "content": ["a", "list"]}]},  # non_string_content
         {"messages": [{"role": "system", "content": "sys"}, {"role": "assistant", "content": "a"}]},  # no_user_turn
-        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                      {"role": "assistant", "content": "c"}]},                              # wrong_role_order
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "assistant", "content": "b"},
+                {"role": "assistant", "content": "c"},
+            ]
+        },  # wrong_role_order
         {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]},  # wrong_role_order
     ]
     res = _read(_jsonl(tmp_path / "bad.jsonl", rows))
     assert len(res.records) == 1
     reasons = [r["reason"] for r in res.rejects]
-    assert reasons == ["malformed_json", "missing_fields", "missing_fields", "unknown_role", "empty_content",
-                       "non_string_content", "no_user_turn", "wrong_role_order", "wrong_role_order"]
+    assert reasons == [
+        "malformed_json",
+        "missing_fields",
+        "missing_fields",
+        "unknown_role",
+        "empty_content",
+        "non_string_content",
+        "no_user_turn",
+        "wrong_role_order",
+        "wrong_role_order",
+    ]
     assert all(r["detail"] and r["source"] == "bad" for r in res.rejects)
-    sg = _read(_jsonl(tmp_path / "sg.jsonl", [{"conversations": [{"from": "human", "value": "hi"}]},
-                                               {"conversations": [{"from": "robot", "value": "hi"}]},
-                                               {"conversations": [{"value": "hi"}]}]))
+    sg = _read(
+        _jsonl(
+            tmp_path / "sg.jsonl",
+            [
+                {"conversations": [{"from": "human", "value": "hi"}]},
+                {"conversations": [{"from": "robot", "value": "hi"}]},
+                {"conversations": [{"value": "hi"}]},
+            ],
+        )
+    )
     assert [r["reason"] for r in sg.rejects] == ["unknown_role", "missing_fields"]
 
 
@@ -117,14 +159,31 @@ def test_unknown_format_file_is_a_usage_error_exit_2(tmp_path, tiny_target_dir, 
         err = " ".join(capsys.readouterr().err.split())  # rich wraps lines
         assert "not in any known format" in err and "ShareGPT" in err
     assert not (tmp_path / "o").exists()
-    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(tmp_path / "missing.jsonl"),
-                 "--out", str(tmp_path / "o")]) == 2
+    assert (
+        main(
+            [
+                "gen-data",
+                "--target",
+                str(tiny_target_dir),
+                "--input",
+                str(tmp_path / "missing.jsonl"),
+                "--out",
+                str(tmp_path / "o"),
+            ]
+        )
+        == 2
+    )
 
 
 def test_hf_dataset_offline_is_a_clear_usage_error(monkeypatch):
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     spec = parse_input_spec("hf:no-such-org/no-such-dataset:train:0.5")
-    assert (spec.hf_name, spec.hf_config, spec.hf_split, spec.weight) == ("no-such-org/no-such-dataset", None, "train", 0.5)
+    assert (spec.hf_name, spec.hf_config, spec.hf_split, spec.weight) == (
+        "no-such-org/no-such-dataset",
+        None,
+        "train",
+        0.5,
+    )
     with pytest.raises(UsageError, match="could not be loaded"):
         read_input(spec)
 
@@ -139,8 +198,12 @@ def test_input_spec_weights(tmp_path):
 def test_mixture_quotas_dedup_and_seeded_shuffle(tmp_path):
     a = _read(_jsonl(tmp_path / "a.jsonl", [{"prompt": f"question {i}"} for i in range(40)]))
     # b repeats two of a's prompts up to case and whitespace: deduplicated by normalised first prompt
-    b = _read(_jsonl(tmp_path / "b.jsonl", [{"prompt": f"other {i}"} for i in range(40)]
-                     + [{"prompt": "QUESTION   1"}, {"prompt": " question 2 "}]))
+    b = _read(
+        _jsonl(
+            tmp_path / "b.jsonl",
+            [{"prompt": f"other {i}"} for i in range(40)] + [{"prompt": "QUESTION   1"}, {"prompt": " question 2 "}],
+        )
+    )
     b.spec.weight = 3.0
     plan, dups = build_plan([a, b], num_samples=20, seed=1)
     assert len(plan) == 20
@@ -166,12 +229,31 @@ def test_gen_data_recipes_load_into_the_config(recipe):
 
 
 def test_config_errors_are_reported_together(tmp_path, capsys):
-    rc = main(["gen-data", "--input", "x.jsonl", "--backend", "vllm", "--temperature", "-1", "--top-p", "0",
-               "--batch-size", "0"])
+    rc = main(
+        [
+            "gen-data",
+            "--input",
+            "x.jsonl",
+            "--backend",
+            "vllm",
+            "--temperature",
+            "-1",
+            "--top-p",
+            "0",
+            "--batch-size",
+            "0",
+        ]
+    )
     err = " ".join(capsys.readouterr().err.split())
     assert rc == 2
-    for needle in ("--target is required", "--run runs/NAME", "--backend 'vllm'", "--temperature", "--top-p",
-                   "--batch-size"):
+    for needle in (
+        "--target is required",
+        "--run runs/NAME",
+        "--backend 'vllm'",
+        "--temperature",
+        "--top-p",
+        "--batch-size",
+    ):
         assert needle in err
     assert main(["gen-data", "--target", "t", "--input", "x", "--out", str(tmp_path), "--endpoint", "http://h:1"]) == 2
     assert "add --backend openai" in " ".join(capsys.readouterr().err.split())

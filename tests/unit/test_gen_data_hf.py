@@ -10,8 +10,13 @@ from eagle3cli.data.hf import HFBackend, encode_prompt
 from eagle3cli.data.regen import Conversation, Sampling
 from eagle3cli.model.target import load_target
 
-PROMPTS = ["hi", "What is two plus two? Think step by step.", "a b c d e f g h i j k l m n o p q r s t",
-           "Write a poem about the sea", "Natalia sold clips to 48 of her friends in April."]
+PROMPTS = [
+    "hi",
+    "What is two plus two? Think step by step.",
+    "a b c d e f g h i j k l m n o p q r s t",
+    "Write a poem about the sea",
+    "Natalia sold clips to 48 of her friends in April.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +32,13 @@ def test_batched_greedy_equals_per_sample_generate(target):
     assert len({len(p) for p in prompts}) > 1  # really padded
     outs = b.generate_sorted(prompts, [0] * len(prompts))
     for p, o in zip(prompts, outs):
-        ref = model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False,
-                             eos_token_id=sorted(b.stop_ids), pad_token_id=b.pad_id)[0, len(p):]
+        ref = model.generate(
+            torch.tensor([p]),
+            max_new_tokens=12,
+            do_sample=False,
+            eos_token_id=sorted(b.stop_ids),
+            pad_token_id=b.pad_id,
+        )[0, len(p) :]
         hit_eos = bool(ref.numel()) and int(ref[-1]) in b.stop_ids
         assert o.text == tok.decode(ref, skip_special_tokens=True)
         assert o.finish_reason == ("stop" if hit_eos else "length")
@@ -59,13 +69,23 @@ def test_multi_turn_conditions_on_regenerated_turns(target):
     model, tok = target
     trace = []
     b = HFBackend(model, tok, Sampling(max_new_tokens=8, temperature=0), batch_size=4, trace=trace)
-    convs = [_conv(0, ["First question?", "Second question?", "Third?"], ["ORIGINAL-ONE", "ORIGINAL-TWO", "ORIGINAL-3"]),
-             _conv(1, ["Only one turn here."])]
+    convs = [
+        _conv(0, ["First question?", "Second question?", "Third?"], ["ORIGINAL-ONE", "ORIGINAL-TWO", "ORIGINAL-3"]),
+        _conv(1, ["Only one turn here."]),
+    ]
     finished = []
     b.regenerate(convs, finished.append)
     assert sorted(c.index for c in finished) == [0, 1] and finished[0].index == 1  # short one finishes first
     rec = convs[0].result()
-    assert [m["role"] for m in rec["messages"]] == ["system", "user", "assistant", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in rec["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     answers = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
     assert all(a.strip() for a in answers) and "ORIGINAL" not in "".join(answers)
     prompts = {(rid, turn): text for rid, turn, text in trace}
@@ -73,7 +93,9 @@ def test_multi_turn_conditions_on_regenerated_turns(target):
     assert answers[1] in prompts[("t:0", 2)]
     assert "ORIGINAL" not in "".join(prompts.values())
     assert prompts[("t:0", 2)].startswith("<|im_start|>system\nYou are terse.")
-    assert [t["prompt_tokens"] for t in rec["meta"]["turns"]] == sorted(t["prompt_tokens"] for t in rec["meta"]["turns"])
+    assert [t["prompt_tokens"] for t in rec["meta"]["turns"]] == sorted(
+        t["prompt_tokens"] for t in rec["meta"]["turns"]
+    )
 
 
 def test_truncated_turns_dropped_or_flagged(target):

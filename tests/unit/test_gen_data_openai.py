@@ -46,14 +46,26 @@ def _free_port() -> int:
 @pytest.fixture
 def mt_input(tmp_path):
     p = tmp_path / "mt.jsonl"
-    p.write_text("".join(json.dumps({"question_id": i, "turns": [f"Question {i}?", f"Follow-up {i}?"]}) + "\n"
-                         for i in range(4)))
+    p.write_text(
+        "".join(json.dumps({"question_id": i, "turns": [f"Question {i}?", f"Follow-up {i}?"]}) + "\n" for i in range(4))
+    )
     return p
 
 
 def _cfg(target, inputs, out, endpoints, **kw):
-    base = dict(target=str(target), inputs=(str(inputs),), out=out, backend="openai", endpoints=tuple(endpoints),
-                max_new_tokens=6, temperature=0.0, concurrency=4, timeout_s=6.0, retries=6, backoff_s=0.05)
+    base = dict(
+        target=str(target),
+        inputs=(str(inputs),),
+        out=out,
+        backend="openai",
+        endpoints=tuple(endpoints),
+        max_new_tokens=6,
+        temperature=0.0,
+        concurrency=4,
+        timeout_s=6.0,
+        retries=6,
+        backoff_s=0.05,
+    )
     base.update(kw)
     return GenDataConfig(**base)
 
@@ -66,11 +78,18 @@ def test_server_endpoints(server_factory):
     srv = server_factory()
     assert httpx.get(f"{srv.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"] == "tiny"
-    chat = httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
-                                                             "max_tokens": 3, "temperature": 0}).json()
+    chat = httpx.post(
+        f"{srv.url}/v1/chat/completions",
+        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0},
+    ).json()
     assert chat["choices"][0]["finish_reason"] in ("stop", "length") and chat["usage"]["completion_tokens"] <= 3
-    gen = httpx.post(f"{srv.url}/generate", json={"text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
-                                                  "sampling_params": {"max_new_tokens": 3, "temperature": 0}}).json()
+    gen = httpx.post(
+        f"{srv.url}/generate",
+        json={
+            "text": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n",
+            "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+        },
+    ).json()
     assert gen["text"] == chat["choices"][0]["message"]["content"]  # same template, same greedy text
     assert gen["meta_info"]["completion_tokens"] == chat["usage"]["completion_tokens"]
     assert gen["meta_info"]["finish_reason"]["type"] == chat["choices"][0]["finish_reason"]

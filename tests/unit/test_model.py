@@ -11,8 +11,14 @@ from eagle3cli.model.target import capture_features, default_aux_layer_ids
 
 def _target(layers=8):
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=120, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
-                      num_attention_heads=4, num_key_value_heads=2)
+    cfg = LlamaConfig(
+        vocab_size=120,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -52,11 +58,23 @@ def test_ttt_unroll_equals_chained_incremental_drafting():
 def test_draft_parameter_names_are_sglangs():
     cfg = draft_config_from_target(_target().config, 60, (2, 4, 5))
     names = set(Eagle3Draft(cfg).state_dict())
-    for n in ["fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.self_attn.k_proj.weight",
-              "midlayer.self_attn.v_proj.weight", "midlayer.self_attn.o_proj.weight", "midlayer.mlp.gate_proj.weight",
-              "midlayer.mlp.up_proj.weight", "midlayer.mlp.down_proj.weight", "midlayer.input_layernorm.weight",
-              "midlayer.hidden_norm.weight", "midlayer.post_attention_layernorm.weight", "norm.weight",
-              "lm_head.weight", "d2t", "t2d"]:
+    for n in [
+        "fc.weight",
+        "midlayer.self_attn.q_proj.weight",
+        "midlayer.self_attn.k_proj.weight",
+        "midlayer.self_attn.v_proj.weight",
+        "midlayer.self_attn.o_proj.weight",
+        "midlayer.mlp.gate_proj.weight",
+        "midlayer.mlp.up_proj.weight",
+        "midlayer.mlp.down_proj.weight",
+        "midlayer.input_layernorm.weight",
+        "midlayer.hidden_norm.weight",
+        "midlayer.post_attention_layernorm.weight",
+        "norm.weight",
+        "lm_head.weight",
+        "d2t",
+        "t2d",
+    ]:
         assert n in names, n
     d = Eagle3Draft(cfg)
     assert d.midlayer.self_attn.q_proj.in_features == 2 * 32 and d.fc.in_features == 3 * 32

@@ -80,11 +80,14 @@ class StandIn:
                         meta["spec_verify_ct"] = passes
                     self._send({"text": "x" * n, "meta_info": meta})
                 elif self.path == "/v1/chat/completions":
-                    resp = {"choices": [{"message": {"role": "assistant", "content": "x"}}],
-                            "usage": {"completion_tokens": n, "prompt_tokens": 5}}
+                    resp = {
+                        "choices": [{"message": {"role": "assistant", "content": "x"}}],
+                        "usage": {"completion_tokens": n, "prompt_tokens": 5},
+                    }
                     if outer.speculative and body.get("return_spec_tokens_details"):
-                        resp["sglext"] = {"spec_tokens_details": {"spec_verify_ct": passes,
-                                                                  "spec_accept_length": n / passes}}
+                        resp["sglext"] = {
+                            "spec_tokens_details": {"spec_verify_ct": passes, "spec_accept_length": n / passes}
+                        }
                     self._send(resp)
                 else:
                     self._send({"error": "not found"}, 404)
@@ -111,8 +114,12 @@ def servers():
 @pytest.fixture
 def prompts(tmp_path):
     p = tmp_path / "prompts.jsonl"
-    rows = [{"prompt": "a"}, {"question": "b"}, {"turns": ["c", "d"]},
-            {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "e"}]}]
+    rows = [
+        {"prompt": "a"},
+        {"question": "b"},
+        {"turns": ["c", "d"]},
+        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "e"}]},
+    ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     return p
 
@@ -140,15 +147,27 @@ def test_failed_level_gets_no_speedup():
     def level(server, c, tput, failed=0):
         return LevelResult(server, c, 4, failed, 1.0, int(tput), tput, 4.0, 0.1, 0.1, 0.1, None, None)
 
-    levels = [level("speculative", 1, 200.0), level("baseline", 1, 100.0),
-              level("speculative", 8, 0.0, failed=4), level("baseline", 8, 400.0)]
+    levels = [
+        level("speculative", 1, 200.0),
+        level("baseline", 1, 100.0),
+        level("speculative", 8, 0.0, failed=4),
+        level("baseline", 8, 400.0),
+    ]
     assert speedups(levels) == {1: 2.0}
 
 
 def test_bench_generate_api(servers, prompts, tmp_path):
     spec, base = servers
-    cfg = BenchConfig(spec_url=spec.url, base_url=base.url, concurrency=(1, 8), requests=8, max_tokens=32,
-                      prompts=prompts, out=tmp_path / "bench", ignore_eos=True)
+    cfg = BenchConfig(
+        spec_url=spec.url,
+        base_url=base.url,
+        concurrency=(1, 8),
+        requests=8,
+        max_tokens=32,
+        prompts=prompts,
+        out=tmp_path / "bench",
+        ignore_eos=True,
+    )
     out = run_bench(cfg)
     report = json.loads((out / "bench.json").read_text())
     levels = {(r["server"], r["concurrency"]): r for r in report["levels"]}
@@ -171,8 +190,25 @@ def test_bench_generate_api(servers, prompts, tmp_path):
 
 def test_bench_openai_api_via_cli(servers, prompts, tmp_path, capsys):
     spec, _ = servers
-    code = main(["serve-bench", "--spec-url", spec.url, "--api", "openai", "--concurrency", "2", "--requests", "4",
-                 "--max-tokens", "8", "--prompts", str(prompts), "--out", str(tmp_path / "b")])
+    code = main(
+        [
+            "serve-bench",
+            "--spec-url",
+            spec.url,
+            "--api",
+            "openai",
+            "--concurrency",
+            "2",
+            "--requests",
+            "4",
+            "--max-tokens",
+            "8",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     report = json.loads((tmp_path / "b" / "bench.json").read_text())
@@ -188,8 +224,17 @@ def test_bench_openai_api_via_cli(servers, prompts, tmp_path, capsys):
 def test_bench_unreachable_server_exits_2(prompts, tmp_path, capsys):
     from eagle3cli.serve.preflight import free_port
 
-    code = main(["serve-bench", "--spec-url", f"http://127.0.0.1:{free_port()}", "--prompts", str(prompts),
-                 "--out", str(tmp_path / "b")])
+    code = main(
+        [
+            "serve-bench",
+            "--spec-url",
+            f"http://127.0.0.1:{free_port()}",
+            "--prompts",
+            str(prompts),
+            "--out",
+            str(tmp_path / "b"),
+        ]
+    )
     assert code == 2 and "not healthy" in " ".join(capsys.readouterr().err.split())
 
 

@@ -69,12 +69,21 @@ def test_eval_report_errors(tmp_path):
 
 # ---------------------------------------------------------------- command shapes
 def test_sglang_command_shape():
-    argv = sglang_command("T", "H", SpecNumbers(3, 1, 4, "flags"), "0.0.0.0", 31000, ["--tp-size", "2"], python="python")
+    argv = sglang_command(
+        "T", "H", SpecNumbers(3, 1, 4, "flags"), "0.0.0.0", 31000, ["--tp-size", "2"], python="python"
+    )
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     pairs = dict(zip(argv[3:-2:2], argv[4:-2:2]))
-    assert pairs == {"--model-path": "T", "--speculative-algorithm": "EAGLE3", "--speculative-draft-model-path": "H",
-                     "--speculative-num-steps": "3", "--speculative-eagle-topk": "1",
-                     "--speculative-num-draft-tokens": "4", "--host": "0.0.0.0", "--port": "31000"}
+    assert pairs == {
+        "--model-path": "T",
+        "--speculative-algorithm": "EAGLE3",
+        "--speculative-draft-model-path": "H",
+        "--speculative-num-steps": "3",
+        "--speculative-eagle-topk": "1",
+        "--speculative-num-draft-tokens": "4",
+        "--host": "0.0.0.0",
+        "--port": "31000",
+    }
     assert argv[-2:] == ["--tp-size", "2"]
 
 
@@ -102,22 +111,33 @@ def test_ready_request_is_valid_json():
 
 
 # ---------------------------------------------------------------- SGLang's own parser
-@pytest.mark.parametrize("spec,extra", [
-    (SGLANG_DEFAULTS, []),
-    (SpecNumbers(3, 1, 4, "chain"), []),
-    (SpecNumbers(5, 8, 32, "tree"), ["--mem-fraction-static", "0.8", "--context-length", "4096"]),
-    (SpecNumbers(7, 1, 8, "deep chain"), ["--tp-size", "2", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", "32"]),
-])
+@pytest.mark.parametrize(
+    "spec,extra",
+    [
+        (SGLANG_DEFAULTS, []),
+        (SpecNumbers(3, 1, 4, "chain"), []),
+        (SpecNumbers(5, 8, 32, "tree"), ["--mem-fraction-static", "0.8", "--context-length", "4096"]),
+        (
+            SpecNumbers(7, 1, 8, "deep chain"),
+            ["--tp-size", "2", "--dtype", "bfloat16", "--cuda-graph-max-bs-decode", "32"],
+        ),
+    ],
+)
 def test_commands_parse_under_sglang(sglang_parser, spec, extra):
-    check = validate_sglang_argv(sglang_command("models/tiny-target", "runs/demo/head", spec, "127.0.0.1", 30000, extra))
+    check = validate_sglang_argv(
+        sglang_command("models/tiny-target", "runs/demo/head", spec, "127.0.0.1", 30000, extra)
+    )
     assert check.available and check.ok, check.message
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--mem-frac", "0.8"], "unrecognized arguments: --mem-frac"),             # abbreviations are refused
-    (["--speculative-eagle-topk", "x"], "invalid int value"),
-    (["--no-such-flag"], "unrecognized arguments"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--mem-frac", "0.8"], "unrecognized arguments: --mem-frac"),  # abbreviations are refused
+        (["--speculative-eagle-topk", "x"], "invalid int value"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+)
 def test_sglang_rejects_bad_flags(sglang_parser, extra, needle):
     check = validate_sglang_argv(sglang_command("T", "H", SGLANG_DEFAULTS, "127.0.0.1", 30000, extra))
     assert check.available and not check.ok and needle in check.message
@@ -134,8 +154,23 @@ def test_sglang_parsed_values_are_checked(sglang_parser):
 def test_dry_run_prints_a_command_sglang_parses(sglang_parser, head, tiny_target_dir, tmp_path, capsys):
     """The exported head passes preflight and its dry-run command parses (the issue's 'done when')."""
     ev = write_report(tmp_path / "eval", {"steps": 4, "topk": 1, "num_draft_tokens": 5})
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--from-eval", str(ev),
-                 "--dry-run", "--port", "30123", "--", "--mem-fraction-static", "0.7"])
+    code = main(
+        [
+            "serve",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(head),
+            "--from-eval",
+            str(ev),
+            "--dry-run",
+            "--port",
+            "30123",
+            "--",
+            "--mem-fraction-static",
+            "0.7",
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     argv = shlex.split(cap.out.replace("\\\n", " "))
@@ -148,14 +183,31 @@ def test_dry_run_prints_a_command_sglang_parses(sglang_parser, head, tiny_target
 
 
 def test_dry_run_refuses_abbreviated_engine_flag(sglang_parser, head, tiny_target_dir, capsys):
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--dry-run",
-                 "--", "--mem-frac", "0.8"])
+    code = main(
+        ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--dry-run", "--", "--mem-frac", "0.8"]
+    )
     assert code == 2 and "rejects the command" in " ".join(capsys.readouterr().err.split())
 
 
 def test_dry_run_vllm(head, tiny_target_dir, capsys):
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run",
-                 "--steps", "3", "--topk", "1", "--draft-tokens", "4"])
+    code = main(
+        [
+            "serve",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(head),
+            "--engine",
+            "vllm",
+            "--dry-run",
+            "--steps",
+            "3",
+            "--topk",
+            "1",
+            "--draft-tokens",
+            "4",
+        ]
+    )
     cap = capsys.readouterr()
     assert code == 0, cap.err
     argv = shlex.split(cap.out.replace("\\\n", " "))
@@ -164,13 +216,17 @@ def test_dry_run_vllm(head, tiny_target_dir, capsys):
 
 def test_dry_run_vllm_refuses_a_tree(head, tiny_target_dir, capsys):
     code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"])
-    assert code == 2 and "drafts a chain" in " ".join(capsys.readouterr().err.split())  # SGLang's default topk 4 is a tree
+    assert code == 2 and "drafts a chain" in " ".join(
+        capsys.readouterr().err.split()
+    )  # SGLang's default topk 4 is a tree
 
 
 def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
     recipe = tmp_path / "serve.yaml"
-    recipe.write_text(f"serve:\n  target: {tiny_target_dir}\n  head: {head}\n  engine: vllm\n  steps: 2\n"
-                      f"  topk: 1\n  draft_tokens: 3\n  port: 30999\n")
+    recipe.write_text(
+        f"serve:\n  target: {tiny_target_dir}\n  head: {head}\n  engine: vllm\n  steps: 2\n"
+        f"  topk: 1\n  draft_tokens: 3\n  port: 30999\n"
+    )
     code = main(["serve", "--recipe", str(recipe), "--dry-run", "--port", "31000"])
     cap = capsys.readouterr()
     assert code == 0, cap.err

@@ -19,7 +19,7 @@ import pytest
 from eagle3cli.serve.launch import HEALTH_TIMEOUT_EXIT, exit_code, launch
 from eagle3cli.serve.preflight import free_port
 
-STANDIN = textwrap.dedent('''
+STANDIN = textwrap.dedent("""
     import http.server, signal, subprocess, sys, time
     port, delay, mode, pidfile = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3], sys.argv[4]
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])  # a "scheduler" process
@@ -48,7 +48,7 @@ STANDIN = textwrap.dedent('''
     while not (mode == "exit3" and time.time() - t0 > 1.0):
         srv.handle_request()
     sys.exit(3)
-''')
+""")
 
 
 @pytest.fixture
@@ -112,8 +112,10 @@ def test_health_timeout_stops_the_group(standin, capfd):
 
 
 def _launcher(argv, port, grace=2.0) -> subprocess.Popen:
-    code = ("import sys; from eagle3cli.serve.launch import launch; "
-            f"sys.exit(launch({argv!r}, '127.0.0.1', {port}, health_timeout_s=60, grace_s={grace}))")
+    code = (
+        "import sys; from eagle3cli.serve.launch import launch; "
+        f"sys.exit(launch({argv!r}, '127.0.0.1', {port}, health_timeout_s=60, grace_s={grace}))"
+    )
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -171,8 +173,25 @@ def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_pa
     monkeypatch.setattr(preflight, "check_engine_installed", lambda engine: [])
     monkeypatch.setattr(run, "build_command", lambda *a, **k: argv)
     monkeypatch.setattr(run, "validate_sglang_argv", lambda a: ParserCheck(True, True, "stand-in"))
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--port", str(port),
-                 "--steps", "3", "--topk", "1", "--draft-tokens", "4", "--health-timeout", "30"])
+    code = main(
+        [
+            "serve",
+            "--target",
+            str(tiny_target_dir),
+            "--head",
+            str(head),
+            "--port",
+            str(port),
+            "--steps",
+            "3",
+            "--topk",
+            "1",
+            "--draft-tokens",
+            "4",
+            "--health-timeout",
+            "30",
+        ]
+    )
     err = capfd.readouterr().err
     assert code == 3
     assert "sglang | standin: ready" in err and f"http://127.0.0.1:{port}/generate" in err

@@ -157,8 +157,12 @@ def test_non_default_aux_ids_need_both_fields(tmp_path, deep_target_dir):
 
 
 def test_fc_width_disagrees_with_aux_ids(head, tiny_target_dir):
-    edit_config(head, eagle3={"aux_layer_ids": [1, 2]}, eagle_aux_hidden_state_layer_ids=[1, 2],
-                eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1], "use_aux_hidden_state": True})
+    edit_config(
+        head,
+        eagle3={"aux_layer_ids": [1, 2]},
+        eagle_aux_hidden_state_layer_ids=[1, 2],
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1], "use_aux_hidden_state": True},
+    )
     only_error(pf.check_head(head, tiny_target_dir), "fc.weight reads 3 aux features")
 
 
@@ -223,19 +227,23 @@ def test_partial_spec_flags(flags):
     assert "give all three" in p.fix
 
 
-@pytest.mark.parametrize("steps,topk,draft,engine", [(3, 1, 4, "sglang"), (5, 4, 8, "sglang"), (5, 8, 41, "sglang"),
-                                                     (7, 1, 8, "vllm")])
+@pytest.mark.parametrize(
+    "steps,topk,draft,engine", [(3, 1, 4, "sglang"), (5, 4, 8, "sglang"), (5, 8, 41, "sglang"), (7, 1, 8, "vllm")]
+)
 def test_valid_spec_numbers(steps, topk, draft, engine):
     assert pf.check_spec_numbers(steps, topk, draft, engine) == []
 
 
-@pytest.mark.parametrize("steps,topk,draft,engine,needle", [
-    (3, 2, 8, "sglang", "> steps*topk+1 = 7"),
-    (3, 1, 3, "sglang", "verifies exactly steps+1 = 4"),
-    (5, 4, 8, "vllm", "drafts a chain"),
-    (0, 1, 1, "sglang", "--steps is 0"),
-    (3, 1, 1, "sglang", "--draft-tokens is 1"),
-])
+@pytest.mark.parametrize(
+    "steps,topk,draft,engine,needle",
+    [
+        (3, 2, 8, "sglang", "> steps*topk+1 = 7"),
+        (3, 1, 3, "sglang", "verifies exactly steps+1 = 4"),
+        (5, 4, 8, "vllm", "drafts a chain"),
+        (0, 1, 1, "sglang", "--steps is 0"),
+        (3, 1, 1, "sglang", "--draft-tokens is 1"),
+    ],
+)
 def test_invalid_spec_numbers(steps, topk, draft, engine, needle):
     problems = pf.check_spec_numbers(steps, topk, draft, engine)
     assert problems and any(needle in p.what for p in problems), problems
@@ -268,7 +276,11 @@ def test_no_gpu(monkeypatch):
 
 
 def test_raise_if_errors_lists_every_error():
-    problems = [pf.Problem("a broke", "fix a"), pf.Problem("b is odd", "fix b", "warning"), pf.Problem("c broke", "fix c")]
+    problems = [
+        pf.Problem("a broke", "fix a"),
+        pf.Problem("b is odd", "fix b", "warning"),
+        pf.Problem("c broke", "fix c"),
+    ]
     with pytest.raises(UsageError) as e:
         pf.raise_if_errors(problems, "next")
     assert "2 problem(s)" in e.value.what and "fix a" in e.value.what and "c broke" in e.value.what

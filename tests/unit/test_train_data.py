@@ -24,8 +24,11 @@ def test_plan_covers_each_sample_once_within_budget_and_is_deterministic():
 
 
 def test_collate_right_pads_with_zero_and_false():
-    a = {"input_ids": torch.tensor([5, 6, 7]), "loss_mask": torch.tensor([False, True, True]),
-         "aux_hidden": torch.ones(3, 4)}
+    a = {
+        "input_ids": torch.tensor([5, 6, 7]),
+        "loss_mask": torch.tensor([False, True, True]),
+        "aux_hidden": torch.ones(3, 4),
+    }
     b = {"input_ids": torch.tensor([8]), "loss_mask": torch.tensor([True]), "aux_hidden": torch.ones(1, 4)}
     out = collate([a, b])
     assert out["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]

@@ -40,8 +40,18 @@ def run_dir(tmp_path, base_run):
 def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_target_dir):
     from transformers import AutoModelForCausalLM
 
-    cfg = build_config(TrainConfig, None, "train", run=run_dir, max_steps=4, log_every=2, save_every=2,
-                       token_budget=640, max_length=160, ttt_steps=3)
+    cfg = build_config(
+        TrainConfig,
+        None,
+        "train",
+        run=run_dir,
+        max_steps=4,
+        log_every=2,
+        save_every=2,
+        token_budget=640,
+        max_length=160,
+        ttt_steps=3,
+    )
     tr = setup(cfg)
     fit(tr)
     head = finish(tr)
@@ -85,8 +95,13 @@ def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir):
     import os
 
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
-    p = subprocess.Popen([sys.executable, "-m", "eagle3cli", "train", "--run", str(run_dir), *args],
-                         cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "eagle3cli", "train", "--run", str(run_dir), *args],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 240
     while time.time() < deadline and p.poll() is None and len(metrics(run_dir)) < 5:
         time.sleep(0.05)
@@ -102,14 +117,16 @@ def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir):
 
 
 def test_resume_with_other_settings_is_refused(run_dir, capsys):
-    assert main(["train", "--run", str(run_dir), "--max-steps", "2", "--log-every", "1", "--save-every", "1",
-                 *FAST]) == 0
+    assert (
+        main(["train", "--run", str(run_dir), "--max-steps", "2", "--log-every", "1", "--save-every", "1", *FAST]) == 0
+    )
     assert main(["train", "--run", str(run_dir), "--max-steps", "3", "--lr", "1e-2", *FAST]) == 2
     assert "other settings (lr)" in " ".join(capsys.readouterr().err.split())
 
 
-@pytest.mark.parametrize("case", ["missing-cache", "other-target", "aux-top", "bad-ds-key", "ds-optimizer",
-                                  "draft-vocab", "bad-flag-value"])
+@pytest.mark.parametrize(
+    "case", ["missing-cache", "other-target", "aux-top", "bad-ds-key", "ds-optimizer", "draft-vocab", "bad-flag-value"]
+)
 def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_target_dir, capsys):
     base = ["train", "--run", str(run_dir), *FAST]
     expect = {
@@ -167,16 +184,39 @@ def test_recipes_and_deepspeed_configs_validate():
     assert cfg.ttt_steps == 7 and cfg.save_every % cfg.log_every == 0
     for name in ("zero1", "zero2", "zero3"):
         for spec in (name, str(REPO / "recipes/deepspeed" / f"{name}.json")):
-            ds = deepspeed_config(build_config(TrainConfig, None, "train", run="r", deepspeed=spec, grad_accum=3,
-                                               nproc=2), bf16=False)
+            ds = deepspeed_config(
+                build_config(TrainConfig, None, "train", run="r", deepspeed=spec, grad_accum=3, nproc=2), bf16=False
+            )
             assert ds["zero_optimization"]["stage"] == int(name[-1])
             assert ds["gradient_accumulation_steps"] == 3 and ds["bf16"] == {"enabled": False}
 
 
 def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
     shutil.rmtree(run_dir / "cache")
-    assert main(["train", "--run", str(run_dir), "--online", "--target", str(tiny_target_dir), "--draft-vocab-size",
-                 "300", "--max-steps", "2", "--log-every", "1", "--save-every", "2", "--ttt-steps", "2", *FAST]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--run",
+                str(run_dir),
+                "--online",
+                "--target",
+                str(tiny_target_dir),
+                "--draft-vocab-size",
+                "300",
+                "--max-steps",
+                "2",
+                "--log-every",
+                "1",
+                "--save-every",
+                "2",
+                "--ttt-steps",
+                "2",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     m = metrics(run_dir)
     assert [r["step"] for r in m] == [1, 2] and all(r["tokens"] > 0 for r in m)
     head = load_head(run_dir / "head")
@@ -186,16 +226,46 @@ def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
 
 def test_top_layer_ablation_trains_fc_over_one_hidden(tmp_path, tiny_target_dir):
     run = make_run(tmp_path / "top", tiny_target_dir, n=8, aux_layers=(3,))
-    assert main(["train", "--run", str(run), "--aux-layers", "top", "--ttt-steps", "1", "--max-steps", "1",
-                 "--log-every", "1", "--save-every", "1", *FAST]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--run",
+                str(run),
+                "--aux-layers",
+                "top",
+                "--ttt-steps",
+                "1",
+                "--max-steps",
+                "1",
+                "--log-every",
+                "1",
+                "--save-every",
+                "1",
+                *FAST,
+            ]
+        )
+        == 0
+    )
     head = load_head(run / "head")
     assert head.fc.weight.shape == (64, 64) and head.config.aux_layer_ids == [3]
     assert len(metrics(run)[0]["acc_k"]) == 1
 
 
 def test_tensorboard_scalars_or_a_clear_error(run_dir, capsys):
-    args = ["train", "--run", str(run_dir), "--max-steps", "1", "--log-every", "1", "--save-every", "1",
-            "--tensorboard", *FAST]
+    args = [
+        "train",
+        "--run",
+        str(run_dir),
+        "--max-steps",
+        "1",
+        "--log-every",
+        "1",
+        "--save-every",
+        "1",
+        "--tensorboard",
+        *FAST,
+    ]
     try:
         import tensorboard  # noqa: F401
     except ImportError:

@@ -23,8 +23,15 @@ V, H, VD, T, B, K = 96, 32, 40, 11, 2, 4
 
 
 def tiny_draft(seed: int = 0) -> Eagle3Draft:
-    tcfg = LlamaConfig(vocab_size=V, hidden_size=H, intermediate_size=64, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    tcfg = LlamaConfig(
+        vocab_size=V,
+        hidden_size=H,
+        intermediate_size=64,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(seed)
     draft = Eagle3Draft(draft_config_from_target(tcfg, VD, (2, 2, 1))).double()
     for p in draft.parameters():  # non-trivial norms, so a wrong norm placement shows

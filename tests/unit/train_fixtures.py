@@ -25,34 +25,67 @@ def write_data(run_dir: Path, target_dir: Path, n: int) -> Path:
     with open(GSM8K) as f:
         for i, line in zip(range(n), f, strict=False):
             r = json.loads(line)
-            lines.append(json.dumps({"id": f"gsm8k-{i}", "source": "gsm8k", "meta": {},
-                                     "messages": [{"role": "user", "content": r["question"]},
-                                                  {"role": "assistant", "content": r["answer"]}]}))
+            lines.append(
+                json.dumps(
+                    {
+                        "id": f"gsm8k-{i}",
+                        "source": "gsm8k",
+                        "meta": {},
+                        "messages": [
+                            {"role": "user", "content": r["question"]},
+                            {"role": "assistant", "content": r["answer"]},
+                        ],
+                    }
+                )
+            )
     shard = data / "shard-00000.jsonl"
     shard.write_text("\n".join(lines) + "\n")
     (data / "rejects.jsonl").write_text("")
     ident = target_identity(target_dir, load_tokenizer(target_dir))
-    write_manifest(data, "gen-data", target=ident.as_dict(), config={}, counts={"records": len(lines)},
-                   shards=[shard_record(shard, records=len(lines))], regenerated=False)
+    write_manifest(
+        data,
+        "gen-data",
+        target=ident.as_dict(),
+        config={},
+        counts={"records": len(lines)},
+        shards=[shard_record(shard, records=len(lines))],
+        regenerated=False,
+    )
     return data
 
 
-def make_run(run_dir: Path, target_dir: Path, n: int = 24, draft_vocab_size: int = 512, max_length: int = 160,
-             **cache_flags) -> Path:
+def make_run(
+    run_dir: Path, target_dir: Path, n: int = 24, draft_vocab_size: int = 512, max_length: int = 160, **cache_flags
+) -> Path:
     from eagle3cli.cache.run import CacheConfig, run_cache
     from eagle3cli.config import build_config
 
     write_data(run_dir, target_dir, n)
-    cfg = build_config(CacheConfig, None, "cache", run=run_dir, target=str(target_dir),
-                       draft_vocab_size=draft_vocab_size, max_length=max_length, **cache_flags)
+    cfg = build_config(
+        CacheConfig,
+        None,
+        "cache",
+        run=run_dir,
+        target=str(target_dir),
+        draft_vocab_size=draft_vocab_size,
+        max_length=max_length,
+        **cache_flags,
+    )
     run_cache(cfg)
     return run_dir
 
 
 def eagle3(*args: str, timeout: int = 300, **kw) -> subprocess.CompletedProcess:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", COLUMNS="200")
-    return subprocess.run([sys.executable, "-m", "eagle3cli", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=REPO, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "eagle3cli", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+        **kw,
+    )
 
 
 def metrics(run_dir: Path) -> list[dict]:
