@@ -18,7 +18,7 @@ train the head with training-time test, measure acceptance by depth, serve with 
 
 [bold]The chain[/] (each stage reads the previous stage's folder and checks its manifest):
 
-  eagle3 gen-data --target models/tiny-target --input ../shared/data/gsm8k_train.jsonl --run runs/demo
+  eagle3 gen-data --target models/tiny-target --input gsm8k --run runs/demo
   eagle3 cache    --run runs/demo
   eagle3 train    --run runs/demo
   eagle3 eval     --run runs/demo --depth 8 --bench gsm8k

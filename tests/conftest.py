@@ -20,7 +20,6 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_TARGET = REPO / "models" / "tiny-target"
-SHARED_DATA = REPO.parent / "shared" / "data"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
 
@@ -90,6 +89,8 @@ def trained_target_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    assert SHARED_DATA.exists(), f"{SHARED_DATA} missing (the shared/ folder beside the repo)"
-    return SHARED_DATA
+def bundled_data() -> Path:
+    """The small datasets shipped inside the package (eagle3cli/bundled)."""
+    from eagle3cli.sources import bundled
+
+    return bundled("README.md").parent

@@ -7,8 +7,9 @@ from pathlib import Path
 import typer
 
 EPILOG = (
-    "Example: eagle3 gen-data --target models/tiny-target --input ../shared/data/gsm8k_train.jsonl "
-    "--num-samples 300 --run runs/demo  |  at scale: eagle3 gen-data --recipe recipes/llama3-8b/gen-data.yaml "
+    "Example: eagle3 gen-data --target models/tiny-target --input gsm8k "
+    "--num-samples 300 --run runs/demo  |  real chat data: eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml "
+    "--run runs/smollm2  |  at scale: eagle3 gen-data --recipe recipes/llama3-8b/gen-data.yaml "
     "--backend openai --endpoint http://node1:30000 --endpoint http://node2:30000 --run runs/llama3"
 )
 
@@ -23,7 +24,8 @@ def register(app: typer.Typer) -> None:
             None,
             "--input",
             "-i",
-            help="Input file or hf:NAME[:CONFIG]:SPLIT, with optional :WEIGHT. Repeat for a mixture.",
+            help="A named source (gsm8k, sharegpt, ultrachat, mt_bench, humaneval, sharegpt_sample; NAME:SPLIT), "
+            "a file, or hf:NAME[:CONFIG]:SPLIT; optional :WEIGHT. Repeat for a mixture.",
         ),
         run: Path = typer.Option(None, help="Run folder runs/NAME; writes runs/NAME/data."),
         out: Path = typer.Option(None, help="Output folder (instead of --run)."),
@@ -38,6 +40,10 @@ def register(app: typer.Typer) -> None:
         retries: int = typer.Option(None, help="Retries per request on connect errors/timeouts/5xx. (default 4)"),
         served_model_name: str = typer.Option(None, help="Model name sent to the endpoint (default: from /v1/models)."),
         num_samples: int = typer.Option(None, help="Conversations to take over all inputs (default: all)."),
+        max_turns: int = typer.Option(None, help="Keep the first N user turns of each conversation (default: all)."),
+        max_prompt_tokens: int = typer.Option(
+            None, help="Longest prompt accepted, tokens (hf backend; default: context - max-new-tokens)."
+        ),
         max_new_tokens: int = typer.Option(None, help="Cap per assistant turn. (default 512)"),
         temperature: float = typer.Option(None, help="Sampling temperature, 0 = greedy. (default 0.8)"),
         top_p: float = typer.Option(None, help="Nucleus mass. (default 0.95)"),
@@ -87,6 +93,8 @@ def register(app: typer.Typer) -> None:
             retries=retries,
             served_model_name=served_model_name,
             num_samples=num_samples,
+            max_turns=max_turns,
+            max_prompt_tokens=max_prompt_tokens,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             top_p=top_p,

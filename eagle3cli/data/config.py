@@ -21,6 +21,7 @@ PLAN_FIELDS = (
     "drop_truncated",
     "no_regenerate",
     "max_prompt_tokens",
+    "max_turns",
 )
 
 
@@ -68,6 +69,8 @@ class GenDataConfig:
     """Keep the original assistant answers (no generation); records without answers are rejected."""
     max_prompt_tokens: int | None = None
     """Longest prompt accepted (hf backend; default: context length - max_new_tokens)."""
+    max_turns: int | None = None
+    """Keep only the first N user turns of each conversation (each with its regenerated answer)."""
     device: str | None = None
     """cpu, cuda, cuda:1 ... (default: cuda if available)."""
     dtype: str | None = None
@@ -81,7 +84,7 @@ class GenDataConfig:
             errors.append("--target is required: a local model folder, e.g. models/tiny-target")
         if not self.inputs:
             errors.append(
-                "--input is required (repeat it for a mixture), e.g. --input ../shared/data/gsm8k_train.jsonl"
+                "--input is required (repeat it for a mixture), e.g. --input gsm8k (a named source) or --input data.jsonl"
             )
         if self.run is None and self.out is None and not self.dry_run:
             errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
@@ -97,6 +100,8 @@ class GenDataConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 errors.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
+            errors.append(f"--max-turns must be an integer >= 1, got {self.max_turns!r}")
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):
             errors.append(f"--num-samples must be an integer >= 1, got {self.num_samples!r}")
         if not isinstance(self.retries, int) or self.retries < 0:

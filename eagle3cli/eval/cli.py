@@ -22,7 +22,10 @@ def register(app: typer.Typer) -> None:
         run: Path = typer.Option(None, help="Run folder; the report is written to RUN/eval."),
         out: Path = typer.Option(None, help="Report folder (default: RUN/eval)."),
         depth: int = typer.Option(None, help="Draft depth D (chain length / tree levels). [default: 8]"),
-        bench: str = typer.Option(None, help="gsm8k | mt_bench | humaneval | FILE.jsonl. [default: gsm8k]"),
+        bench: str = typer.Option(
+            None,
+            help="gsm8k | mt_bench | humaneval | sharegpt (held-out) | NAME:SPLIT | a prompt file. [default: gsm8k]",
+        ),
         num_prompts: int = typer.Option(None, help="Prompts to decode. [default: 10]"),
         max_new_tokens: int = typer.Option(None, help="New tokens per prompt. [default: 128]"),
         temperature: float = typer.Option(None, help="0 = greedy; > 0 = lossless speculative sampling."),
@@ -34,7 +37,6 @@ def register(app: typer.Typer) -> None:
         ),
         compare: list[str] = typer.Option(None, help="Another head folder to overlay (repeatable)."),
         endpoint: str = typer.Option(None, help="Evaluate a running SGLang server (its /generate) instead."),
-        data_dir: Path = typer.Option(None, help="Data folder (default $EAGLE3_DATA or ../shared/data)."),
         generate_baseline: bool = typer.Option(
             None, "--generate-baseline/--no-generate-baseline", help="Also time transformers' generate. [default: on]"
         ),
@@ -72,7 +74,6 @@ def register(app: typer.Typer) -> None:
             num_draft_tokens=num_draft_tokens,
             compare=tuple(compare) if compare else None,
             endpoint=endpoint,
-            data_dir=data_dir,
             generate_baseline=generate_baseline,
             seed=seed,
             device=device,

@@ -21,7 +21,8 @@ class EvalConfig:
     depth: int = 8
     """Draft depth D: chain length, or tree levels."""
     bench: str = "gsm8k"
-    """gsm8k | mt_bench | humaneval | a JSONL file of prompts or conversations."""
+    """A named source (gsm8k, mt_bench, humaneval, sharegpt = its held-out split, ...; test split) or a
+    prompt/conversation file in any format gen-data reads."""
     num_prompts: int = 10
     max_new_tokens: int = 128
     temperature: float = 0.0
@@ -38,8 +39,6 @@ class EvalConfig:
     """More head folders, evaluated on the same prompts and overlaid in the plot."""
     endpoint: str | None = None
     """URL of a running SGLang server: evaluate it through /generate instead."""
-    data_dir: Path | None = None
-    """Folder with gsm8k_test.jsonl / mt_bench_questions.jsonl (default $EAGLE3_DATA or ../shared/data)."""
     generate_baseline: bool = True
     """Also time transformers' greedy `generate`."""
     seed: int = 0

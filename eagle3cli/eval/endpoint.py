@@ -64,7 +64,7 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
 
         tok = load_tokenizer(resolve_model_path(cfg.target))
     out = cfg.out or (cfg.run / "eval" if cfg.run else Path("eval"))
-    prompts = load_prompts(cfg.bench, cfg.num_prompts, cfg.data_dir)
+    prompts = load_prompts(cfg.bench, cfg.num_prompts)
     rows = []
     with httpx.Client(timeout=600) as client:
         for pid, msgs in prompts:

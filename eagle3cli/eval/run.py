@@ -225,7 +225,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     eos = eos_ids_of(target, tok)
     ctx = int(getattr(target.config, "max_position_embeddings", 0) or 0)
     prompts = []
-    for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts, cfg.data_dir):
+    for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts):
         ids = render(tok, msgs)
         need = len(ids) + cfg.max_new_tokens + max(cfg.depth, cfg.num_draft_tokens) + 1
         if ctx and need > ctx:

@@ -26,7 +26,7 @@ from ..errors import UsageError
 from ..manifest import atomic_write_json, write_manifest
 from .config import BenchConfig
 
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[3] / "shared" / "data" / "mt_bench_questions.jsonl"
+DEFAULT_PROMPTS = "mt_bench"
 
 
 @dataclass
@@ -58,48 +58,17 @@ class LevelResult:
 
 
 # ---------------------------------------------------------------- prompts
-def _prompt_of(rec: dict) -> str | None:
-    for key in ("prompt", "text", "question", "instruction", "input"):
-        if isinstance(rec.get(key), str) and rec[key].strip():
-            return rec[key]
-    turns = rec.get("turns")
-    if isinstance(turns, list) and turns and isinstance(turns[0], str):
-        return turns[0]
-    for key in ("messages", "conversations"):
-        msgs = rec.get(key)
-        if isinstance(msgs, list):
-            for m in msgs:
-                if isinstance(m, dict) and m.get("role", m.get("from")) in ("user", "human"):
-                    return m.get("content", m.get("value"))
-    return None
+def load_prompts(spec: str | Path | None) -> list[list[dict]]:
+    """First-turn chat messages of every prompt in `spec` (a named source or a file; default
+    MT-bench), read exactly as eval and gen-data read them."""
+    from ..eval.prompts import load_prompts as load_bench
 
-
-def load_prompts(path: Path | None) -> list[str]:
-    path = Path(path) if path is not None else DEFAULT_PROMPTS
-    if not path.exists():
-        raise UsageError(
-            f"prompt file {path} does not exist",
-            "a JSONL file with a prompt/question/turns/messages field per line",
-            "eagle3 serve-bench --prompts ../shared/data/mt_bench_questions.jsonl ...",
-        )
-    prompts = []
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            p = _prompt_of(json.loads(line))
-        except json.JSONDecodeError as e:
-            raise UsageError(f"{path}:{n} is not JSON ({e})", "one JSON object per line") from e
-        if p:
-            prompts.append(p)
-    if not prompts:
-        raise UsageError(f"{path} has no usable prompts", "lines with a prompt, question, turns or messages field")
-    return prompts
+    return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
 
 
 # ---------------------------------------------------------------- one request
 async def _request(
-    client: httpx.AsyncClient, url: str, api: str, prompt: str, model: str, cfg: BenchConfig
+    client: httpx.AsyncClient, url: str, api: str, messages: list[dict], model: str, cfg: BenchConfig
 ) -> RequestResult:
     t0 = time.perf_counter()
     try:
@@ -107,12 +76,13 @@ async def _request(
             params = {"max_new_tokens": cfg.max_tokens, "temperature": 0.0}
             if cfg.ignore_eos:
                 params["ignore_eos"] = True
+            prompt = messages[-1]["content"]
             r = await client.post(f"{url}/generate", json={"text": prompt, "sampling_params": params})
         else:
             # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`)
             body = {
                 "model": model,
-                "messages": [{"role": "user", "content": prompt}],
+                "messages": messages,
                 "max_tokens": cfg.max_tokens,
                 "temperature": 0.0,
                 "return_spec_tokens_details": True,
@@ -199,7 +169,7 @@ async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> N
 
 # ---------------------------------------------------------------- one level
 async def run_level(
-    label: str, url: str, prompts: list[str], concurrency: int, n_requests: int, cfg: BenchConfig
+    label: str, url: str, prompts: list[list[dict]], concurrency: int, n_requests: int, cfg: BenchConfig
 ) -> LevelResult:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=limits) as client:

@@ -75,7 +75,9 @@ def register(app: typer.Typer) -> None:
         requests: int = typer.Option(None, help="Requests per level (at least 2x concurrency) \\[default: 32]."),
         max_tokens: int = typer.Option(None, help="Tokens per request \\[default: 128]."),
         ignore_eos: bool = typer.Option(None, "--ignore-eos", help="Generate exactly --max-tokens per request."),
-        prompts: Path = typer.Option(None, help="JSONL prompts \\[default: ../shared/data/mt_bench_questions.jsonl]."),
+        prompts: str = typer.Option(
+            None, help="Named source (mt_bench, gsm8k, sharegpt...) or a prompt file \\[default: mt_bench]."
+        ),
         out: Path = typer.Option(None, help="Output folder \\[default: runs/serve-bench]."),
         timeout: float = typer.Option(None, help="Seconds per request \\[default: 600]."),
         recipe: Path = typer.Option(None, help="Flat YAML recipe of these keys; flags override it."),

@@ -71,8 +71,8 @@ class BenchConfig:
     """Tokens generated per request (temperature 0)."""
     ignore_eos: bool = False
     """Generate exactly max_tokens per request (SGLang's ignore_eos)."""
-    prompts: Path | None = None
-    """JSONL of prompts (fields prompt/text/question/turns/messages); default MT-bench from ../shared/data."""
+    prompts: str = "mt_bench"
+    """Prompts: a named source (mt_bench, gsm8k, sharegpt = held-out, ...) or a file in any format gen-data reads."""
     out: Path = Path("runs/serve-bench")
     """Folder for bench.json, bench.png and manifest.json."""
     timeout: float = 600.0

@@ -25,17 +25,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_data(folder: Path, target: Path, path: Path, n: int) -> Path:
+def write_data(folder: Path, target: Path, source: str, n: int) -> Path:
     from eagle3cli.manifest import shard_record, write_manifest
     from eagle3cli.model.target import load_tokenizer, target_identity
 
     folder.mkdir(parents=True)
-    lines = []
-    with open(path) as f:
-        for i, line in zip(range(n), f):
-            r = json.loads(line)
-            msgs = [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}]
-            lines.append(json.dumps({"id": f"gsm8k-{i}", "source": "gsm8k", "messages": msgs, "meta": {}}))
+    from eagle3cli.data.formats import parse_input_spec, read_input
+
+    records = read_input(parse_input_spec(source)).records[:n]
+    lines = [json.dumps({**r, "meta": {}}) for r in records]
     shard = folder / "shard-00000.jsonl"
     shard.write_text("\n".join(lines) + "\n")
     write_manifest(
@@ -53,7 +51,7 @@ def write_data(folder: Path, target: Path, path: Path, n: int) -> Path:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(REPO / "models" / "tiny-target"))
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "gsm8k_train.jsonl"))
+    ap.add_argument("--data", default="gsm8k", help="a named source or a file")
     ap.add_argument("--num-samples", type=int, default=200)
     ap.add_argument("--topk", type=int, default=4)
     ap.add_argument("--max-length", type=int, default=512)
@@ -71,7 +69,7 @@ def main() -> None:
     if not list(target.glob("*.safetensors")):
         sys.exit(f"{target} has no weights yet: run `make tiny-target` first")
     root = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="cache-bench-"))
-    data = write_data(root / "data", target, Path(a.data), a.num_samples)
+    data = write_data(root / "data", target, a.data, a.num_samples)
     results, readers = {}, {}
     for storage in ("bf16", "fp8", "compact"):
         cfg = build_config(

@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=str(REPO / "models" / "tiny-target"))
-    ap.add_argument("--data", default=str(REPO.parent / "shared" / "data" / "gsm8k_test.jsonl"))
+    ap.add_argument("--data", default="gsm8k:test", help="a named source or a file")
     ap.add_argument("--num-prompts", type=int, default=64)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--batch-size", type=int, default=32)

@@ -139,14 +139,15 @@ def main() -> None:
     if args.steps is not None:
         cfg["steps"] = args.steps
     out = Path(args.out_dir or REPO / cfg["out_dir"])
-    data = (REPO / cfg["data_dir"]).resolve()
+    from eagle3cli.sources import bundled  # the data shipped in the package, with its licences
+
     torch.set_num_threads(cfg.get("threads", 2))
     torch.manual_seed(cfg["seed"])
     rng = random.Random(cfg["seed"])
     t0 = time.time()
 
-    convs = gsm8k_conversations(data / "gsm8k_train.jsonl", rng) + sharegpt_conversations(
-        data / "sharegpt_dummy_conversation.json"
+    convs = gsm8k_conversations(bundled("gsm8k_train.jsonl"), rng) + sharegpt_conversations(
+        bundled("sharegpt_sample.json")
     )
     chats = [render(c) for c in convs]
     code = code_documents(cfg["code_chars"])
@@ -208,7 +209,7 @@ def main() -> None:
                 flush=True,
             )
 
-    test = [json.loads(x) for x in (data / "gsm8k_test.jsonl").read_text().splitlines()][: cfg["heldout_samples"]]
+    test = [json.loads(x) for x in (bundled("gsm8k_test.jsonl")).read_text().splitlines()][: cfg["heldout_samples"]]
     test_convs = [
         [{"role": "user", "content": r["question"]}, {"role": "assistant", "content": r["answer"]}] for r in test
     ]

@@ -38,7 +38,7 @@ def head(trained_target_dir, tmp_path_factory):
 
 
 @pytest.mark.parametrize("bench", ["gsm8k", "mt_bench"])
-def test_eval_on_trained_target_is_lossless(trained_target_dir, shared_data, head, bench, tmp_path):
+def test_eval_on_trained_target_is_lossless(trained_target_dir, head, bench, tmp_path):
     out = tmp_path / "eval"
     rc = main(
         [
@@ -49,8 +49,6 @@ def test_eval_on_trained_target_is_lossless(trained_target_dir, shared_data, hea
             str(head),
             "--bench",
             bench,
-            "--data-dir",
-            str(shared_data),
             "--num-prompts",
             "3",
             "--max-new-tokens",

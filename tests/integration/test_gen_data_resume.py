@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from eagle3cli.cli import main
+from eagle3cli.sources import bundled
 
 pytestmark = pytest.mark.integration
 
@@ -24,9 +25,9 @@ def _args(target, out, *extra):
         "--target",
         str(target),
         "--input",
-        str(SHARED_GSM8K),
+        str(GSM8K_TEST),
         "--input",
-        str(SHARED_MT),
+        str(MT_BENCH),
         "--num-samples",
         "8",
         "--max-new-tokens",
@@ -45,8 +46,7 @@ def _args(target, out, *extra):
     ]
 
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
-SHARED_GSM8K, SHARED_MT = SHARED / "gsm8k_test.jsonl", SHARED / "mt_bench_questions.jsonl"
+GSM8K_TEST, MT_BENCH = bundled("gsm8k_test.jsonl"), bundled("mt_bench_questions.jsonl")
 
 
 def _folder_bytes(out: Path) -> dict:
@@ -96,7 +96,7 @@ def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
 
 def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir, tmp_path, capsys):
     out = tmp_path / "data"
-    args = ["gen-data", "--input", str(SHARED_GSM8K), "--num-samples", "2", "--max-new-tokens", "2", "--out", str(out)]
+    args = ["gen-data", "--input", str(GSM8K_TEST), "--num-samples", "2", "--max-new-tokens", "2", "--out", str(out)]
     assert main([*args, "--target", str(tiny_target_dir)]) == 0
     before = _folder_bytes(out)
     capsys.readouterr()
@@ -116,9 +116,9 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
                 "--target",
                 str(tiny_target_dir),
                 "--input",
-                str(SHARED_GSM8K),
+                str(GSM8K_TEST),
                 "--input",
-                str(SHARED_MT),
+                str(MT_BENCH),
                 "--num-samples",
                 "20",
                 "--no-regenerate",
@@ -131,7 +131,7 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
     m = json.loads((out / "manifest.json").read_text())
     assert m["regenerated"] is False and m["counts"]["regenerated"] == 0
     recs = [json.loads(line) for line in (out / "shard-00000.jsonl").read_text().splitlines()]
-    gsm = {json.loads(line)["question"]: json.loads(line)["answer"] for line in SHARED_GSM8K.read_text().splitlines()}
+    gsm = {json.loads(line)["question"]: json.loads(line)["answer"] for line in GSM8K_TEST.read_text().splitlines()}
     assert recs and all(r["meta"]["regenerated"] is False for r in recs)
     assert all(gsm[r["messages"][0]["content"]] == r["messages"][1]["content"] for r in recs)
     # MT-bench has no answers to keep: rejected with the reason, counted
@@ -141,7 +141,7 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
 def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "dry"
     assert (
-        main(["gen-data", "--target", str(tiny_target_dir), "--input", str(SHARED_MT), "--out", str(out), "--dry-run"])
+        main(["gen-data", "--target", str(tiny_target_dir), "--input", str(MT_BENCH), "--out", str(out), "--dry-run"])
         == 0
     )
     captured = capsys.readouterr()

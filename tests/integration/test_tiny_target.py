@@ -50,9 +50,9 @@ def test_chat_template_renders_roles_and_generation_prompt(loaded):
     assert tok.eos_token == "<|im_end|>" and tok.convert_tokens_to_ids("<|im_end|>") == tok.eos_token_id
 
 
-def test_heldout_gsm8k_loss_below_bound(loaded, shared_data):
+def test_heldout_gsm8k_loss_below_bound(loaded, bundled_data):
     tok, model = loaded
-    rows = [json.loads(x) for x in (shared_data / "gsm8k_test.jsonl").read_text().splitlines()[:40]]
+    rows = [json.loads(x) for x in (bundled_data / "gsm8k_test.jsonl").read_text().splitlines()[:40]]
     total, count = 0.0, 0
     with torch.no_grad():
         for r in rows:
@@ -69,9 +69,9 @@ def test_heldout_gsm8k_loss_below_bound(loaded, shared_data):
     assert total / count < HELDOUT_LOSS_BOUND, total / count
 
 
-def test_generates_gsm8k_style_answer(loaded, shared_data):
+def test_generates_gsm8k_style_answer(loaded, bundled_data):
     tok, model = loaded
-    q = json.loads((shared_data / "gsm8k_test.jsonl").read_text().splitlines()[1])["question"]
+    q = json.loads((bundled_data / "gsm8k_test.jsonl").read_text().splitlines()[1])["question"]
     ids = tok.apply_chat_template(
         [{"role": "user", "content": q}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )["input_ids"]

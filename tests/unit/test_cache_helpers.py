@@ -7,14 +7,13 @@ from pathlib import Path
 
 from eagle3cli.manifest import read_manifest, shard_record, verify_shards, write_manifest
 from eagle3cli.model.target import load_tokenizer, target_identity
-
-SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "data"
+from eagle3cli.sources import bundled
 
 
 def conversations(n: int, multi_turn_every: int = 3) -> list[dict]:
     """GSM8K questions/answers as records; every few a two-turn conversation with a system prompt."""
     recs = []
-    with open(SHARED / "gsm8k_train.jsonl") as f:
+    with open(bundled("gsm8k_train.jsonl")) as f:
         rows = [json.loads(next(f)) for _ in range(2 * n)]
     for i in range(n):
         q, a = rows[i]["question"], rows[i]["answer"]

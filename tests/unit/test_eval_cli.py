@@ -36,8 +36,8 @@ def heads(tiny_target_dir, tmp_path_factory):
 def prompts_file(tmp_path_factory) -> Path:
     p = tmp_path_factory.mktemp("eval-prompts") / "prompts.jsonl"
     rows = [
-        {"prompt": "What is two plus two?"},
-        {"conversations": [{"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "Apple."}]},
+        {"messages": [{"role": "user", "content": "What is two plus two?"}]},
+        {"messages": [{"role": "user", "content": "Name a fruit."}, {"role": "assistant", "content": "Apple."}]},
         {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]},
     ]
     p.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -99,7 +99,7 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     "args, needle",
     [
         (["--depth", "0"], "--depth must be an integer >= 1"),
-        (["--bench", "nonsense"], "unknown --bench"),
+        (["--bench", "nonsense"], "nonsense is neither a named source nor an existing file"),
         (["--mode", "spiral"], "--mode must be one of"),
         (["--max-new-tokens", "5000"], "positions, the target has 1024"),
     ],

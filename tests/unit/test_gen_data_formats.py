@@ -45,14 +45,14 @@ def test_sharegpt_json_array_and_jsonl(tmp_path):
         assert rec["messages"][1]["content"] == "Hi"
 
 
-def test_shared_sharegpt_and_mtbench_and_gsm8k(shared_data):
-    sg = _read(shared_data / "sharegpt_dummy_conversation.json")
+def test_bundled_sharegpt_and_mtbench_and_gsm8k(bundled_data):
+    sg = _read(bundled_data / "sharegpt_sample.json")
     assert sg.shape == "sharegpt" and len(sg.records) == sg.rows and sg.rows > 100
-    mt = _read(shared_data / "mt_bench_questions.jsonl")
+    mt = _read(bundled_data / "mt_bench_questions.jsonl")
     assert mt.shape == "mt-bench" and len(mt.records) == 80
     assert [m["role"] for m in mt.records[0]["messages"]] == ["user", "user"]
     assert mt.records[0]["meta"]["source_category"] == "writing"
-    gs = _read(shared_data / "gsm8k_test.jsonl")
+    gs = _read(bundled_data / "gsm8k_test.jsonl")
     assert gs.shape == "gsm8k" and len(gs.records) == 1319
     assert [m["role"] for m in gs.records[0]["messages"]] == ["user", "assistant"]
 

@@ -115,23 +115,25 @@ def servers():
 def prompts(tmp_path):
     p = tmp_path / "prompts.jsonl"
     rows = [
-        {"prompt": "a"},
-        {"question": "b"},
+        {"turns": ["a"]},
+        {"turns": ["b"]},
         {"turns": ["c", "d"]},
-        {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "e"}]},
+        {"turns": ["e"]},
     ]
     p.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     return p
 
 
 def test_load_prompts(prompts, tmp_path):
-    assert load_prompts(prompts) == ["a", "b", "c", "e"]
+    # first user turns, as chat messages, read by the same reader as eval and gen-data
+    assert load_prompts(str(prompts)) == [[{"role": "user", "content": c}] for c in "abce"]
+    assert len(load_prompts("mt_bench")) == 80  # the default: bundled MT-bench first turns
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"nothing": 1}\n')
-    with pytest.raises(UsageError, match="no usable prompts"):
-        load_prompts(bad)
-    with pytest.raises(UsageError, match="does not exist"):
-        load_prompts(tmp_path / "missing.jsonl")
+    with pytest.raises(UsageError, match="not in any known format"):
+        load_prompts(str(bad))
+    with pytest.raises(UsageError, match="neither a named source nor an existing file"):
+        load_prompts(str(tmp_path / "missing.jsonl"))
 
 
 def test_crossover():

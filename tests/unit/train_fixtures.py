@@ -10,9 +10,10 @@ import sys
 from pathlib import Path
 
 from eagle3cli.manifest import shard_record, write_manifest
+from eagle3cli.sources import bundled
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "data" / "gsm8k_train.jsonl"
+GSM8K = bundled("gsm8k_train.jsonl")
 
 
 def write_data(run_dir: Path, target_dir: Path, n: int) -> Path:
