@@ -373,8 +373,17 @@ def save_checkpoint(tr: Trainer) -> None:
 def teacher_for(tr: Trainer, batch: dict) -> Teacher:
     d2t = tr.draft.d2t
     if "last_hidden" in batch:
-        return teacher_from_hidden(batch["last_hidden"], tr.lm_head, d2t)
-    return teacher_from_topk(batch["topk_ids"], batch["topk_logprobs"], d2t, tr.draft.config.vocab_size)
+        return teacher_from_hidden(
+            batch["last_hidden"],
+            tr.lm_head,
+            d2t,
+            loss_mask=batch["loss_mask"],
+            target_argmax=batch.get("target_argmax"),  # stored by caches since 0.2: no full-vocab matmul
+            compute_dtype=tr.autocast,
+        )
+    return teacher_from_topk(
+        batch["topk_ids"], batch["topk_logprobs"], d2t, tr.draft.config.vocab_size, loss_mask=batch["loss_mask"]
+    )
 
 
 def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:

@@ -12,16 +12,25 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass
 class Teacher:
-    """The target's next-token distribution restricted to the draft vocab, per position."""
+    """The target's next-token distribution restricted to the draft vocab, at the positions the
+    loss reads: only rows whose next token is trained and whose target argmax is a draft token
+    are computed (the rest are never read), so a 16k-wide softmax is not paid on prompt tokens."""
 
-    probs: torch.Tensor  # [B, T, draft_vocab] float32, rows sum to 1 (renormalised over the draft vocab)
+    probs: torch.Tensor  # [M, draft_vocab] float32, rows sum to 1 (renormalised over the draft vocab)
+    row: torch.Tensor  # [B, T] long: the row of `probs` for position (b, t), -1 where not computed
     argmax: torch.Tensor  # [B, T] draft id of the target's argmax (meaningless where ~valid)
     valid: torch.Tensor  # [B, T] bool: the target's argmax (over its whole vocab) is in the draft vocab
+
+    def at(self, b: int, t: int) -> torch.Tensor:
+        """The distribution at one position (tests and debugging)."""
+        r = int(self.row[b, t])
+        if r < 0:
+            raise IndexError(f"teacher row ({b}, {t}) was not computed (not a counted position)")
+        return self.probs[r]
 
 
 def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
@@ -31,30 +40,70 @@ def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
     return index
 
 
+def needed_rows(valid: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
+    """[B, T] positions any TTT step reads: step k at anchor t reads row t+1+k when token
+    t+2+k is trained, i.e. row p is read iff loss_mask[p+1] and valid[p]."""
+    return valid if loss_mask is None else valid & _shift(loss_mask, 1, False)
+
+
+def _rows_index(need: torch.Tensor) -> torch.Tensor:
+    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
+    row[need] = torch.arange(int(need.sum()), device=need.device)
+    return row
+
+
+@torch.no_grad()
+def full_vocab_argmax(last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, rows: int = 2048) -> torch.Tensor:
+    """[...] target id of the argmax of `last_hidden @ lm_head.T`, chunked over tokens (full-vocab
+    logits of a 128k-vocab target are 0.5 MB per token). Caches store this, so training rarely runs it."""
+    flat = last_hidden.reshape(-1, last_hidden.shape[-1])
+    out = [
+        torch.matmul(flat[s : s + rows].to(lm_head_weight.dtype), lm_head_weight.t()).argmax(-1)
+        for s in range(0, flat.shape[0], rows)
+    ]
+    return torch.cat(out).view(last_hidden.shape[:-1])
+
+
 @torch.no_grad()
 def teacher_from_hidden(
-    last_hidden: torch.Tensor, lm_head_weight: torch.Tensor, d2t: torch.Tensor, rows: int = 2048
+    last_hidden: torch.Tensor,
+    lm_head_weight: torch.Tensor,
+    d2t: torch.Tensor,
+    loss_mask: torch.Tensor | None = None,
+    target_argmax: torch.Tensor | None = None,
+    rows: int = 2048,
+    compute_dtype: torch.dtype | None = None,
 ) -> Teacher:
     """Teacher from the target's final-normed hidden states and its lm_head [V, H].
 
-    Chunked over tokens: full-vocab logits of a 128k-vocab target are 0.5 MB per token.
+    `target_argmax` ([B, T] target ids, stored by the cache) saves the full-vocab matmul; only the
+    draft-vocab rows of lm_head are then multiplied, at the rows the loss reads (`loss_mask`).
+    `compute_dtype` (e.g. bf16 on CPUs with AMX) is the matmul's input dtype; softmax is fp32.
     """
-    shape = last_hidden.shape[:-1]
-    flat = last_hidden.reshape(-1, last_hidden.shape[-1])
-    draft_target_ids = torch.arange(len(d2t), device=d2t.device) + d2t
+    if target_argmax is None:
+        target_argmax = full_vocab_argmax(last_hidden, lm_head_weight, rows)
     index = target_to_draft_index(d2t, lm_head_weight.shape[0])
-    probs, argmax = [], []
-    for s in range(0, flat.shape[0], rows):
-        logits = torch.matmul(flat[s : s + rows].to(lm_head_weight.dtype), lm_head_weight.t()).float()
-        argmax.append(index[logits.argmax(-1)])
-        probs.append(torch.softmax(logits.index_select(-1, draft_target_ids), dim=-1))
-    arg = torch.cat(argmax).view(shape)
-    return Teacher(probs=torch.cat(probs).view(*shape, len(d2t)), argmax=arg.clamp(min=0), valid=arg >= 0)
+    arg = index[target_argmax.long()]
+    valid = arg >= 0
+    need = needed_rows(valid, loss_mask)
+    dtype = compute_dtype or lm_head_weight.dtype
+    head = lm_head_weight.index_select(0, torch.arange(len(d2t), device=d2t.device) + d2t).to(dtype)
+    hidden = last_hidden[need]
+    probs = [
+        torch.softmax(torch.matmul(hidden[s : s + rows].to(dtype), head.t()).float(), dim=-1)
+        for s in range(0, hidden.shape[0], rows)
+    ]
+    probs = torch.cat(probs) if probs else torch.zeros(0, len(d2t), device=last_hidden.device)
+    return Teacher(probs=probs, row=_rows_index(need), argmax=arg.clamp(min=0), valid=valid)
 
 
 @torch.no_grad()
 def teacher_from_topk(
-    topk_ids: torch.Tensor, topk_logprobs: torch.Tensor, d2t: torch.Tensor, target_vocab: int
+    topk_ids: torch.Tensor,
+    topk_logprobs: torch.Tensor,
+    d2t: torch.Tensor,
+    target_vocab: int,
+    loss_mask: torch.Tensor | None = None,
 ) -> Teacher:
     """Teacher from a compact cache: the target's top-k (ids, log-probs) per position.
 
@@ -63,15 +112,17 @@ def teacher_from_topk(
     """
     index = target_to_draft_index(d2t, target_vocab)
     draft_ids = index[topk_ids]  # [B,T,k], -1 outside the draft vocab
-    inside = draft_ids >= 0
-    probs = torch.zeros(*topk_ids.shape[:-1], len(d2t), dtype=torch.float32, device=topk_ids.device)
-    mass = topk_logprobs.float().exp() * inside
-    probs.scatter_add_(-1, draft_ids.clamp(min=0), mass)
-    total = probs.sum(-1, keepdim=True)
-    probs = torch.where(total > 0, probs / total.clamp(min=1e-30), probs)
     top = topk_logprobs.argmax(-1, keepdim=True)
     argmax_draft = draft_ids.gather(-1, top).squeeze(-1)
-    return Teacher(probs=probs, argmax=argmax_draft.clamp(min=0), valid=argmax_draft >= 0)
+    valid = argmax_draft >= 0
+    need = needed_rows(valid, loss_mask)
+    ids, lps = draft_ids[need], topk_logprobs[need]
+    inside = ids >= 0
+    probs = torch.zeros(ids.shape[0], len(d2t), dtype=torch.float32, device=topk_ids.device)
+    probs.scatter_add_(-1, ids.clamp(min=0), lps.float().exp() * inside)
+    total = probs.sum(-1, keepdim=True)
+    probs = torch.where(total > 0, probs / total.clamp(min=1e-30), probs)
+    return Teacher(probs=probs, row=_rows_index(need), argmax=argmax_draft.clamp(min=0), valid=valid)
 
 
 def _shift(x: torch.Tensor, n: int, fill) -> torch.Tensor:
@@ -97,6 +148,34 @@ class TTTOutput:
     chain_count: torch.Tensor  # [K] anchors counted at all steps 0..k
 
 
+class _SoftCrossEntropy(torch.autograd.Function):
+    """sum over rows of -(p * log_softmax(z)), computed as logsumexp(z) - p.z (rows of p sum to 1):
+    one fp32 softmax in forward, reused in backward (grad = softmax(z) - p), no log-prob tensor kept."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, p: torch.Tensor):
+        z = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits -> fp32 maths
+        p = p.to(z.dtype)
+        lse = torch.logsumexp(z, dim=-1)
+        loss = (lse - (p * z).sum(-1)).sum()
+        soft = torch.exp(z - lse.unsqueeze(-1))
+        arg = z.argmax(-1)
+        ctx.save_for_backward(soft, p)
+        ctx.in_dtype = logits.dtype
+        ctx.mark_non_differentiable(arg)
+        return loss, arg
+
+    @staticmethod
+    def backward(ctx, grad_loss, _grad_arg):
+        soft, p = ctx.saved_tensors
+        return ((soft - p) * grad_loss).to(ctx.in_dtype), None
+
+
+def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed soft cross-entropy, argmax per row) of `logits` [N, V] against rows of probs `p`."""
+    return _SoftCrossEntropy.apply(logits, p)
+
+
 def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step_weight: float = 0.8) -> TTTOutput:
     """The TTT loss over the K hidden states `hiddens` (from `Eagle3Draft.ttt_unroll`).
 
@@ -110,15 +189,14 @@ def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step
     for k, h in enumerate(hiddens):
         m = masks[k]
         # Logits only on counted anchors: the [N, draft_vocab] head is most of the cost.
-        p = _shift(teacher.probs, 1 + k, 0.0)[m]
+        p = teacher.probs[_shift(teacher.row, 1 + k, -1)[m]]
         target_arg = _shift(teacher.argmax, 1 + k, 0)[m]
-        logits = logits_fn(h[m])
-        logp = F.log_softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+        ce, arg = soft_cross_entropy(logits_fn(h[m]), p)
         n = m.sum()
-        step = -(p * logp).sum() / n.clamp(min=1)
+        step = ce / n.clamp(min=1)
         total = step * step_weight**k if total is None else total + step * step_weight**k
         hit = torch.zeros_like(m)
-        hit[m] = logp.argmax(-1) == target_arg
+        hit[m] = arg == target_arg
         chain_in = m if chain_in is None else chain_in & m
         chain_ok = hit if chain_ok is None else chain_ok & hit
         losses.append(step.detach())

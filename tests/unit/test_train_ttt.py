@@ -14,6 +14,7 @@ from eagle3cli.train.ttt import (
     conditional_acceptance,
     draft_ttt_loss,
     simulated_accept_length,
+    soft_cross_entropy,
     target_to_draft_index,
     teacher_from_hidden,
     teacher_from_topk,
@@ -79,7 +80,7 @@ def reference_loss(draft: Eagle3Draft, batch, teacher, steps: int, w: float):
                 for j in range(1, k_step + 1):
                     h = draft(ids_b[:, t + 1 + j : t + 2 + j], h, torch.tensor([[t + j]]), c, from_target=False)
                 logp = torch.log_softmax(draft.logits(h)[0, 0], -1)
-                num = num - (teacher.probs[b, pp] * logp).sum()
+                num = num - (teacher.at(b, pp) * logp).sum()
                 den += 1
         total = total + (w**k_step) * num / max(den, 1)
     return total
@@ -124,7 +125,7 @@ def test_teacher_restricted_to_draft_vocab_and_topk_agrees():
     draft = tiny_draft()
     _, last_hidden, lm_head = tiny_batch()
     th = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
-    torch.testing.assert_close(th.probs.sum(-1), torch.ones(B, T, dtype=torch.float32))
+    torch.testing.assert_close(th.probs.sum(-1), torch.ones(int(th.valid.sum()), dtype=torch.float32))
     chunked = teacher_from_hidden(last_hidden, lm_head, draft.d2t, rows=5)  # row chunking changes nothing
     assert torch.equal(chunked.probs, th.probs) and torch.equal(chunked.valid, th.valid)
     full = torch.log_softmax((last_hidden @ lm_head.t()).float(), -1)
@@ -141,10 +142,43 @@ def test_teacher_restricted_to_draft_vocab_and_topk_agrees():
     lp4, ids4 = full.topk(4, dim=-1)
     t4 = teacher_from_topk(ids4, lp4, draft.d2t, V)
     idx = target_to_draft_index(draft.d2t, V)
-    for b in range(B):
-        for t in range(T):
-            allowed = {int(i) for i in idx[ids4[b, t]] if i >= 0}
-            assert set(torch.nonzero(t4.probs[b, t]).flatten().tolist()) <= allowed
+    for b, t in t4.valid.nonzero().tolist():
+        allowed = {int(i) for i in idx[ids4[b, t]] if i >= 0}
+        assert set(torch.nonzero(t4.at(b, t)).flatten().tolist()) <= allowed
+
+
+def test_stored_argmax_and_needed_rows_change_nothing():
+    """The cache's stored target argmax and computing only the rows the loss reads give the same
+    loss and gradients as the full-vocab teacher on every position."""
+    draft = tiny_draft()
+    batch, last_hidden, lm_head = tiny_batch()
+    full = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
+    lean = teacher_from_hidden(
+        last_hidden,
+        lm_head,
+        draft.d2t,
+        loss_mask=batch["loss_mask"],
+        target_argmax=(last_hidden @ lm_head.t()).argmax(-1),
+    )
+    assert lean.probs.shape[0] < full.probs.shape[0]  # prompt rows are not computed
+    assert torch.equal(lean.valid, full.valid) and torch.equal(lean.argmax, full.argmax)
+    a, b = draft_ttt_loss(draft, batch, full, K), draft_ttt_loss(copy.deepcopy(draft), batch, lean, K)
+    torch.testing.assert_close(a.loss, b.loss, rtol=1e-12, atol=0)
+    assert torch.equal(a.correct, b.correct) and torch.equal(a.count, b.count)
+
+
+def test_soft_cross_entropy_matches_log_softmax_on_bf16_logits():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(7, 50, generator=g).to(torch.bfloat16).requires_grad_()
+    p = torch.softmax(torch.randn(7, 50, generator=g), -1)
+    ce, arg = soft_cross_entropy(z, p)
+    ce.backward()
+    z32 = z.detach().float().requires_grad_()
+    ref = -(p * torch.log_softmax(z32, -1)).sum()
+    ref.backward()
+    torch.testing.assert_close(ce, ref, rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(z.grad.float(), z32.grad, rtol=1e-2, atol=1e-3)  # bf16 grads
+    assert z.grad.dtype == torch.bfloat16 and torch.equal(arg, z32.argmax(-1))
 
 
 def test_acceptance_summaries():
