@@ -30,6 +30,7 @@ import torch
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import StageError, UsageError
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     check_matches,
     read_json,
@@ -317,6 +318,13 @@ def write_or_check_plan(out: Path, plan: dict, cfg: CacheConfig) -> None:
 
 
 # ------------------------------------------------------------------ the stage
+def _lock_name(cfg: CacheConfig) -> str:
+    """`--shard i/N` processes share the folder by design: one lock per shard slice."""
+    i, n = parse_shard(cfg.shard)
+    return LOCK_NAME if n == 1 else f"{LOCK_NAME}.shard-{i}-of-{n}"
+
+
+@locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
 def run_cache(cfg: CacheConfig) -> Path:
     data_dir, out = cfg.data_dir, cfg.out_dir
     data_manifest = check_data(cfg)

@@ -22,6 +22,7 @@ from pathlib import Path
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
 from ..errors import StageError, UsageError
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     MANIFEST,
     atomic_write_json,
@@ -135,7 +136,7 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
             )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    if out.exists() and any(p.name not in (".gitkeep", PROGRESS) for p in out.iterdir()):
+    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
         raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
     return None
 
@@ -252,6 +253,7 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
 
 
 # ---------------------------------------------------------------- the stage
+@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir)
 def run_gen_data(cfg: GenDataConfig) -> Path:
     results, plan, read_rejects = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)

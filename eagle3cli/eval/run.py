@@ -11,6 +11,7 @@ import torch
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
+from ..lock import locked_stage
 from ..manifest import atomic_write_json, read_json, write_manifest
 from .config import EvalConfig
 from .decoder import DecodeResult, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
@@ -208,6 +209,7 @@ def _plot(path: Path, per_head: dict, title: str) -> None:
     tmp.replace(path)
 
 
+@locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
