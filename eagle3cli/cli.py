@@ -12,6 +12,7 @@ from rich.markup import escape
 from . import __version__
 from .console import console
 from .errors import UsageError
+from .urls import redact_text
 
 HELP = """EAGLE-3 draft heads, end to end: regenerate data with the target, cache its hidden states,
 train the head with training-time test, measure acceptance by depth, serve with SGLang.
@@ -72,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         app(args=argv, prog_name="eagle3")  # standalone: always ends in SystemExit
     except UsageError as e:
-        console.print(f"[bold red]error:[/] {escape(e.what)}")
+        console.print(f"[bold red]error:[/] {escape(redact_text(e.what))}")
         if e.expected:
-            console.print(f"[bold]expected:[/] {escape(e.expected)}")
+            console.print(f"[bold]expected:[/] {escape(redact_text(e.expected))}")
         if e.next_step:
-            console.print(f"[bold]next:[/] {escape(e.next_step)}")
+            console.print(f"[bold]next:[/] {escape(redact_text(e.next_step))}")
         return e.exit_code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .errors import UsageError
+from .urls import redact
 
 C = TypeVar("C")
 STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "export")
@@ -132,5 +133,5 @@ def type_errors(cfg: Any) -> list[str]:
 
 
 def config_dict(cfg: Any) -> dict:
-    """JSON-friendly dict of a config (for manifests)."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}
+    """JSON-friendly dict of a config (for manifests), with credentials in URLs masked."""
+    return {k: redact(str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}

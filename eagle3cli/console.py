@@ -22,6 +22,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .urls import redact_text
+
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)  # results (tables) go to stdout so they can be piped
 
@@ -32,12 +34,12 @@ def is_rank0() -> bool:
 
 def log(msg: str) -> None:
     if is_rank0():
-        console.print(msg)
+        console.print(redact_text(msg))
 
 
 def warn(msg: str) -> None:
     if is_rank0():
-        console.print(f"[yellow]warning:[/] {msg}")
+        console.print(f"[yellow]warning:[/] {redact_text(msg)}")
 
 
 class _RateColumn(ProgressColumn):
@@ -103,7 +105,7 @@ def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
     for r in rows:
-        t.add_row(*[f"{v:,.4g}" if isinstance(v, float) else str(v) for v in r])
+        t.add_row(*[f"{v:,.4g}" if isinstance(v, float) else redact_text(str(v)) for v in r])
     return t
 
 
