@@ -100,6 +100,16 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
         yield StageProgress(prog, task_id, completed)
 
 
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': sizes in messages keep 3 significant digits at any scale (a small cache on
+    a nearly full disk is not '0.00 GiB needed, 0.00 GiB free')."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} B" if unit == "B" else f"{n:,.3g} {unit}" if abs(n) < 1000 else f"{n:,.0f} {unit}"
+        n /= 1024
+    return f"{n} TiB"
+
+
 def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
     t = Table(title=title, title_style="bold", header_style="bold cyan")
     for i, c in enumerate(columns):

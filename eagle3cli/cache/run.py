@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from ..config import config_dict
-from ..console import log, print_table, progress, warn
+from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import StageError, UsageError
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
@@ -403,11 +403,12 @@ def run_cache(cfg: CacheConfig) -> Path:
     free = shutil.disk_usage(out).free
     log(
         f"disk: {len(todo)}/{len(mine)} shards to compute, {todo_tokens:,} tokens x {bpt} B/token "
-        f"({cfg.storage}) = {need / 2**20:,.1f} MiB needed, {free / 2**30:,.1f} GiB free in {out}"
+        f"({cfg.storage}) = {human_bytes(need)} needed, {human_bytes(free)} free in {out}"
     )
     if need > free:
         raise UsageError(
-            f"the cache needs about {need / 2**30:,.2f} GiB but {out} has {free / 2**30:,.2f} GiB free",
+            f"the cache needs about {human_bytes(need)} more but {out} has {human_bytes(free)} free "
+            f"({len(todo)} shard(s) left to compute; finished shards are kept)",
             "enough free disk space for the cache",
             f"free space, pick a smaller layout (--storage compact is ~{bytes_per_token('compact', ident.hidden_size, n_aux, ident.vocab_size, cfg.topk) / bpt:.2f}x), "
             "or cache a part with --max-samples",

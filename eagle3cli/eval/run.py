@@ -93,6 +93,12 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
                 "the target the head was trained for",
                 "check --target",
             )
+        if rec.get("chat_template_hash") and rec["chat_template_hash"] != ident.chat_template_hash:
+            warn(
+                f"head {h} was trained on conversations rendered with another chat template "
+                f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
+                "prompts here are rendered differently and acceptance may suffer"
+            )
         if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
             warn(
                 f"head {h} records target weights {rec['fingerprint'][:12]}, this target is "

@@ -497,7 +497,10 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
     }
     tr.last_metrics = m
     if tr.rank == 0:
-        ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
+        try:
+            ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
+        except OSError as e:  # name the file (os.write errors carry none); cli turns it into exit 2
+            raise OSError(e.errno, e.strerror, str(tr.train_dir / "metrics.jsonl")) from e
         if tr.tb is not None:
             for key in ("loss", "sim_accept_len", "lr", "grad_norm", "tok_per_s"):
                 tr.tb.add_scalar(f"train/{key}", m[key], tr.step)
