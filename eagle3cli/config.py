@@ -82,8 +82,13 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
     hints = typing.get_type_hints(cls)
     kwargs = {k: _coerce(v, hints[k]) for k, v in data.items() if k in fields}
     cfg = cls(**kwargs)
-    # wrong types first: validate() may assume them (a float ttt_steps would crash range())
-    errors = type_errors(cfg) or (cfg.validate() if hasattr(cfg, "validate") else [])
+    errors = type_errors(cfg)
+    try:  # validate() may assume the declared types; what it trips over is already reported above
+        more = cfg.validate() if hasattr(cfg, "validate") else []
+    except (TypeError, ValueError, AttributeError):
+        more = []
+    flags = {e.split(" ", 1)[0] for e in errors}
+    errors += [e for e in more if e.split(" ", 1)[0] not in flags]
     if errors:
         raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
     return cfg
@@ -116,7 +121,8 @@ def _type_name(tp: Any) -> str:
     if args and typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
     if typing.get_origin(tp) is tuple:
-        return f"a list of {_type_name(typing.get_args(tp)[0])}s"
+        inner = typing.get_args(tp)[0]
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(inner, str(inner))
     return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", Path: "a path"}.get(
         tp, str(tp)
     )

@@ -50,7 +50,7 @@ from ..model.target import (
 from . import vocab as V
 from .masks import _special_ids, check_template, cut_turns, mask_conversation
 from .reader import INDEX_FILE, VOCAB_FILE
-from .storage import STORAGES, bf16_layout_bytes, bytes_per_token
+from .storage import STORAGES, bf16_layout_bytes, bytes_per_token, feature_keys
 from .writer import Sample, save_atomic, write_shard
 
 PLAN_FILE = "plan.json"
@@ -555,6 +555,17 @@ def _world(plan: dict) -> int:
 
 
 # ------------------------------------------------------------------ verify
+def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
+    """The first feature tensor of an open shard holding a NaN/inf (read in row chunks), or None."""
+    for key in feature_keys(storage):
+        sl = f.get_slice(key)
+        for a in range(0, sl.get_shape()[0], rows):
+            t = sl[a : a + rows]
+            if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
+                return key
+    return None
+
+
 def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     """Checksums, shard structure, and the manifest against the target; StageError on any problem."""
     cache_dir = Path(cache_dir)
@@ -580,6 +591,13 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
                     f"manifest says {s['samples']} / {s['tokens']}",
                     "a consistent shard",
                     f"rm {cache_dir / s['file']} && {rebuild}",
+                )
+            bad = nonfinite_features(f, m["storage"])
+            if bad:  # written that way (a NaN target forward): the checksum matches, training would not
+                raise StageError(
+                    f"{s['file']}: {bad} holds non-finite values (NaN/inf)",
+                    "finite target features",
+                    f"rm {cache_dir / s['file']} && {rebuild}   (check the target's dtype: --dtype fp32)",
                 )
     target_ref = target or m["target"].get("path")
     if not target_ref or not Path(target_ref).exists():
