@@ -156,7 +156,7 @@ def latest(train_dir: Path) -> Path | None:
 
 
 def _damaged(path: Path, why: str) -> StageError:
-    run = path.parent.parent.parent
+    run = path.parent.parent.parent if path.parent.name == CKPT_DIR else path.parent.parent.parent.parent
     return StageError(
         f"checkpoint {path} cannot be loaded: {why}",
         "a checkpoint written by `eagle3 train` (tensors + JSON state)",
@@ -189,6 +189,30 @@ def load(path: Path) -> dict:
         return unpack(skeleton, tensors)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise _damaged(path, f"its JSON state is malformed ({type(e).__name__}: {e})") from e
+
+
+def load_deepspeed(engine, ds_dir: Path, tag: str) -> None:
+    """Restore a DeepSpeed engine from its own checkpoint (`train/deepspeed/TAG/`), unpickling with
+    torch's weights-only loader: DeepSpeed itself calls torch.load(weights_only=False), which would
+    run whatever a crafted file holds. The three DeepSpeed classes its files contain are allowed;
+    they are plain records (a loss-scale setting, an enum, an offset pair)."""
+    import pickle
+
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    allowed = [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+    def safe_load(path, map_location=None):
+        try:
+            with torch.serialization.safe_globals(allowed):
+                return torch.load(path, map_location=map_location, weights_only=True)
+        except (pickle.UnpicklingError, EOFError, RuntimeError) as e:
+            raise _damaged(Path(path), f"it holds more than tensors and plain values ({str(e)[:300]})") from e
+
+    engine.checkpoint_engine.load = safe_load  # the instance attribute shadows the unsafe method
+    engine.load_checkpoint(str(ds_dir), tag=tag)
 
 
 # ---------------------------------------------------------------- metrics.jsonl

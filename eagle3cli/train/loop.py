@@ -345,7 +345,7 @@ def _maybe_resume(tr: Trainer) -> None:
             f"run folder; --no-resume discards the checkpoints in {path.parent}",
         )
     if tr.deepspeed:
-        tr.model.load_checkpoint(str(tr.train_dir / "deepspeed"), tag=state["ds_tag"])
+        ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
         tr.optimizer.load_state_dict(state["optimizer"])
