@@ -188,10 +188,10 @@ def _from_messages(row: dict) -> list[dict]:
         raise BadRecord("missing_fields", "messages is not a list")
     out = []
     for i, t in enumerate(msgs):
+        if isinstance(t, dict) and (t.get("tool_calls") or t.get("function_call") or t.get("role") in TOOL_ROLES):
+            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         if not isinstance(t, dict) or "role" not in t or "content" not in t:
             raise BadRecord("missing_fields", f"turn {i} lacks role/content")
-        if t.get("tool_calls") or t.get("function_call") or t["role"] in TOOL_ROLES:
-            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         role = SHAREGPT_ROLES.get(str(t["role"]).lower()) if isinstance(t["role"], str) else None
         out.append(_turn(role or t["role"], t["content"]))
     return out
