@@ -358,3 +358,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_eval_warns_when_the_head_was_trained_with_another_chat_template(good_head, tmp_path, tiny_target_dir, capsys):
+    from types import SimpleNamespace
+
+    from serve_helpers import edit_config
+
+    from eagle3cli.eval.run import _load_heads
+    from eagle3cli.model.target import load_target, target_identity
+
+    head = copy_head(good_head, tmp_path / "head")
+    target, tok, path = load_target(tiny_target_dir)
+    ident = target_identity(path, tok)
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["eagle3"]["target"] |= {"vocab_hash": ident.vocab_hash, "chat_template_hash": "0123456789abcdef"}
+    edit_config(head, eagle3=cfg["eagle3"])
+    _load_heads(SimpleNamespace(compare=()), head, target, ident)
+    assert "another chat template (0123456789ab" in " ".join(capsys.readouterr().err.split())
