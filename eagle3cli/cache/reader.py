@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, contained, read_json, read_manifest, sha256_file
+from ..manifest import atomic_write_json, contained, read_json, read_manifest, sha256_file, verify_shards
 from .storage import decode, feature_keys
 
 INDEX_FILE = "index.safetensors"
@@ -46,6 +46,13 @@ class CacheReader:
                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
                 "every file the cache manifest lists",
                 f"eagle3 cache --verify {self.dir}, then rebuild with `{REBUILD}` (completed shards are kept)",
+            )
+        problems = verify_shards(self.dir, m.get("files", []))  # vocab + index: small, checked every time
+        if problems:
+            raise StageError(
+                f"cache {self.dir} is damaged: " + "; ".join(problems),
+                "files whose size and sha256 match the cache manifest",
+                f"eagle3 cache --verify {self.dir}, then rebuild with `{REBUILD}`",
             )
         self.storage: str = m["storage"]
         self.target: dict = m["target"]
@@ -109,8 +116,8 @@ class CacheReader:
                 f"cache {self.dir}: {name} holds non-finite values (NaN/inf) in {', '.join(bad)} of sample {local} "
                 f"(global sample {i})",
                 "finite target features (a NaN here would train a NaN head)",
-                f"rm {self.dir / name} and rerun the cache command to recompute it "
-                f"(eagle3 cache --verify {self.dir} lists the shards that fail their checksum)",
+                f"eagle3 cache --verify {self.dir} checks every shard; rm {self.dir / name} and rerun the cache "
+                "command to recompute it (if the target itself overflows, cache with --dtype fp32)",
             )
         return out
 

@@ -417,7 +417,11 @@ def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list
     raise StageError(
         f"training stopped: {what} is {shown} at {where}",
         "finite losses and gradients",
-        f"check the cache (eagle3 cache --verify {tr.cfg.cache or tr.run_dir / 'cache'}) or lower --lr; "
+        (
+            "check the target's features (a bf16 overflow? --dtype fp32) or lower --lr; "
+            if tr.cfg.online
+            else f"check the cache (eagle3 cache --verify {tr.cfg.cache or tr.run_dir / 'cache'}) or lower --lr; "
+        )
         + (
             f"the last good checkpoint ({last.name}) is kept and a rerun resumes from it"
             if last
@@ -651,4 +655,5 @@ def finished(tr: Trainer) -> bool:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
         return False
-    return m.get("steps") == tr.step and not verify_shards(tr.head_dir, h.get("shards") or [{"file": "-"}])
+    shards = h.get("shards") or []
+    return bool(shards) and m.get("steps") == tr.step and not verify_shards(tr.head_dir, shards)
