@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import errno
 import importlib
+import os
 import sys
 
 import typer
@@ -12,6 +14,7 @@ from rich.markup import escape
 from . import __version__
 from .console import console
 from .errors import UsageError
+from .urls import redact_text
 
 HELP = """EAGLE-3 draft heads, end to end: regenerate data with the target, cache its hidden states,
 train the head with training-time test, measure acceptance by depth, serve with SGLang.
@@ -70,17 +73,49 @@ for _name in COMMAND_MODULES:
 def main(argv: list[str] | None = None) -> int:
     """Entry point. Click handles its own usage errors (exit 2); ours get the same treatment."""
     try:
-        app(args=argv, prog_name="eagle3")  # standalone: always ends in SystemExit
+        try:
+            app(args=argv, prog_name="eagle3")  # standalone: always ends in SystemExit
+        except OSError as e:
+            error = os_error(e)
+            if error is None:
+                raise
+            raise error from e
     except UsageError as e:
-        console.print(f"[bold red]error:[/] {escape(e.what)}")
+        console.print(f"[bold red]error:[/] {escape(redact_text(e.what))}")
         if e.expected:
-            console.print(f"[bold]expected:[/] {escape(e.expected)}")
+            console.print(f"[bold]expected:[/] {escape(redact_text(e.expected))}")
         if e.next_step:
-            console.print(f"[bold]next:[/] {escape(e.next_step)}")
+            console.print(f"[bold]next:[/] {escape(redact_text(e.next_step))}")
         return e.exit_code
     except SystemExit as e:
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     return 0
+
+
+def os_error(e: OSError) -> UsageError | None:
+    """A full disk, an unwritable or occupied path: what and where, exit 2, never a traceback.
+    Every stage writes atomically and resumes, so the advice is always: fix it, rerun."""
+    where = e.filename or "the output folder"
+    rerun = "then rerun the same command: finished work is kept and the stage resumes where it stopped"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        return UsageError(
+            f"no space left writing {where} ({e.strerror})",
+            "free space on that filesystem",
+            f"free space (df -h {os.path.dirname(str(where)) or '.'}) or choose another --run/--out, {rerun}",
+        )
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return UsageError(
+            f"cannot write {where}: {e.strerror}",
+            "an output folder this user can write",
+            f"fix its permissions or choose another --run/--out folder, {rerun}",
+        )
+    if e.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG):
+        return UsageError(
+            f"{where} is in the way: {e.strerror}",
+            "a folder path where eagle3 can create its files (not an existing file)",
+            f"move that file or choose another --run/--out folder, {rerun}",
+        )
+    return None
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ dataclass default.
 from __future__ import annotations
 
 import dataclasses
+import math
+import os
 import types
 import typing
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import Any, TypeVar
 import yaml
 
 from .errors import UsageError
+from .urls import redact
 
 C = TypeVar("C")
 STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "export")
@@ -49,11 +52,12 @@ def _coerce(value: Any, tp: Any) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _coerce(value, args[0]) if len(args) == 1 else value
     if tp is Path:
-        return Path(value)
+        return Path(value) if isinstance(value, (str, os.PathLike)) else value  # else: a type error below
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         if isinstance(value, str):
-            value = [v for v in value.replace(",", " ").split() if v]
+            # "2,4,5" is three layer ids; but a string of a string list is one item (a path may hold spaces)
+            value = [v for v in value.replace(",", " ").split() if v] if inner is not str else [value]
         return tuple(_coerce(v, inner) for v in value)
     if tp in (int, float) and isinstance(value, str):
         try:
@@ -78,12 +82,62 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
     hints = typing.get_type_hints(cls)
     kwargs = {k: _coerce(v, hints[k]) for k, v in data.items() if k in fields}
     cfg = cls(**kwargs)
-    errors = cfg.validate() if hasattr(cfg, "validate") else []
+    errors = type_errors(cfg)
+    try:  # validate() may assume the declared types; what it trips over is already reported above
+        more = cfg.validate() if hasattr(cfg, "validate") else []
+    except (TypeError, ValueError, AttributeError):
+        more = []
+    flags = {e.split(" ", 1)[0] for e in errors}
+    errors += [e for e in more if e.split(" ", 1)[0] not in flags]
     if errors:
         raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
     return cfg
 
 
+def _type_ok(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        return any(_type_ok(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:  # finite: a NaN compares False with every bound, so range checks would pass it
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, (str, os.PathLike))
+    if tp is Path:
+        return isinstance(value, Path)
+    if origin is tuple:
+        inner = typing.get_args(tp)[0]
+        return isinstance(value, tuple) and all(_type_ok(v, inner) for v in value)
+    return True
+
+
+def _type_name(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if args and typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if typing.get_origin(tp) is tuple:
+        inner = typing.get_args(tp)[0]
+        return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(inner, str(inner))
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string", Path: "a path"}.get(
+        tp, str(tp)
+    )
+
+
+def type_errors(cfg: Any) -> list[str]:
+    """One line per field whose value is not of its declared type (recipes are untyped YAML)."""
+    hints = typing.get_type_hints(type(cfg))
+    return [
+        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)!r}: expected {_type_name(hints[f.name])}"
+        for f in dataclasses.fields(cfg)
+        if not _type_ok(getattr(cfg, f.name), hints[f.name])
+    ]
+
+
 def config_dict(cfg: Any) -> dict:
-    """JSON-friendly dict of a config (for manifests)."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}
+    """JSON-friendly dict of a config (for manifests), with credentials in URLs masked."""
+    return {k: redact(str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}

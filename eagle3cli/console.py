@@ -22,6 +22,8 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
+from .urls import redact_text
+
 console = Console(stderr=True, highlight=False)
 out = Console(highlight=False)  # results (tables) go to stdout so they can be piped
 
@@ -32,12 +34,12 @@ def is_rank0() -> bool:
 
 def log(msg: str) -> None:
     if is_rank0():
-        console.print(msg)
+        console.print(redact_text(msg))
 
 
 def warn(msg: str) -> None:
     if is_rank0():
-        console.print(f"[yellow]warning:[/] {msg}")
+        console.print(f"[yellow]warning:[/] {redact_text(msg)}")
 
 
 class _RateColumn(ProgressColumn):
@@ -98,12 +100,22 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
         yield StageProgress(prog, task_id, completed)
 
 
+def human_bytes(n: float) -> str:
+    """1536 -> '1.5 KiB': sizes in messages keep 3 significant digits at any scale (a small cache on
+    a nearly full disk is not '0.00 GiB needed, 0.00 GiB free')."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:,.0f} B" if unit == "B" else f"{n:,.3g} {unit}" if abs(n) < 1000 else f"{n:,.0f} {unit}"
+        n /= 1024
+    return f"{n} TiB"
+
+
 def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
     t = Table(title=title, title_style="bold", header_style="bold cyan")
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
     for r in rows:
-        t.add_row(*[f"{v:,.4g}" if isinstance(v, float) else str(v) for v in r])
+        t.add_row(*[f"{v:,.4g}" if isinstance(v, float) else redact_text(str(v)) for v in r])
     return t
 
 

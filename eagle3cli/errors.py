@@ -1,4 +1,5 @@
-"""User-facing errors. Anything raised as `UsageError` exits 2 with a message, never a traceback."""
+"""User-facing errors. Anything raised as `UsageError` exits 2 (`IncompleteError`: 3) with a message,
+never a traceback."""
 
 from __future__ import annotations
 
@@ -25,3 +26,10 @@ class UsageError(Exception):
 
 class StageError(UsageError):
     """A stage's inputs do not fit together (e.g. a cache made with another target)."""
+
+
+class IncompleteError(UsageError):
+    """The stage stopped with work left that the same command finishes when rerun (e.g. records
+    left pending while an endpoint was down). Exits 3, so scripts can tell "retry" from "fix"."""
+
+    exit_code = 3

@@ -24,12 +24,30 @@ SCHEMA_VERSION = 1
 
 
 # ---------------------------------------------------------------- atomic writes
+_UMASK: int | None = None
+
+
+def file_mode() -> int:
+    """0o666 under the process umask: what `open()` would create. mkstemp makes 0600 files, which
+    would leave run folders unreadable to the group that shares them."""
+    global _UMASK
+    if _UMASK is None:
+        try:  # Linux reports it without changing it (os.umask can only be read by setting it)
+            line = next(ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("Umask:"))
+            _UMASK = int(line.split()[1], 8)
+        except (OSError, StopIteration, ValueError):
+            _UMASK = os.umask(0o022)
+            os.umask(_UMASK)
+    return 0o666 & ~_UMASK
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write via a temp file in the same folder + fsync + rename: readers never see half a file."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, file_mode())
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -71,11 +89,31 @@ def shard_record(path: Path, **extra: Any) -> dict:
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path), **extra}
 
 
+def contained(folder: Path, name: str) -> Path:
+    """`folder/name`, refusing a name that leaves the folder (absolute, `..`, a link out of it):
+    a manifest is data, and must not make a stage read or delete files elsewhere."""
+    folder = Path(folder)
+    rel = Path(name) if isinstance(name, str) else None
+    ok = rel is not None and str(rel) not in ("", ".") and not rel.is_absolute() and ".." not in rel.parts
+    if ok:
+        try:
+            (folder / rel).resolve().relative_to(folder.resolve())
+        except ValueError:
+            ok = False
+    if not ok:
+        raise StageError(
+            f"{folder / MANIFEST} names the file {name!r}, which is outside {folder}",
+            "file names inside the run folder, as eagle3 writes them",
+            "rebuild the folder with the stage that wrote it (the manifest was edited or crafted)",
+        )
+    return folder / rel
+
+
 def verify_shards(folder: Path, shards: list[dict]) -> list[str]:
     """Re-check every shard listed in a manifest; returns a list of problems (empty = all good)."""
     problems = []
     for s in shards:
-        p = Path(folder) / s["file"]
+        p = contained(folder, s["file"])
         if not p.exists():
             problems.append(f"{s['file']}: missing")
         elif p.stat().st_size != s["bytes"]:
@@ -86,31 +124,92 @@ def verify_shards(folder: Path, shards: list[dict]) -> list[str]:
 
 
 # ---------------------------------------------------------------- fingerprints
-def _safetensors_header_digest(path: Path, h: hashlib._Hash) -> None:
-    # The header names every tensor with dtype, shape and byte offsets; with a 1 MiB sample of the
-    # data this identifies a checkpoint without reading 16 GB of weights.
+def _check_safetensors(path: Path) -> None:
+    """The header of a safetensors file is sane (length, JSON, offsets inside the file); else a
+    UsageError naming the file instead of an OverflowError or a loader traceback later."""
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        n = int.from_bytes(f.read(8), "little")
-        h.update(f.read(n))
-        size = path.stat().st_size
-        f.seek(max(8 + n, size // 2))
-        h.update(f.read(1 << 20))
+        n = int.from_bytes(f.read(8), "little") if size >= 8 else -1
+        problem = None
+        if not 0 < n <= size - 8:
+            problem = f"its header claims {n} bytes but the file has {size}"
+        else:
+            try:
+                header = json.loads(f.read(n))
+                data = size - 8 - n
+                bad = [
+                    k
+                    for k, v in header.items()
+                    if k != "__metadata__" and not (0 <= v["data_offsets"][0] <= v["data_offsets"][1] <= data)
+                ]
+                if bad:
+                    problem = f"tensor {bad[0]} lies beyond the end of the file (cut short?)"
+            except (ValueError, KeyError, TypeError, AttributeError) as e:
+                problem = f"its header is not valid ({type(e).__name__})"
+    if problem:
+        raise UsageError(
+            f"{path} is not a valid safetensors file: {problem}",
+            "the model's weights as saved by transformers (save_pretrained)",
+            "copy the model folder again (the file is damaged or incomplete)",
+        )
+
+
+def _digest_memo_path() -> Path:
+    base = os.environ.get("EAGLE3_CACHE_DIR") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eagle3"
+    )
+    return Path(base) / "file-digests.json"
+
+
+_DIGESTS: dict[str, list] = {}
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a whole file, remembered by (path, size, mtime, inode) across runs: hashing a 16 GB
+    target costs seconds once, then nothing, and any rewrite of the file changes the stamp."""
+    path = Path(path).resolve()
+    st = path.stat()
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    key = str(path)
+    memo_path = _digest_memo_path()
+    if not _DIGESTS:
+        try:
+            loaded = read_json(memo_path)
+            _DIGESTS.update(loaded if isinstance(loaded, dict) else {})
+        except (OSError, ValueError):
+            pass
+    hit = _DIGESTS.get(key)
+    if isinstance(hit, list) and hit[:3] == stamp and len(hit) == 4:
+        return hit[3]
+    if path.suffix == ".safetensors":
+        _check_safetensors(path)
+    digest = sha256_file(path)
+    _DIGESTS[key] = [*stamp, digest]
+    for k in [k for k in _DIGESTS if not os.path.exists(k)]:  # models deleted since: forget them
+        del _DIGESTS[k]
+    try:  # best effort: no cache folder just means hashing again next time
+        atomic_write_json(memo_path, _DIGESTS)
+    except OSError:
+        pass
+    return digest
 
 
 def model_fingerprint(model_dir: Path) -> str:
-    """A cheap, stable identity of a local model folder: config + weight headers + data samples."""
+    """The identity of a local model folder: its config and every byte of its weight files.
+
+    Every tensor counts: a target whose lm_head alone was rescaled is another target (a sampled
+    hash missed exactly that). The per-file sha256 is remembered by size+mtime, see file_digest.
+    """
     model_dir = Path(model_dir)
-    h = hashlib.sha256()
+    h = hashlib.sha256(b"eagle3-fingerprint/2\n")
     cfg = model_dir / "config.json"
     if cfg.exists():
-        h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
-    for f in sorted(model_dir.glob("*.safetensors")):
-        h.update(f.name.encode())
-        h.update(str(f.stat().st_size).encode())
-        _safetensors_header_digest(f, h)
-    for f in sorted(model_dir.glob("*.bin")):
-        h.update(f.name.encode())
-        h.update(str(f.stat().st_size).encode())
+        try:
+            h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
+        except ValueError as e:
+            raise UsageError(f"{cfg} is not valid JSON ({e})", "a transformers config.json") from e
+    for f in sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")]):
+        h.update(f.name.encode() + b"\0" + file_digest(f).encode())
     return h.hexdigest()[:16]
 
 

@@ -3,6 +3,12 @@
 Random access is memory-mapped: `safe_open` maps each shard and `get_slice` reads just one
 sample's rows, so a 12 TB cache costs no RAM to open and a sample costs its own bytes.
 Handles are opened lazily per process, so a reader survives DataLoader worker forks.
+
+Trust, cheaply: a shard's sha256 is checked against the manifest the first time the shard is
+opened, and remembered by (size, mtime) in `.verified.json`, so a resumed or repeated run does
+not hash the cache again (hashing a shard costs about as much as reading it once). Every sample's
+features are also checked to be finite: NaN bytes that passed the checksum (the cache was written
+with them) stop training with the shard's name instead of training a NaN head.
 """
 
 from __future__ import annotations
@@ -15,12 +21,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from ..errors import UsageError
-from ..manifest import read_manifest
+from ..errors import StageError, UsageError
+from ..manifest import atomic_write_json, contained, read_json, read_manifest, sha256_file, verify_shards
 from .storage import decode, feature_keys
 
 INDEX_FILE = "index.safetensors"
 VOCAB_FILE = "vocab.safetensors"
+VERIFIED_FILE = ".verified.json"
 REBUILD = "eagle3 cache --run runs/NAME"
 
 
@@ -29,6 +36,8 @@ class CacheReader:
         self.dir = Path(cache_dir)
         self.manifest = read_manifest(self.dir, "cache", REBUILD)
         m = self.manifest
+        for s in m["shards"]:
+            contained(self.dir, s["file"])  # a manifest may not name files outside its folder
         missing = [s["file"] for s in m["shards"] if not (self.dir / s["file"]).exists()]
         missing += [f for f in (INDEX_FILE, VOCAB_FILE) if not (self.dir / f).exists()]
         if missing:
@@ -37,6 +46,13 @@ class CacheReader:
                 + (f" and {len(missing) - 5} more" if len(missing) > 5 else ""),
                 "every file the cache manifest lists",
                 f"eagle3 cache --verify {self.dir}, then rebuild with `{REBUILD}` (completed shards are kept)",
+            )
+        problems = verify_shards(self.dir, m.get("files", []))  # vocab + index: small, checked every time
+        if problems:
+            raise StageError(
+                f"cache {self.dir} is damaged: " + "; ".join(problems),
+                "files whose size and sha256 match the cache manifest",
+                f"eagle3 cache --verify {self.dir}, then rebuild with `{REBUILD}`",
             )
         self.storage: str = m["storage"]
         self.target: dict = m["target"]
@@ -60,6 +76,7 @@ class CacheReader:
         self._handles: dict[int, object] = {}
         self._offsets: dict[int, list[int]] = {}
         self._pid = os.getpid()
+        self._verified: dict | None = None
 
     def __len__(self) -> int:
         return len(self.lengths)
@@ -71,6 +88,7 @@ class CacheReader:
             self._pid = os.getpid()
         h = self._handles.get(j)
         if h is None:
+            self._verify(j)
             h = safe_open(str(self.dir / self.manifest["shards"][j]["file"]), framework="pt")
             self._handles[j] = h
             self._offsets[j] = h.get_tensor("offsets").tolist()
@@ -91,4 +109,56 @@ class CacheReader:
             "loss_mask": h.get_slice("loss_mask")[a:b].to(torch.bool),
         }
         out.update(decode(self.storage, raw))
+        bad = [k for k, v in out.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+        if bad:
+            name = self.manifest["shards"][j]["file"]
+            raise StageError(
+                f"cache {self.dir}: {name} holds non-finite values (NaN/inf) in {', '.join(bad)} of sample {local} "
+                f"(global sample {i})",
+                "finite target features (a NaN here would train a NaN head)",
+                f"eagle3 cache --verify {self.dir} checks every shard; rm {self.dir / name} and rerun the cache "
+                "command to recompute it (if the target itself overflows, cache with --dtype fp32)",
+            )
         return out
+
+    def where(self, i: int) -> str:
+        """'shard-00003.safetensors sample 12': where global sample i lives (for error messages)."""
+        j = bisect_right(self._starts, i) - 1
+        return f"{self.manifest['shards'][j]['file']} sample {i - self._starts[j]}"
+
+    # ---------------------------------------------------------------- checksums
+    def _verify(self, j: int) -> None:
+        """Check shard j's size and sha256 against the manifest, unless this (size, mtime) passed before."""
+        s = self.manifest["shards"][j]
+        path = self.dir / s["file"]
+        st = path.stat()
+        stamp = [st.st_size, st.st_mtime_ns]
+        memo = self._memo()
+        if memo.get(s["file"]) == [*stamp, s["sha256"]]:
+            return
+        if st.st_size != s["bytes"]:
+            problem = f"{st.st_size} bytes, the manifest says {s['bytes']}"
+        elif sha256_file(path) != s["sha256"]:
+            problem = "its sha256 does not match the manifest (corrupted or modified)"
+        else:
+            memo[s["file"]] = [*stamp, s["sha256"]]
+            try:  # best effort: a read-only cache is verified again next run
+                atomic_write_json(self.dir / VERIFIED_FILE, memo)
+            except OSError:
+                pass
+            return
+        raise StageError(
+            f"cache {self.dir}: {s['file']} is damaged: {problem}",
+            "shards whose size and sha256 match the cache manifest",
+            f"rm {path} and rerun the cache command, which recomputes only that shard "
+            f"(eagle3 cache --verify {self.dir} checks them all)",
+        )
+
+    def _memo(self) -> dict:
+        if self._verified is None:
+            try:
+                memo = read_json(self.dir / VERIFIED_FILE)
+                self._verified = memo if isinstance(memo, dict) else {}
+            except (OSError, ValueError):
+                self._verified = {}
+        return self._verified

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 
 from ..config import config_dict
-from ..console import log, print_table, progress, warn
+from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import StageError, UsageError
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     check_matches,
     read_json,
@@ -49,7 +50,7 @@ from ..model.target import (
 from . import vocab as V
 from .masks import _special_ids, check_template, cut_turns, mask_conversation
 from .reader import INDEX_FILE, VOCAB_FILE
-from .storage import STORAGES, bf16_layout_bytes, bytes_per_token
+from .storage import STORAGES, bf16_layout_bytes, bytes_per_token, feature_keys
 from .writer import Sample, save_atomic, write_shard
 
 PLAN_FILE = "plan.json"
@@ -317,6 +318,13 @@ def write_or_check_plan(out: Path, plan: dict, cfg: CacheConfig) -> None:
 
 
 # ------------------------------------------------------------------ the stage
+def _lock_name(cfg: CacheConfig) -> str:
+    """`--shard i/N` processes share the folder by design: one lock per shard slice."""
+    i, n = parse_shard(cfg.shard)
+    return LOCK_NAME if n == 1 else f"{LOCK_NAME}.shard-{i}-of-{n}"
+
+
+@locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
 def run_cache(cfg: CacheConfig) -> Path:
     data_dir, out = cfg.data_dir, cfg.out_dir
     data_manifest = check_data(cfg)
@@ -395,11 +403,12 @@ def run_cache(cfg: CacheConfig) -> Path:
     free = shutil.disk_usage(out).free
     log(
         f"disk: {len(todo)}/{len(mine)} shards to compute, {todo_tokens:,} tokens x {bpt} B/token "
-        f"({cfg.storage}) = {need / 2**20:,.1f} MiB needed, {free / 2**30:,.1f} GiB free in {out}"
+        f"({cfg.storage}) = {human_bytes(need)} needed, {human_bytes(free)} free in {out}"
     )
     if need > free:
         raise UsageError(
-            f"the cache needs about {need / 2**30:,.2f} GiB but {out} has {free / 2**30:,.2f} GiB free",
+            f"the cache needs about {human_bytes(need)} more but {out} has {human_bytes(free)} free "
+            f"({len(todo)} shard(s) left to compute; finished shards are kept)",
             "enough free disk space for the cache",
             f"free space, pick a smaller layout (--storage compact is ~{bytes_per_token('compact', ident.hidden_size, n_aux, ident.vocab_size, cfg.topk) / bpt:.2f}x), "
             "or cache a part with --max-samples",
@@ -546,6 +555,17 @@ def _world(plan: dict) -> int:
 
 
 # ------------------------------------------------------------------ verify
+def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
+    """The first feature tensor of an open shard holding a NaN/inf (read in row chunks), or None."""
+    for key in feature_keys(storage):
+        sl = f.get_slice(key)
+        for a in range(0, sl.get_shape()[0], rows):
+            t = sl[a : a + rows]
+            if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
+                return key
+    return None
+
+
 def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     """Checksums, shard structure, and the manifest against the target; StageError on any problem."""
     cache_dir = Path(cache_dir)
@@ -571,6 +591,13 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
                     f"manifest says {s['samples']} / {s['tokens']}",
                     "a consistent shard",
                     f"rm {cache_dir / s['file']} && {rebuild}",
+                )
+            bad = nonfinite_features(f, m["storage"])
+            if bad:  # written that way (a NaN target forward): the checksum matches, training would not
+                raise StageError(
+                    f"{s['file']}: {bad} holds non-finite values (NaN/inf)",
+                    "finite target features",
+                    f"rm {cache_dir / s['file']} && {rebuild}   (check the target's dtype: --dtype fp32)",
                 )
     target_ref = target or m["target"].get("path")
     if not target_ref or not Path(target_ref).exists():

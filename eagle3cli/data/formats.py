@@ -40,6 +40,8 @@ SHAREGPT_ROLES = {
     "system": "system",
 }
 ROLES = ("system", "user", "assistant")
+# Roles (and ShareGPT `from` values) of tool calls and their results: not text eagle3 can regenerate.
+TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
 
 
 class BadRecord(Exception):
@@ -106,6 +108,24 @@ def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
 
 
 # ---------------------------------------------------------------- validation
+# A lone surrogate ("\ud800" is valid JSON) or a byte that is not UTF-8 (read as one, see
+# _iter_raw_rows) cannot be encoded, tokenised or written: such a row is rejected, not the file.
+_UNICODE_PROBLEM = "holds text that is not valid Unicode (a lone surrogate, or a byte that is not UTF-8)"
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(text: str) -> str:
+    """Text safe to write into rejects.jsonl (invalid code points shown as \\udXXX escapes)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def check_messages(messages: list[dict]) -> None:
     """Raise BadRecord unless the turns form a usable conversation (see module doc)."""
     if not isinstance(messages, list) or not messages:
@@ -113,6 +133,8 @@ def check_messages(messages: list[dict]) -> None:
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
             raise BadRecord("missing_fields", f"turn {i} is not an object")
+        if m.get("role") in TOOL_ROLES or m.get("tool_calls") or m.get("function_call"):
+            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         if m.get("role") not in ROLES:
             raise BadRecord("unknown_role", f"turn {i} role {m.get('role')!r}")
         c = m.get("content")
@@ -120,6 +142,8 @@ def check_messages(messages: list[dict]) -> None:
             raise BadRecord("non_string_content", f"turn {i} content is {type(c).__name__}")
         if not c.strip():
             raise BadRecord("empty_content", f"turn {i} ({m['role']}) is empty")
+        if not _is_unicode(c):
+            raise BadRecord("invalid_unicode", f"turn {i} ({m['role']}) {_UNICODE_PROBLEM}")
     roles = [m["role"] for m in messages]
     body = roles[1:] if roles[0] == "system" else roles
     if "system" in body:
@@ -150,6 +174,8 @@ def _from_sharegpt(row: dict) -> list[dict]:
         if not isinstance(t, dict) or "from" not in t or "value" not in t:
             raise BadRecord("missing_fields", f"turn {i} lacks from/value")
         role = SHAREGPT_ROLES.get(str(t["from"]).lower())
+        if str(t["from"]).lower() in TOOL_ROLES:
+            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         if role is None:
             raise BadRecord("unknown_role", f"turn {i} from {t['from']!r}")
         out.append(_turn(role, t["value"]))
@@ -162,6 +188,8 @@ def _from_messages(row: dict) -> list[dict]:
         raise BadRecord("missing_fields", "messages is not a list")
     out = []
     for i, t in enumerate(msgs):
+        if isinstance(t, dict) and (t.get("tool_calls") or t.get("function_call") or t.get("role") in TOOL_ROLES):
+            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         if not isinstance(t, dict) or "role" not in t or "content" not in t:
             raise BadRecord("missing_fields", f"turn {i} lacks role/content")
         role = SHAREGPT_ROLES.get(str(t["role"]).lower()) if isinstance(t["role"], str) else None
@@ -233,6 +261,8 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
     rid = next(
         (row[k] for k in ID_KEYS if isinstance(row.get(k), (str, int)) and not isinstance(row.get(k), bool)), None
     )
+    if isinstance(rid, str) and not _is_unicode(rid):
+        raise BadRecord("invalid_unicode", f"the id {_UNICODE_PROBLEM}")
     meta = {"row": index, "format": shape}
     for k in ("category", "source"):
         if isinstance(row.get(k), str):
@@ -256,7 +286,14 @@ class ReadResult:
 
 
 def _reject(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
-    return {"source": source, "row": index, "id": rid, "reason": reason, "detail": detail}
+    clean = _printable
+    return {
+        "source": clean(source),
+        "row": index,
+        "id": None if rid is None else clean(rid),
+        "reason": reason,
+        "detail": clean(detail),
+    }
 
 
 RowError = tuple[str, str]  # (reject reason, detail)
@@ -274,9 +311,9 @@ def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, RowError | No
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rb") as f:
-            text = f.read().decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise UsageError(f"--input {path} is not UTF-8 text ({e})", ACCEPTED_SHAPES) from e
+            # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
+            # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
+            text = f.read().decode("utf-8-sig", errors="surrogateescape")
     except OSError as e:  # e.g. a .gz file that is not gzip
         raise UsageError(f"--input {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
     stripped = text.lstrip()
@@ -316,7 +353,7 @@ def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]
         return pos
 
     def cut(i: int, pos: int, why: str) -> tuple[int, None, RowError]:
-        offset = len(text[:pos].encode("utf-8"))
+        offset = len(text[:pos].encode("utf-8", "surrogateescape"))  # the file's own bytes
         return i, None, ("truncated_file", f"element {i} at byte {offset}: {why}; nothing after it can be read")
 
     pos, i = skip_ws(text.index("[") + 1), 0
@@ -392,12 +429,17 @@ def read_input(spec: InputSpec) -> ReadResult:
         )
     shape = shapes.most_common(1)[0][0]
     result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split)
+    first_row: dict[str, int] = {}  # record id -> the row that used it first
     for index, row, err in rows:
         if err is not None:
             result.rejects.append(_reject(source, index, *err))
             continue
         try:
-            result.records.append(normalise(row, shape, source, index))
+            rec = normalise(row, shape, source, index)
+            if rec["id"] in first_row:  # ids key seeds, journals and cache samples: they must be unique
+                raise BadRecord("duplicate_id", f"id {rec['id']!r} is already used by row {first_row[rec['id']]}")
+            first_row[rec["id"]] = index
+            result.records.append(rec)
         except BadRecord as e:
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
             result.rejects.append(_reject(source, index, e.reason, e.detail, rid))

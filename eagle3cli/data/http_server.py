@@ -3,8 +3,8 @@
 Endpoints: `POST /v1/chat/completions` (the model's chat template is applied here, server
 side, as SGLang and vLLM do), `POST /generate` (SGLang's native shape: `text` + `meta_info`),
 `GET /v1/models`, `GET /health`. Generation is serialised by a lock (one model, CPU-sized).
-For tests it can inject faults: fail the first N requests with HTTP 500, or make the next M
-sleep past the client's timeout.
+For tests it can inject faults: fail the first N requests with HTTP 500, answer the next B with
+a malformed 200 (no `choices`), or make the next M sleep past the client's timeout.
 
     python -m eagle3cli.data.http_server --model models/tiny-target --port 30000
 """
@@ -18,6 +18,7 @@ import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from .hf import HFBackend, encode_prompt
 from .regen import Sampling
@@ -33,11 +34,13 @@ class ModelServer:
         sleep_first: int = 0,
         sleep_s: float = 0.0,
         max_new_tokens: int = 256,
+        bad_first: int = 0,
     ):
         self.backend = HFBackend(model, tokenizer, Sampling(max_new_tokens=max_new_tokens), batch_size=1)
         self.tokenizer = tokenizer
         self.served_model_name = served_model_name
         self.fail_first, self.sleep_first, self.sleep_s = fail_first, sleep_first, sleep_s
+        self.bad_first = bad_first
         self.requests: list[dict] = []  # every POST body, in arrival order (tests inspect prompts)
         self._lock = threading.Lock()  # generation
         self._count_lock = threading.Lock()
@@ -52,7 +55,9 @@ class ModelServer:
             self._posts += 1
         if n < self.fail_first:
             return "fail"
-        if n < self.fail_first + self.sleep_first:
+        if n < self.fail_first + self.bad_first:
+            return "bad"
+        if n < self.fail_first + self.bad_first + self.sleep_first:
             return "sleep"
         return None
 
@@ -138,9 +143,10 @@ class ModelServer:
                     pass
 
             def do_GET(self):
-                if self.path.rstrip("/") == "/health":
+                route = urlsplit(self.path).path.rstrip("/")  # a query string (?api_key=...) is not the route
+                if route == "/health":
                     self._send(200, {"status": "ok"})
-                elif self.path.rstrip("/") == "/v1/models":
+                elif route == "/v1/models":
                     self._send(200, {"object": "list", "data": [{"id": server.served_model_name, "object": "model"}]})
                 else:
                     self._send(404, {"error": {"message": f"no route {self.path}"}})
@@ -151,13 +157,15 @@ class ModelServer:
                     body = json.loads(self.rfile.read(length) or b"{}")
                 except json.JSONDecodeError as e:
                     return self._send(400, {"error": {"message": f"invalid JSON: {e}"}})
-                route = self.path.rstrip("/")
+                route = urlsplit(self.path).path.rstrip("/")
                 if route not in ("/v1/chat/completions", "/generate"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 server.requests.append({"path": route, "body": body})
                 fault = server._fault()
                 if fault == "fail":
                     return self._send(500, {"error": {"message": "injected failure"}})
+                if fault == "bad":
+                    return self._send(200, {"object": "error", "message": "injected malformed answer"})
                 if fault == "sleep":
                     time.sleep(server.sleep_s)
                 try:
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--device", default=None)
     ap.add_argument("--max-new-tokens", type=int, default=256, help="default when a request gives none")
     ap.add_argument("--fail-first", type=int, default=0, help="answer the first N POSTs with HTTP 500 (tests)")
+    ap.add_argument("--bad-first", type=int, default=0, help="then answer the next B with a malformed 200 (tests)")
     ap.add_argument("--sleep-first", type=int, default=0, help="then sleep --sleep-s before the next M (tests)")
     ap.add_argument("--sleep-s", type=float, default=0.0)
     a = ap.parse_args(argv)
@@ -209,7 +218,14 @@ def main(argv: list[str] | None = None) -> None:
 
     model, tok, path = load_target(a.model, device=a.device)
     srv = ModelServer(
-        model, tok, a.served_model_name or Path(path).name, a.fail_first, a.sleep_first, a.sleep_s, a.max_new_tokens
+        model,
+        tok,
+        a.served_model_name or Path(path).name,
+        a.fail_first,
+        a.sleep_first,
+        a.sleep_s,
+        a.max_new_tokens,
+        bad_first=a.bad_first,
     )
     srv.httpd = ThreadingHTTPServer((a.host, a.port), srv.handler())
     srv.httpd.daemon_threads = True

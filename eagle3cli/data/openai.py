@@ -2,33 +2,39 @@
 
 Conversations run concurrently (at most `concurrency` requests in flight); within one
 conversation turns are sequential, each sent with the regenerated history. The server
-applies the target's chat template. Requests rotate over the endpoints; a failed attempt
-(connect error, timeout, HTTP 5xx/429) is retried on the next endpoint after an exponential
-backoff; when the retries run out the record is rejected with the reason and the run goes on.
+applies the target's chat template. Requests rotate over the endpoints.
+
+Failures are of two kinds, and only one of them loses a record:
+* transient (connect error, timeout, HTTP 5xx/429 or any other status that says nothing about
+  the request, a 200 whose body is not a chat completion): retried on the next endpoint after an
+  exponential backoff; when the retries run out the conversation is left *pending*, not
+  rejected: nothing is journaled for it and a rerun regenerates it (seeded, so identically);
+* content-level (HTTP 400/413/422: the prompt is too long, the request is malformed): the record
+  is rejected with the reason and the run goes on.
+When a request runs out of retries and no request succeeded meanwhile, the endpoints are taken
+to be down: conversations not started yet are left pending at once instead of each waiting
+through its own retries (a dead server ends the run in seconds, with everything pending).
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 
 import httpx
 
+from ..urls import endpoint_url, redact_text
 from .regen import Conversation, OnDone, Sampling, TurnOutput
+
+# Statuses that blame the request itself: retrying the same request cannot help.
+CONTENT_STATUSES = (400, 413, 422)
 
 
 class EndpointError(Exception):
-    def __init__(self, reason: str, detail: str):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}")
-
-
-def base_url(endpoint: str) -> str:
-    """`http://h:p`, `http://h:p/`, `http://h:p/v1` -> `http://h:p`."""
-    e = endpoint.strip().rstrip("/")
-    if not e.startswith(("http://", "https://")):
-        e = "http://" + e
-    return e[:-3] if e.endswith("/v1") else e
+    def __init__(self, reason: str, detail: str, transient: bool = True):
+        self.reason, self.detail, self.transient = reason, redact_text(detail), transient
+        super().__init__(f"{reason}: {self.detail}")
 
 
 class OpenAIBackend:
@@ -45,12 +51,14 @@ class OpenAIBackend:
         model_name: str | None = None,
         api_key: str | None = None,
     ):
-        self.endpoints = [base_url(e) for e in endpoints]
+        self.endpoints = list(endpoints)
         self.sampling, self.concurrency = sampling, concurrency
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.model_name, self.api_key = model_name, api_key
         self._rr = itertools.cycle(range(len(self.endpoints)))
         self.retried = 0  # attempts that failed and were retried (reported in the summary)
+        self.unavailable: str | None = None  # set when the endpoints look down (see module doc)
+        self._last_success = float("-inf")
 
     def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:
         asyncio.run(self._run(convs, on_done))
@@ -68,11 +76,11 @@ class OpenAIBackend:
         """vLLM checks the model name; SGLang accepts any. Ask the first endpoint that answers."""
         for e in self.endpoints:
             try:
-                r = await client.get(f"{e}/v1/models", timeout=min(self.timeout_s, 10.0))
+                r = await client.get(endpoint_url(e, "/v1/models"), timeout=min(self.timeout_s, 10.0))
                 data = r.json().get("data") or []
                 if r.status_code == 200 and data:
                     return str(data[0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
                 continue
         return "default"
 
@@ -80,9 +88,14 @@ class OpenAIBackend:
         while not conv.done:
             try:
                 async with sem:
+                    if self.unavailable is not None:
+                        raise EndpointError("endpoint_error", f"not sent: {self.unavailable}")
                     out = await self._complete(client, conv.history(), conv.seed(self.sampling))
             except EndpointError as e:
-                conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
+                if e.transient:
+                    conv.leave_pending(f"turn {conv.turn}: {e.detail}")
+                else:
+                    conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
                 break
             conv.add(out)
         on_done(conv)
@@ -98,40 +111,52 @@ class OpenAIBackend:
             "seed": seed % (2**31),
             "stream": False,
         }
-        last = ""
+        started, last = time.monotonic(), ""
         for attempt in range(self.retries + 1):
-            url = f"{self.endpoints[next(self._rr)]}/v1/chat/completions"
+            url = endpoint_url(self.endpoints[next(self._rr)], "/v1/chat/completions")
+            shown = redact_text(url)
             try:
                 r = await client.post(url, json=body)
             except httpx.TimeoutException as e:
-                last = f"timeout after {self.timeout_s:g}s at {url} ({type(e).__name__})"
+                last = f"timeout after {self.timeout_s:g}s at {shown} ({type(e).__name__})"
             except httpx.TransportError as e:  # connect refused, reset, DNS...
-                last = f"{type(e).__name__} at {url}: {e}"
+                last = f"{type(e).__name__} at {shown}: {e}"
             else:
                 if r.status_code == 200:
-                    return self._parse(r, url)
-                if r.status_code < 500 and r.status_code != 429:
-                    # 4xx: the request itself is wrong (prompt too long, bad model name); retrying cannot help.
-                    raise EndpointError("request_rejected", f"HTTP {r.status_code} from {url}: {r.text[:200]}")
-                last = f"HTTP {r.status_code} from {url}: {r.text[:200]}"
-            if attempt < self.retries:
+                    try:
+                        out = self._parse(r)
+                    except ValueError as e:  # a proxy's HTML page, a cut body: the next try may be fine
+                        last = f"{shown} answered 200 without choices[0].message.content ({e})"
+                    else:
+                        self._last_success = time.monotonic()
+                        return out
+                elif r.status_code in CONTENT_STATUSES:
+                    raise EndpointError(
+                        "request_rejected", f"HTTP {r.status_code} from {shown}: {r.text[:200]}", transient=False
+                    )
+                else:
+                    last = f"HTTP {r.status_code} from {shown}: {r.text[:200]}"
+            if attempt < self.retries and self.unavailable is None:
                 self.retried += 1
                 await asyncio.sleep(self.backoff_s * (2**attempt))
-        raise EndpointError("endpoint_error", f"{self.retries + 1} attempts failed; last: {last}")
+            elif self.unavailable is not None:
+                break
+        if self._last_success < started and self.unavailable is None:
+            self.unavailable = f"no endpoint answered; last: {redact_text(last)}"
+        raise EndpointError("endpoint_error", f"{attempt + 1} attempt(s) failed; last: {last}")
 
     @staticmethod
-    def _parse(r: httpx.Response, url: str) -> TurnOutput:
+    def _parse(r: httpx.Response) -> TurnOutput:
         try:
             data = r.json()
             choice = data["choices"][0]
             text = choice["message"]["content"] or ""
             usage = data.get("usage") or {}
-        except (ValueError, KeyError, IndexError, TypeError) as e:
-            raise EndpointError("bad_response", f"{url} answered without choices[0].message.content ({e})") from e
+            if not isinstance(text, str):
+                raise TypeError(f"content is {type(text).__name__}")
+            prompt_tokens = int(usage.get("prompt_tokens") or 0)
+            completion_tokens = int(usage.get("completion_tokens") or 0)
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise ValueError(f"{type(e).__name__}: {str(e)[:100]}") from e
         finish = choice.get("finish_reason") or "stop"
-        return TurnOutput(
-            text,
-            "length" if finish == "length" else "stop",
-            int(usage.get("prompt_tokens") or 0),
-            int(usage.get("completion_tokens") or 0),
-        )
+        return TurnOutput(text, "length" if finish == "length" else "stop", prompt_tokens, completion_tokens)

@@ -7,6 +7,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from ..urls import redact_text
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -48,6 +50,7 @@ class Conversation:
     turn_meta: list[dict] = field(default_factory=list)
     reject: tuple[str, str] | None = None
     stopped_early: bool = False
+    pending: str | None = None  # a transient failure: not journaled, a rerun regenerates it
 
     def __post_init__(self):
         msgs = self.record["messages"]
@@ -60,7 +63,7 @@ class Conversation:
 
     @property
     def done(self) -> bool:
-        return self.reject is not None or self.stopped_early or self.turn >= len(self.users)
+        return self.reject is not None or self.pending is not None or self.stopped_early or self.turn >= len(self.users)
 
     def history(self) -> list[dict]:
         """Messages so far, ending with the next user turn (the prompt for the next answer)."""
@@ -92,7 +95,13 @@ class Conversation:
         )
 
     def fail(self, reason: str, detail: str) -> None:
-        self.reject = (reason, detail)
+        """A content-level failure: the record is rejected for good, with the reason."""
+        self.reject = (reason, redact_text(detail))
+
+    def leave_pending(self, why: str) -> None:
+        """A transient failure (endpoint down, timeouts): the partial answers are dropped and the
+        conversation is regenerated from its first turn by the next run, with the same seeds."""
+        self.pending = redact_text(why)
 
     def result(self) -> dict:
         """The output record (data contract): messages alternate and end with an assistant turn."""

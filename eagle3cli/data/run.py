@@ -21,7 +21,8 @@ from pathlib import Path
 
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
-from ..errors import StageError, UsageError
+from ..errors import IncompleteError, StageError, UsageError
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     MANIFEST,
     atomic_write_json,
@@ -32,6 +33,7 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
+from ..urls import redact_text
 from .config import PLAN_FIELDS, GenDataConfig
 from .formats import ReadResult, build_plan, limit_turns, parse_input_spec, read_input
 from .regen import Conversation, Sampling
@@ -39,6 +41,8 @@ from .regen import Conversation, Sampling
 PROGRESS = "progress"
 STATE = "state.json"
 REJECTS = "rejects.jsonl"
+# Reject reasons that older versions recorded for transient endpoint failures (now left pending).
+TRANSIENT_REASONS = ("endpoint_error", "bad_response")
 
 
 def shard_name(k: int) -> str:
@@ -135,7 +139,7 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
             )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    if out.exists() and any(p.name not in (".gitkeep", PROGRESS) for p in out.iterdir()):
+    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
         raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
     return None
 
@@ -252,24 +256,27 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
 
 
 # ---------------------------------------------------------------- the stage
+@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir)
 def run_gen_data(cfg: GenDataConfig) -> Path:
     results, plan, read_rejects = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)
     if cfg.dry_run:
         dry_run(cfg, results, plan, read_rejects, tokenizer)
         return cfg.out_dir or Path(".")
-    if not plan:
-        raise UsageError(
-            "no usable conversations in the inputs (every record was rejected)",
-            "at least one valid record",
-            f"eagle3 gen-data --dry-run --target {cfg.target} --input ...",
-        )
     out = cfg.out_dir
+    if not plan:
+        raise no_usable_records(cfg, out, results, read_rejects)
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))
     done = check_folder(out, identity, pcfg, plan_ids_hash)
     if done is not None:
         log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
+        old = sum(v for k, v in (done["counts"].get("skipped_by_reason") or {}).items() if k in TRANSIENT_REASONS)
+        if old:
+            warn(
+                f"{old} record(s) in {out / REJECTS} were rejected for endpoint failures by an older eagle3 "
+                f"(today they would be left pending and retried); regenerate into a new folder to get them"
+            )
         return out
     prog_dir = out / PROGRESS
     prog_dir.mkdir(parents=True, exist_ok=True)
@@ -290,14 +297,22 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
 
     backend = None if cfg.no_regenerate else make_backend(cfg, tokenizer)
     t0 = time.time()
+    left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
     with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
         for k in todo:
             lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
             entries = journals[k]
+            down = getattr(backend, "unavailable", None)
+            if down is not None:  # the endpoints are down: later shards would only wait through retries
+                left.update({p: f"not sent: {down}" for p in range(lo, hi) if p not in entries})
+                continue
             pending = [Conversation(p, plan[p], cfg.drop_truncated) for p in range(lo, hi) if p not in entries]
             journal = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
 
             def on_done(c: Conversation, journal=journal, entries=entries) -> None:
+                if c.pending is not None:
+                    left[c.index] = c.pending
+                    return
                 e = {"plan_index": c.index}
                 if c.reject is not None:
                     e["reject"] = c.reject_record()
@@ -321,10 +336,44 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                 raise
             finally:
                 journal.close()
-            finish_shard(out, k, [entries[p] for p in range(lo, hi)])
+            if all(p in entries for p in range(lo, hi)):
+                finish_shard(out, k, [entries[p] for p in range(lo, hi)])
         session_tokens = bar.tokens
+    if left:
+        raise pending_error(cfg, out, left, len(plan))
     elapsed = time.time() - t0
     return finalize(cfg, out, identity, results, plan, read_rejects, n_shards, elapsed, backend, session_tokens)
+
+
+def pending_error(cfg: GenDataConfig, out: Path, left: dict[int, str], planned: int) -> IncompleteError:
+    """Conversations left pending: the folder stays unfinished (no manifest) and a rerun retries them."""
+    why = left[max(left)]
+    endpoints = " ".join(f"--endpoint {redact_text(e)}" for e in cfg.endpoints)
+    return IncompleteError(
+        f"{len(left)} of {planned} conversations are pending after endpoint failures; nothing is lost "
+        f"(finished conversations are kept in {out / PROGRESS}) and no manifest is written until all are done. "
+        f"Last failure: {why}",
+        "endpoints that answer POST /v1/chat/completions with HTTP 200",
+        f"check the endpoint(s) ({endpoints}), then rerun the same command: it regenerates only the pending "
+        "conversations (exit code 3 means: rerun later)",
+    )
+
+
+def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_rejects: list[dict]) -> UsageError:
+    """Every record was rejected: say why (counts by reason) and keep the details in rejects.jsonl."""
+    counts = Counter(r["reason"] for r in read_rejects)
+    reasons = ", ".join(f"{k}: {v}" for k, v in counts.most_common()) or "no rows"
+    where = ""
+    if out is not None and read_rejects and not (out / MANIFEST).exists():
+        atomic_write_text(out / REJECTS, "".join(_dumps(r) + "\n" for r in read_rejects))
+        where = f"; each rejected row with its reason is in {out / REJECTS}"
+    rows = sum(r.rows for r in results)
+    return UsageError(
+        f"no usable conversations in the inputs: all {rows} rows were rejected ({reasons}){where}",
+        "at least one record that alternates user/assistant turns (after an optional system turn) with text content",
+        f"see the reasons with: eagle3 gen-data --dry-run --target {cfg.target} "
+        + " ".join(f"--input {i}" for i in cfg.inputs),
+    )
 
 
 def finish_shard(out: Path, k: int, entries: list[dict]) -> None:

@@ -11,6 +11,7 @@ import torch
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
+from ..lock import locked_stage
 from ..manifest import atomic_write_json, read_json, write_manifest
 from .config import EvalConfig
 from .decoder import DecodeResult, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
@@ -91,6 +92,12 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
                 f"head {h} was trained with another tokenizer (vocab hash differs)",
                 "the target the head was trained for",
                 "check --target",
+            )
+        if rec.get("chat_template_hash") and rec["chat_template_hash"] != ident.chat_template_hash:
+            warn(
+                f"head {h} was trained on conversations rendered with another chat template "
+                f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
+                "prompts here are rendered differently and acceptance may suffer"
             )
         if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
             warn(
@@ -208,6 +215,7 @@ def _plot(path: Path, per_head: dict, title: str) -> None:
     tmp.replace(path)
 
 
+@locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval

@@ -24,12 +24,13 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from ..errors import UsageError
 from ..manifest import atomic_write_json, read_json, shard_record, write_manifest
 from .draft import Eagle3Draft
+from .headcheck import load_head_tensors
 
 HEAD_WEIGHTS = "model.safetensors"
 HEAD_ARCH = "LlamaForCausalLMEagle3"
@@ -179,7 +180,7 @@ def load_head(head_dir: Path, target_model=None) -> Eagle3Draft:
     except json.JSONDecodeError as e:
         raise UsageError(f"{cfg_path} is not valid JSON ({e})") from e
     draft = Eagle3Draft(_draft_config_from_head(cfg, head_dir))
-    tensors = load_file(str(w_path))
+    tensors = load_head_tensors(w_path)
     expected = {n: t for n, t in draft.state_dict().items() if n != "embed_tokens.weight"}
     problems = [f"missing {n}" for n in expected if n not in tensors]
     problems += [f"unexpected {n}" for n in tensors if n not in expected]

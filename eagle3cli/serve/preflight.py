@@ -29,6 +29,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..manifest import model_fingerprint
 from ..model.export import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS
+from ..model.headcheck import load_head_tensors
 
 ENGINES = ("sglang", "vllm")
 INSTALL = {
@@ -368,6 +369,10 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     except Exception as e:  # noqa: BLE001 — a truncated or foreign file: report, do not crash
         problems.append(_err(f"{weights} is not a readable safetensors file ({type(e).__name__}: {e})", reexport))
         return problems + _check_aux_ids(head_cfg, t_layers, engine, None)
+    try:  # engines load NaN/inf weights without a word
+        load_head_tensors(weights)
+    except UsageError as e:
+        problems.append(_err(e.what, e.next_step or reexport))
     canon = {}
     for name, info in index.items():
         canon.setdefault(_canonical(name), (name, info))

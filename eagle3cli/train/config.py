@@ -96,6 +96,13 @@ class TrainConfig:
                 e.append(f"--{name.replace('_', '-')} {v!r}: expected a positive number")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps <= 0):
             e.append(f"--max-steps {self.max_steps!r}: expected a positive integer")
+        if not 0 <= self.min_lr_ratio <= 1:
+            e.append(
+                f"--min-lr-ratio {self.min_lr_ratio}: expected 0 <= r <= 1 (the cosine floor as a fraction of --lr)"
+            )
+        for name in ("weight_decay", "grad_clip", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                e.append(f"--{name.replace('_', '-')} {getattr(self, name)}: expected >= 0")
         if not 0 <= self.warmup_ratio < 1:
             e.append(f"--warmup-ratio {self.warmup_ratio}: expected 0 <= r < 1")
         if not 0 < self.step_weight <= 1:

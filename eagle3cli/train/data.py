@@ -93,15 +93,19 @@ class CacheSource:
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         return collate([self.reader[i] for i in indices], max_length)
 
+    def describe(self, indices: list[int]) -> str:
+        shown = ", ".join(self.reader.where(i) for i in indices[:4])
+        return f"samples {shown}" + (f" and {len(indices) - 4} more" if len(indices) > 4 else "")
+
 
 def read_conversations(data_dir: Path) -> list[dict]:
     """The records of a gen-data folder, in shard order (the manifest must exist: a finished stage)."""
-    from ..manifest import read_manifest
+    from ..manifest import contained, read_manifest
 
     m = read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
     records = []
     for s in m["shards"]:
-        with open(Path(data_dir) / s["file"]) as f:
+        with open(contained(data_dir, s["file"]), encoding="utf-8") as f:
             records += [json.loads(line) for line in f if line.strip()]
     return records
 

@@ -9,7 +9,6 @@ own checkpoints; bit-exactness then depends on the collective's reduction order 
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,10 +19,12 @@ import torch
 
 from .. import console
 from ..config import config_dict
-from ..errors import UsageError
-from ..manifest import atomic_write_json, check_matches, read_json, sha256_file, write_manifest
+from ..errors import StageError, UsageError
+from ..lock import stage_lock
+from ..manifest import atomic_write_json, check_matches, read_json, sha256_file, verify_shards, write_manifest
 from ..model.draft import Eagle3Draft, draft_config_from_target
 from ..model.export import init_draft_from_weights, save_head, self_check
+from ..model.headcheck import nonfinite_tensors
 from ..model.target import (
     default_aux_layer_ids,
     load_tokenizer,
@@ -292,10 +293,23 @@ def setup(cfg: TrainConfig) -> Trainer:
     return tr
 
 
-def _config_key(cfg: TrainConfig) -> dict:
-    """Config fields that must match for a resume to be the same run."""
-    d = config_dict(cfg)
+# Path-valued settings: compared resolved, so `runs/x` and `/abs/.../runs/x` are the same run.
+PATH_KEYS = ("cache", "data", "target", "hostfile")
+
+
+def _resolved(v: str | None) -> str | None:
+    return None if v in (None, "None") else str(Path(v).expanduser().resolve())
+
+
+def _config_key(cfg: TrainConfig | dict) -> dict:
+    """Config fields that must match for a resume to be the same run. The run folder itself is not
+    one of them: the checkpoint lives inside it, whatever path names it."""
+    d = config_dict(cfg) if isinstance(cfg, TrainConfig) else dict(cfg)
+    for k in PATH_KEYS:
+        if k in d:
+            d[k] = _resolved(d[k])
     for k in (
+        "run",
         "resume",
         "max_steps",
         "epochs",
@@ -320,15 +334,18 @@ def _maybe_resume(tr: Trainer) -> None:
             metrics.unlink(missing_ok=True)
         return
     state = ckpt.load(path)
-    if state["config"] != _config_key(tr.cfg):
-        diff = sorted(k for k in state["config"] if state["config"].get(k) != _config_key(tr.cfg).get(k))
+    old, new = _config_key(state["config"]), _config_key(tr.cfg)
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise UsageError(
-            f"{path} was written with other settings ({', '.join(diff)})",
-            "the same flags as the run being resumed",
-            f"rerun with the original flags, or start over: eagle3 train --run {tr.run_dir} --no-resume",
+            f"{path} was written with other settings ({', '.join(diff)}):\n"
+            + "\n".join(f"  {k}: checkpoint has {old.get(k)!r}, this command {new.get(k)!r}" for k in diff),
+            "the same settings as the run being resumed",
+            "rerun with the checkpoint's values above to continue it (progress is kept), or train into another "
+            f"run folder; --no-resume discards the checkpoints in {path.parent}",
         )
     if tr.deepspeed:
-        tr.model.load_checkpoint(str(tr.train_dir / "deepspeed"), tag=state["ds_tag"])
+        ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
         tr.optimizer.load_state_dict(state["optimizer"])
@@ -336,6 +353,7 @@ def _maybe_resume(tr: Trainer) -> None:
     ckpt.set_rng_state(state["rng"])
     tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
     tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
+    tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.step)
     console.log(f"resumed from {path.name}: step {tr.step}, epoch {tr.epoch}, batch {tr.batch_pos}")
@@ -386,12 +404,48 @@ def teacher_for(tr: Trainer, batch: dict) -> Teacher:
     )
 
 
+def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list[int] | None = None) -> None:
+    """Stop training at the first NaN/inf instead of training on into an all-NaN head. Under
+    DeepSpeed every rank must agree to stop (one rank raising alone would hang the others in the
+    next collective), so the verdict is all-reduced."""
+    mine = not bool(torch.isfinite(value.detach()).all())
+    bad = torch.tensor([float(mine)], device=tr.device)
+    if tr.world > 1:
+        import torch.distributed as dist
+
+        dist.all_reduce(bad)
+    if not bad.item():
+        return
+    where = f"optimizer step {tr.step + 1} (epoch {tr.epoch}, batch {tr.batch_pos} of the epoch's plan"
+    if indices is not None and mine:
+        describe = getattr(tr.source, "describe", None)
+        where += f"; {describe(indices) if describe else f'samples {indices[:16]}'}"
+    where += ")" if mine else ", on another rank)"
+    shown = f"{value.detach().float().reshape(-1)[0].item()}" if mine and value.numel() == 1 else "not finite"
+    last = ckpt.latest(tr.train_dir)
+    raise StageError(
+        f"training stopped: {what} is {shown} at {where}",
+        "finite losses and gradients",
+        (
+            "check the target's features (a bf16 overflow? --dtype fp32) or lower --lr; "
+            if tr.cfg.online
+            else f"check the cache (eagle3 cache --verify {tr.cfg.cache or tr.run_dir / 'cache'}) or lower --lr; "
+        )
+        + (
+            f"the last good checkpoint ({last.name}) is kept and a rerun resumes from it"
+            if last
+            else "no checkpoint yet"
+        ),
+    )
+
+
 def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
     batch = {k: v.to(tr.device) for k, v in tr.source.batch(indices, tr.cfg.max_length).items()}
     teacher = teacher_for(tr, batch)
     batch["aux_hidden"] = batch["aux_hidden"].to(tr.draft.fc.weight.dtype)
     with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
         out = draft_ttt_loss(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
+    stop_if_nonfinite(tr, out.loss, "the loss", indices)
     if tr.deepspeed:
         tr.model.backward(out.loss)  # the engine scales by its gradient_accumulation_steps
         tr.model.step()
@@ -403,11 +457,18 @@ def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
 def optimizer_step(tr: Trainer, interval: Interval) -> None:
     if tr.deepspeed:
         norm = tr.model.get_global_grad_norm()
+        if norm is not None:
+            stop_if_nonfinite(tr, torch.as_tensor(float(norm)), "the gradient norm")
         interval.grad_norm += float(norm) if norm is not None else 0.0
     else:
         params = [p for p in tr.draft.parameters() if p.requires_grad]
         if tr.cfg.grad_clip > 0:
-            interval.grad_norm += float(torch.nn.utils.clip_grad_norm_(params, tr.cfg.grad_clip))
+            norm = torch.nn.utils.clip_grad_norm_(params, tr.cfg.grad_clip)
+        else:
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+        # before the update: a NaN gradient must not reach the weights (nor the next checkpoint)
+        stop_if_nonfinite(tr, norm, "the gradient norm")
+        interval.grad_norm += float(norm)
         tr.optimizer.step()
         tr.scheduler.step()
         tr.optimizer.zero_grad(set_to_none=True)
@@ -449,8 +510,10 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
     }
     tr.last_metrics = m
     if tr.rank == 0:
-        with open(tr.train_dir / "metrics.jsonl", "a") as f:
-            f.write(json.dumps(m) + "\n")
+        try:
+            ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
+        except OSError as e:  # name the file (os.write errors carry none); cli turns it into exit 2
+            raise OSError(e.errno, e.strerror, str(tr.train_dir / "metrics.jsonl")) from e
         if tr.tb is not None:
             for key in ("loss", "sim_accept_len", "lr", "grad_norm", "tok_per_s"):
                 tr.tb.add_scalar(f"train/{key}", m[key], tr.step)
@@ -532,10 +595,17 @@ def finish(tr: Trainer) -> Path:
     with ctx:
         if tr.rank == 0:
             export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
+            bad = nonfinite_tensors(export.state_dict())
+            if bad:
+                raise StageError(
+                    f"the trained head has non-finite values in {', '.join(bad[:6])}: not exported",
+                    "finite weights",
+                    f"start over with a lower --lr: eagle3 train --run {tr.run_dir} --no-resume",
+                )
             save_head(export, tr.head_dir, tr.identity, {"training": summary})
             diff = self_check(export, tr.head_dir)
-            if diff > 1e-4:
-                raise UsageError(
+            if not diff <= 1e-4:  # written so that a NaN difference fails too
+                raise StageError(
                     f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
                 )
             source = (
@@ -564,10 +634,35 @@ def finish(tr: Trainer) -> Path:
 
 
 def run_train(cfg: TrainConfig) -> Path:
+    # One writer per run's train/ (and head/). The launcher holds the lock for its DeepSpeed ranks;
+    # ranks started some other way (torchrun) lock from global rank 0.
+    if os.environ.get("RANK", "0") != "0":
+        return _run_train(cfg)
+    with stage_lock(Path(cfg.run) / "train", "train"):
+        return _run_train(cfg)
+
+
+def _run_train(cfg: TrainConfig) -> Path:
     if cfg.deepspeed is not None and "LOCAL_RANK" not in os.environ:
         from .launch import launch
 
         return launch(cfg)
     tr = setup(cfg)
+    if finished(tr):
+        console.log(f"{tr.train_dir} already finished at step {tr.step}; the head in {tr.head_dir} is intact")
+        return tr.head_dir
     fit(tr)
     return finish(tr)
+
+
+def finished(tr: Trainer) -> bool:
+    """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
+    lists (so it is not rewritten, and its final metrics stay as they were)."""
+    if tr.step < tr.total_steps or not (tr.train_dir / "manifest.json").is_file():
+        return False
+    try:
+        m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
+    except (OSError, ValueError):
+        return False
+    shards = h.get("shards") or []
+    return bool(shards) and m.get("steps") == tr.step and not verify_shards(tr.head_dir, shards)

@@ -175,8 +175,8 @@ def main() -> None:
     for name, (run, _cache, _extra) in heads.items():
         report = run / "eval" / "report.json"
         if report.exists():
-            # measured already: re-running a finished `train` re-exports the same weights (it is a
-            # resume with nothing left to do), so the report still holds; delete RUN/eval to re-measure
+            # measured already: re-running a finished `train` leaves its head untouched (a resume
+            # with nothing left to do), so the report still holds; delete RUN/eval to re-measure
             evals[name] = chain_stats(report)
             continue
         sh(

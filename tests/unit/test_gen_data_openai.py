@@ -1,6 +1,6 @@
 """The openai backend against our real HTTP server (127.0.0.1, backed by the tiny target):
-regenerates multi-turn conversations, survives injected 5xx and timeouts, and rejects a record
-whose retries run out while the run goes on."""
+regenerates multi-turn conversations, survives injected 5xx and timeouts, and leaves a record
+whose retries run out pending (not rejected) for the rerun to complete."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.http_server import ModelServer
 from eagle3cli.data.run import run_gen_data
+from eagle3cli.errors import IncompleteError
 from eagle3cli.model.target import load_target
 
 
@@ -112,10 +113,16 @@ def test_openai_backend_regenerates_and_survives_5xx_and_timeouts(server_factory
     assert len(srv.requests) >= 8 + 3 + 1  # 8 turns + 3 injected 500s + 1 timed-out request
 
 
-def test_openai_backend_rejects_after_retries_and_goes_on(server_factory, tiny_target_dir, mt_input, tmp_path):
-    srv = server_factory(fail_first=4)  # with retries=1: two records' first turns fail twice each
-    out = run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url], retries=1, concurrency=1))
+def test_openai_backend_leaves_failed_records_pending_and_the_rerun_completes(
+    server_factory, tiny_target_dir, mt_input, tmp_path
+):
+    srv = server_factory(fail_first=2)  # with retries=1: the first record's first turn fails twice
+    cfg = _cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url], retries=1, concurrency=1)
+    with pytest.raises(IncompleteError, match="pending after endpoint failures") as e:
+        run_gen_data(cfg)
+    assert e.value.exit_code == 3 and "HTTP 500" in str(e.value)
+    assert not (tmp_path / "data" / "manifest.json").exists()  # an unfinished folder, never "complete"
+    out = run_gen_data(cfg)  # the server answers now: the rerun regenerates what was pending
     m = json.loads((out / "manifest.json").read_text())
-    assert m["counts"]["written"] == 2 and m["counts"]["skipped_by_reason"] == {"endpoint_error": 2}
-    rejects = [json.loads(line) for line in (out / "rejects.jsonl").read_text().splitlines()]
-    assert len(rejects) == 2 and all("HTTP 500" in r["detail"] and "2 attempts" in r["detail"] for r in rejects)
+    assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0
+    assert (out / "rejects.jsonl").read_text() == ""

@@ -61,7 +61,7 @@ def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_targ
         assert len(r["loss_k"]) == len(r["acc_k"]) == len(r["alpha_k"]) == 3
         assert r["tok_per_s"] > 0 and r["loss"] > 0 and 0 <= r["sim_accept_len"] <= 3
     ck = run_dir / "train" / "checkpoints"
-    assert (ck / "last").resolve().name == "step-0000004.pt" and (ck / "best").is_symlink()
+    assert (ck / "last").resolve().name == "step-0000004.safetensors" and (ck / "best").is_symlink()
     man = json.loads((run_dir / "train" / "manifest.json").read_text())
     assert man["stage"] == "train" and man["steps"] == 4 and man["export_self_check_max_abs_diff"] == 0.0
 

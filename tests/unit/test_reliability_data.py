@@ -1,0 +1,256 @@
+"""Issue 13, gen-data side: a flaky or dead OpenAI server loses nothing and the rerun completes;
+credentials never reach disk or the screen; bad rows are rejected one by one, with reasons."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from eagle3cli.cli import main
+from eagle3cli.config import build_config
+from eagle3cli.data.config import GenDataConfig
+from eagle3cli.data.formats import parse_input_spec, read_input
+from eagle3cli.data.http_server import ModelServer
+from eagle3cli.model.target import load_target
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
+
+
+@pytest.fixture(scope="module")
+def model_tok(tiny_target_dir):
+    model, tok, _ = load_target(tiny_target_dir)
+    return model, tok
+
+
+@pytest.fixture
+def server(model_tok):
+    servers = []
+
+    def make(**faults) -> ModelServer:
+        srv = ModelServer(*model_tok, served_model_name="tiny", **faults)
+        srv.start("127.0.0.1", 0)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def prompts(tmp_path):
+    p = tmp_path / "mt.jsonl"
+    p.write_text("".join(json.dumps({"question_id": i, "turns": [f"Q {i}?", f"More {i}?"]}) + "\n" for i in range(4)))
+    return p
+
+
+def gen(target, inputs, out, *endpoints, retries=2, concurrency=2, extra=()) -> int:
+    args = ["gen-data", "--target", str(target), "--input", str(inputs), "--out", str(out)]
+    args += ["--backend", "openai", "--max-new-tokens", "5", "--temperature", "0", "--concurrency", str(concurrency)]
+    args += ["--timeout", "6", "--retries", str(retries), "--recipe", str(_fast_backoff(Path(out).parent))]
+    for e in endpoints:
+        args += ["--endpoint", e]
+    return main([*args, *extra])
+
+
+def _fast_backoff(folder: Path) -> Path:
+    p = folder / "backoff.yaml"
+    p.write_text("gen_data:\n  backoff_s: 0.02\n")
+    return p
+
+
+def shards(out: Path) -> bytes:
+    return b"".join(p.read_bytes() for p in sorted(out.glob("shard-*.jsonl")))
+
+
+def err(capsys) -> str:
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "Traceback" not in text
+    return text
+
+
+# ---------------------------------------------------------------- 3. no record lost to the endpoint
+def test_a_flaky_server_loses_nothing_and_the_rerun_matches_a_clean_run(
+    server, tiny_target_dir, prompts, tmp_path, capsys
+):
+    clean = server()
+    assert gen(tiny_target_dir, prompts, tmp_path / "ref", clean.url) == 0
+
+    flaky = server(fail_first=3)  # retries=2: the first request fails all three attempts
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, flaky.url, concurrency=1) == 3  # 3: pending, rerun later
+    text = err(capsys)
+    assert "pending after endpoint failures" in text and "HTTP 500" in text and "rerun the same command" in text
+    assert not (out / "manifest.json").exists()  # never "complete" while records are pending
+    assert gen(tiny_target_dir, prompts, out, flaky.url) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0
+    assert shards(out) == shards(tmp_path / "ref")  # byte for byte what an undisturbed run wrote
+
+
+def test_a_malformed_200_is_retried_not_rejected(server, tiny_target_dir, prompts, tmp_path):
+    srv = server(bad_first=2)  # two answers without choices[], then good ones
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, srv.url) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0
+
+
+def test_a_dead_server_leaves_everything_pending_and_a_live_one_completes_it(
+    server, tiny_target_dir, prompts, tmp_path, capsys
+):
+    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, dead) == 3
+    text = err(capsys)
+    assert "4 of 4 conversations are pending" in text and "ConnectError" in text
+    assert not (out / "manifest.json").exists() and not list(out.glob("shard-*"))
+    live = server()
+    assert gen(tiny_target_dir, prompts, out, live.url) == 0
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 4
+
+
+def test_only_a_request_level_4xx_rejects_a_record(server, tiny_target_dir, prompts, tmp_path):
+    srv = server()
+    real = srv.chat
+
+    def reject_q2(body):
+        if body["messages"][0]["content"] == "Q 2?":
+            raise ValueError("prompt is too long for this model")  # the server answers 400
+        return real(body)
+
+    srv.chat = reject_q2
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, srv.url) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 3 and m["counts"]["skipped_by_reason"] == {"request_rejected": 1}
+    (rej,) = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert rej["id"] == "mt:2" and "HTTP 400" in rej["detail"] and "too long" in rej["detail"]
+
+
+# ---------------------------------------------------------------- 7. secrets never reach disk
+SECRETS = ("hunter2pw", "SEKRETKEY")
+
+
+def _tree_text(folder: Path) -> str:
+    return "".join(p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file())
+
+
+def test_credentials_in_the_endpoint_never_reach_disk_or_the_screen(server, tiny_target_dir, prompts, tmp_path, capsys):
+    srv = server()
+    host = srv.url.split("://")[1]
+    url = f"http://alice:{SECRETS[0]}@{host}/?api_key={SECRETS[1]}"
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, url) == 0
+    assert {r["path"] for r in srv.requests} == {"/v1/chat/completions"}  # the query string was kept apart
+    text = err(capsys) + _tree_text(out)
+    assert json.loads((out / "manifest.json").read_text())["config"]["endpoints"] == [f"http://***@{host}/?api_key=***"]
+    assert not any(s in text for s in SECRETS)
+
+    # failing: the error message, progress files and journal hold no secret either
+    dead = f"http://alice:{SECRETS[0]}@127.0.0.1:{_free_port()}/v1?token={SECRETS[1]}"
+    out2 = tmp_path / "data2"
+    assert gen(tiny_target_dir, prompts, out2, dead) == 3
+    text = err(capsys) + _tree_text(out2)
+    assert "***" in text and not any(s in text for s in SECRETS)
+
+
+def test_endpoint_urls_are_joined_and_redacted():
+    from eagle3cli.urls import endpoint_url, redact_text, redact_url
+
+    assert endpoint_url("h:1", "/v1/models") == "http://h:1/v1/models"
+    assert endpoint_url("http://h:1/v1/", "/v1/chat/completions") == "http://h:1/v1/chat/completions"
+    assert (
+        endpoint_url("https://u:p@h/prefix/v1?api_key=x", "/v1/chat/completions")
+        == "https://u:p@h/prefix/v1/chat/completions?api_key=x"
+    )
+    assert redact_url("http://u:p@h:1/x?model=m&access_token=t") == "http://***@h:1/x?model=m&access_token=***"
+    assert redact_text("failed at http://u:p@h/x?key=k: refused (Bearer sk-abc).") == (
+        "failed at http://***@h/x?key=***: refused (Bearer ***)."
+    )
+
+
+# ---------------------------------------------------------------- 9 + weak: rows, not files
+def _jsonl(path: Path, rows: list) -> Path:
+    path.write_bytes(b"".join((r if isinstance(r, bytes) else json.dumps(r).encode()) + b"\n" for r in rows))
+    return path
+
+
+def _conv(user: str, rid: str | None = None) -> dict:
+    row = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": "ok"}]}
+    return row | ({"id": rid} if rid else {})
+
+
+def test_a_lone_surrogate_rejects_its_row_and_the_run_goes_on(tmp_path, tiny_target_dir, capsys):
+    src = _jsonl(
+        tmp_path / "in.jsonl",
+        [
+            _conv("fine", "a"),
+            b'{"id": "b", "messages": [{"role": "user", '
+            b'"content": "x\\ud800"}, {"role": "assistant", "content": "y"}]}',
+        ],
+    )
+    out = tmp_path / "data"
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out), "--no-regenerate"]
+    assert main(args) == 0
+    err(capsys)
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 1 and m["counts"]["skipped_by_reason"] == {"invalid_unicode": 1}
+    assert main(args) == 0  # and a rerun is fine too
+
+
+def test_row_level_problems_reject_rows_not_files(tmp_path):
+    src = _jsonl(
+        tmp_path / "in.jsonl",
+        [
+            b"\xef\xbb\xbf" + json.dumps(_conv("first row after a BOM", "a")).encode(),
+            b'{"id": "b", "messages": [{"role": "user", "content": "bad \xff byte"}, '
+            b'{"role": "assistant", "content": "ok"}]}',
+            _conv("a second row with id a", "a"),
+            {"id": "t", "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "tool_calls": [{}]}]},
+            _conv("last", "z"),
+        ],
+    )
+    r = read_input(parse_input_spec(str(src)))
+    assert [x["id"] for x in r.records] == ["in:a", "in:z"]
+    assert [(x["row"], x["reason"]) for x in r.rejects] == [
+        (1, "invalid_unicode"),
+        (2, "duplicate_id"),
+        (3, "tool_call"),
+    ]
+    json.dumps(r.rejects, ensure_ascii=False).encode("utf-8")  # every reject can be written
+
+
+def test_when_every_row_is_rejected_the_reasons_are_said_and_written(tmp_path, tiny_target_dir, capsys):
+    src = _jsonl(
+        tmp_path / "bad.jsonl",
+        [
+            {"messages": [{"role": "system", "content": "only a system turn"}]},
+            {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]},
+        ],
+    )
+    out = tmp_path / "data"
+    assert main(["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out)]) == 2
+    text = err(capsys)
+    assert "all 2 rows were rejected" in text and "no_user_turn: 1" in text and "wrong_role_order: 1" in text
+    rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert [r["reason"] for r in rejects] == ["no_user_turn", "wrong_role_order"] and all(r["detail"] for r in rejects)
+
+
+def test_a_recipe_input_with_a_space_is_one_path(tmp_path):
+    (tmp_path / "r.yaml").write_text("gen_data:\n  inputs: my data/train set.jsonl\n  target: t\n  run: r\n")
+    cfg = build_config(GenDataConfig, tmp_path / "r.yaml", "gen_data")
+    assert cfg.inputs == ("my data/train set.jsonl",)
