@@ -163,9 +163,12 @@ def test_missing_head_exits_2(tiny_target_dir, tmp_path, capsys):
 
 
 class _FakeSGLang(BaseHTTPRequestHandler):
+    bodies: list = []
+
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path == "/generate" and "<|im_start|>user" in body["text"]
+        assert self.path == "/generate" and "text" not in body
+        _FakeSGLang.bodies.append(body)
         n = body["sampling_params"]["max_new_tokens"]
         meta = {"completion_tokens": n, "spec_verify_ct": n // 4, "spec_accept_length": 4.0}
         data = json.dumps({"text": "x", "meta_info": meta}).encode()
@@ -206,14 +209,21 @@ def test_endpoint_reads_sglang_meta_info(tiny_target_dir, prompts_file, tmp_path
     assert rc == 0
     rep = json.loads((tmp_path / "ep" / "report.json").read_text())
     assert rep["tau"] == pytest.approx(4.0) and rep["num_prompts"] == 2
+    from eagle3cli.model.target import load_tokenizer
+
+    text = load_tokenizer(tiny_target_dir).decode(_FakeSGLang.bodies[0]["input_ids"])
+    assert "<|im_start|>user\nWhat is two plus two?<|im_end|>" in text  # templated, as the head was trained
+    assert text.endswith("<|im_start|>assistant\n")
 
 
-def test_endpoint_unreachable_exits_2(prompts_file, tmp_path, capsys):
+def test_endpoint_unreachable_exits_2(tiny_target_dir, prompts_file, tmp_path, capsys):
     rc = main(
         [
             "eval",
             "--endpoint",
             "http://127.0.0.1:9",
+            "--target",
+            str(tiny_target_dir),
             "--bench",
             str(prompts_file),
             "--num-prompts",
