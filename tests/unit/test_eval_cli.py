@@ -88,7 +88,7 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
             assert acc["alpha_definition"].startswith(f"{mode}:")
             lo, hi = st["speedup_interval"]
             assert lo <= st["speedup_vs_plain"] <= hi
-            assert [p["prompt"] for p in st["per_prompt"]] == ["prompts-0", "prompts-1", "prompts-2"]
+            assert [p["prompt"] for p in st["per_prompt"]] == ["prompts:0", "prompts:1", "prompts:2"]
         chain, tree = modes["chain"]["acceptance"], modes["tree"]["acceptance"]
         # tau(d) for d < D only from a chain, and only labelled as an estimate; never for a tree
         assert len(chain["tau_by_depth_estimate"]) == 4 and "ESTIMATE" in chain["tau_by_depth_note"]
