@@ -103,7 +103,7 @@ def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_d
     from eagle3cli.model.target import AuxCapture
 
     target, tok, _ = load_target(trained_target_dir)
-    ids = torch.tensor([render(tok, load_prompts("gsm8k", 1, None)[0][1])])
+    ids = torch.tensor([render(tok, load_prompts("gsm8k", 1)[0][1])])
 
     def root_logits(head: Path) -> torch.Tensor:
         draft, spec = load_any_head(head, target, dtype=torch.float32)

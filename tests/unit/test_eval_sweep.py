@@ -82,7 +82,7 @@ def test_turns_all_feeds_each_answer_back(tiny_target_dir, head, tmp_path):
     assert main(args) == 0
     rep = json.loads((out / "report.json").read_text())
     chain = next(iter(rep["heads"].values()))["chain"]
-    assert rep["units"] == 3 and [p["prompt"] for p in chain["per_prompt"]] == ["q1#turn1", "q1#turn2", "q2"]
+    assert rep["units"] == 3 and [p["prompt"] for p in chain["per_prompt"]] == ["mt:q1#turn1", "mt:q1#turn2", "mt:q2"]
     assert chain["lossless"] == {"compared": 3, "mismatches": 0, "examples": []}
     assert rep["baselines"]["generate"]["tokens"] == rep["baselines"]["plain"]["tokens"]
 
