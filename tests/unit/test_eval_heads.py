@@ -195,3 +195,27 @@ def test_speculators_export_resolves_its_target_from_another_directory(
     assert rc == 0
     rep = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert rep["target"]["path"] == verifier and next(iter(rep["heads"].values()))["head"]["layout"] == "speculators"
+
+
+def test_serve_preflight_reads_heads_through_the_same_reader(layouts, trained_target_dir, ref_head, tmp_path):
+    from eagle3cli.serve import preflight as pf
+
+    def errors(head, engine="sglang"):
+        return [p.what for p in pf.check_head(head, trained_target_dir, engine) if p.is_error]
+
+    # a speculators checkpoint: vLLM reads it as it is; SGLang needs eagle3's layout, and says how
+    assert errors(layouts["speculators"], "vllm") == []
+    sg = pf.check_head(layouts["speculators"], trained_target_dir, "sglang")
+    assert any("speculators layout" in p.what and "eagle3 export" in p.fix for p in sg if p.is_error)
+    # a SpecForge-style head without ids: the engines' default, said as a warning, not refused
+    bare = pf.check_head(layouts["sglang-no-ids"], trained_target_dir, "sglang")
+    assert not [p for p in bare if p.is_error]
+    assert any("names no aux layers" in p.what and "[2, 6, 9]" in p.what for p in bare)
+    # SGLang's field alone, in SGLang's convention: what it was trained on, for both engines
+    assert errors(layouts["sglang"]) == []
+    bad = _rewrite(
+        ref_head,
+        tmp_path / "bad",
+        lambda c: {**_without(c, "eagle3"), "eagle_aux_hidden_state_layer_ids": [1, 5, 8]},
+    )
+    assert any("contradict each other" in e for e in errors(bad))
