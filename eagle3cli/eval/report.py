@@ -136,7 +136,9 @@ def plot(path: Path, report: dict, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11.5, 4.4))
+    sweep = report.get("sweep")
+    fig, axes = plt.subplots(1, 3 if sweep else 2, figsize=(17 if sweep else 11.5, 4.4))
+    a1, a2 = axes[0], axes[1]
     for label, modes in report["heads"].items():
         color = None
         for mode, style in (("chain", "o-"), ("tree", "^:")):
@@ -173,6 +175,8 @@ def plot(path: Path, report: dict, title: str) -> None:
         )
     a1.set(xlabel="draft depth k", ylabel="conditional acceptance", ylim=(0, 1.02), title="alpha_k by depth")
     a2.set(xlabel="chain depth d", ylabel="tau (tokens / target pass, bonus incl.)", title="tau by depth")
+    if sweep:
+        _plot_sweep(axes[2], sweep, report["recommended"])
     for a in (a1, a2):
         a.grid(alpha=0.3)
         a.legend(fontsize=7)
@@ -182,3 +186,22 @@ def plot(path: Path, report: dict, title: str) -> None:
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+def _plot_sweep(ax, sweep: dict, rec: dict) -> None:
+    """Measured speedup per configuration with its interval; tied ones filled, the pick starred."""
+    rows = sweep["configurations"]
+    xs = range(len(rows))
+    for x, r in zip(xs, rows):
+        lo, hi = r["speedup_interval"]
+        color = "tab:green" if r["tied_with_best"] else "tab:gray"
+        ax.errorbar(
+            [x], [r["speedup"]], yerr=[[r["speedup"] - lo], [hi - r["speedup"]]], fmt="o", color=color, capsize=3
+        )
+        if r["name"] == rec.get("name"):
+            ax.plot([x], [r["speedup"]], "*", color="black", markersize=14, label=f"recommended: {r['name']}")
+    ax.axhline(1.0, color="gray", lw=1, ls=":")
+    ax.set_xticks(list(xs), [r["name"] for r in rows], rotation=45, ha="right", fontsize=7)
+    ax.set(ylabel="speedup vs plain (90% interval)", title="sweep: measured speedup (green = tied with best)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
