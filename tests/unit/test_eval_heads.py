@@ -134,7 +134,7 @@ def test_eval_gives_the_same_tau_for_every_layout(trained_target_dir, ref_head, 
     args = ["eval", "--target", str(trained_target_dir), "--head", str(ref_head)]
     for p in layouts.values():
         args += ["--compare", str(p)]
-    args += ["--bench", "gsm8k", "--num-prompts", "2", "--max-new-tokens", "24", "--depth", "4"]
+    args += ["--bench", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "16", "--depth", "4"]
     args += ["--out", str(out), "--no-generate-baseline", "--threads", "1"]
     assert main(args) == 0
     rep = json.loads((out / "report.json").read_text())
