@@ -15,19 +15,20 @@ from .config import EvalConfig
 from .prompts import load_prompts
 
 
-def _render_text(tokenizer, messages) -> str:
-    if tokenizer is None:
-        return "\n".join(m["content"] for m in messages)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def generate_body(tokenizer, messages: list[dict], sampling_params: dict) -> dict:
+    """The body of SGLang's `POST /generate` for one chat prompt, as eval and serve-bench send it.
+
+    The prompt is rendered with the target's chat template (heads are trained on templated
+    turns) and sent as token ids: sending the rendered text would let the server tokenize it
+    again and add a second BOS where the template already has one."""
+    from .prompts import render
+
+    return {"input_ids": render(tokenizer, messages), "sampling_params": sampling_params}
 
 
-def query(client, url: str, text: str, cfg: EvalConfig) -> dict:
+def query(client, url: str, body: dict) -> dict:
     import httpx
 
-    body = {
-        "text": text,
-        "sampling_params": {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens},
-    }
     t0 = time.perf_counter()
     try:
         r = client.post(url.rstrip("/") + "/generate", json=body)
@@ -58,17 +59,22 @@ def query(client, url: str, text: str, cfg: EvalConfig) -> dict:
 def run_endpoint_eval(cfg: EvalConfig) -> Path:
     import httpx
 
-    tok = None
-    if cfg.target:
-        from ..model.target import load_tokenizer, resolve_model_path
+    from ..model.target import load_tokenizer, resolve_model_path
 
-        tok = load_tokenizer(resolve_model_path(cfg.target))
+    if not cfg.target:
+        raise UsageError(
+            "--endpoint needs --target: prompts are rendered with the target's chat template, as the head was trained",
+            "--target MODEL_DIR (the model the server runs)",
+            f"eagle3 eval --endpoint {cfg.endpoint} --target MODEL_DIR",
+        )
+    tok = load_tokenizer(resolve_model_path(cfg.target))
     out = cfg.out or (cfg.run / "eval" if cfg.run else Path("eval"))
     prompts = load_prompts(cfg.bench, cfg.num_prompts)
+    params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}
     rows = []
     with httpx.Client(timeout=600) as client:
         for pid, msgs in prompts:
-            rows.append({"prompt": pid, **query(client, cfg.endpoint, _render_text(tok, msgs), cfg)})
+            rows.append({"prompt": pid, **query(client, cfg.endpoint, generate_body(tok, msgs, params))})
     toks = sum(r["completion_tokens"] for r in rows)
     verify = sum(r["verify_ct"] for r in rows)
     secs = sum(r["seconds"] for r in rows)

@@ -1,27 +1,43 @@
-"""Acceptance statistics from per-round accept lengths, and the measured cost model behind the
-recommended serving configuration. Pure functions on numbers."""
+"""Acceptance statistics, paired bootstrap intervals, and the choice of a serving configuration
+from measured runs. Pure functions on numbers."""
 
 from __future__ import annotations
 
+import math
+import random
+from collections.abc import Sequence
 
-def acceptance_by_depth(accept_lens: list[int], depth: int) -> dict:
-    """Conditional alpha_k = P(depth k accepted | depths < k accepted), unconditional
-    P(first k accepted), with the counts, and tau(d) = 1 + sum_{k<=d} P(first k accepted) for
-    every d <= depth (tokens per target forward, the bonus token included).
+TAU_NOTE = "tau = tokens emitted per target verification pass (accepted draft tokens + the bonus token)"
+CHAIN_ALPHA = (
+    "chain: alpha_k = P(draft token k accepted | draft tokens 1..k-1 accepted), over chain rounds; "
+    "unconditional = P(first k draft tokens all accepted)"
+)
+TREE_ALPHA = (
+    "tree: alpha_k = P(the accepted path reaches depth k | it reached depth k-1), over tree rounds (any "
+    "branch at each depth); unconditional = P(accepted path length >= k). Not comparable to chain alpha_k: "
+    "a tree offers several candidates per depth"
+)
+ESTIMATE_NOTE = (
+    "ESTIMATE, not a measurement: tau(d) for d < D from truncating the depth-D chain rounds' accept lengths "
+    "at d. A real depth-d run restarts its rounds at other positions, so it differs (see sweep.tau_error)"
+)
 
-    With greedy chain drafting the accept length at depth d is min(a, d) for the same drafts,
-    so one depth-D run gives tau(d) for all shorter chains.
-    """
+
+def acceptance_by_depth(accept_lens: list[int], depth: int, mode: str = "chain") -> dict:
+    """Per-depth acceptance with counts, and tau over the rounds (bonus token included).
+
+    For a chain, also `tau_by_depth_estimate[d] = 1 + sum_{k<=d} P(first k accepted)`: what the same
+    rounds would give if cut at depth d. Only index D is measured; the rest is an estimate."""
     rounds = len(accept_lens)
     rows = []
-    tau = 1.0
+    running = 1.0
     taus = [1.0]
     for k in range(1, depth + 1):
         attempts = sum(1 for a in accept_lens if a >= k - 1)
         accepted = sum(1 for a in accept_lens if a >= k)
         uncond = accepted / rounds if rounds else 0.0
-        tau += uncond
-        taus.append(tau)
+        running += uncond
+        taus.append(running)
         rows.append(
             {
                 "depth": k,
@@ -29,86 +45,111 @@ def acceptance_by_depth(accept_lens: list[int], depth: int) -> dict:
                 "accepted": accepted,
                 "alpha": accepted / attempts if attempts else None,
                 "unconditional": uncond,
-                "tau_at_depth": tau,
             }
         )
-    return {
+    out = {
         "rounds": rounds,
         "tau": (sum(accept_lens) + rounds) / rounds if rounds else 1.0,
-        "tau_by_depth": taus,  # index d: tau with a chain of depth d (d=0: plain decoding)
+        "alpha_definition": CHAIN_ALPHA if mode == "chain" else TREE_ALPHA,
         "per_depth": rows,
         "accept_len_histogram": [sum(1 for a in accept_lens if a == n) for n in range(depth + 1)],
     }
+    if mode == "chain":
+        out["tau_by_depth_estimate"] = taus  # index d; d = D is the run's own (measured) tau
+        out["tau_by_depth_note"] = ESTIMATE_NOTE
+    return out
 
 
-def fit_linear(xs: list[float], ys: list[float]) -> tuple[float, float]:
-    """Least-squares (intercept, slope)."""
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    var = sum((x - mx) ** 2 for x in xs)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
-    return my - slope * mx, slope
+def tau_of(accept_lens: Sequence[int]) -> float:
+    return (sum(accept_lens) + len(accept_lens)) / len(accept_lens) if accept_lens else 1.0
 
 
-def predicted_speedup(
-    tau: float, target_cost: dict[int, float], n_verify: int, draft_calls: int, draft_step: float, target_1: float
-) -> float:
-    """tokens per second of speculation over plain decoding, from measured costs (seconds)."""
-    t_verify = interpolate(target_cost, n_verify)
-    round_time = t_verify + draft_calls * draft_step
-    return (tau / round_time) * target_1
+# ---------------------------------------------------------------- paired bootstrap
+def _ratio(num: Sequence[float], den: Sequence[float], idx: Sequence[int]) -> float:
+    d = sum(den[i] for i in idx)
+    return sum(num[i] for i in idx) / d if d else math.nan
 
 
-def interpolate(cost: dict[int, float], n: int) -> float:
-    keys = sorted(cost)
-    if n <= keys[0]:
-        return cost[keys[0]]
-    for lo, hi in zip(keys, keys[1:]):
-        if lo <= n <= hi:
-            w = (n - lo) / (hi - lo)
-            return cost[lo] * (1 - w) + cost[hi] * w
-    lo, hi = keys[-2], keys[-1]
-    return cost[hi] + (cost[hi] - cost[lo]) / (hi - lo) * (n - hi)
+def bootstrap_ratio(
+    a: tuple[Sequence[float], Sequence[float]],
+    b: tuple[Sequence[float], Sequence[float]] | None = None,
+    *,
+    samples: int = 2000,
+    level: float = 0.9,
+    seed: int = 0,
+) -> dict:
+    """Point value and percentile interval of sum(a_num)/sum(a_den) [ / sum(b_num)/sum(b_den) ],
+    resampling prompts with replacement; a and b are paired per prompt (same index = same prompt).
+    The interval says how much the value would move on other prompts of the same kind, timing
+    noise included (each prompt's times carry it)."""
+    n = len(a[0])
+    if n == 0 or any(len(s) != n for s in (*a, *(b or ()))):
+        raise ValueError("bootstrap_ratio: per-prompt sequences of one non-zero length expected")
+
+    def stat(idx):
+        v = _ratio(a[0], a[1], idx)
+        return v / _ratio(b[0], b[1], idx) if b is not None else v
+
+    point = stat(range(n))
+    rng = random.Random(seed)
+    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
+    lo_i = int((1 - level) / 2 * (samples - 1))
+    hi_i = int((1 + level) / 2 * (samples - 1))
+    return {"value": point, "low": values[lo_i], "high": values[hi_i], "level": level, "prompts": n}
 
 
-def recommend(chain_taus: list[float], cost: dict, tree: dict | None = None) -> dict:
-    """Steps / topk / draft tokens (SGLang's --speculative-num-steps / -eagle-topk /
-    -num-draft-tokens) with the best predicted speedup.
+# ---------------------------------------------------------------- choosing a configuration
+def config_cost(c: dict) -> tuple[int, int, int]:
+    """Cheaper first: fewer tokens verified per pass (target compute at batch > 1), then fewer draft
+    steps, then a narrower tree."""
+    return (c["num_draft_tokens"], c["steps"], c["topk"])
 
-    Chains of every depth d use tau(d) from the chain run: a round is one target pass over d+1
-    tokens plus d draft calls. A measured tree configuration competes with its own tau.
-    num_draft_tokens counts the tokens verified per pass, the root included (as SGLang does), so
-    a chain of d steps has d + 1, as SGLang requires when topk = 1.
-    """
-    t1 = cost["target"][1]
-    options = []
-    for d in range(1, len(chain_taus)):
-        s = predicted_speedup(chain_taus[d], cost["target"], d + 1, d, cost["draft_step"], t1)
-        options.append(
-            {
-                "steps": d,
-                "topk": 1,
-                "num_draft_tokens": d + 1,
-                "predicted_speedup": round(s, 3),
-                "from": f"chain tau({d}) = {chain_taus[d]:.3f}",
-            }
-        )
-    if tree:
-        s = predicted_speedup(
-            tree["tau"], cost["target"], tree["num_draft_tokens"], tree["steps"], cost["draft_step"], t1
-        )
-        options.append(
-            {
-                "steps": tree["steps"],
-                "topk": tree["topk"],
-                "num_draft_tokens": tree["num_draft_tokens"],
-                "predicted_speedup": round(s, 3),
-                "from": f"tree tau = {tree['tau']:.3f}",
-            }
-        )
-    if not options:
-        return {"steps": 1, "topk": 1, "num_draft_tokens": 2, "predicted_speedup": None, "from": "no measurement"}
-    best = max(options, key=lambda o: o["predicted_speedup"])
-    if best["predicted_speedup"] < 1.0:
-        best["note"] = "no configuration is predicted to beat plain decoding with this head"
-    return best
+
+def choose_config(candidates: list[dict], plain: tuple[Sequence[float], Sequence[float]], tolerance: float) -> dict:
+    """The configuration to serve, from measured per-prompt (tokens, seconds) of each candidate.
+
+    candidates: [{"name", "steps", "topk", "num_draft_tokens", "tokens": [...], "seconds": [...]}],
+    plain: (tokens, seconds) per prompt of plain decoding on the same prompts.
+    The best is the highest measured speedup. Every candidate whose speedup relative to the best
+    could be within `tolerance` (upper end of the paired 90% interval of S_c / S_best >= 1 - tol)
+    is tied with it; the cheapest of the tied set is recommended, so two runs that see the same
+    plateau pick the same point."""
+    if not candidates:
+        raise ValueError("choose_config: no candidates")
+    rows = []
+    for c in candidates:
+        sp = bootstrap_ratio((c["tokens"], c["seconds"]), plain)
+        rows.append({**{k: c[k] for k in ("name", "steps", "topk", "num_draft_tokens")}, "speedup": sp})
+    best_i = max(range(len(rows)), key=lambda i: rows[i]["speedup"]["value"])
+    best = candidates[best_i]
+    for c, row in zip(candidates, rows):
+        rel = bootstrap_ratio((c["tokens"], c["seconds"]), (best["tokens"], best["seconds"]))
+        row["vs_best"] = rel
+        row["tied_with_best"] = rel["high"] >= 1 - tolerance
+    tied = [r for r in rows if r["tied_with_best"]]
+    pick = min(tied, key=config_cost)
+    best_row = rows[best_i]
+    rec = {
+        "steps": pick["steps"],
+        "topk": pick["topk"],
+        "num_draft_tokens": pick["num_draft_tokens"],
+        "name": pick["name"],
+        "speedup": round(pick["speedup"]["value"], 4),
+        "speedup_interval": [round(pick["speedup"]["low"], 4), round(pick["speedup"]["high"], 4)],
+        "best_measured": best_row["name"],
+        "tied": sorted((r["name"] for r in tied), key=lambda n: config_cost(next(x for x in rows if x["name"] == n))),
+        "rule": (
+            f"highest measured speedup; configurations within {tolerance:.0%} of it (upper end of the paired "
+            f"90% bootstrap interval over prompts) are tied, and the cheapest tied one (fewest verified "
+            f"tokens, then steps) is recommended"
+        ),
+    }
+    notes = []
+    if len(tied) > 1:
+        notes.append(f"{len(tied)} configurations are tied within noise; recommending the cheapest, {pick['name']}")
+    if best_row["speedup"]["high"] < 1.0:
+        notes.append("no configuration beats plain decoding with this head (measured)")
+    elif pick["speedup"]["low"] <= 1.0:
+        notes.append("the recommended configuration is not distinguishable from plain decoding within noise")
+    rec["notes"] = notes
+    return {"recommended": rec, "candidates": rows}

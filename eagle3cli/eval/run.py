@@ -1,24 +1,39 @@
-"""`eagle3 eval`: real speculative decoding with one or more heads on a benchmark; acceptance by
-depth, tau, wall-clock speedup over plain decoding, losslessness, a recommended serving config."""
+"""`eagle3 eval`: real speculative decoding with one or more heads (any layout) on a benchmark;
+acceptance by depth, tau, wall-clock speedup over plain decoding with a spread, losslessness,
+a paired head comparison, and a serving configuration chosen from measured runs."""
 
 from __future__ import annotations
 
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from ..config import config_dict
-from ..console import log, print_table, progress, warn
+from ..console import log, warn
 from ..errors import UsageError
 from ..lock import locked_stage
-from ..manifest import atomic_write_json, read_json, write_manifest
+from ..manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
 from .decoder import DecodeResult, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
-from .metrics import acceptance_by_depth, fit_linear, recommend
-from .prompts import load_prompts, render
+from .metrics import TAU_NOTE, acceptance_by_depth, bootstrap_ratio, choose_config
+from .prompts import load_conversations, render
 
-TAU_NOTE = "tau = tokens emitted per target verification pass (accepted draft tokens + the bonus token)"
+
+@dataclass
+class Lane:
+    """One decoder over the whole benchmark: its results per unit (prompt or conversation turn)
+    and, for multi-turn runs, its own conversation history (its own answers fed back)."""
+
+    results: list[DecodeResult] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(system messages before the first user turn, the user turns in order)."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
 
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
@@ -27,88 +42,86 @@ def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
     return head, out
 
 
-def _head_config(head: Path) -> dict:
+def recorded_target(head: Path) -> str | None:
+    """The target a head names (eagle3.target.path, or a speculators verifier), usable from here."""
+    from ..model.heads import read_config_json
+    from ..model.target import resolvable_reference
+
     p = Path(head) / "config.json"
     if not p.exists():
         raise UsageError(
             f"{p} does not exist",
-            "an exported head folder (config.json + model.safetensors)",
+            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
             "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
         )
-    return read_json(p)
+    cfg = read_config_json(p)
+    ref = ((cfg.get("eagle3") or {}).get("target") or {}).get("path")
+    ref = ref or ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
+    return resolvable_reference(ref, base=Path(head))
 
 
-def _target_path(cfg: EvalConfig, head_cfg: dict | None) -> str:
+def _target_ref(cfg: EvalConfig, head: Path) -> str:
     if cfg.target:
         return cfg.target
-    recorded = ((head_cfg or {}).get("eagle3") or {}).get("target", {}).get("path")
+    recorded = recorded_target(head)
     if not recorded:
         raise UsageError(
-            "no --target given and the head records none",
+            f"no --target given and head {head} records none",
             "--target MODEL_DIR",
-            "eagle3 eval --target models/tiny-target --head runs/NAME/head",
+            f"eagle3 eval --target models/tiny-target --head {head}",
         )
     return recorded
 
 
-def check_head_fits(head: Path, head_cfg: dict, target_cfg) -> tuple[int, ...]:
-    """The head's aux layer ids, after refusing a head made for another target."""
+def check_head_fits(spec, target_cfg, ident) -> None:
+    """Refuse a head made for another target (sizes, layers, tokenizer); warn on other weights."""
     problems = []
-    if int(head_cfg.get("vocab_size", -1)) != target_cfg.vocab_size:
-        problems.append(f"vocab_size: head {head_cfg.get('vocab_size')}, target {target_cfg.vocab_size}")
-    th = head_cfg.get("target_hidden_size", head_cfg.get("hidden_size"))
-    if int(th or -1) != target_cfg.hidden_size:
-        problems.append(f"hidden size: head expects {th}, target has {target_cfg.hidden_size}")
-    aux = (head_cfg.get("eagle3") or {}).get("aux_layer_ids") or head_cfg.get("eagle_aux_hidden_state_layer_ids") or []
-    bad = [i for i in aux if not 0 <= int(i) < target_cfg.num_hidden_layers]
-    if bad:
-        problems.append(f"aux layer ids {bad} do not exist in a {target_cfg.num_hidden_layers}-layer target")
-    recorded = (head_cfg.get("eagle3") or {}).get("target") or {}
-    if recorded.get("num_hidden_layers") not in (None, target_cfg.num_hidden_layers):
+    if spec.vocab_size != target_cfg.vocab_size:
+        problems.append(f"vocab_size: head {spec.vocab_size}, target {target_cfg.vocab_size}")
+    if spec.target_hidden_size != target_cfg.hidden_size:
+        problems.append(f"hidden size: head expects {spec.target_hidden_size}, target has {target_cfg.hidden_size}")
+    rec = spec.target
+    if rec.get("num_hidden_layers") not in (None, target_cfg.num_hidden_layers):
         problems.append(
-            f"layers: head trained on a {recorded['num_hidden_layers']}-layer target, "
-            f"this one has {target_cfg.num_hidden_layers}"
+            f"layers: head trained on a {rec['num_hidden_layers']}-layer target, this one has "
+            f"{target_cfg.num_hidden_layers}"
         )
+    if rec.get("vocab_hash") and rec["vocab_hash"] != ident.vocab_hash:
+        problems.append("tokenizer: the head was trained with another vocabulary (vocab hash differs)")
     if problems:
         raise UsageError(
-            f"head {head} does not fit the target:\n  " + "\n  ".join(problems),
+            f"head {spec.path} does not fit the target:\n  " + "\n  ".join(problems),
             "the target model the head was trained for",
-            "pass --target with the model named in the head's config.json (eagle3.target.path)",
+            f"pass --target {spec.target_ref or 'MODEL_DIR'} (the target the head names)",
         )
-    return tuple(int(i) for i in aux)
+    if rec.get("chat_template_hash") and rec["chat_template_hash"] != ident.chat_template_hash:
+        warn(
+            f"head {spec.path} was trained on conversations rendered with another chat template "
+            f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
+            "prompts here are rendered differently and acceptance may suffer"
+        )
+    if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
+        warn(
+            f"head {spec.path} records target weights {rec['fingerprint'][:12]}, this target is "
+            f"{ident.fingerprint[:12]}: acceptance may suffer"
+        )
 
 
-def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, object, tuple[int, ...]]]:
-    from ..model.export import load_head
+def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, object, object]]:
+    """[(label, draft, spec)] for the head and every --compare head, of any layout."""
+    from ..model.heads import load_any_head
 
     heads = []
     for h in [head, *cfg.compare]:
         h = Path(h)
-        hc = _head_config(h)
-        aux = check_head_fits(h, hc, target.config)
-        rec = (hc.get("eagle3") or {}).get("target") or {}
-        if rec.get("vocab_hash") and rec["vocab_hash"] != ident.vocab_hash:
-            raise UsageError(
-                f"head {h} was trained with another tokenizer (vocab hash differs)",
-                "the target the head was trained for",
-                "check --target",
-            )
-        if rec.get("chat_template_hash") and rec["chat_template_hash"] != ident.chat_template_hash:
-            warn(
-                f"head {h} was trained on conversations rendered with another chat template "
-                f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
-                "prompts here are rendered differently and acceptance may suffer"
-            )
-        if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
-            warn(
-                f"head {h} records target weights {rec['fingerprint'][:12]}, this target is "
-                f"{ident.fingerprint[:12]}: acceptance may suffer"
-            )
-        draft = load_head(h, target_model=target).to(target.device)
-        label = str(h.parent.name + "/" + h.name) if h.parent.name else str(h)
+        draft, spec = load_any_head(h, target, dtype=target.dtype)
+        check_head_fits(spec, target.config, ident)
+        for notice in spec.notices:
+            warn(notice)
+        label = f"{h.parent.name}/{h.name}" if h.parent.name else str(h)
         if any(label == lab for lab, _, _ in heads):
             label = str(h)
-        heads.append((label, draft, aux))
+        heads.append((label, draft.to(target.device), spec))
     return heads
 
 
@@ -124,95 +137,17 @@ def _summ(results: list[DecodeResult]) -> dict:
     }
 
 
-@torch.inference_mode()
-def measure_costs(target, draft, aux, prompt: list[int], depth: int, topk: int, repeats: int = 11) -> dict:
-    """Seconds per target pass over n new tokens (after the prompt) and per draft call.
-
-    Sizes are measured round-robin and the minimum kept (the intrinsic cost; other processes
-    only ever add time), then made non-decreasing in n.
-    """
-    from transformers import DynamicCache
-
-    from ..model.draft import DraftCache
-
-    dev = target.device
-    cache = DynamicCache(config=target.config)
-    target.model(input_ids=torch.tensor([prompt], device=dev), cache=cache, use_cache=True)
-    base = len(prompt)
-    sizes = sorted({1, 2, 4, 8, depth + 1, 16, 32, 64})
-    best = {n: float("inf") for n in sizes}
-    for _ in range(repeats):
-        for n in sizes:
-            ids = torch.randint(0, target.config.vocab_size, (1, n), device=dev)
-            t0 = time.perf_counter()
-            out = target.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state
-            target.lm_head(out)
-            best[n] = min(best[n], time.perf_counter() - t0)
-            cache.crop(-n)
-    costs, running = {}, 0.0
-    for n in sizes:
-        running = max(running, best[n])
-        costs[n] = running
-    dc = DraftCache()
-    hid = torch.zeros(1, base, len(aux) * target.config.hidden_size, device=dev, dtype=next(draft.parameters()).dtype)
-    draft(torch.tensor([prompt], device=dev), hid, torch.arange(base, device=dev)[None], dc, from_target=True)
-    dc.commit()
-    h = torch.zeros(1, 1, draft.config.hidden_size, device=dev, dtype=hid.dtype)
-    draft_best = float("inf")
-    for i in range(repeats * 2):
-        t0 = time.perf_counter()
-        out = draft(torch.tensor([[5]], device=dev), h, torch.tensor([[base + i]], device=dev), dc, from_target=False)
-        draft.logits(out).argmax(-1)
-        draft_best = min(draft_best, time.perf_counter() - t0)
-        dc.crop(dc.committed)
-    intercept, slope = fit_linear(list(costs), list(costs.values()))
-    return {"target": costs, "draft_step": draft_best, "target_fit": {"per_call_s": intercept, "per_token_s": slope}}
+def _per_unit(results: list[DecodeResult]) -> tuple[list[int], list[float]]:
+    return [len(r.tokens) for r in results], [r.seconds for r in results]
 
 
-def _plot(path: Path, per_head: dict, title: str) -> None:
-    import matplotlib
+def _tau_pairs(results: list[DecodeResult]) -> tuple[list[int], list[int]]:
+    """(tokens emitted by verification rounds, rounds) per unit: tau = sum / sum."""
+    return [sum(r.accept_lens) + r.rounds for r in results], [r.rounds for r in results]
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2))
-    for label, modes in per_head.items():
-        st = modes.get("chain")
-        if not st:
-            continue
-        rows = st["acceptance"]["per_depth"]
-        ks = [r["depth"] for r in rows]
-        line = a1.plot(
-            ks,
-            [r["alpha"] if r["alpha"] is not None else float("nan") for r in rows],
-            "o-",
-            label=f"{label} alpha_k (conditional)",
-        )
-        a1.plot(
-            ks,
-            [r["unconditional"] for r in rows],
-            "s--",
-            color=line[0].get_color(),
-            alpha=0.6,
-            label=f"{label} P(first k accepted)",
-        )
-        taus = st["acceptance"]["tau_by_depth"]
-        a1.set_xticks(ks)
-        a2.set_xticks(range(len(taus)))
-        a2.plot(range(len(taus)), taus, "o-", color=line[0].get_color(), label=f"{label} chain tau(d)")
-        if modes.get("tree"):
-            a2.axhline(modes["tree"]["acceptance"]["tau"], color=line[0].get_color(), ls=":", label=f"{label} tree tau")
-    a1.set(xlabel="draft depth k", ylabel="acceptance", ylim=(0, 1.02), title="Acceptance by depth")
-    a2.set(xlabel="draft depth d", ylabel="tau (tokens / target pass, bonus incl.)", title="tau by depth")
-    for a in (a1, a2):
-        a.grid(alpha=0.3)
-        a.legend(fontsize=7)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+def _ci(b: dict) -> list[float]:
+    return [round(b["low"], 4), round(b["high"], 4)]
 
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
@@ -226,24 +161,29 @@ def run_eval(cfg: EvalConfig) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     head, out = _paths(cfg)
-    head_cfg = _head_config(head)
-    target, tok, tpath = load_target(_target_path(cfg, head_cfg), device=cfg.device)
+    target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
     eos = eos_ids_of(target, tok)
     ctx = int(getattr(target.config, "max_position_embeddings", 0) or 0)
-    prompts = []
-    for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts):
-        ids = render(tok, msgs)
-        need = len(ids) + cfg.max_new_tokens + max(cfg.depth, cfg.num_draft_tokens) + 1
+    window = max(cfg.depth, cfg.num_draft_tokens) + 1
+    convs = load_conversations(cfg.bench, cfg.num_prompts)
+
+    def fits(uid: str, ids: list[int]) -> list[int]:
+        need = len(ids) + cfg.max_new_tokens + window
         if ctx and need > ctx:
             raise UsageError(
-                f"prompt {pid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and "
-                f"the draft window it needs {need} positions, the target has {ctx}",
+                f"{uid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and the draft "
+                f"window it needs {need} positions, the target has {ctx}",
                 "prompts + new tokens within the target's context",
-                "lower --max-new-tokens or use shorter prompts",
+                "lower --max-new-tokens, use shorter prompts" + (" or --turns first" if cfg.turns == "all" else ""),
             )
-        prompts.append((pid, ids))
+        return ids
+
+    first_turns = []
+    for cid, msgs in convs:
+        system, users = split_turns(msgs)
+        first_turns.append((cid, fits(cid, render(tok, system + users[:1]))))
     modes = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
     greedy = cfg.temperature <= 0
 
@@ -261,99 +201,112 @@ def run_eval(cfg: EvalConfig) -> Path:
             eos=eos,
         )
 
-    decoders = {(label, m): decoder(d, aux, m) for label, d, aux in heads for m in modes}
-    # warm-up: first calls allocate and pick kernels; keep them out of the timings
-    wp = prompts[0][1]
+    decoders = {(label, m): decoder(d, spec.aux_layer_ids, m) for label, d, spec in heads for m in modes}
+    wp = first_turns[0][1]  # warm-up: first calls allocate and pick kernels; keep them out of the timings
     plain_decode(target, wp, 8, set(), cfg.temperature)
     for dec in decoders.values():
         dec.generate(wp, 8, seed=cfg.seed)
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
-    plain, gen, spec = [], [], {k: [] for k in decoders}
-    mismatches = {k: [] for k in decoders}
-    total_runs = len(prompts)
+    lanes: dict = {
+        "plain": Lane(),
+        **({"generate": Lane()} if cfg.generate_baseline else {}),
+        **{k: Lane() for k in decoders},
+    }
+    units: list[str] = []
+    mismatches: dict = {k: [] for k in decoders}
     log(
-        f"eval: {len(prompts)} prompts from {cfg.bench}, {len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, "
-        f"max {cfg.max_new_tokens} new tokens, temperature {cfg.temperature}"
+        f"eval: {len(convs)} {'conversations (every turn)' if cfg.turns == 'all' else 'prompts'} from {cfg.bench}, "
+        f"{len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, max {cfg.max_new_tokens} new tokens, "
+        f"temperature {cfg.temperature}"
     )
-    with progress("eval", total=total_runs, unit="prompt") as bar:
-        for i, (pid, ids) in enumerate(prompts):
-            p = plain_decode(
-                target,
-                ids,
-                cfg.max_new_tokens,
-                eos,
-                cfg.temperature,
-                cfg.top_p,
-                torch.Generator().manual_seed(cfg.seed + i),
-            )
-            plain.append(p)
-            if cfg.generate_baseline:
-                g = hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
-                gen.append(g)
-                if greedy and g.tokens != p.tokens:
-                    warn(f"{pid}: our plain loop and transformers generate differ (numerics of the two paths)")
-            n_tok = len(p.tokens)
-            for key, dec in decoders.items():
-                r = dec.generate(ids, cfg.max_new_tokens, seed=cfg.seed + i)
-                spec[key].append(r)
-                n_tok += len(r.tokens)
-                if greedy and r.tokens != p.tokens:
-                    at = next(
-                        (j for j, (a, b) in enumerate(zip(r.tokens, p.tokens)) if a != b),
-                        min(len(r.tokens), len(p.tokens)),
-                    )
-                    mismatches[key].append(
-                        {
-                            "prompt": pid,
-                            "first_diff_at": at,
-                            "speculative": tok.decode(r.tokens[at : at + 12]),
-                            "plain": tok.decode(p.tokens[at : at + 12]),
-                        }
-                    )
-            bar.advance(1, tokens=n_tok)
+    from ..console import progress
 
-    costs = measure_costs(target, heads[0][1], heads[0][2], prompts[0][1], cfg.depth, cfg.topk)
+    with progress("eval", total=len(convs), unit="conv" if cfg.turns == "all" else "prompt") as bar:
+        for i, (cid, msgs) in enumerate(convs):
+            system, users = split_turns(msgs)
+            turns = users if cfg.turns == "all" else users[:1]
+            for lane in lanes.values():
+                lane.history = list(system)
+            conv_tokens = 0
+            for t, user in enumerate(turns):
+                uid = cid if len(turns) == 1 else f"{cid}#turn{t + 1}"
+                units.append(uid)
+                seed = cfg.seed + 1000 * i + t
+                n_tok = 0
+                for key, lane in lanes.items():
+                    lane.history.append(user)
+                    ids = fits(uid, render(tok, lane.history))
+                    if key == "plain":
+                        r = plain_decode(
+                            target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p,
+                            torch.Generator().manual_seed(seed),
+                        )  # fmt: skip
+                    elif key == "generate":
+                        r = hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
+                    else:
+                        r = decoders[key].generate(ids, cfg.max_new_tokens, seed=seed)
+                    lane.results.append(r)
+                    lane.outputs.append(r.tokens)
+                    # each decoder's own answer is its history: greedy, that is the target's own answer
+                    lane.history.append(
+                        {"role": "assistant", "content": tok.decode(r.tokens, skip_special_tokens=True)}
+                    )
+                    n_tok += len(r.tokens)
+                plain_out = lanes["plain"].outputs[-1]
+                if greedy and "generate" in lanes and lanes["generate"].outputs[-1] != plain_out:
+                    warn(f"{uid}: our plain loop and transformers generate differ (numerics of the two paths)")
+                for key in decoders:
+                    spec_out = lanes[key].outputs[-1]
+                    if greedy and spec_out != plain_out:
+                        at = next(
+                            (j for j, (a, b) in enumerate(zip(spec_out, plain_out)) if a != b),
+                            min(len(spec_out), len(plain_out)),
+                        )
+                        mismatches[key].append(
+                            {
+                                "prompt": uid,
+                                "first_diff_at": at,
+                                "speculative": tok.decode(spec_out[at : at + 12]),
+                                "plain": tok.decode(plain_out[at : at + 12]),
+                            }
+                        )
+                conv_tokens += n_tok
+            bar.advance(1, tokens=conv_tokens)
+
+    plain = lanes["plain"].results
     plain_s = _summ(plain)
-    gen_s = _summ(gen) if gen else None
-    per_head: dict[str, dict] = {}
-    for (label, mode), results in spec.items():
-        acc = acceptance_by_depth([a for r in results for a in r.accept_lens], cfg.depth)
+    gen_s = _summ(lanes["generate"].results) if "generate" in lanes else None
+    per_head: dict[str, dict] = {label: {"head": spec.summary()} for label, _, spec in heads}
+    for label, mode in decoders:
+        results = lanes[(label, mode)].results
+        acc = acceptance_by_depth([a for r in results for a in r.accept_lens], cfg.depth, mode)
+        emitted, rounds = _tau_pairs(results)
+        acc["tau_interval"] = _ci(bootstrap_ratio((emitted, rounds))) if any(rounds) else [1.0, 1.0]
         s = _summ(results)
-        per_head.setdefault(label, {})[mode] = {
+        sp = bootstrap_ratio(_per_unit(results), _per_unit(plain))
+        per_head[label][mode] = {
+            "config": {
+                "steps": cfg.depth,
+                "topk": 1 if mode == "chain" else cfg.topk,
+                "num_draft_tokens": cfg.depth + 1 if mode == "chain" else cfg.num_draft_tokens,
+            },
             "acceptance": acc,
             "speed": s,
             "speedup_vs_plain": s["tokens_per_s"] / plain_s["tokens_per_s"],
+            "speedup_interval": _ci(sp),
             "speedup_vs_generate": s["tokens_per_s"] / gen_s["tokens_per_s"] if gen_s else None,
-            "lossless": (
-                {
-                    "compared": len(results),
-                    "mismatches": len(mismatches[(label, mode)]),
-                    "examples": mismatches[(label, mode)][:5],
-                }
-                if greedy
-                else {
-                    "compared": 0,
-                    "note": "sampling: outputs are compared in distribution (tests), not token for token",
-                }
-            ),
+            "per_prompt": [
+                {"prompt": u, "tokens": len(r.tokens), "rounds": r.rounds, "accepted": sum(r.accept_lens)}
+                for u, r in zip(units, results)
+            ],
+            "lossless": _lossless(results, mismatches[(label, mode)], greedy),
         }
-    main_label = heads[0][0]
-    main = per_head[main_label]
-    tree_cfg = (
-        {
-            "tau": main["tree"]["acceptance"]["tau"],
-            "steps": cfg.depth,
-            "topk": cfg.topk,
-            "num_draft_tokens": cfg.num_draft_tokens,
-        }
-        if "tree" in main
-        else None
-    )
-    chain_taus = main["chain"]["acceptance"]["tau_by_depth"] if "chain" in main else [1.0]
-    rec = recommend(chain_taus, costs, tree_cfg)
+    main_label, main_draft, main_spec = heads[0]
     report = {
         "bench": cfg.bench,
-        "num_prompts": len(prompts),
+        "num_prompts": len(convs),
+        "turns": cfg.turns,
+        "units": len(units),
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
@@ -361,86 +314,124 @@ def run_eval(cfg: EvalConfig) -> Path:
         "mode": cfg.mode,
         "tree": {"topk": cfg.topk, "num_draft_tokens": cfg.num_draft_tokens},
         "tau_definition": TAU_NOTE,
-        "alpha_definition": "alpha_k = P(draft token k accepted | tokens 1..k-1 accepted), from chain rounds",
+        "speedup_interval_definition": "90% paired bootstrap over prompts of (tokens/s) / (plain tokens/s)",
         "target": ident.as_dict(),
         "heads": per_head,
         "baselines": {"plain": plain_s, "generate": gen_s},
-        "cost_model": {
-            "target_pass_s": {str(k): v for k, v in costs["target"].items()},
-            "draft_step_s": costs["draft_step"],
-            "target_fit": costs["target_fit"],
-        },
-        "recommended": rec,
     }
+    if len(heads) > 1:
+        report["comparison"] = compare_heads(per_head, lanes, decoders, modes, main_label)
+    if not greedy and cfg.sampling_check > 0:
+        from .losslessness import sampling_check
+
+        dec = decoders[(main_label, modes[0])]
+        log(f"sampling check: {cfg.sampling_check} speculative vs plain draws on {first_turns[0][0]}")
+        report["sampling_check"] = {
+            "head": main_label,
+            "mode": modes[0],
+            "prompt": first_turns[0][0],
+            **sampling_check(
+                target, dec, first_turns[0][1], eos, cfg.sampling_check, 4, cfg.temperature, cfg.top_p, cfg.seed
+            ),
+        }
+    if cfg.sweep:
+        from .sweep import run_sweep
+
+        report["sweep"] = run_sweep(
+            target,
+            main_draft,
+            main_spec.aux_layer_ids,
+            first_turns[: cfg.sweep_prompts],
+            eos,
+            depth=cfg.depth,
+            tree_points=cfg.tree_points(),
+            max_new_tokens=cfg.sweep_max_new_tokens,
+            repeats=cfg.sweep_repeats,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seed=cfg.seed,
+            tolerance=cfg.tie_tolerance,
+        )
+        report["recommended"] = {**report["sweep"]["recommended"], "from": "sweep (measured runs per configuration)"}
+    else:
+        measured = [
+            {"name": f"{mode} {per_head[main_label][mode]['config']}", **per_head[main_label][mode]["config"],
+             "tokens": _per_unit(lanes[(main_label, mode)].results)[0],
+             "seconds": _per_unit(lanes[(main_label, mode)].results)[1]}
+            for mode in modes
+        ]  # fmt: skip
+        rec = choose_config(measured, _per_unit(plain), cfg.tie_tolerance)["recommended"]
+        report["recommended"] = {
+            **rec,
+            "from": f"the configurations this run measured ({', '.join(modes)}); --sweep compares every depth",
+        }
+    from .report import plot, print_report
+
     out.mkdir(parents=True, exist_ok=True)
-    (out / "manifest.json").unlink(missing_ok=True)
-    _plot(out / "acceptance.png", per_head, f"{cfg.bench}, {len(prompts)} prompts, T={cfg.temperature}")
+    plot(out / "acceptance.png", report, f"{cfg.bench}, {len(units)} prompts, T={cfg.temperature}")
     atomic_write_json(out / "report.json", report)
-    _print(report, cfg)
+    print_report(report)
     write_manifest(
         out,
         "eval",
         config=config_dict(cfg),
         target=ident.as_dict(),
-        heads=[str(h) for h in [head, *cfg.compare]],
-        counts={"prompts": len(prompts), "plain_tokens": plain_s["tokens"]},
+        heads=[spec.summary() for _, _, spec in heads],
+        counts={"prompts": len(convs), "units": len(units), "plain_tokens": plain_s["tokens"]},
         files=["report.json", "acceptance.png"],
     )
     log(f"eval: wrote {out / 'report.json'} and {out / 'acceptance.png'}")
     return out
 
 
-def _print(report: dict, cfg: EvalConfig) -> None:
-    for label, modes in report["heads"].items():
-        if "chain" in modes:
-            rows = [
-                [
-                    r["depth"],
-                    f"{r['accepted']}/{r['attempts']}",
-                    "-" if r["alpha"] is None else f"{r['alpha']:.3f}",
-                    f"{r['unconditional']:.3f}",
-                    f"{r['tau_at_depth']:.3f}",
-                ]
-                for r in modes["chain"]["acceptance"]["per_depth"]
-            ]
-            print_table(
-                f"{label}: acceptance by depth (chain, {cfg.bench}); {TAU_NOTE}",
-                ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(first k acc.)", "tau(k)"],
-                rows,
-            )
-    base = report["baselines"]
-    rows = [["plain loop", "1.000", f"{base['plain']['tokens_per_s']:.1f}", "1.00x", "-", "-"]]
-    if base["generate"]:
-        rows.append(
-            [
-                "transformers generate",
-                "1.000",
-                f"{base['generate']['tokens_per_s']:.1f}",
-                f"{base['generate']['tokens_per_s'] / base['plain']['tokens_per_s']:.2f}x",
-                "1.00x",
-                "-",
-            ]
-        )
-    for label, modes in report["heads"].items():
-        for mode, st in modes.items():
-            ll = st["lossless"]
-            rows.append(
-                [
-                    f"{label} {mode}",
-                    f"{st['acceptance']['tau']:.3f}",
-                    f"{st['speed']['tokens_per_s']:.1f}",
-                    f"{st['speedup_vs_plain']:.2f}x",
-                    f"{st['speedup_vs_generate']:.2f}x" if st["speedup_vs_generate"] else "-",
-                    f"{ll['mismatches']}/{ll['compared']}" if ll["compared"] else "n/a (sampling)",
-                ]
-            )
-    print_table(
-        "speed (wall clock, same run)",
-        ["decoder", "tau", "tok/s", "vs plain", "vs generate", "greedy mismatches"],
-        rows,
-    )
-    r = report["recommended"]
-    log(
-        f"recommended for serve: steps={r['steps']} topk={r['topk']} num_draft_tokens={r['num_draft_tokens']} "
-        f"(predicted {r['predicted_speedup']}x, {r['from']})"
-    )
+def _lossless(results: list[DecodeResult], mism: list[dict], greedy: bool) -> dict:
+    if greedy:
+        return {"compared": len(results), "mismatches": len(mism), "examples": mism[:5]}
+    return {
+        "compared": 0,
+        "note": "sampling: outputs are distributed as the target's by the per-token rejection rule; "
+        "see sampling_check for the measured comparison with plain sampling",
+    }
+
+
+def compare_heads(per_head: dict, lanes: dict, decoders: dict, modes: list[str], main: str) -> dict:
+    """Every head against the first, per mode, on the same prompts: tau ratio with a paired
+    bootstrap interval over prompts, and how many prompts each head accepted more on."""
+    out = {"reference": main, "interval": "90% paired bootstrap over prompts", "modes": {}}
+    for mode in modes:
+        ref = lanes[(main, mode)].results
+        rows = []
+        for label in per_head:
+            if (label, mode) not in decoders:
+                continue
+            res = lanes[(label, mode)].results
+            ratio = bootstrap_ratio(_tau_pairs(res), _tau_pairs(ref))
+            taus = [(sum(r.accept_lens) + r.rounds) / r.rounds if r.rounds else 1.0 for r in res]
+            ref_taus = [(sum(r.accept_lens) + r.rounds) / r.rounds if r.rounds else 1.0 for r in ref]
+            st = per_head[label][mode]
+            row = {
+                "head": label,
+                "layout": per_head[label]["head"]["layout"],
+                "tau": st["acceptance"]["tau"],
+                "tau_interval": st["acceptance"]["tau_interval"],
+                "speedup_vs_plain": st["speedup_vs_plain"],
+                "tau_ratio_vs_reference": round(ratio["value"], 4),
+                "tau_ratio_interval": _ci(ratio),
+                "prompts_better_worse_equal": [
+                    sum(a > b for a, b in zip(taus, ref_taus)),
+                    sum(a < b for a, b in zip(taus, ref_taus)),
+                    sum(a == b for a, b in zip(taus, ref_taus)),
+                ],
+            }
+            if label != main:
+                lo, hi = ratio["low"], ratio["high"]
+                row["verdict"] = (
+                    f"higher tau than {main}"
+                    if lo > 1
+                    else f"lower tau than {main}"
+                    if hi < 1
+                    else "no significant difference"
+                )
+            rows.append(row)
+        out["modes"][mode] = rows
+    return out

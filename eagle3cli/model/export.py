@@ -1,7 +1,8 @@
 """The exported head: `runs/NAME/head/` in the layout SGLang's and vLLM's `LlamaForCausalLMEagle3` load.
 
 Files: `config.json` (a Llama config, see `head_config`), `model.safetensors` (the names below,
-no `model.` prefix, no embeddings) and `manifest.json`. `load_head` is the only reader.
+no `model.` prefix, no embeddings) and `manifest.json`. Heads of every layout are read by
+`heads.read_head` (`load_head` here is its draft-building front).
 
 Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
 `model_executor/models/llama_eagle3.py`):
@@ -19,39 +20,17 @@ Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import LlamaConfig
 
 from ..errors import UsageError
 from ..manifest import atomic_write_json, read_json, shard_record, write_manifest
 from .draft import Eagle3Draft
-from .headcheck import load_head_tensors
+from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
-HEAD_WEIGHTS = "model.safetensors"
-HEAD_ARCH = "LlamaForCausalLMEagle3"
-# Parameter names of the exported head, exactly as the engines map them (embeddings excluded).
-HEAD_TENSOR_NAMES = (
-    "fc.weight",
-    "midlayer.self_attn.q_proj.weight",
-    "midlayer.self_attn.k_proj.weight",
-    "midlayer.self_attn.v_proj.weight",
-    "midlayer.self_attn.o_proj.weight",
-    "midlayer.mlp.gate_proj.weight",
-    "midlayer.mlp.up_proj.weight",
-    "midlayer.mlp.down_proj.weight",
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "norm.weight",
-    "lm_head.weight",
-    "d2t",
-    "t2d",
-)
+__all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
@@ -131,76 +110,15 @@ def save_head(
     return out_dir
 
 
-def _draft_config_from_head(cfg: dict, head_dir: Path) -> LlamaConfig:
-    problems = []
-    if HEAD_ARCH not in (cfg.get("architectures") or []):
-        problems.append(f"architectures is {cfg.get('architectures')}, expected ['{HEAD_ARCH}']")
-    if cfg.get("num_hidden_layers") != 1:
-        problems.append(f"num_hidden_layers is {cfg.get('num_hidden_layers')}, expected 1")
-    if not cfg.get("draft_vocab_size"):
-        problems.append("draft_vocab_size is missing (SGLang cannot load such a head)")
-    if cfg.get("tie_word_embeddings", True):
-        problems.append("tie_word_embeddings is not false (engines would drop the trained lm_head)")
-    aux = (cfg.get("eagle3") or {}).get("aux_layer_ids") or cfg.get("eagle_aux_hidden_state_layer_ids")
-    if not aux:
-        problems.append("no aux layer ids (eagle3.aux_layer_ids or eagle_aux_hidden_state_layer_ids)")
-    if problems:
-        raise UsageError(
-            f"{head_dir}/config.json is not an EAGLE-3 head:\n  " + "\n  ".join(problems),
-            "a folder written by `eagle3 train` (runs/NAME/head)",
-            "eagle3 train --run runs/NAME",
-        )
-    fields = {k: v for k, v in cfg.items() if k not in ("eagle3", "eagle_config", "torch_dtype", "norm_output")}
-    llama = LlamaConfig(**fields)
-    llama.draft_vocab_size = int(cfg["draft_vocab_size"])
-    llama.target_hidden_size = int(cfg.get("target_hidden_size") or cfg["hidden_size"])
-    llama.aux_layer_ids = [int(i) for i in aux]
-    llama.architectures = [HEAD_ARCH]
-    return llama
+def load_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
+    """The draft of a head folder of any layout (`heads.read_head`); with `target_model`, its
+    input embeddings are copied in and its layer count gives the engines' default aux layers.
 
-
-def load_head(head_dir: Path, target_model=None) -> Eagle3Draft:
-    """The draft from `runs/NAME/head/`; with `target_model`, its input embeddings are copied in.
-
-    Refuses a folder whose config or tensor names/shapes are not the exported head's (a head the
-    engines would load half-random). Without a target the embeddings are left zero: set them
-    before drafting (eval/serve pass the target).
+    Refuses a folder whose config or tensor names/shapes do not make a one-layer EAGLE-3 head
+    (a head the engines would load half-random). Without a target the embeddings are left zero:
+    set them before drafting (eval/serve pass the target).
     """
-    head_dir = Path(head_dir)
-    cfg_path, w_path = head_dir / "config.json", head_dir / HEAD_WEIGHTS
-    for p in (cfg_path, w_path):
-        if not p.exists():
-            raise UsageError(
-                f"{p} does not exist",
-                "an exported head folder (config.json + model.safetensors)",
-                "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
-            )
-    try:
-        cfg = read_json(cfg_path)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{cfg_path} is not valid JSON ({e})") from e
-    draft = Eagle3Draft(_draft_config_from_head(cfg, head_dir))
-    tensors = load_head_tensors(w_path)
-    expected = {n: t for n, t in draft.state_dict().items() if n != "embed_tokens.weight"}
-    problems = [f"missing {n}" for n in expected if n not in tensors]
-    problems += [f"unexpected {n}" for n in tensors if n not in expected]
-    problems += [
-        f"{n}: shape {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
-        for n, t in expected.items()
-        if n in tensors and tensors[n].shape != t.shape
-    ]
-    if problems:
-        raise UsageError(
-            f"{w_path} does not match its config.json:\n  " + "\n  ".join(problems[:12]),
-            f"exactly the tensors {', '.join(HEAD_TENSOR_NAMES)}",
-            "re-export the head: eagle3 train --run runs/NAME --resume",
-        )
-    dtype = tensors["fc.weight"].dtype
-    draft = draft.to(dtype)
-    draft.load_state_dict({**tensors, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
-    if target_model is not None:
-        copy_target_embeddings(draft, target_model)
-    return draft.eval()
+    return load_any_head(head_dir, target_model, dtype)[0]
 
 
 def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
@@ -328,12 +246,30 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     }
 
 
-def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7) -> Path:
-    """Copy a head into another engine's layout.
+def _own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
+    """config.json in eagle3's layout for a head read from any layout; its target recorded as a
+    reference that resolves from anywhere (absolute path or hub id)."""
+    from .target import resolvable_reference
 
-    sglang and vllm: the head's own layout (both engines load it; vLLM maps `midlayer.` to
-    `layers.0.` itself). speculators: `layers.0.*` names and a `speculators_model_type: eagle3`
-    config; not verified against a speculators install here (none is available offline).
+    target = dict(spec.target)
+    ref = resolvable_reference(spec.target_ref, base=spec.path)
+    if ref:
+        target["path"] = ref
+    target.pop("name_or_path", None)
+    if spec.layout == "eagle3":
+        cfg = read_json(spec.path / "config.json")
+        cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
+        return cfg
+    return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
+
+
+def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7) -> Path:
+    """Write a head of any layout (eagle3, SGLang, vLLM, speculators) in another engine's layout.
+
+    sglang and vllm: eagle3's own layout (both engines load it; vLLM maps `midlayer.` to
+    `layers.0.` itself), with the aux layer ids written in each engine's convention.
+    speculators: `layers.0.*` names and a `speculators_model_type: eagle3` config whose
+    `verifier.name_or_path` is an absolute path or a hub id, so it loads from any directory.
     """
     if fmt not in EXPORT_FORMATS:
         raise UsageError(
@@ -342,25 +278,33 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
             "eagle3 export --head runs/NAME/head --format sglang --out DIR",
         )
     head_dir, out_dir = Path(head_dir), Path(out_dir)
-    draft = load_head(head_dir)  # validates names and shapes before anything is written
-    cfg = read_json(head_dir / "config.json")
+    # validates names, shapes and aux layer fields before anything is written
+    draft, spec = load_any_head(head_dir)
     if out_dir.resolve() == head_dir.resolve():
         raise UsageError(
             "--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT"
         )
+    for notice in spec.notices:
+        from ..console import warn
+
+        warn(notice)
+    cfg = _own_layout_config(draft, spec)
     out_dir.mkdir(parents=True, exist_ok=True)
-    if fmt in ("sglang", "vllm"):
-        shutil.copyfile(head_dir / HEAD_WEIGHTS, out_dir / HEAD_WEIGHTS)
-        atomic_write_json(out_dir / "config.json", cfg)
-    else:
-        tensors = {n.replace("midlayer.", "layers.0."): t for n, t in head_state_dict(draft).items()}
-        save_file(tensors, str(out_dir / HEAD_WEIGHTS), metadata={"format": "pt"})
-        atomic_write_json(out_dir / "config.json", _speculators_config(cfg, num_speculative_tokens))
+    (out_dir / "manifest.json").unlink(missing_ok=True)
+    tensors = head_state_dict(draft)
+    if fmt == "speculators":
+        tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
+        cfg = _speculators_config(cfg, num_speculative_tokens)
+    tmp = out_dir / f".{HEAD_WEIGHTS}.tmp"
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out_dir / HEAD_WEIGHTS)
+    atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,
         "export",
         format=fmt,
-        source=str(head_dir),
+        source=str(head_dir.resolve()),
+        source_layout=spec.layout,
         target=(cfg.get("eagle3") or {}).get("target", {}),
         shards=[shard_record(out_dir / HEAD_WEIGHTS)],
     )

@@ -35,6 +35,12 @@ def load_head_tensors(path: Path) -> dict[str, torch.Tensor]:
             "a head exported by `eagle3 train`",
             RETRAIN,
         ) from e
+    refuse_nonfinite(tensors, path)
+    return tensors
+
+
+def refuse_nonfinite(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
+    """StageError naming the tensors of `path` that hold a NaN or an inf."""
     bad = nonfinite_tensors(tensors)
     if bad:
         raise StageError(
@@ -43,4 +49,3 @@ def load_head_tensors(path: Path) -> dict[str, torch.Tensor]:
             "a head whose weights are all finite",
             RETRAIN,
         )
-    return tensors

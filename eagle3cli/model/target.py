@@ -52,6 +52,35 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         ) from e
 
 
+def hub_id_of(path: Path) -> str | None:
+    """`org/name` for a snapshot folder of the Hugging Face cache (models--org--name/snapshots/REV)."""
+    for part in Path(path).parts:
+        if part.startswith("models--"):
+            return part[len("models--") :].replace("--", "/")
+    return None
+
+
+def model_reference(path: Path) -> str:
+    """What a manifest or head records about a model folder: a hub id when it came from the hub
+    cache (portable between machines), else the absolute path; never a cwd-relative one, which
+    `from_pretrained` elsewhere would take for a hub id."""
+    return hub_id_of(path) or str(Path(path).expanduser().resolve())
+
+
+def resolvable_reference(ref: str | None, base: Path | None = None) -> str | None:
+    """A recorded target reference made usable from any directory: absolute paths and hub ids are
+    kept; a relative path (older heads) is resolved against the cwd, else against `base`."""
+    if not ref:
+        return None
+    p = Path(ref).expanduser()
+    if p.is_absolute():
+        return str(p)
+    for root in (Path.cwd(), base):
+        if root is not None and (Path(root) / p / "config.json").exists():
+            return str((Path(root) / p).resolve())
+    return ref  # a hub id (org/name), or a folder that is not here
+
+
 def pick_device(device: str | None = None) -> torch.device:
     if device and device != "auto":
         return torch.device(device)
@@ -147,7 +176,7 @@ def target_identity(path: Path, tokenizer, config=None) -> TargetIdentity:
     tf = tokenizer_fingerprint(tokenizer)
     return TargetIdentity(
         fingerprint=model_fingerprint(path),
-        path=str(path),
+        path=model_reference(path),
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
         num_hidden_layers=int(cfg["num_hidden_layers"]),

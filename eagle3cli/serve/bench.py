@@ -66,23 +66,36 @@ def load_prompts(spec: str | Path | None) -> list[list[dict]]:
     return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
 
 
+def render_payloads(prompts: list[list[dict]], api: str, target: Path | None) -> list:
+    """What each request carries: for /generate the token ids of the prompt rendered with the
+    target's chat template (exactly what `eagle3 eval --endpoint` sends); for the OpenAI API the
+    messages (the server applies its own template)."""
+    if api != "generate":
+        return prompts
+    from ..eval.endpoint import generate_body
+    from ..model.target import load_tokenizer, resolve_model_path
+
+    tok = load_tokenizer(resolve_model_path(target))
+    return [generate_body(tok, m, {})["input_ids"] for m in prompts]
+
+
 # ---------------------------------------------------------------- one request
 async def _request(
-    client: httpx.AsyncClient, url: str, api: str, messages: list[dict], model: str, cfg: BenchConfig
+    client: httpx.AsyncClient, url: str, api: str, prompt, model: str, cfg: BenchConfig
 ) -> RequestResult:
+    """One request; `prompt` is token ids for /generate, chat messages for the OpenAI API."""
     t0 = time.perf_counter()
     try:
         if api == "generate":
             params = {"max_new_tokens": cfg.max_tokens, "temperature": 0.0}
             if cfg.ignore_eos:
                 params["ignore_eos"] = True
-            prompt = messages[-1]["content"]
-            r = await client.post(f"{url}/generate", json={"text": prompt, "sampling_params": params})
+            r = await client.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params})
         else:
             # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`)
             body = {
                 "model": model,
-                "messages": messages,
+                "messages": prompt,
                 "max_tokens": cfg.max_tokens,
                 "temperature": 0.0,
                 "return_spec_tokens_details": True,
@@ -169,7 +182,7 @@ async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> N
 
 # ---------------------------------------------------------------- one level
 async def run_level(
-    label: str, url: str, prompts: list[list[dict]], concurrency: int, n_requests: int, cfg: BenchConfig
+    label: str, url: str, prompts: list, concurrency: int, n_requests: int, cfg: BenchConfig
 ) -> LevelResult:
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=limits) as client:
@@ -271,7 +284,7 @@ def _fmt(v, digits=3):
 
 def run_bench(cfg: BenchConfig) -> Path:
     """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
-    prompts = load_prompts(cfg.prompts)
+    prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
     if cfg.base_url:
         servers.append(("baseline", cfg.base_url.rstrip("/")))

@@ -15,7 +15,7 @@ SERVE_EPILOG = (
 )
 BENCH_EPILOG = (
     "Example: eagle3 serve-bench --spec-url http://127.0.0.1:30000 --base-url http://127.0.0.1:30001 "
-    "--concurrency 1,8,32,64 --out runs/llama/serve-bench"
+    "--target meta-llama/Llama-3.1-8B-Instruct --concurrency 1,8,32,64 --out runs/llama/serve-bench"
 )
 
 
@@ -75,6 +75,7 @@ def register(app: typer.Typer) -> None:
         requests: int = typer.Option(None, help="Requests per level (at least 2x concurrency) \\[default: 32]."),
         max_tokens: int = typer.Option(None, help="Tokens per request \\[default: 128]."),
         ignore_eos: bool = typer.Option(None, "--ignore-eos", help="Generate exactly --max-tokens per request."),
+        target: str = typer.Option(None, help="Target folder: its chat template renders --api generate prompts."),
         prompts: str = typer.Option(
             None, help="Named source (mt_bench, gsm8k, sharegpt...) or a prompt file \\[default: mt_bench]."
         ),
@@ -100,6 +101,7 @@ def register(app: typer.Typer) -> None:
             requests=requests,
             max_tokens=max_tokens,
             ignore_eos=ignore_eos,
+            target=target,
             prompts=prompts,
             out=out,
             timeout=timeout,

@@ -71,6 +71,9 @@ class BenchConfig:
     """Tokens generated per request (temperature 0)."""
     ignore_eos: bool = False
     """Generate exactly max_tokens per request (SGLang's ignore_eos)."""
+    target: str | None = None
+    """The served target's folder (or hub id in the local cache): --api generate renders each
+    prompt with its chat template and sends the token ids, as `eagle3 eval --endpoint` does."""
     prompts: str = "mt_bench"
     """Prompts: a named source (mt_bench, gsm8k, sharegpt = held-out, ...) or a file in any format gen-data reads."""
     out: Path = Path("runs/serve-bench")
@@ -87,6 +90,11 @@ class BenchConfig:
                 errors.append(f"{flag} {u!r}: expected http://HOST:PORT")
         if self.api not in APIS:
             errors.append(f"--api {self.api!r}: expected one of {', '.join(APIS)}")
+        elif self.api == "generate" and not self.target:
+            errors.append(
+                "--api generate needs --target MODEL_DIR: prompts are rendered with the target's chat template "
+                "(heads are trained on templated turns); or use --api openai, where the server applies it"
+            )
         if not self.concurrency or any(not isinstance(c, int) or c < 1 for c in self.concurrency):
             errors.append(f"--concurrency {self.concurrency!r}: expected positive integers, e.g. 1,8,32,64")
         for flag, v in (("--requests", self.requests), ("--max-tokens", self.max_tokens)):

@@ -28,18 +28,30 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..manifest import model_fingerprint
-from ..model.export import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS
 from ..model.headcheck import load_head_tensors
+from ..model.heads import (
+    HEAD_ARCH,
+    HEAD_TENSOR_NAMES,
+    HEAD_WEIGHTS,
+    OPTIONAL_TENSOR_NAMES,
+    TensorInfo,
+    aux_readings,
+    canonical_name,
+    default_engine_aux_ids,
+    detect_layout,
+    read_head,
+    read_tensor_index,
+    resolve_aux_ids,
+)
 
 ENGINES = ("sglang", "vllm")
 INSTALL = {
     "sglang": 'pip install "sglang>=0.5,<0.6"   (on a CUDA node; or: pip install "eagle3cli[serve]")',
     "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]")',
 }
-# Names SGLang also maps to our parameters: `layers.0.` is its own name for `midlayer.`, and a
-# `model.` prefix is tried when the bare name is not a parameter. `embed_tokens.weight` is loaded
-# if present (heads usually leave it out and share the target's).
-_OPTIONAL_NAMES = ("embed_tokens.weight",)
+# `embed_tokens.weight` is loaded if present (heads usually leave it out and share the target's).
+_OPTIONAL_NAMES = OPTIONAL_TENSOR_NAMES
+__all__ = ["TensorInfo", "read_tensor_index", "default_engine_aux_ids"]
 
 
 @dataclass(frozen=True)
@@ -84,39 +96,12 @@ def _text_cfg(cfg: dict) -> dict:
     return cfg.get("text_config") or cfg
 
 
-@dataclass(frozen=True)
-class TensorInfo:
-    shape: tuple[int, ...]
-    dtype: str  # safetensors dtype string: F32, BF16, I64, BOOL...
-
-
-def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
-    """Names, shapes and dtypes from the safetensors header; no tensor is loaded."""
-    from safetensors import safe_open
-
-    out = {}
-    with safe_open(str(path), framework="pt") as f:
-        for name in f.keys():
-            s = f.get_slice(name)
-            out[name] = TensorInfo(tuple(int(d) for d in s.get_shape()), str(s.get_dtype()))
-    return out
-
-
 def _canonical(name: str) -> str:
     """The head-contract name SGLang would map this checkpoint name to."""
-    if name.startswith("model."):
-        name = name[len("model.") :]
-    if name.startswith("layers.0."):
-        name = "midlayer." + name[len("layers.0.") :]
-    return name
+    return canonical_name(name)
 
 
 # ---------------------------------------------------------------- aux layer ids
-def default_engine_aux_ids(num_layers: int) -> list[int]:
-    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
-    return [2, num_layers // 2, num_layers - 3]
-
-
 def _int_list(value) -> list[int] | None:
     """A list of ints from config JSON, or None when absent/empty; raises ValueError when malformed."""
     if not value:
@@ -168,25 +153,23 @@ def _check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: in
             )
         )
     if trained is None:
-        sg, vl = resolved["sglang"][0], resolved["vllm"][0]
-        if sg != vl:
-            problems.append(
-                _warn(
-                    f"the head has no eagle3.aux_layer_ids and the engines read different layers: SGLang "
-                    f"hidden_states{sg} ({resolved['sglang'][1]}), vLLM hidden_states{vl} ({resolved['vllm'][1]})",
-                    "add eagle3.aux_layer_ids (hidden_states indices the head was trained on) and write each "
-                    "engine's field in its own convention: eagle_config ids = k-1, top-level ids = k",
-                )
+        # a head from another tool: the common reader decides which layers it was trained on
+        try:
+            ids, source, notices = resolve_aux_ids(
+                aux_readings(head_cfg, detect_layout(head_cfg)), target_layers, None, "the head"
             )
-        else:
+        except UsageError as e:
+            return problems + [_err(e.what, e.next_step or "fix the head's aux layer fields")]
+        trained_ids = list(ids)
+        fix = (
+            "record the layers the head was trained on: eagle3.aux_layer_ids (hidden_states indices), "
+            "eagle_config ids = k-1 for SGLang, top-level ids = k for vLLM"
+        )
+        problems += [_warn(n, fix) for n in notices]
+        if not notices:
             problems.append(
-                _warn(
-                    f"the head has no eagle3.aux_layer_ids, so its training layers cannot be checked; both engines "
-                    f"will feed hidden_states{sg}",
-                    "heads exported by `eagle3 train` record them",
-                )
+                _warn(f"the head has no eagle3.aux_layer_ids; taking hidden_states{trained_ids} from {source}", fix)
             )
-        trained_ids = resolved[engine][0]
     else:
         trained_ids = [int(k) for k in trained]
         bad = [k for k in trained_ids if not 1 <= k <= target_layers - 1]
@@ -198,23 +181,22 @@ def _check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: in
                     "serve the head with the target it was trained on",
                 )
             )
-        for eng, (ids, source) in resolved.items():
-            if ids == trained_ids:
-                continue
-            want = [k - 1 for k in trained_ids] if eng == "sglang" else trained_ids
-            field = (
-                "eagle_config.eagle_aux_hidden_state_layer_ids"
-                if eng == "sglang"
-                else "top-level eagle_aux_hidden_state_layer_ids"
-            )
-            msg = (
-                f"{eng} would feed hidden_states{ids} from {source}, but the head was trained on "
-                f"hidden_states{trained_ids} (eagle3.aux_layer_ids)"
-            )
-            fix = f"set {field} to {want} in the head's config.json"
-            problems.append(
-                _err(msg, fix) if eng == engine else _warn(msg + f" (only matters for --engine {eng})", fix)
-            )
+    label = "eagle3.aux_layer_ids" if trained is not None else "its config"
+    for eng, (ids, source) in resolved.items():
+        if ids == trained_ids:
+            continue
+        want = [k - 1 for k in trained_ids] if eng == "sglang" else trained_ids
+        field = (
+            "eagle_config.eagle_aux_hidden_state_layer_ids"
+            if eng == "sglang"
+            else "top-level eagle_aux_hidden_state_layer_ids"
+        )
+        msg = (
+            f"{eng} would feed hidden_states{ids} from {source}, but the head was trained on "
+            f"hidden_states{trained_ids} ({label})"
+        )
+        fix = f"set {field} to {want} in the head's config.json"
+        problems.append(_err(msg, fix) if eng == engine else _warn(msg + f" (only matters for --engine {eng})", fix))
     if n_aux_fc is not None and n_aux_fc != len(trained_ids):
         problems.append(
             _err(
@@ -248,6 +230,8 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     t_vocab, t_hidden = int(target_cfg["vocab_size"]), int(target_cfg["hidden_size"])
     t_layers = int(target_cfg["num_hidden_layers"])
     t_maxpos = int(target_cfg.get("max_position_embeddings") or 0)
+    if detect_layout(head_cfg) == "speculators":
+        return _check_speculators(head_dir, t_layers, t_vocab, t_hidden, engine)
 
     # --- config.json
     if HEAD_ARCH not in (head_cfg.get("architectures") or []):
@@ -426,6 +410,37 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
         )
     problems += _check_vocab_map(weights, canon, draft_vocab, t_vocab, reexport)
     problems += _check_aux_ids(head_cfg, t_layers, engine, n_aux_fc)
+    return problems
+
+
+def _check_speculators(head_dir: Path, t_layers: int, t_vocab: int, t_hidden: int, engine: str) -> list[Problem]:
+    """A `speculators` checkpoint: vLLM reads it as it is; SGLang needs eagle3's layout."""
+    fix = f"eagle3 export --head {head_dir} --format {engine} --out {head_dir}-{engine}"
+    problems: list[Problem] = []
+    if engine == "sglang":
+        problems.append(
+            _err(
+                "the head is in the speculators layout (transformer_layer_config, layers.0.*), which SGLang's "
+                "LlamaForCausalLMEagle3 does not read",
+                fix,
+            )
+        )
+    try:
+        spec = read_head(head_dir, t_layers)
+    except UsageError as e:
+        return problems + [_err(e.what, fix)]
+    problems += [_warn(n, fix) for n in spec.notices]
+    if spec.vocab_size != t_vocab:
+        problems.append(
+            _err(f"head vocab_size {spec.vocab_size} != target vocab_size {t_vocab}", "the training target")
+        )
+    if spec.target_hidden_size != t_hidden:
+        problems.append(
+            _err(
+                f"head target_hidden_size {spec.target_hidden_size} != target hidden_size {t_hidden}",
+                "the training target",
+            )
+        )
     return problems
 
 

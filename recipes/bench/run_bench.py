@@ -60,10 +60,13 @@ def chain_stats(report_path: Path) -> dict:
     rep = json.loads(report_path.read_text())
     label, modes = next(iter(rep["heads"].items()))
     out = {"label": label}
-    for mode, st in modes.items():
+    for mode in ("chain", "tree"):
+        if mode not in modes:
+            continue
+        st = modes[mode]
         out[mode] = {
             "tau": st["acceptance"]["tau"],
-            "tau_by_depth": st["acceptance"].get("tau_by_depth"),
+            "tau_by_depth_estimate": st["acceptance"].get("tau_by_depth_estimate"),
             "alpha": [r["alpha"] for r in st["acceptance"].get("per_depth", [])],
             "speedup_vs_plain": st["speedup_vs_plain"],
             "speedup_vs_generate": st.get("speedup_vs_generate"),

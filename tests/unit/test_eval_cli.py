@@ -79,19 +79,33 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     rep = json.loads((out / "report.json").read_text())
     assert len(rep["heads"]) == 2
     for modes in rep["heads"].values():
-        assert set(modes) == {"chain", "tree"}
-        for st in modes.values():
+        assert set(modes) == {"head", "chain", "tree"} and modes["head"]["layout"] == "eagle3"
+        for mode in ("chain", "tree"):
+            st = modes[mode]
             assert st["lossless"]["compared"] == 3 and st["lossless"]["mismatches"] == 0
             acc = st["acceptance"]
-            assert len(acc["per_depth"]) == 3 and len(acc["tau_by_depth"]) == 4
-            assert acc["tau"] >= 1.0
-        rows = modes["chain"]["acceptance"]["per_depth"]
-        assert rows[0]["attempts"] == modes["chain"]["acceptance"]["rounds"]
+            assert len(acc["per_depth"]) == 3 and acc["tau"] >= 1.0
+            assert acc["alpha_definition"].startswith(f"{mode}:")
+            lo, hi = st["speedup_interval"]
+            assert lo <= st["speedup_vs_plain"] <= hi
+            assert [p["prompt"] for p in st["per_prompt"]] == ["prompts:0", "prompts:1", "prompts:2"]
+        chain, tree = modes["chain"]["acceptance"], modes["tree"]["acceptance"]
+        # tau(d) for d < D only from a chain, and only labelled as an estimate; never for a tree
+        assert len(chain["tau_by_depth_estimate"]) == 4 and "ESTIMATE" in chain["tau_by_depth_note"]
+        assert chain["tau_by_depth_estimate"][3] == pytest.approx(chain["tau"])
+        assert "tau_by_depth_estimate" not in tree and "tau_by_depth" not in tree
+        assert chain["per_depth"][0]["attempts"] == chain["rounds"]
     assert rep["baselines"]["plain"]["tokens"] == 30 and rep["baselines"]["generate"]["tokens"] == 30
-    assert set(rep["recommended"]) >= {"steps", "topk", "num_draft_tokens"}
+    rec = rep["recommended"]
+    assert set(rec) >= {"steps", "topk", "num_draft_tokens", "speedup", "speedup_interval", "tied", "notes"}
+    # random heads accept nothing: the note that nothing beats plain decoding survives into the report
+    assert any("no configuration beats plain decoding" in n for n in rec["notes"])
+    cmp = rep["comparison"]["modes"]["chain"]
+    assert [r["head"] for r in cmp] == list(rep["heads"]) and "verdict" in cmp[1]
     assert "bonus" in rep["tau_definition"]
     man = json.loads((out / "manifest.json").read_text())
     assert man["stage"] == "eval" and man["counts"]["prompts"] == 3
+    assert all(Path(h["path"]).is_absolute() for h in man["heads"])
     assert (out / "acceptance.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -140,7 +154,7 @@ def test_head_for_another_target_exits_2(deep_target_dir, tiny_target_dir, tmp_p
     )
     assert rc == 2
     err = " ".join(capsys.readouterr().err.split())
-    assert "does not fit the target" in err and "aux layer ids" in err
+    assert "aux layers hidden_states[2, 4, 5]" in err and "a 4-layer target does not have" in err
 
 
 def test_missing_head_exits_2(tiny_target_dir, tmp_path, capsys):
@@ -149,9 +163,12 @@ def test_missing_head_exits_2(tiny_target_dir, tmp_path, capsys):
 
 
 class _FakeSGLang(BaseHTTPRequestHandler):
+    bodies: list = []
+
     def do_POST(self):  # noqa: N802
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        assert self.path == "/generate" and "<|im_start|>user" in body["text"]
+        assert self.path == "/generate" and "text" not in body
+        _FakeSGLang.bodies.append(body)
         n = body["sampling_params"]["max_new_tokens"]
         meta = {"completion_tokens": n, "spec_verify_ct": n // 4, "spec_accept_length": 4.0}
         data = json.dumps({"text": "x", "meta_info": meta}).encode()
@@ -192,14 +209,21 @@ def test_endpoint_reads_sglang_meta_info(tiny_target_dir, prompts_file, tmp_path
     assert rc == 0
     rep = json.loads((tmp_path / "ep" / "report.json").read_text())
     assert rep["tau"] == pytest.approx(4.0) and rep["num_prompts"] == 2
+    from eagle3cli.model.target import load_tokenizer
+
+    text = load_tokenizer(tiny_target_dir).decode(_FakeSGLang.bodies[0]["input_ids"])
+    assert "<|im_start|>user\nWhat is two plus two?<|im_end|>" in text  # templated, as the head was trained
+    assert text.endswith("<|im_start|>assistant\n")
 
 
-def test_endpoint_unreachable_exits_2(prompts_file, tmp_path, capsys):
+def test_endpoint_unreachable_exits_2(tiny_target_dir, prompts_file, tmp_path, capsys):
     rc = main(
         [
             "eval",
             "--endpoint",
             "http://127.0.0.1:9",
+            "--target",
+            str(tiny_target_dir),
             "--bench",
             str(prompts_file),
             "--num-prompts",

@@ -1,10 +1,12 @@
-"""Acceptance statistics and the cost model behind `recommended`."""
+"""Acceptance statistics, paired bootstrap intervals, and the measured choice of a serving config."""
 
 from __future__ import annotations
 
 import pytest
 
-from eagle3cli.eval.metrics import acceptance_by_depth, interpolate, recommend
+from eagle3cli.eval.losslessness import two_sample_chi_square
+from eagle3cli.eval.metrics import acceptance_by_depth, bootstrap_ratio, choose_config
+from eagle3cli.eval.sweep import candidates, parse_tree_points
 
 
 def test_acceptance_by_depth_counts_and_tau():
@@ -14,9 +16,16 @@ def test_acceptance_by_depth_counts_and_tau():
     assert rows[1]["alpha"] == pytest.approx(3 / 4)
     assert [r["unconditional"] for r in rows] == pytest.approx([4 / 5, 3 / 5, 2 / 5])
     assert acc["tau"] == pytest.approx((0 + 1 + 3 + 3 + 2 + 5) / 5)
-    assert acc["tau_by_depth"] == pytest.approx([1, 1.8, 2.4, 2.8])
-    assert acc["tau_by_depth"][-1] == pytest.approx(acc["tau"])  # the identity at the run's own depth
+    assert acc["tau_by_depth_estimate"] == pytest.approx([1, 1.8, 2.4, 2.8])
+    assert acc["tau_by_depth_estimate"][-1] == pytest.approx(acc["tau"])  # only index D is the run's own
+    assert "ESTIMATE" in acc["tau_by_depth_note"] and acc["alpha_definition"].startswith("chain:")
     assert acc["accept_len_histogram"] == [1, 1, 1, 2]
+
+
+def test_tree_section_has_its_own_definition_and_no_depth_taus():
+    acc = acceptance_by_depth([0, 2, 2], depth=3, mode="tree")
+    assert acc["alpha_definition"].startswith("tree:") and "accepted path" in acc["alpha_definition"]
+    assert "tau_by_depth_estimate" not in acc and acc["tau"] == pytest.approx(7 / 3)
 
 
 def test_always_and_never():
@@ -25,13 +34,64 @@ def test_always_and_never():
     assert never["tau"] == 1 and never["per_depth"][1]["alpha"] is None
 
 
-def test_recommend_uses_measured_costs():
-    cost = {"target": {1: 4.0, 2: 4.5, 4: 5.0, 8: 5.5, 16: 6.5}, "draft_step": 0.3}
-    assert interpolate(cost["target"], 6) == pytest.approx(5.25)
-    taus = [1.0, 1.9, 2.6, 3.1, 3.3, 3.35]  # saturating: deeper stops paying off
-    rec = recommend(taus, cost)
-    assert (rec["steps"], rec["topk"], rec["num_draft_tokens"]) == (3, 1, 4)
-    rec = recommend(taus, cost, {"tau": 4.5, "steps": 5, "topk": 4, "num_draft_tokens": 16})
-    assert (rec["steps"], rec["topk"], rec["num_draft_tokens"]) == (5, 4, 16)
-    bad = recommend([1.0, 1.01], cost)
-    assert bad["steps"] == 1 and "no configuration" in bad["note"]
+def test_bootstrap_ratio_is_paired_and_brackets_the_value():
+    a_num, a_den = [10, 20, 30, 40], [1.0, 2.0, 3.0, 4.0]  # exactly 10 per unit on every prompt
+    b = ([5, 10, 15, 20], [1.0, 2.0, 3.0, 4.0])
+    r = bootstrap_ratio((a_num, a_den), b)
+    assert r["value"] == r["low"] == r["high"] == pytest.approx(2.0)  # paired: no spread at all
+    noisy = bootstrap_ratio(([10, 30, 12, 25], [1.0, 2.0, 1.5, 1.0]))
+    assert noisy["low"] < noisy["value"] < noisy["high"]
+    with pytest.raises(ValueError):
+        bootstrap_ratio(([1], [1.0]), ([1, 2], [1.0, 1.0]))
+
+
+def _cand(name, steps, topk, ndt, secs):
+    return {
+        "name": name,
+        "steps": steps,
+        "topk": topk,
+        "num_draft_tokens": ndt,
+        "tokens": [100] * len(secs),
+        "seconds": secs,
+    }
+
+
+def test_choose_config_ties_go_to_the_cheapest_and_clear_winners_win():
+    plain = ([100] * 4, [2.0, 2.1, 1.9, 2.0])
+    # depth 4 and 6 within 1% of each other, depth 2 clearly slower
+    cands = [
+        _cand("chain d=2", 2, 1, 3, [1.6, 1.7, 1.5, 1.6]),
+        _cand("chain d=4", 4, 1, 5, [1.00, 1.06, 0.95, 1.00]),
+        _cand("chain d=6", 6, 1, 7, [0.99, 1.05, 0.94, 0.99]),
+    ]
+    out = choose_config(cands, plain, tolerance=0.03)
+    rec = out["recommended"]
+    assert rec["best_measured"] == "chain d=6" and rec["tied"] == ["chain d=4", "chain d=6"]
+    assert (rec["steps"], rec["topk"], rec["num_draft_tokens"]) == (4, 1, 5)  # cheapest of the tie
+    assert rec["speedup_interval"][0] <= rec["speedup"] <= rec["speedup_interval"][1]
+    assert any("tied" in n for n in rec["notes"])
+    # the same comparison with a clear gap: the best wins alone
+    cands[2] = _cand("chain d=6", 6, 1, 7, [0.70, 0.74, 0.66, 0.70])
+    rec = choose_config(cands, plain, tolerance=0.03)["recommended"]
+    assert rec["tied"] == ["chain d=6"] and rec["steps"] == 6 and rec["notes"] == []
+
+
+def test_choose_config_says_when_nothing_beats_plain():
+    plain = ([100] * 3, [1.0, 1.0, 1.0])
+    rec = choose_config([_cand("chain d=3", 3, 1, 4, [2.0, 2.1, 1.9])], plain, 0.03)["recommended"]
+    assert rec["steps"] == 3 and any("no configuration beats plain decoding" in n for n in rec["notes"])
+
+
+def test_sweep_candidates_and_tree_points():
+    names = [c.name for c in candidates(3, parse_tree_points(("5,4,8", "2,1,3")))]
+    assert names == ["chain d=1", "chain d=2", "chain d=3", "tree (5,4,8)"]  # (2,1,3) is chain d=2
+    for bad in ("5,4", "5,4,30", "a,b,c"):
+        with pytest.raises(ValueError, match="--sweep-tree"):
+            parse_tree_points((bad,))
+
+
+def test_two_sample_chi_square():
+    same = two_sample_chi_square([1, 2, 3] * 100, [3, 2, 1] * 100)
+    assert same["p_value"] > 0.99 and same["dof"] == 2
+    shifted = two_sample_chi_square([1] * 200 + [2] * 100, [1] * 100 + [2] * 200)
+    assert shifted["p_value"] < 1e-6

@@ -100,21 +100,24 @@ def test_load_refuses_wrong_names_shapes_and_configs(tmp_path, target):
     head = save_head(draft, tmp_path / "head")
     t = load_file(str(head / "model.safetensors"))
     bad = dict(t)
-    bad["model.fc.weight"] = bad.pop("fc.weight")
-    save_file(bad, str(tmp_path / "w.safetensors"))
-    (tmp_path / "w.safetensors").replace(head / "model.safetensors")
-    with pytest.raises(UsageError, match="missing fc.weight"):
+    bad["model.fc.weight"] = bad.pop("fc.weight")  # SGLang's `model.` prefix: the same tensor
+    save_file(bad, str(head / "model.safetensors"))
+    assert torch.equal(load_head(head).fc.weight, t["fc.weight"])
+    bad["fc_w"] = bad.pop("model.fc.weight")
+    save_file(bad, str(head / "model.safetensors"))
+    with pytest.raises(UsageError, match=r"(?s)no place for: fc_w.*lacks fc.weight"):
         load_head(head)
     bad = dict(t, **{"lm_head.weight": torch.zeros(99, 32)})
     save_file(bad, str(head / "model.safetensors"))
-    with pytest.raises(UsageError, match=r"lm_head.weight: shape \(99, 32\)"):
+    with pytest.raises(UsageError, match=r"lm_head.weight \(99, 32\), expected \(draft_vocab_size 100, 32\)"):
         load_head(head)
     save_file(t, str(head / "model.safetensors"))
     cfg = json.loads((head / "config.json").read_text())
     for key, value, msg in [
         ("tie_word_embeddings", True, "tie_word_embeddings"),
-        ("draft_vocab_size", None, "draft_vocab_size is missing"),
+        ("num_hidden_layers", 2, "num_hidden_layers is 2"),
         ("architectures", ["LlamaForCausalLM"], "architectures"),
+        ("eagle_config", {"eagle_aux_hidden_state_layer_ids": [2, 4, 5]}, "contradict each other"),
     ]:
         (head / "config.json").write_text(json.dumps(dict(cfg, **{key: value})))
         with pytest.raises(UsageError, match=msg):
@@ -130,7 +133,7 @@ def test_load_refuses_wrong_names_shapes_and_configs(tmp_path, target):
             num_key_value_heads=2,
         )
     )
-    with pytest.raises(UsageError, match="embeddings are"):
+    with pytest.raises(UsageError, match="a 2-layer target does not have"):
         load_head(head, small)
 
 

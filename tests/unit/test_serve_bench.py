@@ -158,9 +158,10 @@ def test_failed_level_gets_no_speedup():
     assert speedups(levels) == {1: 2.0}
 
 
-def test_bench_generate_api(servers, prompts, tmp_path):
+def test_bench_generate_api(servers, prompts, tmp_path, tiny_target_dir):
     spec, base = servers
     cfg = BenchConfig(
+        target=str(tiny_target_dir),
         spec_url=spec.url,
         base_url=base.url,
         concurrency=(1, 8),
@@ -231,6 +232,8 @@ def test_bench_unreachable_server_exits_2(prompts, tmp_path, capsys):
             "serve-bench",
             "--spec-url",
             f"http://127.0.0.1:{free_port()}",
+            "--api",
+            "openai",
             "--prompts",
             str(prompts),
             "--out",
@@ -244,3 +247,28 @@ def test_bench_bad_flags_exit_2(capsys):
     assert main(["serve-bench", "--spec-url", "localhost:1", "--concurrency", "0,x"]) == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "expected http://HOST:PORT" in err and "--concurrency" in err
+
+
+def test_generate_sends_the_same_templated_prompt_as_eval(servers, prompts, tmp_path, tiny_target_dir, capsys):
+    """serve-bench --api generate and eval --endpoint post the same body for the same prompt: the
+    chat-templated token ids (heads are trained on templated turns), never the raw text."""
+    from eagle3cli.eval.endpoint import generate_body
+    from eagle3cli.model.target import load_tokenizer
+
+    spec, _ = servers
+    cfg = BenchConfig(
+        target=str(tiny_target_dir), spec_url=spec.url, concurrency=(1,), requests=4, max_tokens=8, prompts=prompts,
+        out=tmp_path / "b",
+    )  # fmt: skip
+    run_bench(cfg)
+    tok = load_tokenizer(tiny_target_dir)
+    sent = spec.bodies[1]  # [0] is the warm-up request
+    want = generate_body(tok, [{"role": "user", "content": "a"}], sent["sampling_params"])
+    assert sent == want and "text" not in sent
+    text = tok.decode(sent["input_ids"])
+    assert "<|im_start|>user\na<|im_end|>" in text and text.endswith("<|im_start|>assistant\n")
+    assert [b["input_ids"] for b in spec.bodies[1:5]] == [
+        generate_body(tok, m, {})["input_ids"] for m in load_prompts(str(prompts))
+    ]
+    assert main(["serve-bench", "--spec-url", spec.url, "--prompts", str(prompts)]) == 2
+    assert "--api generate needs --target" in " ".join(capsys.readouterr().err.split())

@@ -1,0 +1,469 @@
+"""One reader for EAGLE-3 heads of any origin: eagle3's export, SGLang's layout (SpecForge heads,
+with or without `eagle_config`), vLLM's (top-level ids), and vLLM `speculators` checkpoints.
+
+`read_head` looks at config.json and the safetensors header only (no weights) and resolves the
+one thing that decides whether a head is evaluated on the features it was trained on: which
+target hidden states it reads. Each config field that names layers is read in its own engine's
+convention and turned into eagle3's (`hidden_states[k]`, the input of decoder layer k):
+
+  field                                            convention                 eagle3 ids
+  eagle3.aux_layer_ids                             hidden_states[k]           k
+  eagle_config.eagle_aux_hidden_state_layer_ids    SGLang: output of layer k  k + 1
+  eagle_aux_hidden_state_layer_ids (top level)     vLLM/speculators           k
+
+Fields that disagree are refused with every reading shown: whichever we picked, one engine
+would feed the head other layers than the ones it was trained on. A head that names no layers
+gets what both engines capture then, [2, L//2, L-3], with a notice saying so.
+
+`load_head_weights` builds the `Eagle3Draft` from a `HeadSpec`: names are mapped to eagle3's
+(`model.` prefix dropped, `layers.0.` = `midlayer.`), weights are cast to the compute dtype
+(bf16 files evaluate in fp32 on CPU), and the embeddings are always the target's, as SGLang
+and vLLM do (a head's own `embed_tokens` is ignored by both engines).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..errors import UsageError
+
+HEAD_WEIGHTS = "model.safetensors"
+HEAD_ARCH = "LlamaForCausalLMEagle3"
+# vLLM registers both names for the same class.
+HEAD_ARCHS = (HEAD_ARCH, "Eagle3LlamaForCausalLM")
+SPECULATORS_ARCH = "Eagle3Speculator"
+LAYOUTS = ("eagle3", "sglang", "vllm", "speculators")
+# The draft's parameters, named as the engines map them; embeddings are the target's.
+HEAD_TENSOR_NAMES = (
+    "fc.weight",
+    "midlayer.self_attn.q_proj.weight",
+    "midlayer.self_attn.k_proj.weight",
+    "midlayer.self_attn.v_proj.weight",
+    "midlayer.self_attn.o_proj.weight",
+    "midlayer.mlp.gate_proj.weight",
+    "midlayer.mlp.up_proj.weight",
+    "midlayer.mlp.down_proj.weight",
+    "midlayer.input_layernorm.weight",
+    "midlayer.hidden_norm.weight",
+    "midlayer.post_attention_layernorm.weight",
+    "norm.weight",
+    "lm_head.weight",
+    "d2t",
+    "t2d",
+)
+OPTIONAL_TENSOR_NAMES = ("embed_tokens.weight",)
+NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
+
+
+def default_engine_aux_ids(num_layers: int) -> list[int]:
+    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
+    return [2, num_layers // 2, num_layers - 3]
+
+
+# ---------------------------------------------------------------- safetensors header
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype string: F32, BF16, I64, BOOL...
+
+
+def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes from the safetensors header; no tensor is loaded."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            s = f.get_slice(name)
+            out[name] = TensorInfo(tuple(int(d) for d in s.get_shape()), str(s.get_dtype()))
+    return out
+
+
+def canonical_name(name: str) -> str:
+    """The eagle3 name an engine maps this checkpoint name to (`model.` dropped, layers.0 = midlayer)."""
+    if name.startswith("model."):
+        name = name[len("model.") :]
+    if name.startswith("layers.0."):
+        name = "midlayer." + name[len("layers.0.") :]
+    return name
+
+
+# ---------------------------------------------------------------- aux layer ids
+@dataclass(frozen=True)
+class AuxReading:
+    """One config field naming aux layers, and what it means in eagle3's convention."""
+
+    field: str
+    raw: tuple[int, ...]
+    hidden_states: tuple[int, ...]
+    convention: str
+
+    def describe(self) -> str:
+        return f"{self.field}={list(self.raw)} ({self.convention}) -> hidden_states{list(self.hidden_states)}"
+
+
+def _int_list(value, where: str) -> list[int] | None:
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+        raise UsageError(f"{where} is {value!r}, not a list of integers", "a list of layer indices", NEXT)
+    return value
+
+
+def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
+    """Every field of a head config that names aux layers, each read in its engine's convention."""
+    out = []
+    ours = _int_list((cfg.get("eagle3") or {}).get("aux_layer_ids"), "eagle3.aux_layer_ids")
+    if ours:
+        out.append(AuxReading("eagle3.aux_layer_ids", tuple(ours), tuple(ours), "hidden_states[k]"))
+
+    def order(ids) -> tuple[int, ...]:
+        # eagle3 concatenates features in the order of its own field; the engines capture in
+        # layer order, which is what a head without that field was trained on
+        ids = list(ids)
+        return tuple(ids) if ours else tuple(sorted(ids))
+
+    eagle_cfg = cfg.get("eagle_config") or {}
+    sg = _int_list(eagle_cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids")
+    if sg:
+        # SGLang adds 1: "output of layer k" is the input of layer k+1; it captures in layer order
+        out.append(
+            AuxReading(
+                "eagle_config.eagle_aux_hidden_state_layer_ids",
+                tuple(sg),
+                order(k + 1 for k in sg),
+                "SGLang: output of layer k, +1",
+            )
+        )
+    top = _int_list(cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
+    if top:
+        who = "speculators/vLLM" if layout == "speculators" else "vLLM"
+        out.append(
+            AuxReading(
+                "eagle_aux_hidden_state_layer_ids",
+                tuple(top),
+                order(top),
+                f"{who}: hidden_states[k]",
+            )
+        )
+    return out
+
+
+def resolve_aux_ids(
+    readings: list[AuxReading], num_target_layers: int | None, n_aux_fc: int | None, where: str
+) -> tuple[tuple[int, ...], str, list[str]]:
+    """(eagle3 ids, where they came from, notices); refuses fields that contradict each other."""
+    distinct = {r.hidden_states for r in readings}
+    if len(distinct) > 1:
+        lines = "\n  ".join(r.describe() for r in readings)
+        raise UsageError(
+            f"{where}: its aux layer fields contradict each other, so engines would feed it different layers:\n  "
+            f"{lines}",
+            "fields that name the same target layers, each in its engine's convention "
+            "(eagle_config ids = k - 1, top-level ids = k, for hidden_states[k])",
+            "fix the field that is wrong in config.json (the one the head was not trained with), "
+            "or re-export: eagle3 export --head HEAD --format sglang --out DIR",
+        )
+    notices = []
+    if readings:
+        ids, source = readings[0].hidden_states, " = ".join(r.field for r in readings)
+    else:
+        if num_target_layers is None:
+            raise UsageError(
+                f"{where} names no aux layers and no target is known to take the engines' default from",
+                "a target (--target) whose layer count gives the default [2, L//2, L-3]",
+                "pass --target MODEL_DIR",
+            )
+        ids = tuple(default_engine_aux_ids(num_target_layers))
+        source = f"engine default [2, L//2, L-3] for L={num_target_layers}"
+        notices.append(
+            f"{where} names no aux layers: assuming what SGLang and vLLM capture then, "
+            f"hidden_states{list(ids)} (inputs of decoder layers {list(ids)}, L={num_target_layers})"
+        )
+    if n_aux_fc is not None and n_aux_fc != len(ids):
+        raise UsageError(
+            f"{where}: fc.weight reads {n_aux_fc} aux features but the config gives {len(ids)} aux layers "
+            f"(hidden_states{list(ids)} from {source})",
+            "as many aux layer ids as fc.weight's input width / target hidden size",
+            "add the layer ids the head was trained on to config.json (eagle_config.eagle_aux_hidden_state_layer_ids)",
+        )
+    if num_target_layers is not None:
+        bad = [k for k in ids if not 0 <= k < num_target_layers]
+        if bad:
+            raise UsageError(
+                f"{where}: aux layers hidden_states{list(ids)} ({source}) include {bad}, which a "
+                f"{num_target_layers}-layer target does not have",
+                "the target the head was trained for",
+                "pass --target with the model the head names (eagle3.target or speculators verifier)",
+            )
+    return tuple(int(k) for k in ids), source, notices
+
+
+# ---------------------------------------------------------------- the head folder
+@dataclass(frozen=True)
+class HeadSpec:
+    """A head folder, understood: its layout, its draft config, the layers it reads, its tensors."""
+
+    path: Path
+    layout: str
+    llama: dict  # the Llama fields of the draft layer (hidden size, heads, rope, ...)
+    vocab_size: int
+    draft_vocab_size: int
+    target_hidden_size: int
+    aux_layer_ids: tuple[int, ...]
+    aux_source: str
+    names: dict[str, str]  # eagle3 name -> name in model.safetensors
+    index: dict[str, TensorInfo]
+    target: dict  # what the head records about its target (eagle3.target, or the speculators verifier)
+    notices: tuple[str, ...] = field(default=())
+    readings: tuple[AuxReading, ...] = field(default=())
+
+    @property
+    def target_ref(self) -> str | None:
+        return self.target.get("name_or_path") or self.target.get("path")
+
+    @property
+    def dtype(self) -> str:
+        return self.index[self.names["fc.weight"]].dtype
+
+    def summary(self) -> dict:
+        return {
+            "path": str(self.path.resolve()),
+            "layout": self.layout,
+            "aux_layer_ids": list(self.aux_layer_ids),
+            "aux_source": self.aux_source,
+            "draft_vocab_size": self.draft_vocab_size,
+            "dtype": self.dtype,
+            "has_embed_tokens": "embed_tokens.weight" in self.names,
+            "notices": list(self.notices),
+        }
+
+
+def read_config_json(path: Path) -> dict:
+    try:
+        cfg = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path} is not valid JSON ({e})", "a head config.json", NEXT) from e
+    if not isinstance(cfg, dict):
+        raise UsageError(f"{path} is not a JSON object", "a head config.json", NEXT)
+    return cfg
+
+
+def detect_layout(cfg: dict) -> str:
+    if cfg.get("speculators_model_type") == "eagle3" or SPECULATORS_ARCH in (cfg.get("architectures") or []):
+        return "speculators"
+    if (cfg.get("eagle3") or {}).get("aux_layer_ids"):
+        return "eagle3"
+    if cfg.get("eagle_aux_hidden_state_layer_ids") and not (cfg.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids"
+    ):
+        return "vllm"
+    return "sglang"
+
+
+def _speculators_fields(cfg: dict, where: str) -> tuple[dict, dict, list[str]]:
+    """(Llama fields, recorded target, problems) of a speculators eagle3 config."""
+    problems = []
+    layer = cfg.get("transformer_layer_config")
+    if not isinstance(layer, dict):
+        raise UsageError(
+            f"{where}: a speculators config without transformer_layer_config", "an Eagle3Speculator config"
+        )
+    if cfg.get("norm_before_residual"):
+        problems.append("norm_before_residual is true (eagle3's midlayer takes the residual before hidden_norm)")
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    if verifier.get("name_or_path"):
+        target["name_or_path"] = verifier["name_or_path"]
+    return dict(layer), target, problems
+
+
+def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
+    """Understand a head folder from its config and safetensors header; refuse what we cannot run."""
+    head_dir = Path(head_dir)
+    where = f"head {head_dir}"
+    cfg_path, w_path = head_dir / "config.json", head_dir / HEAD_WEIGHTS
+    for p in (cfg_path, w_path):
+        if not p.exists():
+            raise UsageError(
+                f"{p} does not exist",
+                "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
+                "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
+            )
+    cfg = read_config_json(cfg_path)
+    layout = detect_layout(cfg)
+    problems: list[str] = []
+    if layout == "speculators":
+        llama, target, problems = _speculators_fields(cfg, where)
+    else:
+        archs = cfg.get("architectures") or []
+        if not any(a in HEAD_ARCHS for a in archs):
+            problems.append(f"architectures is {archs}, expected one of {list(HEAD_ARCHS)} or ['{SPECULATORS_ARCH}']")
+        llama = {k: v for k, v in cfg.items() if k not in ("eagle3", "eagle_config")}
+        target = dict((cfg.get("eagle3") or {}).get("target") or {})
+        if cfg.get("tie_word_embeddings") is True:
+            problems.append("tie_word_embeddings is true (engines would replace the trained lm_head by embeddings)")
+    if llama.get("num_hidden_layers", 1) != 1:
+        problems.append(f"num_hidden_layers is {llama.get('num_hidden_layers')}; eagle3 runs one-layer EAGLE-3 heads")
+    eagle_cfg = cfg.get("eagle_config") or {}
+    for flag in ("norm_before_fc", "fc_norm"):
+        if eagle_cfg.get(flag) or cfg.get(flag):
+            problems.append(f"{flag} is set: a head variant eagle3's draft does not implement")
+    if eagle_cfg.get("use_aux_hidden_state") is False:
+        problems.append("eagle_config.use_aux_hidden_state is false: not an EAGLE-3 (multi-layer feature) head")
+    for k in ("hidden_size", "num_attention_heads", "vocab_size"):
+        if not isinstance(llama.get(k), int):
+            problems.append(f"no integer {k} in the draft layer's config")
+    try:
+        index = read_tensor_index(w_path)
+    except Exception as e:  # noqa: BLE001 — a truncated or foreign file: say so, do not crash
+        raise UsageError(f"{w_path} is not a readable safetensors file ({type(e).__name__}: {e})", None, NEXT) from e
+    names: dict[str, str] = {}
+    for name in index:
+        names.setdefault(canonical_name(name), name)
+    known = set(HEAD_TENSOR_NAMES) | set(OPTIONAL_TENSOR_NAMES)
+    unknown = sorted(n for n in index if canonical_name(n) not in known)
+    if unknown:
+        problems.append(f"tensors eagle3's draft has no place for: {', '.join(unknown[:8])}")
+    missing = [n for n in HEAD_TENSOR_NAMES if n not in names and n not in ("d2t", "t2d")]
+    if missing:
+        problems.append(f"model.safetensors lacks {', '.join(missing)}")
+    if problems:
+        raise UsageError(
+            f"{where} ({layout} layout) cannot be evaluated as it is:\n  " + "\n  ".join(problems),
+            "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)",
+            NEXT,
+        )
+    hidden = int(llama["hidden_size"])
+    lm = index[names["lm_head.weight"]].shape
+    draft_vocab = cfg.get("draft_vocab_size") or llama.get("draft_vocab_size")
+    notices = []
+    if not draft_vocab:
+        draft_vocab = lm[0]
+        notices.append(f"{where} has no draft_vocab_size: taking lm_head.weight's {lm[0]} rows (SGLang needs it set)")
+    target_hidden = int(cfg.get("target_hidden_size") or llama.get("target_hidden_size") or hidden)
+    fc = index[names["fc.weight"]].shape
+    shape_problems = []
+    if len(fc) != 2 or fc[0] != hidden or fc[1] % target_hidden:
+        shape_problems.append(f"fc.weight {fc}, expected ({hidden}, n_aux * {target_hidden})")
+    if lm != (int(draft_vocab), hidden):
+        shape_problems.append(f"lm_head.weight {lm}, expected (draft_vocab_size {draft_vocab}, {hidden})")
+    vocab = int(llama["vocab_size"])
+    if "d2t" in names and index[names["d2t"]].shape != (int(draft_vocab),):
+        shape_problems.append(f"d2t {index[names['d2t']].shape}, expected ({draft_vocab},)")
+    if "d2t" not in names and int(draft_vocab) < vocab:
+        shape_problems.append(
+            f"no d2t although draft_vocab_size {draft_vocab} < vocab_size {vocab}: draft ids could not be mapped"
+        )
+    if shape_problems:
+        raise UsageError(f"{where}: tensors do not match its config:\n  " + "\n  ".join(shape_problems), None, NEXT)
+    if "embed_tokens.weight" in names:
+        notices.append(
+            f"{where} carries embed_tokens: ignored, the target's embeddings are used (as SGLang and vLLM do)"
+        )
+    readings = aux_readings(cfg, layout)
+    n_target = num_target_layers or target.get("num_hidden_layers")
+    ids, source, aux_notes = resolve_aux_ids(readings, n_target, fc[1] // target_hidden, where)
+    return HeadSpec(
+        path=head_dir,
+        layout=layout,
+        llama=llama,
+        vocab_size=vocab,
+        draft_vocab_size=int(draft_vocab),
+        target_hidden_size=target_hidden,
+        aux_layer_ids=ids,
+        aux_source=source,
+        names=names,
+        index=index,
+        target=target,
+        notices=tuple(notices + aux_notes),
+        readings=tuple(readings),
+    )
+
+
+# ---------------------------------------------------------------- weights
+_NOT_LLAMA = (
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "norm_output",
+    "draft_vocab_size",
+    "target_hidden_size",
+    "eagle_aux_hidden_state_layer_ids",
+    "transformers_version",
+    "_name_or_path",
+)
+
+
+def draft_config(spec: HeadSpec):
+    """The LlamaConfig `Eagle3Draft` is built from."""
+    from transformers import LlamaConfig
+
+    llama = LlamaConfig(**{k: v for k, v in spec.llama.items() if k not in _NOT_LLAMA})
+    llama.num_hidden_layers = 1
+    llama.tie_word_embeddings = False
+    llama.draft_vocab_size = spec.draft_vocab_size
+    llama.target_hidden_size = spec.target_hidden_size
+    llama.aux_layer_ids = list(spec.aux_layer_ids)
+    llama.architectures = [HEAD_ARCH]
+    return llama
+
+
+def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | None = None):
+    """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
+    from safetensors import safe_open
+
+    from .draft import Eagle3Draft
+    from .headcheck import refuse_nonfinite
+
+    draft = Eagle3Draft(draft_config(spec))
+    with safe_open(str(spec.path / HEAD_WEIGHTS), framework="pt") as f:
+        tensors = {n: f.get_tensor(file_name) for n, file_name in spec.names.items() if n in HEAD_TENSOR_NAMES}
+    refuse_nonfinite(tensors, spec.path / HEAD_WEIGHTS)  # a NaN head drafts garbage and engines load it silently
+    file_dtype = tensors["fc.weight"].dtype
+    if "d2t" not in tensors:  # full-vocab head: draft id = target id
+        tensors["d2t"] = torch.zeros(spec.draft_vocab_size, dtype=torch.long)
+    d2t = tensors["d2t"].to(torch.long)
+    target_ids = torch.arange(spec.draft_vocab_size) + d2t
+    if int(target_ids.min()) < 0 or int(target_ids.max()) >= spec.vocab_size:
+        raise UsageError(
+            f"head {spec.path}: d2t maps draft ids to target ids {int(target_ids.min())}..{int(target_ids.max())}, "
+            f"outside the vocab 0..{spec.vocab_size - 1}",
+            "d2t = target id - draft id",
+            NEXT,
+        )
+    if "t2d" not in tensors:
+        t2d = torch.zeros(spec.vocab_size, dtype=torch.bool)
+        t2d[target_ids] = True
+        tensors["t2d"] = t2d
+    expected = {n: t for n, t in draft.state_dict().items() if n != "embed_tokens.weight"}
+    bad = [
+        f"{n}: {tuple(tensors[n].shape)}, expected {tuple(t.shape)}"
+        for n, t in expected.items()
+        if tuple(tensors[n].shape) != tuple(t.shape)
+    ]
+    if bad:
+        raise UsageError(
+            f"head {spec.path}: tensor shapes do not match its config:\n  " + "\n  ".join(bad[:12]), None, NEXT
+        )
+    dtype = dtype or file_dtype
+    draft = draft.to(dtype)
+    state = {n: (t if n in ("d2t", "t2d") else t.to(dtype)) for n, t in tensors.items()}
+    state["d2t"], state["t2d"] = d2t, tensors["t2d"].to(torch.bool)
+    draft.load_state_dict({**state, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
+    if target_model is not None:
+        from .export import copy_target_embeddings
+
+        copy_target_embeddings(draft, target_model)
+    return draft.eval()
+
+
+def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None):
+    """(draft, spec) for a head of any layout; with a target, its layer count and embeddings."""
+    n_layers = target_model.config.num_hidden_layers if target_model is not None else None
+    spec = read_head(head_dir, n_layers)
+    return load_head_weights(spec, target_model, dtype), spec
