@@ -38,9 +38,28 @@ def load_recipe(path: Path | None, section: str) -> dict:
         raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
     if not isinstance(data, dict):
         raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
-    if any(k in data for k in STAGE_SECTIONS):
+    if is_sectioned(data, path):
         data = data.get(section) or {}
     return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+def is_sectioned(data: dict, path: Path | str = "recipe") -> bool:
+    """A recipe is sectioned when every top-level key is a stage section holding a mapping.
+
+    Section names are also config keys (`cache:` is the cache folder of a flat train recipe), so
+    a key's name alone cannot decide: `cache: runs/x/cache` next to `lr: 3e-4` is a flat recipe.
+    """
+    sections = {k for k, v in data.items() if k in STAGE_SECTIONS and (v is None or isinstance(v, dict))}
+    if not sections:
+        return False
+    flat = sorted(set(data) - sections)
+    if flat:
+        raise UsageError(
+            f"recipe {path} mixes stage sections ({', '.join(sorted(sections))}) with flat keys ({', '.join(flat)})",
+            "either only stage sections (gen_data:, cache:, train:, ...) each holding its keys, or only flat keys",
+            "move the flat keys into their stage's section",
+        )
+    return True
 
 
 def _coerce(value: Any, tp: Any) -> Any:

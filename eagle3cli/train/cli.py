@@ -52,8 +52,18 @@ def register(app: typer.Typer) -> None:
         device: str = typer.Option(None, help="cpu, cuda, cuda:N (default: cuda if available)."),
         dtype: str = typer.Option(None, help="fp32 | bf16 (default: bf16 on GPU, fp32 on CPU)."),
         deepspeed: str = typer.Option(None, help="zero1 | zero2 | zero3 | CONFIG.json: launch with DeepSpeed."),
-        nproc: int = typer.Option(None, help="Processes per node with --deepspeed."),
-        hostfile: Path = typer.Option(None, help="DeepSpeed hostfile for multi-node runs."),
+        nproc: int = typer.Option(
+            None, help="Processes per node with --deepspeed (default 1; with --hostfile: each host's slots)."
+        ),
+        hostfile: Path = typer.Option(
+            None, help="DeepSpeed hostfile (`HOST slots=N` lines) for multi-node runs (pdsh + ssh + shared storage)."
+        ),
+        master_addr: str = typer.Option(
+            None, help="Multi-node: the first node's address as the others reach it (default: its hostname -I)."
+        ),
+        master_port: int = typer.Option(
+            None, help="Rendezvous port on the master node (default: one found free there over ssh)."
+        ),
         tensorboard: bool = typer.Option(
             None,
             "--tensorboard/--no-tensorboard",

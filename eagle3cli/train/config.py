@@ -66,10 +66,14 @@ class TrainConfig:
     """fp32 or bf16 (default: bf16 on GPU, fp32 on CPU)."""
     deepspeed: str | None = None
     """zero1 | zero2 | zero3 | a DeepSpeed config JSON: launch through the deepspeed launcher."""
-    nproc: int = 1
-    """Processes per node for --deepspeed."""
+    nproc: int | None = None
+    """Processes per node for --deepspeed (default 1; with --hostfile each host's slots=N)."""
     hostfile: Path | None = None
-    """DeepSpeed hostfile for multi-node runs."""
+    """DeepSpeed hostfile (`HOST slots=N` per line) for multi-node runs; needs pdsh, ssh, shared storage."""
+    master_addr: str | None = None
+    """Multi-node: address of the first hostfile node as the others reach it (default: its `hostname -I`)."""
+    master_port: int | None = None
+    """Rendezvous port on the master node (default: a port found free on that node over ssh)."""
     tensorboard: bool = False
     """Also write TensorBoard scalars to RUN/train/tb (needs the tensorboard package)."""
 
@@ -88,7 +92,6 @@ class TrainConfig:
             "save_every",
             "epochs",
             "max_length",
-            "nproc",
             "draft_vocab_size",
         ):
             v = getattr(self, name)
@@ -116,6 +119,15 @@ class TrainConfig:
                 e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
         if self.dtype not in (None, "auto", "fp32", "float32", "bf16", "bfloat16"):
             e.append(f"--dtype {self.dtype!r}: expected fp32 or bf16")
-        if self.deepspeed is None and (self.nproc != 1 or self.hostfile is not None):
-            e.append("--nproc/--hostfile need --deepspeed (zero1|zero2|zero3|CONFIG.json)")
+        if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
+            e.append(f"--nproc {self.nproc!r}: expected a positive integer")
+        if self.master_port is not None and not (isinstance(self.master_port, int) and 0 < self.master_port < 65536):
+            e.append(f"--master-port {self.master_port!r}: expected a port number 1..65535")
+        if self.deepspeed is None:
+            ds_only = [f for f in ("hostfile", "master_addr", "master_port") if getattr(self, f) is not None]
+            if self.nproc not in (None, 1):
+                ds_only.insert(0, "nproc")
+            if ds_only:
+                names = ", ".join("--" + f.replace("_", "-") for f in ds_only)
+                e.append(f"{names} need --deepspeed (zero1|zero2|zero3|CONFIG.json)")
         return e

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import socket
 import subprocess
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from .. import console
 from ..config import config_dict
-from ..errors import UsageError
+from ..errors import StageError, UsageError
 from ..manifest import atomic_write_json, atomic_write_text, read_json
 from .config import DEEPSPEED_PRESETS, TrainConfig
 
@@ -109,6 +112,157 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+# ---------------------------------------------------------------- multi-node
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1"}
+# Run on the master node through ssh: a port that is free THERE (a port free on the launching
+# host says nothing about the master node, which may be another machine).
+_PORT_PROBE = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
+_SSH = ["ssh", "-o", "BatchMode=yes", "-o", "ConnectTimeout=10"]
+
+
+def parse_hostfile(path: Path) -> dict[str, int]:
+    """`host slots=N` lines (DeepSpeed's / MPI's format; `#` comments) -> {host: slots}, in order."""
+    hosts: dict[str, int] = {}
+    expected = "one `HOST slots=N` line per node (N >= 1 processes), e.g. `node-1 slots=8`"
+    for n, raw in enumerate(Path(path).read_text().splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"(\S+)\s+slots\s*=\s*(\d+)", line)
+        if not m or int(m.group(2)) < 1:
+            raise UsageError(f"--hostfile {path} line {n} is not `HOST slots=N`: {raw.strip()!r}", expected)
+        if m.group(1) in hosts:
+            raise UsageError(f"--hostfile {path} names {m.group(1)} twice (line {n})", expected)
+        hosts[m.group(1)] = int(m.group(2))
+    if not hosts:
+        raise UsageError(f"--hostfile {path} names no host", expected)
+    return hosts
+
+
+def _is_local(host: str) -> bool:
+    return host in _LOCAL_HOSTS or host in (socket.gethostname(), socket.getfqdn())
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """Who runs how many ranks, and where they meet."""
+
+    procs: dict[str, int]  # host -> processes on it (DeepSpeed's --num_gpus caps every host)
+    multi_node: bool
+    master_addr: str | None  # None: DeepSpeed asks the first host (`ssh HOST hostname -I`)
+    master_port: int
+
+    @property
+    def world_size(self) -> int:
+        return sum(self.procs.values())
+
+
+def plan_processes(cfg: TrainConfig) -> dict[str, int]:
+    """Processes per host: --nproc (default 1) on this machine; with --hostfile each host's slots,
+    capped at --nproc when it is given."""
+    if cfg.hostfile is None:
+        return {"localhost": cfg.nproc or 1}
+    hosts = parse_hostfile(cfg.hostfile)
+    if cfg.nproc is not None:
+        short = {h: s for h, s in hosts.items() if s < cfg.nproc}
+        if short:
+            raise UsageError(
+                f"--nproc {cfg.nproc} but --hostfile {cfg.hostfile} gives "
+                + ", ".join(f"{h} slots={s}" for h, s in short.items()),
+                "--nproc at most the smallest slots=N (it caps the processes of every node)",
+                "drop --nproc to use every slot, or raise slots= in the hostfile",
+            )
+        return {h: cfg.nproc for h in hosts}
+    return hosts
+
+
+def _ssh(host: str, command: str, timeout: float = 60.0) -> subprocess.CompletedProcess:
+    return subprocess.run([*_SSH, host, command], capture_output=True, text=True, timeout=timeout)
+
+
+def check_nodes(hosts: list[str], recipe: Path) -> None:
+    """Every node must run this venv's python and see the run folder (shared filesystem): the
+    launcher starts `cd CWD; PYTHON -m deepspeed.launcher.launch ...` on each with pdsh over ssh."""
+    for tool, why in (("pdsh", "DeepSpeed starts the other nodes' ranks with pdsh"), ("ssh", "pdsh uses ssh")):
+        if shutil.which(tool) is None:
+            raise UsageError(
+                f"multi-node training needs `{tool}` on this machine ({why})",
+                "pdsh and passwordless ssh from this machine to every node in the hostfile",
+                "apt-get install pdsh openssh-client   (see docs/train.md, multi-node)",
+            )
+    python, cwd = shlex.quote(sys.executable), shlex.quote(os.getcwd())
+    probe = (
+        f"test -x {python} || echo NO_PYTHON; test -r {shlex.quote(str(recipe))} || echo NO_RUN; "
+        f"test -d {cwd} || echo NO_CWD"
+    )
+    for host in hosts:
+        try:
+            r = _ssh(host, probe)
+        except subprocess.TimeoutExpired:
+            r = None
+        if r is None or r.returncode != 0:
+            detail = "timed out" if r is None else (r.stderr.strip() or f"exit {r.returncode}")[:300]
+            raise UsageError(
+                f"cannot reach {host} with passwordless ssh ({detail})",
+                "`ssh HOST true` works without a password prompt for every host in the hostfile",
+                f"ssh {host} true   (set up keys / ~/.ssh/config, then re-run)",
+            )
+        missing = r.stdout.split()
+        if "NO_PYTHON" in missing:
+            raise UsageError(
+                f"{host} has no {sys.executable}: every node runs the launcher's python by its path",
+                "the same virtualenv at the same path on every node (e.g. on the shared filesystem)",
+                f"create it on {host} at {sys.executable}, or run from a venv on shared storage",
+            )
+        if "NO_RUN" in missing or "NO_CWD" in missing:
+            what = recipe if "NO_RUN" in missing else os.getcwd()
+            raise UsageError(
+                f"{host} cannot see {what}: the run folder and the working directory must be on a filesystem "
+                f"every node mounts at the same path",
+                "--run and the current directory on shared storage (NFS, Lustre, ...)",
+                "move the run folder to shared storage and launch from there",
+            )
+
+
+def master_port_on(host: str) -> int:
+    """A port free on the master node, asked on that node."""
+    try:
+        r = _ssh(host, f"{shlex.quote(sys.executable)} -c {shlex.quote(_PORT_PROBE)}")
+        port = int(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 and r.stdout.strip() else None
+    except (subprocess.TimeoutExpired, ValueError):
+        port = None
+    if port is None:
+        raise UsageError(
+            f"could not pick a free port on the master node {host} over ssh",
+            "a reachable master node, or an explicit --master-port",
+            f"eagle3 train ... --master-port 29500   (a port open between the nodes on {host})",
+        )
+    return port
+
+
+def plan_launch(cfg: TrainConfig, recipe: Path) -> LaunchPlan:
+    procs = plan_processes(cfg)
+    hosts = list(procs)
+    multi = len(hosts) > 1 or not _is_local(hosts[0])
+    if not multi:
+        return LaunchPlan(procs, False, None, cfg.master_port or _free_port())
+    check_nodes(hosts, recipe)
+    return LaunchPlan(procs, True, cfg.master_addr, cfg.master_port or master_port_on(hosts[0]))
+
+
+def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Path) -> list[str]:
+    cmd = [launcher, "--no_local_rank", "--module", "--master_port", str(plan.master_port)]
+    if plan.master_addr:
+        cmd += ["--master_addr", plan.master_addr]
+    if plan.multi_node:
+        cmd += ["--hostfile", str(Path(cfg.hostfile).resolve())]
+        if cfg.nproc is not None:
+            cmd += ["--num_gpus", str(cfg.nproc)]
+    else:
+        cmd += ["--num_gpus", str(plan.world_size)]
+    return cmd + ["eagle3cli", "train", "--recipe", str(recipe.resolve())]
+
+
 def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
     from ..model.target import pick_device, pick_dtype
@@ -122,6 +276,7 @@ def launch(cfg: TrainConfig) -> Path:
         )
     if cfg.hostfile is not None and not Path(cfg.hostfile).is_file():
         raise UsageError(f"--hostfile {cfg.hostfile} does not exist", "an MPI-style hostfile (host slots=N)")
+    plan_processes(cfg)  # a bad hostfile fails before anything is written
     device = pick_device(cfg.device)
     ds = deepspeed_config(
         cfg,
@@ -135,16 +290,28 @@ def launch(cfg: TrainConfig) -> Path:
     train_dir.mkdir(parents=True, exist_ok=True)
     ds_path = train_dir / "deepspeed_config.json"
     atomic_write_json(ds_path, ds)
+    # Relative paths stay relative: the launcher starts every rank in this working directory
+    # (`cd CWD` on each node), which check_nodes proves every node can see.
     child = config_dict(cfg) | {"deepspeed": str(ds_path.resolve())}
     child = {k: v for k, v in child.items() if v is not None}
     recipe = train_dir / "launch.yaml"
-    atomic_write_text(recipe, "# written by `eagle3 train --deepspeed`; each rank reads it\n" + yaml.safe_dump(child))
-    cmd = [launcher, "--no_local_rank", "--module", "--master_port", str(_free_port())]
-    if cfg.hostfile is not None:
-        cmd += ["--hostfile", str(cfg.hostfile)]
-    cmd += ["--num_gpus", str(cfg.nproc), "eagle3cli", "train", "--recipe", str(recipe.resolve())]
+    # A `train:` section, not a flat recipe: flat keys such as `cache:` are also stage-section names.
+    atomic_write_text(
+        recipe, "# written by `eagle3 train --deepspeed`; each rank reads it\n" + yaml.safe_dump({"train": child})
+    )
+    plan = plan_launch(cfg, recipe)
+    cmd = launch_command(cfg, plan, launcher, recipe)
+    console.log(
+        f"DeepSpeed: {plan.world_size} rank(s) on {len(plan.procs)} node(s) ("
+        + ", ".join(f"{h}: {n}" for h, n in plan.procs.items())
+        + f"); master {plan.master_addr or (next(iter(plan.procs)) if plan.multi_node else '127.0.0.1')}"
+        f":{plan.master_port}"
+    )
     console.log("launching: " + " ".join(cmd))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    head = run_dir / "head"
+    marks = [head / "manifest.json", train_dir / "manifest.json"]
+    before = [_stamp(p) for p in marks]
     rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
         raise UsageError(
@@ -152,7 +319,26 @@ def launch(cfg: TrainConfig) -> Path:
             None,
             f"fix the cause and re-run the same command (it resumes from {train_dir}/checkpoints)",
         )
-    return run_dir / "head"
+    if any(_stamp(p) is None or _stamp(p) == b for p, b in zip(marks, before)):
+        # The launcher's exit code is not proof of work: pdsh and some launchers exit 0 when a
+        # node's ranks never started or died without a status.
+        raise StageError(
+            f"the DeepSpeed launcher exited 0 but no head was exported to {head} during this run",
+            f"{head}/manifest.json and {train_dir}/manifest.json written by rank 0 at the end of training",
+            f"check the ranks' output above (and every node's), then re-run the same command; it resumes "
+            f"from {train_dir}/checkpoints",
+        )
+    return head
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """Identity of a file version: manifests are replaced atomically (a new inode), so a changed
+    stamp means "rewritten", without trusting clocks of other nodes."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
 
 
 def deepspeed_engine(draft, optimizer, scheduler, cfg: TrainConfig, train_dir: Path, bf16: bool):
@@ -173,7 +359,7 @@ def deepspeed_engine(draft, optimizer, scheduler, cfg: TrainConfig, train_dir: P
 
 @contextmanager
 def gathered_params(engine, draft):
-    """Full parameters on every rank for the export (ZeRO-3 partitions them; 1/2 keep them whole)."""
+    """Full parameters on every rank (ZeRO-3 partitions them; 1/2 keep them whole). Collective."""
     stage = engine.zero_optimization_stage() if hasattr(engine, "zero_optimization_stage") else 0
     if stage == 3:
         import deepspeed
@@ -182,3 +368,20 @@ def gathered_params(engine, draft):
             yield
     else:
         yield
+
+
+def gathered_copy(engine, draft, keep: bool):
+    """A plain fp32 CPU copy of the trained draft (on the ranks with `keep`; None elsewhere).
+
+    Every rank must call this (the gather is a collective). The copy is what gets exported and
+    self-checked: it holds exactly the gathered values, and running it starts no collective.
+    """
+    from ..model.draft import Eagle3Draft
+
+    with gathered_params(engine, draft):
+        state = {k: v.detach().float().cpu().clone() for k, v in draft.state_dict().items()} if keep else None
+    if state is None:
+        return None
+    copy = Eagle3Draft(draft.config)
+    copy.load_state_dict(state)
+    return copy.eval()

@@ -318,6 +318,8 @@ def _config_key(cfg: TrainConfig | dict) -> dict:
         "keep_checkpoints",
         "tensorboard",
         "hostfile",
+        "master_addr",
+        "master_port",
         "device",
     ):
         d.pop(k, None)
@@ -583,15 +585,16 @@ def finish(tr: Trainer) -> Path:
         "ttt_steps": tr.cfg.ttt_steps,
         "final_metrics": tr.last_metrics,
     }
+    from contextlib import nullcontext
+
     draft = tr.draft
     if tr.deepspeed:
-        from .launch import gathered_params
+        from .launch import gathered_copy
 
-        ctx = gathered_params(tr.model, draft)
-    else:
-        from contextlib import nullcontext
-
-        ctx = nullcontext()
+        # Every rank takes part in the gather; rank 0 then exports and self-checks a plain copy that
+        # DeepSpeed does not manage (a ZeRO-3 module's forward would start collectives on rank 0 alone).
+        draft = gathered_copy(tr.model, tr.draft, keep=tr.rank == 0)
+    ctx = nullcontext()
     with ctx:
         if tr.rank == 0:
             export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
