@@ -2,7 +2,7 @@
 
 Options (bytes/token for hidden size H, 3 aux layers, k teacher entries):
 - `bf16`    aux [T, 3H] + last hidden [T, H] in bf16: 8H (+ ids/mask). Teacher logits are
-            recomputed exactly as `target.lm_head(last_hidden)`.
+            recomputed exactly as `target_logits(target, last_hidden)` (lm_head + softcapping).
 - `fp8`     the same two tensors as float8_e4m3fn with one bf16 scale per token and layer:
             4H + 8 (+ ids/mask), about 0.5x.
 - `compact` fp8 aux with per-token scales + the target's top-k log-probs (ids + fp16): no
@@ -42,11 +42,12 @@ def dequantize_fp8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def topk_logprobs(last_hidden: torch.Tensor, lm_head: torch.nn.Module, k: int, rows: int = 1024):
-    """Top-k target log-probs per token; chunked so a 128k-vocab logits tensor stays small."""
+def topk_logprobs(last_hidden: torch.Tensor, logits_fn, k: int, rows: int = 1024):
+    """Top-k target log-probs per token; chunked so a 128k-vocab logits tensor stays small.
+    `logits_fn` maps final-normed hidden states to the target's logits (`target_logits`)."""
     ids, lps = [], []
     for s in range(0, last_hidden.shape[0], rows):
-        logits = lm_head(last_hidden[s : s + rows]).float()
+        logits = logits_fn(last_hidden[s : s + rows]).float()
         # top-k of the logits minus logsumexp: one pass fewer than materialising log_softmax.
         v, i = logits.topk(k, dim=-1)
         ids.append(i)
@@ -61,7 +62,7 @@ def encode(
     n_aux: int,
     *,
     vocab_size: int,
-    lm_head: torch.nn.Module | None = None,
+    logits_fn=None,
     topk: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Feature tensors of stacked tokens ([T, n_aux*H], [T, H]) -> the tensors a shard stores."""
@@ -73,7 +74,7 @@ def encode(
         return {"aux_hidden": aq, "aux_scale": asc, "last_hidden": lq, "last_scale": lsc}
     if storage == "compact":
         aq, asc = quantize_fp8(aux, n_aux)
-        ids, lps = topk_logprobs(last_hidden.float(), lm_head, topk)
+        ids, lps = topk_logprobs(last_hidden.float(), logits_fn, topk)
         return {
             "aux_hidden": aq,
             "aux_scale": asc,

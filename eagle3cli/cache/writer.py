@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from ..model.target import capture_features
+from ..model.target import capture_features, target_logits
 from .storage import encode, id_dtype
 
 
@@ -77,7 +77,8 @@ def shard_tensors(
             last[valid],
             len(aux_layer_ids),
             vocab_size=vocab_size,
-            lm_head=model.lm_head,
+            # the target's own logits (Gemma-2 softcaps them): the teacher is its real distribution
+            logits_fn=lambda h: target_logits(model, h.to(model.lm_head.weight.dtype)),
             topk=topk,
         )
         start = 0

@@ -47,23 +47,45 @@ def draft_config_from_target(
     (= the input of decoder layer k). Engine-specific ids are written by `export`.
     """
     t = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
+    if isinstance(t.get("text_config"), dict) and t["text_config"]:
+        t = t["text_config"]
     keep = (
         "hidden_size intermediate_size num_attention_heads num_key_value_heads head_dim rms_norm_eps "
-        "rope_theta rope_scaling rope_parameters hidden_act max_position_embeddings attention_bias "
-        "mlp_bias bos_token_id eos_token_id pad_token_id"
+        "rope_theta rope_scaling rope_parameters max_position_embeddings bos_token_id eos_token_id pad_token_id"
     ).split()
     fields = {k: t[k] for k in keep if k in t and t[k] is not None}
+    fields.update(draft_rope(t))
     cfg = LlamaConfig(
         **fields,
         vocab_size=t["vocab_size"],
         num_hidden_layers=1,
         tie_word_embeddings=False,
+        # Not the target's: SGLang's and vLLM's Llama MLP run SiLU only, and SGLang's EAGLE-3 layer
+        # builds q/k/v without bias whatever the config says (vLLM adds them when attention_bias
+        # is set), so a head with biases would load differently in the two engines.
+        hidden_act="silu",
+        attention_bias=False,
+        mlp_bias=False,
     )
     cfg.draft_vocab_size = int(draft_vocab_size)
     cfg.target_hidden_size = int(t["hidden_size"])
     cfg.aux_layer_ids = [int(i) for i in aux_layer_ids]
     cfg.architectures = ["LlamaForCausalLMEagle3"]
     return cfg
+
+
+def draft_rope(target: dict) -> dict:
+    """The rope fields of the draft layer, flat (the engines read one rope per Llama config).
+
+    Targets with per-layer-type rope (Gemma-3: `rope_parameters = {"full_attention": {...},
+    "sliding_attention": {...}}`) give the full-attention layers' rope: the draft attends the
+    whole context, as the target's global layers do, not a window.
+    """
+    rp = target.get("rope_parameters")
+    if isinstance(rp, dict) and rp and all(isinstance(v, dict) for v in rp.values()):
+        chosen = rp.get("full_attention") or next(iter(rp.values()))
+        return {"rope_parameters": dict(chosen)}
+    return {}
 
 
 class DraftAttention(nn.Module):
@@ -75,11 +97,11 @@ class DraftAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
-        bias = bool(getattr(config, "attention_bias", False))
-        self.q_proj = nn.Linear(2 * h, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+        # No biases, whatever the target has: see draft_config_from_target (engines disagree on them).
+        self.q_proj = nn.Linear(2 * h, self.num_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * h, self.num_kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * h, self.num_kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=False)
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Rotated q [B,nh,T,d], k [B,nkv,T,d] and v [B,nkv,T,d]."""

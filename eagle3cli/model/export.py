@@ -146,10 +146,14 @@ def init_draft_from_weights(
     norm: torch.Tensor | None,
     d2t: torch.Tensor,
     t2d: torch.Tensor | None = None,
+    norm_offset: float = 0.0,
 ) -> None:
     """Start from the target: frozen embeddings, lm_head = the target's rows of the draft vocab,
     final norm = the target's. fc/midlayer then only have to reproduce something like the target's
-    last hidden state for step 0 to be right, which shortens early training a lot."""
+    last hidden state for step 0 to be right, which shortens early training a lot.
+
+    `norm_offset`: Gemma-style norms scale by (1 + w) and store w; the draft's Llama RMSNorm
+    scales by its weight, so it gets w + 1 (`model.target.final_norm_offset`)."""
     _copy_embeddings(draft, embed)
     d2t = d2t.to(torch.long).cpu()
     if t2d is None:
@@ -160,19 +164,22 @@ def init_draft_from_weights(
     if lm_head is not None and lm_head.shape[1] == draft.lm_head.weight.shape[1]:
         draft.lm_head.weight.copy_(lm_head[target_ids.to(lm_head.device)].to(draft.lm_head.weight))
     if norm is not None and norm.shape == draft.norm.weight.shape:
-        draft.norm.weight.copy_(norm.to(draft.norm.weight))
+        draft.norm.weight.copy_(norm.to(draft.norm.weight) + norm_offset)
 
 
 def init_draft_from_target(
     draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None
 ) -> None:
-    """`init_draft_from_weights` with the tensors of a loaded target model."""
-    norm = getattr(getattr(target_model, "model", None), "norm", None)
+    """`init_draft_from_weights` with the tensors of a loaded target model (its final norm's
+    effective scale measured, so any norm convention is right)."""
+    from .target import final_norm_scale
+
+    has_norm = getattr(getattr(target_model, "model", None), "norm", None) is not None
     init_draft_from_weights(
         draft,
         target_model.get_input_embeddings().weight,
         target_model.get_output_embeddings().weight,
-        None if norm is None else norm.weight,
+        final_norm_scale(target_model) if has_norm else None,
         d2t,
         t2d,
     )

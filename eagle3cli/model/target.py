@@ -5,6 +5,9 @@ eagle3's layer-id convention: an aux id k is an index into transformers'
 is what SGLang and vLLM capture when a head names no layers. Capture uses forward
 pre-hooks on exactly those layers, so no other layer's states are kept and the lm_head
 (a 128k-wide matmul on real targets) is skipped unless logits are asked for.
+
+Family facts live here too: `target_logits` (lm_head + the family's logit processing, e.g.
+Gemma-2 softcapping), `final_norm_offset`/`final_norm_scale` (Gemma's (1 + w) norms).
 """
 
 from __future__ import annotations
@@ -129,6 +132,80 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
     return model, load_tokenizer(path), path
 
 
+# ---------------------------------------------------------------- family facts
+# Families whose RMSNorm multiplies by (1 + weight): their checkpoints store the weight
+# zero-centred (Gemma initialises it to 0). Copied into a Llama RMSNorm (x * weight) as is, the
+# draft's final norm would zero the logits. `final_norm_scale` measures the loaded module instead.
+ZERO_CENTRED_NORM_TYPES = frozenset(
+    "gemma gemma2 gemma3 gemma3_text recurrent_gemma vaultgemma qwen3_next qwen3_5 qwen3_5_text "
+    "qwen3_5_moe qwen3_5_moe_text".split()
+)
+
+
+def _field(config, key: str):
+    """A field of a config object or config.json dict (the text config of multimodal targets)."""
+    if isinstance(config, dict):
+        text = config.get("text_config")
+        return (text if isinstance(text, dict) and text else config).get(key)
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return getattr(text, key, None)
+
+
+def final_norm_offset(config) -> float:
+    """What to add to the target's stored final-norm weight to get its effective scale."""
+    return 1.0 if _field(config, "model_type") in ZERO_CENTRED_NORM_TYPES else 0.0
+
+
+@torch.no_grad()
+def final_norm_scale(model) -> torch.Tensor:
+    """The effective per-channel scale of the loaded target's final norm, measured: on a constant
+    vector of RMS 1e3 (eps is then negligible) an RMSNorm returns exactly its scale."""
+    import copy
+
+    norm = copy.deepcopy(model.model.norm).float().cpu()
+    return norm(torch.full((1, norm.weight.shape[0]), 1e3))[0]
+
+
+@dataclass(frozen=True)
+class LogitSpec:
+    """How a family turns lm_head outputs z into its logits: `softcap * tanh(scale * z / softcap)`."""
+
+    scale: float = 1.0
+    softcap: float | None = None
+
+    @property
+    def identity(self) -> bool:
+        return self.scale == 1.0 and not self.softcap
+
+
+def logit_spec(config) -> LogitSpec:
+    """Gemma-2's `final_logit_softcapping`, Cohere's `logit_scale`, Granite's `logits_scaling`."""
+    scale = 1.0
+    if str(_field(config, "model_type") or "").startswith("cohere") and _field(config, "logit_scale"):
+        scale *= float(_field(config, "logit_scale"))
+    if _field(config, "logits_scaling"):
+        scale /= float(_field(config, "logits_scaling"))
+    cap = _field(config, "final_logit_softcapping")
+    return LogitSpec(scale, float(cap) if cap else None)
+
+
+def apply_logit_spec(logits: torch.Tensor, spec: LogitSpec | None) -> torch.Tensor:
+    if spec is None or spec.identity:
+        return logits
+    if spec.scale != 1.0:
+        logits = logits * spec.scale
+    if spec.softcap:
+        logits = torch.tanh(logits / spec.softcap) * spec.softcap
+    return logits
+
+
+def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
+    """The target's next-token logits from its final-normed hidden states, exactly as its own
+    forward computes them: lm_head, then the family's processing (softcapping, logit scale).
+    Teachers, sampling at T > 0 and acceptance tests must use this, not `lm_head` alone."""
+    return apply_logit_spec(model.lm_head(hidden), logit_spec(model.config))
+
+
 def num_layers(model) -> int:
     return model.config.num_hidden_layers
 
@@ -219,7 +296,7 @@ def capture_features(
     model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(aux [B,T,n_aux*H], last_hidden [B,T,H]) for a batch; last_hidden is after the final norm,
-    so teacher logits are exactly `model.lm_head(last_hidden)`."""
+    so teacher logits are exactly `target_logits(model, last_hidden)`."""
     with AuxCapture(model, aux_layer_ids) as cap:
         out = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return cap.concat(), out.last_hidden_state

@@ -11,7 +11,8 @@ CLI can report all of them at once. Engines accept several wrong heads without a
     in both places therefore gets different features in the two engines;
   * `draft_vocab_size` missing: SGLang fails late; `null`: it loads the target's lm_head instead;
   * `tie_word_embeddings: true`: the trained lm_head is replaced by the embeddings;
-  * unknown tensor names: SGLang's loader skips names it cannot map, leaving random weights.
+  * unknown tensor names: SGLang's loader skips names it cannot map, leaving random weights;
+  * attention/MLP biases: SGLang's EAGLE-3 layer has no q/k/v bias, vLLM's has them (heads carry none).
 
 Safetensors headers are read with `safe_open` (names, shapes, dtypes) without loading weights;
 only the small `d2t`/`t2d` vectors are read to check the id map.
@@ -52,6 +53,16 @@ INSTALL = {
 # `embed_tokens.weight` is loaded if present (heads usually leave it out and share the target's).
 _OPTIONAL_NAMES = OPTIONAL_TENSOR_NAMES
 __all__ = ["TensorInfo", "read_tensor_index", "default_engine_aux_ids"]
+
+
+# The EAGLE-3 layer's biases: SGLang builds q/k/v without bias whatever the config says and
+# skips their tensors, but gives o_proj a bias when `attention_bias` is set (left unset if the
+# file has none); vLLM builds and loads all of them. One head, two different models.
+_BIAS_WHY = (
+    "SGLang drops the q/k/v biases of an EAGLE-3 layer (and leaves o_proj's unset when absent) while "
+    "vLLM loads them, so the engines would run different drafts"
+)
+_BIAS_FIX = "re-export the head with eagle3 (heads carry no biases, whatever the target's attention_bias)"
 
 
 @dataclass(frozen=True)
@@ -309,6 +320,9 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
                 '"norm_output": false in the head\'s config.json',
             )
         )
+    biased = [k for k in ("attention_bias", "mlp_bias", "bias", "qkv_bias") if head_cfg.get(k)]
+    if biased:
+        problems.append(_err(f"{', '.join(biased)} true in the head's config.json: {_BIAS_WHY}", _BIAS_FIX))
     h_maxpos = int(head_cfg.get("max_position_embeddings") or 0)
     if h_maxpos < t_maxpos:
         problems.append(
@@ -362,6 +376,10 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
         canon.setdefault(_canonical(name), (name, info))
     known = set(HEAD_TENSOR_NAMES) | set(_OPTIONAL_NAMES)
     unknown = sorted(n for n in index if _canonical(n) not in known)
+    biases = [n for n in unknown if n.endswith(".bias")]
+    if biases:
+        problems.append(_err(f"model.safetensors has bias tensors ({', '.join(biases[:6])}): {_BIAS_WHY}", _BIAS_FIX))
+        unknown = [n for n in unknown if n not in biases]
     if unknown:
         problems.append(
             _err(

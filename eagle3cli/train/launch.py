@@ -312,6 +312,7 @@ def launch(cfg: TrainConfig) -> Path:
     head = run_dir / "head"
     marks = [head / "manifest.json", train_dir / "manifest.json"]
     before = [_stamp(p) for p in marks]
+    was_finished = _finished_run(train_dir, head, child)
     rc = subprocess.run(cmd, env=env).returncode
     if rc != 0:
         raise UsageError(
@@ -319,9 +320,11 @@ def launch(cfg: TrainConfig) -> Path:
             None,
             f"fix the cause and re-run the same command (it resumes from {train_dir}/checkpoints)",
         )
-    if any(_stamp(p) is None or _stamp(p) == b for p, b in zip(marks, before)):
+    fresh = all(_stamp(p) is not None and _stamp(p) != b for p, b in zip(marks, before))
+    if not fresh and not (was_finished and _finished_run(train_dir, head, child)):
         # The launcher's exit code is not proof of work: pdsh and some launchers exit 0 when a
-        # node's ranks never started or died without a status.
+        # node's ranks never started or died without a status. (A rerun of a finished run leaves
+        # its intact head as it is: that is success.)
         raise StageError(
             f"the DeepSpeed launcher exited 0 but no head was exported to {head} during this run",
             f"{head}/manifest.json and {train_dir}/manifest.json written by rank 0 at the end of training",
@@ -329,6 +332,24 @@ def launch(cfg: TrainConfig) -> Path:
             f"from {train_dir}/checkpoints",
         )
     return head
+
+
+# Settings that do not change what a run trains (the ranks' recipe may differ in them).
+_NOT_RESULTS = ("resume", "hostfile", "master_addr", "master_port", "tensorboard", "log_every", "keep_checkpoints")
+
+
+def _finished_run(train_dir: Path, head: Path, child: dict) -> bool:
+    """A run that finished with these settings and whose exported head is intact."""
+    from ..manifest import verify_shards
+
+    try:
+        m, h = read_json(train_dir / "manifest.json"), read_json(head / "manifest.json")
+    except (OSError, ValueError):
+        return False
+    if not h.get("shards") or verify_shards(head, h["shards"]):
+        return False
+    old = {k: v for k, v in (m.get("config") or {}).items() if v is not None and k not in _NOT_RESULTS}
+    return old == {k: v for k, v in child.items() if k not in _NOT_RESULTS}
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

@@ -26,8 +26,11 @@ from ..model.draft import Eagle3Draft, draft_config_from_target
 from ..model.export import init_draft_from_weights, save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from ..model.target import (
+    LogitSpec,
     default_aux_layer_ids,
+    final_norm_offset,
     load_tokenizer,
+    logit_spec,
     pick_device,
     pick_dtype,
     resolve_model_path,
@@ -152,6 +155,7 @@ class Trainer:
     tokens_seen: int = 0
     stopped: str = ""
     tb: object = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
+    logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
 
 
 def _cosine(total: int, warmup: int, floor: float):
@@ -237,7 +241,15 @@ def setup(cfg: TrainConfig) -> Trainer:
     # ---- the draft
     torch.manual_seed(cfg.seed)
     draft = Eagle3Draft(draft_config_from_target(tcfg, draft_vocab, aux_ids))
-    init_draft_from_weights(draft, weights["embed"], weights["lm_head"], weights["norm"], source.d2t, source.t2d)
+    init_draft_from_weights(
+        draft,
+        weights["embed"],
+        weights["lm_head"],
+        weights["norm"],
+        source.d2t,
+        source.t2d,
+        norm_offset=final_norm_offset(tcfg),
+    )
     draft.to(device)
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     params = [p for p in draft.parameters() if p.requires_grad]
@@ -279,6 +291,7 @@ def setup(cfg: TrainConfig) -> Trainer:
         world,
         use_ds,
     )
+    tr.logit_spec = logit_spec(tcfg)
     _maybe_resume(tr)
     if cfg.tensorboard and rank == 0:
         try:
@@ -400,6 +413,7 @@ def teacher_for(tr: Trainer, batch: dict) -> Teacher:
             loss_mask=batch["loss_mask"],
             target_argmax=batch.get("target_argmax"),  # stored by caches since 0.2: no full-vocab matmul
             compute_dtype=tr.autocast,
+            spec=tr.logit_spec,  # the target's own distribution (Gemma-2 softcapping)
         )
     return teacher_from_topk(
         batch["topk_ids"], batch["topk_logprobs"], d2t, tr.draft.config.vocab_size, loss_mask=batch["loss_mask"]

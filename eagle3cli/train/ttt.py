@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..model.target import LogitSpec, apply_logit_spec
+
 
 @dataclass
 class Teacher:
@@ -73,8 +75,11 @@ def teacher_from_hidden(
     target_argmax: torch.Tensor | None = None,
     rows: int = 2048,
     compute_dtype: torch.dtype | None = None,
+    spec: LogitSpec | None = None,
 ) -> Teacher:
-    """Teacher from the target's final-normed hidden states and its lm_head [V, H].
+    """Teacher from the target's final-normed hidden states and its lm_head [V, H], with the
+    family's logit processing `spec` (Gemma-2 softcapping: monotonic, so the argmax is the plain
+    one, but the distribution changes).
 
     `target_argmax` ([B, T] target ids, stored by the cache) saves the full-vocab matmul; only the
     draft-vocab rows of lm_head are then multiplied, at the rows the loss reads (`loss_mask`).
@@ -90,7 +95,7 @@ def teacher_from_hidden(
     head = lm_head_weight.index_select(0, torch.arange(len(d2t), device=d2t.device) + d2t).to(dtype)
     hidden = last_hidden[need]
     probs = [
-        torch.softmax(torch.matmul(hidden[s : s + rows].to(dtype), head.t()).float(), dim=-1)
+        torch.softmax(apply_logit_spec(torch.matmul(hidden[s : s + rows].to(dtype), head.t()).float(), spec), dim=-1)
         for s in range(0, hidden.shape[0], rows)
     ]
     probs = torch.cat(probs) if probs else torch.zeros(0, len(d2t), device=last_hidden.device)

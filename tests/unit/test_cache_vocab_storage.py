@@ -69,7 +69,7 @@ def test_encode_decode_round_trip(storage):
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 4096, bias=False)
     aux, last = torch.randn(20, 3 * 64), torch.randn(20, 64)
-    enc = S.encode(storage, aux, last, 3, vocab_size=4096, lm_head=head, topk=4)
+    enc = S.encode(storage, aux, last, 3, vocab_size=4096, logits_fn=head, topk=4)
     assert set(enc) == set(S.feature_keys(storage))
     dec = S.decode(storage, enc)
     assert torch.allclose(dec["aux_hidden"], aux, rtol=0.07, atol=1e-3)

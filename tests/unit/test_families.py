@@ -1,0 +1,127 @@
+"""Family facts on tiny random targets of every family (Llama-3.1, Qwen2.5, Qwen3, Mistral,
+Qwen3-MoE, Gemma-2, Gemma-3, gpt-oss): the target's own logits (Gemma-2 softcapping), its final
+norm's effective scale (Gemma's 1 + w), and a draft head that carries no biases, a flat rope of
+the full-attention layers and SiLU, and that preflight and the loader accept."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from family_fixtures import FAMILIES, build_family_target
+
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.model.export import HEAD_TENSOR_NAMES, init_draft_from_target, load_head, save_head
+from eagle3cli.model.target import (
+    default_aux_layer_ids,
+    final_norm_offset,
+    final_norm_scale,
+    logit_spec,
+    target_logits,
+)
+from eagle3cli.serve.preflight import check_head
+from eagle3cli.train.ttt import teacher_from_hidden
+
+
+@pytest.fixture(scope="module", params=list(FAMILIES))
+def family(request, tmp_path_factory):
+    from transformers import AutoModelForCausalLM
+
+    path = build_family_target(request.param, tmp_path_factory.mktemp(request.param) / "model")
+    model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+    return request.param, path, model
+
+
+def _ids(model, n=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, model.config.vocab_size, (1, n), generator=g)
+
+
+@torch.no_grad()
+def test_target_logits_are_the_models_own(family):
+    name, _, model = family
+    ids = _ids(model)
+    hidden = model.model(input_ids=ids).last_hidden_state
+    own = model(input_ids=ids).logits
+    torch.testing.assert_close(target_logits(model, hidden), own, rtol=1e-5, atol=1e-5)
+    if name == "gemma2":  # softcapped: lm_head alone is not the target's distribution
+        assert logit_spec(model.config).softcap == 30.0
+        big = hidden * 1000  # random-init logits are small; real ones reach the cap
+        assert target_logits(model, big).abs().max() <= 30.0 < model.lm_head(big).abs().max()
+
+
+@torch.no_grad()
+def test_final_norm_offset_gives_the_measured_scale(family):
+    """Offline training reads the stored weight and config.json only: stored + offset must be the
+    scale the loaded module applies (Gemma: 1 + w)."""
+    name, path, model = family
+    measured = final_norm_scale(model)
+    stored = model.model.norm.weight.float()
+    cfg_json = json.loads((path / "config.json").read_text())
+    for cfg in (model.config, cfg_json):
+        torch.testing.assert_close(stored + final_norm_offset(cfg), measured, rtol=1e-5, atol=1e-5)
+    assert (final_norm_offset(cfg_json) == 1.0) == name.startswith("gemma")
+
+
+@torch.no_grad()
+def test_teacher_uses_the_targets_logit_processing(family):
+    name, _, model = family
+    ids = _ids(model, 16)
+    hidden = model.model(input_ids=ids).last_hidden_state
+    v = model.config.vocab_size
+    d2t = torch.zeros(200, dtype=torch.long) + torch.arange(0, 400, 2)[:200] - torch.arange(200)
+    t = teacher_from_hidden(hidden, model.lm_head.weight, d2t, spec=logit_spec(model.config))
+    want = torch.softmax(target_logits(model, hidden)[..., torch.arange(200) + d2t], dim=-1)
+    torch.testing.assert_close(t.probs, want, rtol=1e-5, atol=1e-6)
+    assert t.probs.shape[-1] == 200 and v > 400
+
+
+def test_draft_head_for_every_family_loads_and_passes_preflight(family, tmp_path):
+    name, path, model = family
+    cfg = model.config
+    aux = default_aux_layer_ids(cfg.num_hidden_layers)
+    dcfg = draft_config_from_target(cfg, 300, aux)
+    assert dcfg.hidden_act == "silu" and dcfg.attention_bias is False and dcfg.mlp_bias is False
+    rope = dcfg.rope_parameters
+    want = cfg.rope_parameters.get("full_attention", cfg.rope_parameters)
+    assert rope["rope_type"] == want["rope_type"] and rope["rope_theta"] == want["rope_theta"]
+    draft = Eagle3Draft(dcfg)
+    assert not [n for n, _ in draft.named_parameters() if n.endswith(".bias")]
+    d2t = torch.arange(0, 600, 2)[:300] - torch.arange(300)
+    init_draft_from_target(draft, model, d2t)
+    torch.testing.assert_close(draft.norm.weight.detach(), final_norm_scale(model))
+    with torch.no_grad():  # at init the draft's logits are the target's rows: never all zero
+        h = torch.randn(1, 4, dcfg.hidden_size)
+        assert draft.logits(h).abs().max() > 0
+    head = save_head(draft, tmp_path / "head")
+    hc = json.loads((head / "config.json").read_text())
+    assert hc["attention_bias"] is False and hc["mlp_bias"] is False and hc["hidden_act"] == "silu"
+    assert hc["rope_theta"] == want["rope_theta"] and not any(
+        isinstance(v, dict) for v in hc["rope_parameters"].values()
+    )
+    assert set(load_head(head).state_dict()) - {"embed_tokens.weight"} == set(HEAD_TENSOR_NAMES)
+    for engine in ("sglang", "vllm"):
+        errors = [p.what for p in check_head(head, path, engine) if p.is_error]
+        assert not [e for e in errors if "bias" in e or "tensor" in e or "rope" in e], errors
+
+
+def test_preflight_refuses_heads_with_biases(tmp_path, tiny_target_dir):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target_dir))
+    draft = Eagle3Draft(draft_config_from_target(model.config, 200, (2, 2, 1)))
+    init_draft_from_target(draft, model, torch.zeros(200, dtype=torch.long))
+    head = save_head(draft, tmp_path / "head")
+    assert not [p for p in check_head(head, tiny_target_dir) if p.is_error]
+    cfg = json.loads((head / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps({**cfg, "attention_bias": True}))
+    errors = [p.what for p in check_head(head, tiny_target_dir) if p.is_error]
+    assert any("attention_bias true" in e and "vLLM" in e for e in errors), errors
+    (head / "config.json").write_text(json.dumps(cfg))
+    t = load_file(str(head / "model.safetensors"))
+    t["midlayer.self_attn.q_proj.bias"] = torch.zeros(t["midlayer.self_attn.q_proj.weight"].shape[0])
+    save_file(t, str(head / "model.safetensors"))
+    errors = [p.what for p in check_head(head, tiny_target_dir) if p.is_error]
+    assert any("bias tensors (midlayer.self_attn.q_proj.bias)" in e for e in errors), errors
