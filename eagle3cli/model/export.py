@@ -20,6 +20,7 @@ Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -93,6 +94,10 @@ def save_head(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
+    archs = target_architectures(target_identity)
+    if archs and "target_architectures" not in (extra or {}):
+        # the engine tables (model.engines) decide by the target's class; later exports may lack the target
+        extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
     tmp = out_dir / f".{HEAD_WEIGHTS}.tmp"
     save_file(tensors, str(tmp), metadata={"format": "pt"})
@@ -108,6 +113,18 @@ def save_head(
         **(extra or {}),
     )
     return out_dir
+
+
+def target_architectures(target_identity: dict | None) -> list[str] | None:
+    """`architectures` of the target's config.json, when the target folder is on this machine."""
+    path = Path((target_identity or {}).get("path") or "") / "config.json"
+    if not (target_identity or {}).get("path") or not path.is_file():
+        return None
+    try:
+        archs = read_json(path).get("architectures")
+    except (json.JSONDecodeError, OSError):
+        return None
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
 def load_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
@@ -226,6 +243,7 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     }
     layer["architectures"] = ["LlamaForCausalLM"]
     target = (cfg.get("eagle3") or {}).get("target") or {}
+    verifier_archs = (cfg.get("eagle3") or {}).get("target_architectures") or ["LlamaForCausalLM"]
     return {
         "architectures": ["Eagle3Speculator"],
         "speculators_model_type": "eagle3",
@@ -246,7 +264,7 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
                     "accept_tolerance": 0.0,
                 }
             ],
-            "verifier": {"name_or_path": target.get("path"), "architectures": ["LlamaForCausalLM"]},
+            "verifier": {"name_or_path": target.get("path"), "architectures": verifier_archs},
         },
         "torch_dtype": cfg.get("torch_dtype", "float32"),
         "eagle3": cfg.get("eagle3"),
@@ -268,6 +286,13 @@ def _own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
         cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
         return cfg
     return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
+
+
+def speculators_support(head_cfg: dict):
+    """vLLM's support for the head's target (speculators heads are vLLM's format)."""
+    from .engines import target_support
+
+    return target_support("vllm", (head_cfg.get("eagle3") or {}).get("target_architectures"))
 
 
 def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7) -> Path:
@@ -296,6 +321,20 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
 
         warn(notice)
     cfg = _own_layout_config(draft, spec)
+    own = cfg.setdefault("eagle3", {})
+    if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
+        archs = target_architectures(own.get("target"))
+        if archs:
+            own["target_architectures"] = archs
+    if fmt == "speculators":
+        support = speculators_support(cfg)
+        if support.status == "no":
+            raise UsageError(
+                f"vLLM cannot serve an EAGLE-3 head on a {support.architecture} target (no SupportsEagle3 in "
+                f"{support.source}); a speculators export would fail when vLLM starts",
+                "a target family vLLM supports for EAGLE-3 (docs/serve.md lists them)",
+                f"eagle3 export --head {head_dir} --format sglang --out DIR   (if SGLang supports the target)",
+            )
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)
     tensors = head_state_dict(draft)

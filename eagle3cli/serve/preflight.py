@@ -12,7 +12,8 @@ CLI can report all of them at once. Engines accept several wrong heads without a
   * `draft_vocab_size` missing: SGLang fails late; `null`: it loads the target's lm_head instead;
   * `tie_word_embeddings: true`: the trained lm_head is replaced by the embeddings;
   * unknown tensor names: SGLang's loader skips names it cannot map, leaving random weights;
-  * attention/MLP biases: SGLang's EAGLE-3 layer has no q/k/v bias, vLLM's has them (heads carry none).
+  * attention/MLP biases: SGLang's EAGLE-3 layer has no q/k/v bias, vLLM's has them (heads carry none);
+  * a target family the engine cannot capture aux states from (`model.engines`): it fails at startup.
 
 Safetensors headers are read with `safe_open` (names, shapes, dtypes) without loading weights;
 only the small `d2t`/`t2d` vectors are read to check the id map.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..manifest import model_fingerprint
+from ..model.engines import target_support
 from ..model.headcheck import load_head_tensors
 from ..model.heads import (
     HEAD_ARCH,
@@ -219,14 +221,47 @@ def _check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: in
     return problems
 
 
+# ---------------------------------------------------------------- the target vs the engine
+_ENGINE_NEEDS = {
+    "sglang": "SGLang needs set_eagle3_layers_to_capture on the target's model class",
+    "vllm": "vLLM needs the SupportsEagle3 interface on the target's model class",
+}
+
+
+def check_target_engine(architectures, engine: str) -> list[Problem]:
+    """Refuse a target the engine cannot capture EAGLE-3 features from (it would fail at startup,
+    after minutes of weight loading); warn when eagle3's table does not know the architecture."""
+    s = target_support(engine, architectures if isinstance(architectures, list) else None)
+    other = "vllm" if engine == "sglang" else "sglang"
+    alt = (
+        f", or --engine {other}, which supports {s.architecture}" if target_support(other, [s.architecture]).ok else ""
+    )
+    if s.status == "no":
+        return [
+            _err(
+                f"{engine} cannot serve an EAGLE-3 head on a {s.architecture} target: {_ENGINE_NEEDS[engine]} and "
+                f"this class has none ({s.source}); it would stop at startup after loading the weights",
+                f"a target family {engine} supports for EAGLE-3 (docs/serve.md lists them){alt}",
+            )
+        ]
+    if s.status == "unknown":
+        return [
+            _warn(
+                f"cannot tell whether {engine} serves EAGLE-3 heads on {s.architecture or 'this target'} "
+                f"({s.source}); {_ENGINE_NEEDS[engine]}",
+                "check the engine's model file for that support before a long launch",
+            )
+        ]
+    return []
+
+
 # ---------------------------------------------------------------- the head vs the target
 def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list[Problem]:
     """Everything about the head folder that the engine would accept silently or fail on late."""
     head_dir, target_dir = Path(head_dir), Path(target_dir)
     head_cfg = read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
-    target_cfg = _text_cfg(
-        read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
-    )
+    target_raw = read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
+    target_cfg = _text_cfg(target_raw)
     weights = head_dir / HEAD_WEIGHTS
     problems: list[Problem] = []
     reexport = "re-export the head: eagle3 train --run runs/NAME --resume"
@@ -241,8 +276,9 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     t_vocab, t_hidden = int(target_cfg["vocab_size"]), int(target_cfg["hidden_size"])
     t_layers = int(target_cfg["num_hidden_layers"])
     t_maxpos = int(target_cfg.get("max_position_embeddings") or 0)
+    problems += check_target_engine(target_raw.get("architectures"), engine)
     if detect_layout(head_cfg) == "speculators":
-        return _check_speculators(head_dir, t_layers, t_vocab, t_hidden, engine)
+        return problems + _check_speculators(head_dir, t_layers, t_vocab, t_hidden, engine)
 
     # --- config.json
     if HEAD_ARCH not in (head_cfg.get("architectures") or []):

@@ -94,7 +94,13 @@ def register(app: typer.Typer) -> None:
         num_speculative_tokens: int = typer.Option(7, help="speculators: proposal length written in its config."),
     ) -> None:
         """Write a trained head in another engine's layout (checked by reloading it first)."""
-        from ..model.export import export_head
+        from ..console import warn
+        from ..manifest import read_json
+        from ..model.export import export_head, speculators_support
 
-        path = export_head(head, format, out, num_speculative_tokens)
+        path = export_head(head, format, out, num_speculative_tokens)  # refuses targets vLLM cannot serve
+        if format == "speculators":
+            s = speculators_support(read_json(path / "config.json"))
+            if s.status == "unknown":
+                warn(f"cannot tell whether vLLM serves EAGLE-3 heads on {s.architecture or 'this target'} ({s.source})")
         log(f"[bold green]done:[/] {format} head in {path}")

@@ -125,3 +125,78 @@ def test_preflight_refuses_heads_with_biases(tmp_path, tiny_target_dir):
     save_file(t, str(head / "model.safetensors"))
     errors = [p.what for p in check_head(head, tiny_target_dir) if p.is_error]
     assert any("bias tensors (midlayer.self_attn.q_proj.bias)" in e for e in errors), errors
+
+
+# ---------------------------------------------------------------- engines
+def test_sglang_table_is_what_sglangs_source_says():
+    from eagle3cli.model.engines import (
+        SGLANG_EAGLE3_TARGETS,
+        SGLANG_TABLE_VERSION,
+        _installed_sglang_models,
+        sglang_eagle3_architectures,
+    )
+
+    found = _installed_sglang_models()
+    if found is None or found[0] != SGLANG_TABLE_VERSION:
+        pytest.skip(f"SGLang {SGLANG_TABLE_VERSION} is not installed (make sglang-cpu)")
+    assert sglang_eagle3_architectures(found[1]) == SGLANG_EAGLE3_TARGETS
+    assert {
+        "LlamaForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Gemma3ForCausalLM",
+        "GptOssForCausalLM",
+    } <= SGLANG_EAGLE3_TARGETS
+    assert not {"Gemma2ForCausalLM", "MixtralForCausalLM"} & SGLANG_EAGLE3_TARGETS
+
+
+EXPECTED_SUPPORT = {  # family -> (sglang, vllm)
+    "llama3.1": ("yes", "yes"),
+    "qwen2.5": ("yes", "yes"),
+    "qwen3": ("yes", "yes"),
+    "mistral": ("yes", "yes"),
+    "qwen3-moe": ("yes", "yes"),
+    "gemma2": ("no", "no"),
+    "gemma3": ("yes", "unknown"),
+    "gpt-oss": ("yes", "yes"),
+}
+
+
+def test_preflight_refuses_targets_the_engine_cannot_serve(family, tmp_path):
+    name, path, model = family
+    draft = Eagle3Draft(draft_config_from_target(model.config, 300, default_aux_layer_ids(6)))
+    init_draft_from_target(draft, model, torch.zeros(300, dtype=torch.long))
+    head = save_head(draft, tmp_path / "head", {"path": str(path), "num_hidden_layers": 6})
+    arch = json.loads((path / "config.json").read_text())["architectures"]
+    assert json.loads((head / "config.json").read_text())["eagle3"]["target_architectures"] == arch
+    for engine, want in zip(("sglang", "vllm"), EXPECTED_SUPPORT[name], strict=True):
+        problems = [p for p in check_head(head, path, engine) if "EAGLE-3 head" in p.what]
+        if want == "yes":
+            assert not problems, problems
+        elif want == "no":
+            (p,) = problems
+            assert p.is_error and f"cannot serve an EAGLE-3 head on a {arch[0]}" in p.what
+            assert ("set_eagle3_layers_to_capture" if engine == "sglang" else "SupportsEagle3") in p.what
+        else:
+            (p,) = problems
+            assert not p.is_error and "cannot tell" in p.what
+
+
+def test_speculators_export_refuses_a_target_vllm_cannot_serve(tmp_path):
+    from eagle3cli.errors import UsageError
+    from eagle3cli.model.export import export_head
+
+    for name in ("gemma2", "llama3.1"):
+        path = build_family_target(name, tmp_path / name)
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(path))
+        draft = Eagle3Draft(draft_config_from_target(model.config, 300, default_aux_layer_ids(6)))
+        head = save_head(draft, tmp_path / f"{name}-head", {"path": str(path)})
+        if name == "gemma2":
+            with pytest.raises(UsageError, match="vLLM cannot serve an EAGLE-3 head on a Gemma2ForCausalLM"):
+                export_head(head, "speculators", tmp_path / "spec-gemma2")
+            assert not (tmp_path / "spec-gemma2").exists()
+        else:
+            out = export_head(head, "speculators", tmp_path / "spec-llama")
+            cfg = json.loads((out / "config.json").read_text())
+            assert cfg["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
