@@ -48,7 +48,7 @@ from ..model.target import (
     validate_aux_layer_ids,
 )
 from . import vocab as V
-from .masks import _special_ids, check_template, cut_turns, mask_conversation
+from .masks import TemplateRefusal, _special_ids, check_template, has_assistant_output, mask_data_record
 from .reader import INDEX_FILE, VOCAB_FILE
 from .storage import STORAGES, bf16_layout_bytes, bytes_per_token, feature_keys
 from .writer import Sample, save_atomic, write_shard
@@ -164,17 +164,26 @@ def read_records(data_dir: Path, manifest: dict, limit: int | None):
                 try:
                     rec = json.loads(line)
                     msgs = rec["messages"]
-                    assert isinstance(msgs, list) and all(
-                        m["role"] in ("system", "user", "assistant") and isinstance(m["content"], str) for m in msgs
-                    )
+                    assert isinstance(msgs, list) and all(_is_message(m) for m in msgs)
                 except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as e:
                     raise UsageError(
                         f"{path}:{lineno} is not a data record ({type(e).__name__})",
-                        '{"id": ..., "source": ..., "messages": [{"role": "system|user|assistant", "content": str}]}',
+                        '{"id": ..., "source": ..., "messages": [{"role": "system|user|assistant|tool", "content": str, '
+                        '"reasoning_content"?: str, "tool_calls"?: [...]}], "tools"?: [...]}',
                         GEN_DATA_CMD,
                     ) from e
                 n += 1
                 yield rec, f"{s['file']}:{lineno}"
+
+
+def _is_message(m) -> bool:
+    return (
+        isinstance(m, dict)
+        and m["role"] in ("system", "user", "assistant", "tool")
+        and isinstance(m["content"], str)
+        and isinstance(m.get("reasoning_content", ""), str)
+        and isinstance(m.get("tool_calls", []), list)
+    )
 
 
 def check_data(cfg: CacheConfig) -> dict:
@@ -207,31 +216,53 @@ def check_target_matches_data(data_manifest: dict, ident, data_dir: Path) -> Non
 def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict):
     special = _special_ids(tok)
     samples: list[Sample] = []
-    counts = {"records": 0, "samples": 0, "tokens": 0, "masked_tokens": 0, "truncated": 0, "skipped": {}}
+    counts = {
+        "records": 0,
+        "samples": 0,
+        "turn_samples": 0,
+        "tokens": 0,
+        "masked_tokens": 0,
+        "truncated": 0,
+        "skipped": {},
+    }
 
     def skip(reason: str) -> None:
         counts["skipped"][reason] = counts["skipped"].get(reason, 0) + 1
 
+    refused = 0
     for rec, where in read_records(data_dir, data_manifest, cfg.max_samples):
         counts["records"] += 1
         sid = str(rec.get("id", where))
-        if not any(m["role"] == "assistant" and m["content"].strip() for m in rec["messages"]):
+        if not has_assistant_output(rec["messages"]):
             skip("no assistant message")
             continue
-        s = mask_conversation(
-            tok, rec["messages"], cfg.max_length, sample_id=sid, special_ids=special, cut_turns=cut_turns(rec)
-        )
-        if s.truncated:
-            counts["truncated"] += 1
-        if not any(s.loss_mask):
-            skip(f"no assistant tokens within --max-length {cfg.max_length}")
+        try:
+            masked = mask_data_record(tok, rec, cfg.max_length, special, sid)
+        except TemplateRefusal as e:
+            # one conversation the template will not render (e.g. a system turn for Gemma-2): skip it, go on
+            skip("chat template refused the conversation")
+            refused += 1
+            if refused <= 3:
+                warn(f"{where}: {e.message}")
             continue
-        samples.append(
-            Sample(len(samples), sid, np.asarray(s.input_ids, dtype=np.int32), np.asarray(s.loss_mask, dtype=bool))
-        )
-        counts["samples"] += 1
-        counts["tokens"] += len(s.input_ids)
-        counts["masked_tokens"] += int(sum(s.loss_mask))
+        for s in masked:
+            if s.truncated:
+                counts["truncated"] += 1
+            if not any(s.loss_mask):
+                skip(f"no assistant tokens within --max-length {cfg.max_length}")
+                continue
+            counts["turn_samples"] += bool(s.suffix)  # a reasoning turn the whole render drops, trained alone
+            samples.append(
+                Sample(
+                    len(samples),
+                    sid + s.suffix,
+                    np.asarray(s.input_ids, dtype=np.int32),
+                    np.asarray(s.loss_mask, dtype=bool),
+                )
+            )
+            counts["samples"] += 1
+            counts["tokens"] += len(s.input_ids)
+            counts["masked_tokens"] += int(sum(s.loss_mask))
     if not samples:
         raise UsageError(
             f"no trainable samples in {data_dir} ({counts['records']} records; skipped: {counts['skipped']})",

@@ -22,7 +22,10 @@ PLAN_FIELDS = (
     "no_regenerate",
     "max_prompt_tokens",
     "max_turns",
+    "thinking",
+    "reasoning_effort",
 )
+THINKING = ("default", "on", "off", "mix")
 
 
 @dataclass(frozen=True)
@@ -75,6 +78,10 @@ class GenDataConfig:
     """cpu, cuda, cuda:1 ... (default: cuda if available)."""
     dtype: str | None = None
     """fp32 / bf16 / fp16 (default: bf16 on GPU, fp32 on CPU)."""
+    thinking: str = "default"
+    """Reasoning models: on | off (the template's enable_thinking), mix (half the records each, by seed), default (the template's)."""
+    reasoning_effort: tuple[str, ...] = ()
+    """Reasoning effort(s) for templates that take one (gpt-oss: low, medium, high); several: a seeded mix per record."""
     dry_run: bool = False
     """Show what would be read and one rendered prompt; write nothing."""
 
@@ -110,6 +117,10 @@ class GenDataConfig:
             errors.append(f"--temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             errors.append(f"--top-p must be in (0, 1], got {self.top_p!r}")
+        if self.thinking not in THINKING:
+            errors.append(f"--thinking {self.thinking!r}: choose one of {', '.join(THINKING)}")
+        if any(not isinstance(e, str) or not e.strip() for e in self.reasoning_effort):
+            errors.append(f"--reasoning-effort {self.reasoning_effort!r}: names such as low, medium, high")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:
             errors.append(f"--timeout must be > 0 seconds, got {self.timeout_s!r}")
         return errors

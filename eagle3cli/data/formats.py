@@ -1,9 +1,11 @@
 """Input formats -> one normalised conversation record; bad rows become rejects, never crashes.
 
 Normalised record: `{"id": str, "source": str, "messages": [{"role", "content"}, ...], "meta": {}}`
-with roles system|user|assistant. A record either alternates user/assistant after an optional
-leading system turn (a conversation with answers), or holds only user turns (a prompt-only
-source such as MT-bench or `{prompt}`): gen-data writes an assistant answer after every user turn.
+with roles system|user|assistant|tool (and `tools` when the row has tool schemas). A record either
+alternates user/assistant after an optional leading system turn (a conversation with answers;
+assistant turns may call tools, followed by the tool results), or holds only user turns (a
+prompt-only source such as MT-bench or `{prompt}`): gen-data writes an answer after every user
+turn. The message schema (reasoning, tool calls) and its checks are in `messages.py`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..sources import resolve as resolve_source
+from .messages import ROLES, BadRecord, check_conversation, message, record_tools, sharegpt_function_call
 
 ACCEPTED_SHAPES = (
     "ShareGPT {conversations: [{from: human|gpt|system, value}]} (JSON array or JSONL); "
@@ -38,18 +41,13 @@ SHAREGPT_ROLES = {
     "bing": "assistant",
     "model": "assistant",
     "system": "system",
+    "tool": "tool",
+    "function": "tool",
+    "ipython": "tool",  # Llama 3.1's tool-result role
+    "observation": "tool",  # LLaMA-Factory's ShareGPT tool format (with `function_call` turns)
+    "function_call": "assistant",
 }
-ROLES = ("system", "user", "assistant")
-# Roles (and ShareGPT `from` values) of tool calls and their results: not text eagle3 can regenerate.
-TOOL_ROLES = ("tool", "function", "function_call", "observation", "ipython")
-
-
-class BadRecord(Exception):
-    """A row that cannot be used; `reason` is a short stable key counted in the manifest."""
-
-    def __init__(self, reason: str, detail: str = ""):
-        self.reason, self.detail = reason, detail
-        super().__init__(f"{reason}: {detail}" if detail else reason)
+__all__ = ["ROLES", "BadRecord"]
 
 
 @dataclass
@@ -128,37 +126,11 @@ def _printable(text: str) -> str:
 
 def check_messages(messages: list[dict]) -> None:
     """Raise BadRecord unless the turns form a usable conversation (see module doc)."""
-    if not isinstance(messages, list) or not messages:
-        raise BadRecord("missing_fields", "no turns")
+    check_conversation(messages)
     for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise BadRecord("missing_fields", f"turn {i} is not an object")
-        if m.get("role") in TOOL_ROLES or m.get("tool_calls") or m.get("function_call"):
-            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
-        if m.get("role") not in ROLES:
-            raise BadRecord("unknown_role", f"turn {i} role {m.get('role')!r}")
-        c = m.get("content")
-        if not isinstance(c, str):
-            raise BadRecord("non_string_content", f"turn {i} content is {type(c).__name__}")
-        if not c.strip():
-            raise BadRecord("empty_content", f"turn {i} ({m['role']}) is empty")
-        if not _is_unicode(c):
-            raise BadRecord("invalid_unicode", f"turn {i} ({m['role']}) {_UNICODE_PROBLEM}")
-    roles = [m["role"] for m in messages]
-    body = roles[1:] if roles[0] == "system" else roles
-    if "system" in body:
-        raise BadRecord("wrong_role_order", "system turn after the start")
-    if "user" not in body:
-        raise BadRecord("no_user_turn", "no user turn")
-    if body[0] != "user":
-        raise BadRecord("wrong_role_order", f"first turn is {body[0]}, expected user")
-    if "assistant" in body:
-        for i, r in enumerate(body):
-            if r != ("user" if i % 2 == 0 else "assistant"):
-                raise BadRecord(
-                    "wrong_role_order",
-                    f"turn {i + (len(roles) - len(body))} is {r}, turns must alternate user/assistant",
-                )
+        for key in ("content", "reasoning_content"):
+            if isinstance(m.get(key), str) and not _is_unicode(m[key]):
+                raise BadRecord("invalid_unicode", f"turn {i} ({m['role']}) {_UNICODE_PROBLEM}")
 
 
 def _turn(role: str, content) -> dict:
@@ -174,11 +146,12 @@ def _from_sharegpt(row: dict) -> list[dict]:
         if not isinstance(t, dict) or "from" not in t or "value" not in t:
             raise BadRecord("missing_fields", f"turn {i} lacks from/value")
         role = SHAREGPT_ROLES.get(str(t["from"]).lower())
-        if str(t["from"]).lower() in TOOL_ROLES:
-            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
         if role is None:
             raise BadRecord("unknown_role", f"turn {i} from {t['from']!r}")
-        out.append(_turn(role, t["value"]))
+        if str(t["from"]).lower() == "function_call":
+            out.append(sharegpt_function_call(t["value"], f"turn {i}"))
+        else:
+            out.append(message(role, {"content": t["value"]}, f"turn {i}"))
     return out
 
 
@@ -188,12 +161,10 @@ def _from_messages(row: dict) -> list[dict]:
         raise BadRecord("missing_fields", "messages is not a list")
     out = []
     for i, t in enumerate(msgs):
-        if isinstance(t, dict) and (t.get("tool_calls") or t.get("function_call") or t.get("role") in TOOL_ROLES):
-            raise BadRecord("tool_call", f"turn {i} is a tool call or tool result; only text turns are regenerated")
-        if not isinstance(t, dict) or "role" not in t or "content" not in t:
+        if not isinstance(t, dict) or "role" not in t or ("content" not in t and not t.get("tool_calls")):
             raise BadRecord("missing_fields", f"turn {i} lacks role/content")
         role = SHAREGPT_ROLES.get(str(t["role"]).lower()) if isinstance(t["role"], str) else None
-        out.append(_turn(role or t["role"], t["content"]))
+        out.append(message(role or t["role"], t, f"turn {i}"))
     return out
 
 
@@ -267,7 +238,16 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
     for k in ("category", "source"):
         if isinstance(row.get(k), str):
             meta[f"source_{k}"] = row[k]
-    return {"id": f"{source}:{rid if rid is not None else index}", "source": source, "messages": messages, "meta": meta}
+    record = {
+        "id": f"{source}:{rid if rid is not None else index}",
+        "source": source,
+        "messages": messages,
+        "meta": meta,
+    }
+    tools = record_tools(row)
+    if tools:
+        record["tools"] = tools
+    return record
 
 
 # ---------------------------------------------------------------- reading files

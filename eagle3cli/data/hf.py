@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..model.kvcache import growing_cache
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
@@ -23,13 +24,27 @@ def stop_token_ids(model, tokenizer) -> set[int]:
     return {int(i) for i in ids}
 
 
-def render_prompt(tokenizer, messages: list[dict]) -> str:
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+def render_prompt(
+    tokenizer, messages: list[dict], tools: list | None = None, template_kwargs: dict | None = None
+) -> str:
+    """The generation prompt; `TemplateRefusal` when the template refuses the conversation."""
+    return render(tokenizer, messages, True, tools, template_kwargs)
 
 
-def encode_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def encode_prompt(
+    tokenizer, messages: list[dict], tools: list | None = None, template_kwargs: dict | None = None
+) -> list[int]:
     # The template writes any BOS itself; adding special tokens again would double it.
-    return tokenizer(render_prompt(tokenizer, messages), add_special_tokens=False).input_ids
+    return tokenizer(render_prompt(tokenizer, messages, tools, template_kwargs), add_special_tokens=False).input_ids
+
+
+def decode_turn(tokenizer, ids: list[int]) -> tuple[str | None, str]:
+    """(reasoning, answer) of generated ids: `<think>` text, or harmony channels (special tokens,
+    so they are read before special tokens are dropped)."""
+    raw = tokenizer.decode(ids, skip_special_tokens=False)
+    if "<|channel|>" in raw:
+        return split_reasoning(raw)
+    return split_reasoning(tokenizer.decode(ids, skip_special_tokens=True))
 
 
 def _pick(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator] | None) -> torch.Tensor:
@@ -121,15 +136,15 @@ class HFBackend:
                 input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos[:, None], cache=cache, use_cache=True
             ).logits[:, -1]
             next_pos = next_pos + 1
-        return [
-            TurnOutput(
-                self.tokenizer.decode(out_ids[i], skip_special_tokens=True),
-                finish[i] or "length",
-                len(prompts[i]),
-                len(out_ids[i]) + (finish[i] == "stop"),
+        outs = []
+        for i in range(B):
+            reasoning, answer = decode_turn(self.tokenizer, out_ids[i])
+            outs.append(
+                TurnOutput(
+                    answer, finish[i] or "length", len(prompts[i]), len(out_ids[i]) + (finish[i] == "stop"), reasoning
+                )
             )
-            for i in range(B)
-        ]
+        return outs
 
     def batches(self, prompts: list[list[int]]) -> list[list[int]]:
         """Indices of prompts in batches of similar length (sorted), so little compute goes to padding."""
@@ -153,19 +168,25 @@ class HFBackend:
             prompts, seeds, batch = [], [], []
             for c in active:
                 msgs = c.history()
-                p = encode_prompt(self.tokenizer, msgs)
+                try:
+                    p = encode_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs)
+                except TemplateRefusal as e:  # e.g. Gemma-2's "System role not supported": this record only
+                    c.fail(TemplateRefusal.reason, f"turn {c.turn}: {e.message}")
+                    continue
                 if self.max_prompt_tokens and len(p) > self.max_prompt_tokens:
                     c.fail(
                         "prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}"
                     )
                     continue
                 if self.trace is not None:
-                    self.trace.append((c.record["id"], c.turn, render_prompt(self.tokenizer, msgs)))
+                    self.trace.append(
+                        (c.record["id"], c.turn, render_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs))
+                    )
                 prompts.append(p)
                 seeds.append(c.seed(self.sampling))
                 batch.append(c)
             for c in active:
-                if c.done:  # rejected before generating (prompt too long)
+                if c.done:  # rejected before generating (prompt too long, template refusal)
                     on_done(c)
             for chunk in self.batches(prompts):
                 outs = self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])

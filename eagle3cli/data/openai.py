@@ -20,11 +20,14 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 
 import httpx
 
+from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..urls import endpoint_url, redact_text
+from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
 # Statuses that blame the request itself: retrying the same request cannot help.
@@ -50,11 +53,13 @@ class OpenAIBackend:
         backoff_s: float = 0.5,
         model_name: str | None = None,
         api_key: str | None = None,
+        tokenizer=None,
     ):
         self.endpoints = list(endpoints)
         self.sampling, self.concurrency = sampling, concurrency
         self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
         self.model_name, self.api_key = model_name, api_key
+        self.tokenizer = tokenizer  # the target's: prompts its template refuses are rejected before a request
         self._rr = itertools.cycle(range(len(self.endpoints)))
         self.retried = 0  # attempts that failed and were retried (reported in the summary)
         self.unavailable: str | None = None  # set when the endpoints look down (see module doc)
@@ -86,11 +91,20 @@ class OpenAIBackend:
 
     async def _conversation(self, client, sem, conv: Conversation, on_done: OnDone) -> None:
         while not conv.done:
+            history = conv.history()
+            if self.tokenizer is not None:
+                try:  # the server would answer 400 with the same message (or render it some other way)
+                    render(self.tokenizer, history, True, conv.tools, conv.template_kwargs)
+                except TemplateRefusal as e:
+                    conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
+                    break
             try:
                 async with sem:
                     if self.unavailable is not None:
                         raise EndpointError("endpoint_error", f"not sent: {self.unavailable}")
-                    out = await self._complete(client, conv.history(), conv.seed(self.sampling))
+                    out = await self._complete(
+                        client, history, conv.seed(self.sampling), conv.tools, conv.template_kwargs
+                    )
             except EndpointError as e:
                 if e.transient:
                     conv.leave_pending(f"turn {conv.turn}: {e.detail}")
@@ -100,17 +114,32 @@ class OpenAIBackend:
             conv.add(out)
         on_done(conv)
 
-    async def _complete(self, client: httpx.AsyncClient, messages: list[dict], seed: int) -> TurnOutput:
+    async def _complete(
+        self,
+        client: httpx.AsyncClient,
+        messages: list[dict],
+        seed: int,
+        tools: list | None = None,
+        template_kwargs: dict | None = None,
+    ) -> TurnOutput:
         s = self.sampling
         body = {
             "model": self.model_name,
-            "messages": messages,
+            "messages": request_messages(messages),
             "max_tokens": s.max_new_tokens,
             "temperature": max(s.temperature, 0.0),
             "top_p": s.top_p if not s.greedy else 1.0,
             "seed": seed % (2**31),
             "stream": False,
         }
+        if tools:
+            body["tools"] = tools
+        if template_kwargs:
+            # vLLM and SGLang pass these to the chat template (Qwen3's enable_thinking); gpt-oss
+            # servers also read reasoning_effort as a request field
+            body["chat_template_kwargs"] = dict(template_kwargs)
+            if "reasoning_effort" in template_kwargs:
+                body["reasoning_effort"] = template_kwargs["reasoning_effort"]
         started, last = time.monotonic(), ""
         for attempt in range(self.retries + 1):
             url = endpoint_url(self.endpoints[next(self._rr)], "/v1/chat/completions")
@@ -150,13 +179,50 @@ class OpenAIBackend:
         try:
             data = r.json()
             choice = data["choices"][0]
-            text = choice["message"]["content"] or ""
+            msg = choice["message"]
+            text = msg["content"] or ""
             usage = data.get("usage") or {}
             if not isinstance(text, str):
                 raise TypeError(f"content is {type(text).__name__}")
             prompt_tokens = int(usage.get("prompt_tokens") or 0)
             completion_tokens = int(usage.get("completion_tokens") or 0)
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            calls = tool_calls(msg["tool_calls"], "response") if msg.get("tool_calls") else None
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError, BadRecord) as e:
             raise ValueError(f"{type(e).__name__}: {str(e)[:100]}") from e
+        # a server with a reasoning parser returns the thinking apart (vLLM: `reasoning` or
+        # `reasoning_content`); without one it stays inline in the content
+        reasoning = next((msg[k] for k in ("reasoning_content", "reasoning") if isinstance(msg.get(k), str)), None)
+        if not reasoning:
+            reasoning, text = split_reasoning(text)
         finish = choice.get("finish_reason") or "stop"
-        return TurnOutput(text, "length" if finish == "length" else "stop", prompt_tokens, completion_tokens)
+        return TurnOutput(
+            text,
+            "length" if finish == "length" else "stop",
+            prompt_tokens,
+            completion_tokens,
+            reasoning or None,
+            calls,
+        )
+
+
+def request_messages(messages: list[dict]) -> list[dict]:
+    """Our messages in the OpenAI request form: tool-call arguments as JSON text, call ids present."""
+    out = []
+    for k, m in enumerate(messages):
+        m = dict(m)
+        if m.get("tool_calls"):
+            m["tool_calls"] = [
+                {
+                    "id": c.get("id") or f"call_{k}_{j}",
+                    "type": "function",
+                    "function": {
+                        "name": c["function"]["name"],
+                        "arguments": c["function"]["arguments"]
+                        if isinstance(c["function"]["arguments"], str)
+                        else json.dumps(c["function"]["arguments"], ensure_ascii=False),
+                    },
+                }
+                for j, c in enumerate(m["tool_calls"])
+            ]
+        out.append(m)
+    return out

@@ -24,10 +24,12 @@ class Sampling:
 
 @dataclass
 class TurnOutput:
-    text: str
+    text: str  # the answer (reasoning split off)
     finish_reason: str  # "stop" | "length"
     prompt_tokens: int
     completion_tokens: int
+    reasoning: str | None = None  # the thinking, when the model wrote some (<think>, analysis channel)
+    tool_calls: list | None = None  # OpenAI tool calls the server parsed out of the answer
 
 
 def turn_seed(seed: int, record_id: str, turn: int) -> int:
@@ -37,25 +39,54 @@ def turn_seed(seed: int, record_id: str, turn: int) -> int:
     return int.from_bytes(digest[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 
+def template_kwargs_for(seed: int, record_id: str, thinking: str, efforts: tuple[str, ...]) -> dict:
+    """This record's chat-template settings: `enable_thinking` (on/off, or a seeded half-half mix)
+    and a `reasoning_effort` drawn from `efforts`; pure in (seed, id), so a resume agrees."""
+    kw: dict = {}
+    if thinking in ("on", "off"):
+        kw["enable_thinking"] = thinking == "on"
+    elif thinking == "mix":
+        kw["enable_thinking"] = turn_seed(seed, record_id, -1) % 2 == 0
+    if efforts:
+        kw["reasoning_effort"] = efforts[turn_seed(seed, record_id, -2) % len(efforts)]
+    return kw
+
+
 @dataclass
 class Conversation:
-    """One record being regenerated: system prompt + user turns; answers are appended in order."""
+    """One record being regenerated. Its assistant answers are slots filled in order, each
+    conditioned on the regenerated history; everything else is kept: system and user turns,
+    tool results, and assistant turns that call tools (their results are in the data; a tool
+    cannot be run again here). A prompt-only record gets an answer slot after each user turn."""
 
     index: int  # position in the run's plan (output order)
     record: dict
     drop_truncated: bool = False
-    system: list[dict] = field(init=False)
-    users: list[str] = field(init=False)
-    answers: list[str] = field(default_factory=list)
+    template_kwargs: dict = field(default_factory=dict)  # this record's chat-template settings (thinking...)
+    messages: list[dict] = field(init=False)
+    slots: list[int] = field(init=False)  # message indices to generate
+    placeholders: set[int] = field(init=False)  # slots with no original answer
+    answers: list[dict] = field(default_factory=list)  # generated assistant messages, one per filled slot
     turn_meta: list[dict] = field(default_factory=list)
     reject: tuple[str, str] | None = None
     stopped_early: bool = False
     pending: str | None = None  # a transient failure: not journaled, a rerun regenerates it
 
     def __post_init__(self):
-        msgs = self.record["messages"]
-        self.system = [m for m in msgs[:1] if m["role"] == "system"]
-        self.users = [m["content"] for m in msgs if m["role"] == "user"]
+        msgs, self.placeholders = [], set()
+        src = self.record["messages"]
+        for i, m in enumerate(src):
+            msgs.append(dict(m))
+            if m["role"] == "user" and (i + 1 == len(src) or src[i + 1]["role"] != "assistant"):
+                # an unanswered user turn (prompt-only sources, a trailing question): an answer slot
+                self.placeholders.add(len(msgs))
+                msgs.append({"role": "assistant", "content": ""})
+        self.messages = msgs
+        self.slots = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and not m.get("tool_calls")]
+
+    @property
+    def tools(self) -> list | None:
+        return self.record.get("tools") or None
 
     @property
     def turn(self) -> int:
@@ -63,14 +94,16 @@ class Conversation:
 
     @property
     def done(self) -> bool:
-        return self.reject is not None or self.pending is not None or self.stopped_early or self.turn >= len(self.users)
+        return self.reject is not None or self.pending is not None or self.stopped_early or self.turn >= len(self.slots)
+
+    def _filled(self, upto: int) -> list[dict]:
+        """messages[:upto] with the filled slots replaced by their answers."""
+        rank = {i: k for k, i in enumerate(self.slots)}
+        return [self.answers[rank[i]] if i in rank else m for i, m in enumerate(self.messages[:upto])]
 
     def history(self) -> list[dict]:
-        """Messages so far, ending with the next user turn (the prompt for the next answer)."""
-        msgs = list(self.system)
-        for u, a in zip(self.users, self.answers):
-            msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
-        return msgs + [{"role": "user", "content": self.users[self.turn]}]
+        """Messages so far, up to the next answer slot (the prompt for the next answer)."""
+        return self._filled(self.slots[self.turn])
 
     def seed(self, sampling: Sampling) -> int:
         return turn_seed(sampling.seed, self.record["id"], self.turn)
@@ -82,10 +115,16 @@ class Conversation:
             if not self.answers:
                 self.reject = ("truncated", f"turn 0 hit max_new_tokens ({out.completion_tokens} tokens)")
             return
-        if not out.text.strip():
+        if not out.text.strip() and not out.tool_calls:
             self.reject = ("empty_generation", f"turn {self.turn} generated no text")
             return
-        self.answers.append(out.text)
+        slot = self.slots[self.turn]
+        answer = {"role": "assistant", "content": out.text}
+        if out.reasoning:
+            answer["reasoning_content"] = out.reasoning
+        if out.tool_calls:
+            answer["tool_calls"] = out.tool_calls
+        self.answers.append(answer)
         self.turn_meta.append(
             {
                 "finish_reason": out.finish_reason,
@@ -93,6 +132,25 @@ class Conversation:
                 "completion_tokens": out.completion_tokens,
             }
         )
+        following = self.messages[slot + 1] if slot + 1 < len(self.messages) else None
+        if out.tool_calls and (following is None or following["role"] != "tool"):
+            # a call whose result the data does not hold: nothing after it can be conditioned right
+            self.stopped_early = True
+
+    def keep(self, count_tokens) -> None:
+        """--no-regenerate: the record's own answers fill the slots (token-counted), up to the first
+        unanswered user turn."""
+        if not self.slots or self.slots[0] in self.placeholders:
+            self.fail("no_assistant_answer", "--no-regenerate keeps original answers, and this record has none")
+            return
+        for i in self.slots:
+            if i in self.placeholders:
+                self.stopped_early = True
+                break
+            self.answers.append(self.messages[i])
+            self.turn_meta.append(
+                {"finish_reason": "original", "prompt_tokens": 0, "completion_tokens": count_tokens(self.messages[i])}
+            )
 
     def fail(self, reason: str, detail: str) -> None:
         """A content-level failure: the record is rejected for good, with the reason."""
@@ -104,20 +162,32 @@ class Conversation:
         self.pending = redact_text(why)
 
     def result(self) -> dict:
-        """The output record (data contract): messages alternate and end with an assistant turn."""
-        msgs = list(self.system)
-        for u, a in zip(self.users, self.answers):
-            msgs += [{"role": "user", "content": u}, {"role": "assistant", "content": a}]
+        """The output record (data contract): the conversation up to its last filled slot, so it
+        ends with an assistant answer. `meta.turns` has one entry per assistant message."""
+        msgs = self._filled(self.slots[self.turn - 1] + 1)
+        rank = {i: k for k, i in enumerate(self.slots)}
+        turns = [
+            self.turn_meta[rank[i]]
+            if i in rank
+            else {"finish_reason": "original", "prompt_tokens": 0, "completion_tokens": 0, "kept": "tool_call"}
+            for i, m in enumerate(msgs)
+            if m["role"] == "assistant"
+        ]
         meta = dict(self.record.get("meta", {}))
         meta.update(
             {
                 "regenerated": True,
-                "turns": self.turn_meta,
-                "truncated": any(t["finish_reason"] == "length" for t in self.turn_meta),
-                "dropped_turns": len(self.users) - len(self.answers),
+                "turns": turns,
+                "truncated": any(t["finish_reason"] == "length" for t in turns),
+                "dropped_turns": len(self.slots) - len(self.answers),
             }
         )
-        return {"id": self.record["id"], "source": self.record["source"], "messages": msgs, "meta": meta}
+        if self.template_kwargs:
+            meta["chat_template_kwargs"] = dict(self.template_kwargs)
+        out = {"id": self.record["id"], "source": self.record["source"], "messages": msgs, "meta": meta}
+        if self.tools:
+            out["tools"] = self.tools
+        return out
 
     def reject_record(self) -> dict:
         reason, detail = self.reject

@@ -33,10 +33,11 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
+from ..model.chat import TemplateRefusal, render
 from ..urls import redact_text
 from .config import PLAN_FIELDS, GenDataConfig
 from .formats import ReadResult, build_plan, limit_turns, parse_input_spec, read_input
-from .regen import Conversation, Sampling
+from .regen import Conversation, Sampling, template_kwargs_for
 
 PROGRESS = "progress"
 STATE = "state.json"
@@ -181,22 +182,20 @@ class Journal:
 
 # ---------------------------------------------------------------- no-regenerate
 def keep_original(conv: Conversation, tokenizer) -> None:
-    """--no-regenerate: the record's own answers, token-counted; prompt-only records are rejected."""
-    msgs = conv.record["messages"]
-    answers = [m["content"] for m in msgs if m["role"] == "assistant"]
-    if not answers:
-        conv.fail("no_assistant_answer", "--no-regenerate keeps original answers, and this record has none")
+    """--no-regenerate: the record's own answers, token-counted; prompt-only records are rejected,
+    and so are conversations the target's template refuses (the cache could not render them)."""
+
+    def count(m: dict) -> int:
+        text = (m.get("reasoning_content") or "") + (m.get("content") or "")
+        return len(tokenizer(text, add_special_tokens=False).input_ids)
+
+    conv.keep(count)
+    if conv.reject is not None:
         return
-    conv.users = conv.users[: len(answers)]  # a trailing unanswered user turn is dropped
-    for a in answers:
-        conv.answers.append(a)
-        conv.turn_meta.append(
-            {
-                "finish_reason": "original",
-                "prompt_tokens": 0,
-                "completion_tokens": len(tokenizer(a, add_special_tokens=False).input_ids),
-            }
-        )
+    try:
+        render(tokenizer, conv.result()["messages"], False, conv.tools, conv.template_kwargs, conv.record["id"])
+    except TemplateRefusal as e:
+        conv.fail(TemplateRefusal.reason, e.message)
 
 
 # ---------------------------------------------------------------- backends
@@ -214,12 +213,18 @@ def make_backend(cfg: GenDataConfig, tokenizer):
             cfg.backoff_s,
             cfg.served_model_name,
             os.environ.get("OPENAI_API_KEY"),
+            tokenizer=tokenizer,
         )
     from ..model.target import load_target
     from .hf import HFBackend
 
     model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
     return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
+
+
+def conversation(cfg: GenDataConfig, index: int, record: dict) -> Conversation:
+    kw = template_kwargs_for(cfg.seed, record["id"], cfg.thinking, tuple(cfg.reasoning_effort))
+    return Conversation(index, record, cfg.drop_truncated, kw)
 
 
 # ---------------------------------------------------------------- dry run
@@ -250,9 +255,14 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
         f"user turns) with backend {cfg.backend} into {cfg.out_dir or '(no output folder given)'}"
     )
     if plan:
-        first = Conversation(0, plan[0])
+        first = conversation(cfg, 0, plan[0])
         log(f"[bold]first prompt[/] ({plan[0]['id']}), rendered with the target's chat template:")
-        console.print(render_prompt(tokenizer, first.history()), markup=False, highlight=False)
+        try:
+            text = render_prompt(tokenizer, first.history(), first.tools, first.template_kwargs)
+        except TemplateRefusal as e:
+            warn(f"the template refuses it (gen-data rejects such records): {e.message}")
+        else:
+            console.print(text, markup=False, highlight=False)
 
 
 # ---------------------------------------------------------------- the stage
@@ -306,7 +316,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
             if down is not None:  # the endpoints are down: later shards would only wait through retries
                 left.update({p: f"not sent: {down}" for p in range(lo, hi) if p not in entries})
                 continue
-            pending = [Conversation(p, plan[p], cfg.drop_truncated) for p in range(lo, hi) if p not in entries]
+            pending = [conversation(cfg, p, plan[p]) for p in range(lo, hi) if p not in entries]
             journal = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
 
             def on_done(c: Conversation, journal=journal, entries=entries) -> None:

@@ -125,16 +125,18 @@ class OnlineSource:
         draft_vocab_size: int,
         max_length: int,
     ):
-        from ..cache.masks import cut_turns, mask_conversation
+        from ..cache.masks import TemplateRefusal, mask_data_record
         from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
         self.samples: list[tuple[list[int], list[bool]]] = []
         for r in read_conversations(data_dir):
-            # the cache's exact masking: an end-of-turn the target never emitted (cut turns) is not trained
-            ms = mask_conversation(tokenizer, r["messages"], max_length, r.get("id", "?"), cut_turns=cut_turns(r))
-            if any(ms.loss_mask):
-                self.samples.append((ms.input_ids, ms.loss_mask))
+            # exactly the cache's samples: per-turn reasoning samples, cut turns, template refusals skipped
+            try:
+                masked = mask_data_record(tokenizer, r, max_length)
+            except TemplateRefusal:
+                continue
+            self.samples += [(ms.input_ids, ms.loss_mask) for ms in masked if any(ms.loss_mask)]
         if not self.samples:
             raise UsageError(
                 f"{data_dir} has no conversation with an assistant turn",

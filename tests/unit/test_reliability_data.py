@@ -229,7 +229,7 @@ def test_row_level_problems_reject_rows_not_files(tmp_path):
     assert [(x["row"], x["reason"]) for x in r.rejects] == [
         (1, "invalid_unicode"),
         (2, "duplicate_id"),
-        (3, "tool_call"),
+        (3, "bad_tool_call"),  # tool calls are data now; one without a function name is not
     ]
     json.dumps(r.rejects, ensure_ascii=False).encode("utf-8")  # every reject can be written
 
