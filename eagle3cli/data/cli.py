@@ -60,6 +60,13 @@ def register(app: typer.Typer) -> None:
             "--no-regenerate/--regenerate",
             help="Keep the original assistant answers (manifest regenerated: false).",
         ),
+        thinking: str = typer.Option(
+            None,
+            help="Reasoning models: on | off (the template's enable_thinking) | mix (seeded half-half) | default.",
+        ),
+        reasoning_effort: list[str] = typer.Option(
+            None, help="Reasoning effort for templates that take one (gpt-oss: low/medium/high); repeat to mix."
+        ),
         device: str = typer.Option(None, help="cpu / cuda / cuda:N (hf backend)."),
         dtype: str = typer.Option(None, help="fp32 / bf16 / fp16 (hf backend; default bf16 on GPU)."),
         dry_run: bool = typer.Option(
@@ -70,8 +77,10 @@ def register(app: typer.Typer) -> None:
         """Regenerate the assistant turns of prompt datasets with the target model.
 
         Reads ShareGPT, UltraChat, {messages}/{prompt} JSONL, GSM8K, MT-bench, Parquet or cached HF
-        datasets; regenerates every assistant turn in order, each conditioned on the regenerated
-        history; writes sharded JSONL + rejects.jsonl + manifest.json. Re-running the same command
+        datasets; regenerates every assistant answer in order, each conditioned on the regenerated
+        history (tool-calling turns and tool results are kept; reasoning is stored apart, with
+        thinking on/off as --thinking says); writes sharded JSONL + rejects.jsonl + manifest.json.
+        Conversations the target's template refuses are rejected. Re-running the same command
         resumes an interrupted run.
         """
         from ..config import build_config
@@ -103,6 +112,8 @@ def register(app: typer.Typer) -> None:
             shard_size=shard_size,
             drop_truncated=drop_truncated,
             no_regenerate=no_regenerate,
+            thinking=thinking,
+            reasoning_effort=tuple(reasoning_effort) if reasoning_effort else None,
             device=device,
             dtype=dtype,
             dry_run=dry_run,

@@ -20,6 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..model.chat import TemplateRefusal
 from .hf import HFBackend, encode_prompt
 from .regen import Sampling
 
@@ -81,15 +82,17 @@ class ModelServer:
         if not isinstance(messages, list) or not messages:
             raise ValueError("messages must be a non-empty list")
         s = self._sampling(body, "max_tokens")
-        out = self._run(encode_prompt(self.tokenizer, messages), s)
+        prompt = encode_prompt(self.tokenizer, messages, body.get("tools"), body.get("chat_template_kwargs"))
+        out = self._run(prompt, s)
+        message = {"role": "assistant", "content": out.text}
+        if out.reasoning:  # as a server with a reasoning parser answers
+            message["reasoning_content"] = out.reasoning
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex[:12]}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.served_model_name,
-            "choices": [
-                {"index": 0, "message": {"role": "assistant", "content": out.text}, "finish_reason": out.finish_reason}
-            ],
+            "choices": [{"index": 0, "message": message, "finish_reason": out.finish_reason}],
             "usage": {
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,
@@ -172,6 +175,8 @@ class ModelServer:
                     result = server.chat(body) if route == "/v1/chat/completions" else server.generate(body)
                 except (ValueError, TypeError, KeyError) as e:
                     return self._send(400, {"error": {"message": str(e)}})
+                except TemplateRefusal as e:  # the chat template raised: the request is wrong, as vLLM says
+                    return self._send(400, {"error": {"message": e.message}})
                 self._send(200, result)
 
         return Handler
