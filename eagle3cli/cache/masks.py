@@ -165,7 +165,7 @@ def _advance(text: str, m: dict, cursor: int) -> int:
     return pos + len(content) if pos >= 0 else cursor
 
 
-def _check_span(tokenizer, got: str, turn: _Turn, m: dict, sid: str, style: str) -> None:
+def _check_span(got: str, turn: _Turn, m: dict, sid: str, style: str) -> None:
     """What training sees as this assistant turn must be this turn: its text, answer, reasoning, calls."""
     if turn.generated is None:
         if got.strip() != (m.get("content") or "").strip():
@@ -204,7 +204,7 @@ def _sample(
             mask[k] = True
         token_spans.append((first, last + end))
         got = tokenizer.decode(ids[first:last], skip_special_tokens=False)
-        _check_span(tokenizer, got, turn, m, sid, style)
+        _check_span(got, turn, m, sid, style)
         if turn.generated is None and any(i in special for i in ids[first:last]):
             raise _template_error(sid, "a special token falls inside an assistant message")
     return ids, mask, token_spans
