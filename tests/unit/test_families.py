@@ -69,12 +69,24 @@ def test_teacher_uses_the_targets_logit_processing(family):
     name, _, model = family
     ids = _ids(model, 16)
     hidden = model.model(input_ids=ids).last_hidden_state
-    v = model.config.vocab_size
-    d2t = torch.zeros(200, dtype=torch.long) + torch.arange(0, 400, 2)[:200] - torch.arange(200)
+    logits = target_logits(model, hidden)
+    # a draft vocab holding every position's target argmax, so every position has a teacher row
+    wanted = sorted(set(logits.argmax(-1).flatten().tolist()))
+    fill = [i for i in range(0, model.config.vocab_size, 3) if i not in wanted][: 200 - len(wanted)]
+    draft_ids = torch.tensor(sorted(wanted + fill))
+    d2t = draft_ids - torch.arange(len(draft_ids))
     t = teacher_from_hidden(hidden, model.lm_head.weight, d2t, spec=logit_spec(model.config))
-    want = torch.softmax(target_logits(model, hidden)[..., torch.arange(200) + d2t], dim=-1)
-    torch.testing.assert_close(t.probs, want, rtol=1e-5, atol=1e-6)
-    assert t.probs.shape[-1] == 200 and v > 400
+    want = torch.softmax(logits[..., draft_ids], dim=-1)
+    assert bool(t.valid.all()) and t.probs.shape == (16, len(draft_ids))
+    for b, i in ((0, k) for k in range(16)):
+        torch.testing.assert_close(t.at(b, i), want[b, i], rtol=1e-5, atol=1e-6)
+    if name == "gemma2":  # at real logit scales the cap changes the distribution the draft learns
+        big = hidden * 1000
+        capped = teacher_from_hidden(big, model.lm_head.weight, d2t, spec=logit_spec(model.config))
+        plain = teacher_from_hidden(big, model.lm_head.weight, d2t)
+        want = torch.softmax(target_logits(model, big)[..., draft_ids], dim=-1)
+        torch.testing.assert_close(capped.probs, want[0][capped.row[0] >= 0], rtol=1e-4, atol=1e-6)
+        assert (capped.probs - plain.probs).abs().max() > 0.05
 
 
 def test_draft_head_for_every_family_loads_and_passes_preflight(family, tmp_path):
