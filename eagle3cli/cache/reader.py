@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 
 from ..errors import StageError, UsageError
 from ..manifest import atomic_write_json, contained, read_json, read_manifest, sha256_file, verify_shards
-from .storage import decode, feature_keys
+from .storage import OPTIONAL_KEYS, decode, feature_keys
 
 INDEX_FILE = "index.safetensors"
 VOCAB_FILE = "vocab.safetensors"
@@ -75,6 +75,7 @@ class CacheReader:
             )
         self._handles: dict[int, object] = {}
         self._offsets: dict[int, list[int]] = {}
+        self._keys: dict[int, set[str]] = {}
         self._pid = os.getpid()
         self._verified: dict | None = None
 
@@ -85,6 +86,7 @@ class CacheReader:
         if self._pid != os.getpid():  # forked worker: do not share mmaps/handles with the parent
             self._handles.clear()
             self._offsets.clear()
+            self._keys.clear()
             self._pid = os.getpid()
         h = self._handles.get(j)
         if h is None:
@@ -92,6 +94,7 @@ class CacheReader:
             h = safe_open(str(self.dir / self.manifest["shards"][j]["file"]), framework="pt")
             self._handles[j] = h
             self._offsets[j] = h.get_tensor("offsets").tolist()
+            self._keys[j] = set(h.keys())
         return h
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
@@ -104,6 +107,7 @@ class CacheReader:
         local = i - self._starts[j]
         a, b = self._offsets[j][local], self._offsets[j][local + 1]
         raw = {k: h.get_slice(k)[a:b] for k in feature_keys(self.storage)}
+        raw.update({k: h.get_slice(k)[a:b] for k in OPTIONAL_KEYS[self.storage] if k in self._keys[j]})
         out = {
             "input_ids": h.get_slice("input_ids")[a:b].to(torch.int64),
             "loss_mask": h.get_slice("loss_mask")[a:b].to(torch.bool),

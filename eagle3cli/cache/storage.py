@@ -55,6 +55,14 @@ def topk_logprobs(last_hidden: torch.Tensor, logits_fn, k: int, rows: int = 1024
     return torch.cat(ids), torch.cat(lps)
 
 
+@torch.no_grad()
+def target_argmax(last_hidden: torch.Tensor, logits_fn, rows: int = 1024) -> torch.Tensor:
+    """The target's own next-token argmax per position. Stored with the features, it saves
+    training a full-vocabulary matmul per token in every epoch (the teacher then needs only the
+    draft-vocab rows of lm_head)."""
+    return torch.cat([logits_fn(last_hidden[s : s + rows]).argmax(-1) for s in range(0, last_hidden.shape[0], rows)])
+
+
 def encode(
     storage: str,
     aux: torch.Tensor,
@@ -66,12 +74,15 @@ def encode(
     topk: int = 0,
 ) -> dict[str, torch.Tensor]:
     """Feature tensors of stacked tokens ([T, n_aux*H], [T, H]) -> the tensors a shard stores."""
+    argmax = (
+        {} if logits_fn is None else {"target_argmax": target_argmax(last_hidden, logits_fn).to(id_dtype(vocab_size))}
+    )
     if storage == "bf16":
-        return {"aux_hidden": aux.to(torch.bfloat16), "last_hidden": last_hidden.to(torch.bfloat16)}
+        return {"aux_hidden": aux.to(torch.bfloat16), "last_hidden": last_hidden.to(torch.bfloat16), **argmax}
     if storage == "fp8":
         aq, asc = quantize_fp8(aux, n_aux)
         lq, lsc = quantize_fp8(last_hidden, 1)
-        return {"aux_hidden": aq, "aux_scale": asc, "last_hidden": lq, "last_scale": lsc}
+        return {"aux_hidden": aq, "aux_scale": asc, "last_hidden": lq, "last_scale": lsc, **argmax}
     if storage == "compact":
         aq, asc = quantize_fp8(aux, n_aux)
         ids, lps = topk_logprobs(last_hidden.float(), logits_fn, topk)
@@ -86,9 +97,10 @@ def encode(
 
 def decode(storage: str, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Shard tensors for a slice of tokens -> float32 features (the reader's contract)."""
+    extra = {"target_argmax": t["target_argmax"].to(torch.int64)} if "target_argmax" in t else {}
     if storage == "bf16":
-        return {"aux_hidden": t["aux_hidden"].float(), "last_hidden": t["last_hidden"].float()}
-    out = {"aux_hidden": dequantize_fp8(t["aux_hidden"], t["aux_scale"])}
+        return {"aux_hidden": t["aux_hidden"].float(), "last_hidden": t["last_hidden"].float(), **extra}
+    out = {"aux_hidden": dequantize_fp8(t["aux_hidden"], t["aux_scale"]), **extra}
     if storage == "fp8":
         out["last_hidden"] = dequantize_fp8(t["last_hidden"], t["last_scale"])
     else:
@@ -106,17 +118,22 @@ def feature_keys(storage: str) -> tuple[str, ...]:
     }[storage]
 
 
+# Stored when present (caches from eagle3 0.2 on); older bf16/fp8 caches lack it and training
+# recomputes the argmax from the last hidden state.
+OPTIONAL_KEYS = {"bf16": ("target_argmax",), "fp8": ("target_argmax",), "compact": ()}
+
+
 def bytes_per_token(storage: str, hidden: int, n_aux: int, vocab_size: int, topk: int) -> int:
     """Payload bytes per token (ids + mask + features), without the small per-shard headers."""
     ids = torch.empty(0, dtype=id_dtype(vocab_size)).element_size()
     base = ids + 1  # input id + loss-mask byte
     if storage == "bf16":
-        return base + 2 * (n_aux + 1) * hidden
+        return base + 2 * (n_aux + 1) * hidden + ids  # + the target's argmax id
     if storage == "fp8":
-        return base + (n_aux + 1) * hidden + 2 * (n_aux + 1)
+        return base + (n_aux + 1) * hidden + 2 * (n_aux + 1) + ids
     return base + n_aux * hidden + 2 * n_aux + topk * (ids + 2)
 
 
 def bf16_layout_bytes(hidden: int, vocab_size: int) -> int:
-    """The plain layout the issue measures against: 4H bf16 values + ids/mask."""
-    return bytes_per_token("bf16", hidden, 3, vocab_size, 0)
+    """The plain layout storage is measured against: 4H bf16 values + ids/mask (no stored argmax)."""
+    return torch.empty(0, dtype=id_dtype(vocab_size)).element_size() + 1 + 8 * hidden

@@ -12,6 +12,7 @@ import torch
 from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
+from ..extras import plotting
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
@@ -368,7 +369,8 @@ def run_eval(cfg: EvalConfig) -> Path:
     from .report import plot, print_report
 
     out.mkdir(parents=True, exist_ok=True)
-    plot(out / "acceptance.png", report, f"{cfg.bench}, {len(units)} prompts, T={cfg.temperature}")
+    if plotting():
+        plot(out / "acceptance.png", report, f"{cfg.bench}, {len(units)} prompts, T={cfg.temperature}")
     atomic_write_json(out / "report.json", report)
     print_report(report)
     write_manifest(

@@ -23,6 +23,7 @@ import httpx
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
+from ..extras import plotting
 from ..manifest import atomic_write_json, write_manifest
 from .config import BenchConfig
 
@@ -358,7 +359,8 @@ def run_bench(cfg: BenchConfig) -> Path:
         "prompts": len(prompts),
     }
     atomic_write_json(out / "bench.json", report)
-    plot(levels, sp, out / "bench.png")
+    if plotting():
+        plot(levels, sp, out / "bench.png")
     write_manifest(
         out,
         "serve-bench",

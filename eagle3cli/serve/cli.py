@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         from_eval: Path = typer.Option(None, help="Take steps/topk/draft-tokens from runs/NAME/eval/report.json."),
         dry_run: bool = typer.Option(None, "--dry-run", help="Check everything and print the command; start nothing."),
         health_timeout: float = typer.Option(None, help="Seconds to wait for /health \\[default: 900]."),
+        engine_python: str = typer.Option(
+            None, help="Python of the engine's own virtualenv, e.g. /opt/sglang/bin/python \\[default: this one]."
+        ),
         recipe: Path = typer.Option(None, help="YAML recipe (section `serve:`); flags override it."),
         extra_args: list[str] = typer.Argument(
             None, metavar="[-- ENGINE_ARGS...]", help="After `--`: passed to the engine unchanged."
@@ -62,6 +65,7 @@ def register(app: typer.Typer) -> None:
             from_eval=from_eval,
             dry_run=dry_run,
             health_timeout=health_timeout,
+            engine_python=engine_python,
             extra_args=tuple(extra_args) if extra_args else None,
         )
         raise typer.Exit(run_serve(cfg))

@@ -124,10 +124,13 @@ def vllm_command(
     host: str,
     port: int,
     extra: list[str] | tuple[str, ...] = (),
+    python: str | None = None,
 ) -> list[str]:
     spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
+    # the `vllm` entry point of the engine's environment (beside its python), else the one on PATH
+    vllm = str(Path(python).with_name("vllm")) if python else (shutil.which("vllm") or "vllm")
     return [
-        shutil.which("vllm") or "vllm",
+        vllm,
         "serve",
         str(target),
         "--host",
@@ -140,11 +143,14 @@ def vllm_command(
     ]
 
 
-def build_command(engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=()) -> list[str]:
+def build_command(
+    engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None
+) -> list[str]:
+    """The engine's command line; `python` is the interpreter of the engine's own environment."""
     if engine == "sglang":
-        return sglang_command(target, head, spec, host, port, extra)
+        return sglang_command(target, head, spec, host, port, extra, python)
     if engine == "vllm":
-        return vllm_command(target, head, spec, host, port, extra)
+        return vllm_command(target, head, spec, host, port, extra, python)
     raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
 
 

@@ -36,6 +36,9 @@ class ServeConfig:
     """Seconds to wait for the engine's /health before giving up."""
     extra_args: tuple[str, ...] = ()
     """Passed to the engine unchanged (after `--`)."""
+    engine_python: str | None = None
+    """Python of the environment the engine is installed in (default: this one). SGLang and vLLM pin their
+    own torch/transformers, so a separate virtualenv for the engine is the usual setup."""
 
     def validate(self) -> list[str]:
         errors = []

@@ -25,6 +25,7 @@ import importlib.util
 import json
 import shutil
 import socket
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -606,8 +607,16 @@ def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "
 
 
 # ---------------------------------------------------------------- the machine
-def check_engine_installed(engine: str) -> list[Problem]:
+def check_engine_installed(engine: str, python: str | None = None) -> list[Problem]:
+    """The engine importable here, or in the environment of `python` (--engine-python)."""
     module = {"sglang": "sglang", "vllm": "vllm"}[engine]
+    if python is not None:
+        if not shutil.which(python) and not Path(python).is_file():
+            return [_err(f"--engine-python {python} does not exist", "the python of the engine's virtualenv")]
+        probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({module!r}) is None)"
+        if subprocess.run([python, "-c", probe], capture_output=True, timeout=120).returncode != 0:
+            return [_err(f"{engine} is not installed in the environment of {python}", INSTALL[engine])]
+        return []
     if importlib.util.find_spec(module) is None and not (engine == "vllm" and shutil.which("vllm")):
         return [_err(f"{engine} is not installed in this environment", INSTALL[engine])]
     return []

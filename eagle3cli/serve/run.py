@@ -19,7 +19,7 @@ def serve_problems(cfg: ServeConfig, spec) -> list[pf.Problem]:
     problems = pf.check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += pf.check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     if not cfg.dry_run:
-        problems += pf.check_engine_installed(cfg.engine)
+        problems += pf.check_engine_installed(cfg.engine, cfg.engine_python)
         problems += pf.check_gpu(cfg.engine)
         problems += pf.check_port(cfg.host, cfg.port)
     return problems
@@ -35,7 +35,9 @@ def run_serve(cfg: ServeConfig) -> int:
         if not p.is_error:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
     pf.raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
-    argv = build_command(cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args))
+    argv = build_command(
+        cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args), cfg.engine_python
+    )
     log(
         f"speculation: steps={spec.steps} topk={spec.topk} draft_tokens={spec.draft_tokens} "
         f"(from {escape(spec.source)})"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,6 +21,7 @@ import torch
 from .. import console
 from ..config import config_dict
 from ..errors import StageError, UsageError
+from ..extras import require
 from ..lock import stage_lock
 from ..manifest import atomic_write_json, check_matches, read_json, sha256_file, verify_shards, write_manifest
 from ..model.draft import Eagle3Draft, draft_config_from_target
@@ -155,6 +157,7 @@ class Trainer:
     tokens_seen: int = 0
     stopped: str = ""
     tb: object = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
+    loss_fn: object = draft_ttt_loss  # torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
 
 
@@ -292,6 +295,8 @@ def setup(cfg: TrainConfig) -> Trainer:
         use_ds,
     )
     tr.logit_spec = logit_spec(tcfg)
+    if cfg.compile:
+        tr.loss_fn = compiled_loss(device)
     _maybe_resume(tr)
     if cfg.tensorboard and rank == 0:
         try:
@@ -334,9 +339,22 @@ def _config_key(cfg: TrainConfig | dict) -> dict:
         "master_addr",
         "master_port",
         "device",
+        "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
     ):
         d.pop(k, None)
     return d
+
+
+def compiled_loss(device: torch.device):
+    """`draft_ttt_loss` under torch.compile with dynamic shapes (batch, length and anchor counts vary
+    per micro-batch: one compilation, not one per shape). Inductor on CPU builds C++ kernels."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise UsageError(
+            "--compile on CPU needs a C++ compiler (torch.compile builds C++ kernels), and none is on PATH",
+            "g++ or clang++ installed",
+            "apt install g++   (or train without --compile)",
+        )
+    return torch.compile(draft_ttt_loss, dynamic=True)
 
 
 def _maybe_resume(tr: Trainer) -> None:
@@ -460,7 +478,7 @@ def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
     teacher = teacher_for(tr, batch)
     batch["aux_hidden"] = batch["aux_hidden"].to(tr.draft.fc.weight.dtype)
     with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
-        out = draft_ttt_loss(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
+        out = tr.loss_fn(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
     stop_if_nonfinite(tr, out.loss, "the loss", indices)
     if tr.deepspeed:
         tr.model.backward(out.loss)  # the engine scales by its gradient_accumulation_steps
@@ -661,6 +679,7 @@ def run_train(cfg: TrainConfig) -> Path:
 
 def _run_train(cfg: TrainConfig) -> Path:
     if cfg.deepspeed is not None and "LOCAL_RANK" not in os.environ:
+        require("deepspeed", "--deepspeed")
         from .launch import launch
 
         return launch(cfg)

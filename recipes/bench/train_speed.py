@@ -36,6 +36,7 @@ def main() -> None:
     ap.add_argument("--dtype", choices=("fp32", "bf16"), default=None, help="default: bf16 on CUDA, fp32 on CPU")
     ap.add_argument("--profile", action="store_true", help="print the torch profiler's top ops")
     ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the TTT loss (as `eagle3 train --compile`)")
     ap.add_argument("--no-stored-argmax", action="store_true", help="recompute the target argmax (caches before 0.2)")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=512)
@@ -88,6 +89,7 @@ def main() -> None:
     target_argmax = (last_hidden.flatten(0, 1) @ lm_head.t()).argmax(-1).view(a.batch, a.seq)
     if a.threads:
         torch.set_num_threads(a.threads)
+    loss_fn = torch.compile(draft_ttt_loss, dynamic=True) if a.compile else draft_ttt_loss
     opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-4)
 
     def step() -> None:
@@ -100,7 +102,7 @@ def main() -> None:
             compute_dtype=torch.bfloat16 if bf16 else None,
         )
         with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=bf16):
-            out = draft_ttt_loss(draft, batch, teacher, a.ttt_steps)
+            out = loss_fn(draft, batch, teacher, a.ttt_steps)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 0.5)
         opt.step()

@@ -59,7 +59,9 @@ def test_cached_features_equal_a_fresh_forward(bf16_cache, deep_model, deep_targ
     recs = conversations(N)
     for i in random.Random(0).sample(range(N), 5):
         s = r[i]
-        assert set(s) == {"input_ids", "loss_mask", "aux_hidden", "last_hidden"}
+        assert set(s) == {"input_ids", "loss_mask", "aux_hidden", "last_hidden", "target_argmax"}
+        # the stored argmax is the target's own next-token choice at every position
+        assert torch.equal(s["target_argmax"], deep_model(s["input_ids"][None]).logits[0].argmax(-1))
         assert s["aux_hidden"].dtype == torch.float32 and s["aux_hidden"].shape == (r.lengths[i], 3 * 64)
         m = mask_conversation(tok, recs[i]["messages"], 256)
         assert s["input_ids"].tolist() == m.input_ids and s["loss_mask"].tolist() == m.loss_mask

@@ -70,8 +70,10 @@ def test_encode_decode_round_trip(storage):
     head = torch.nn.Linear(64, 4096, bias=False)
     aux, last = torch.randn(20, 3 * 64), torch.randn(20, 64)
     enc = S.encode(storage, aux, last, 3, vocab_size=4096, logits_fn=head, topk=4)
-    assert set(enc) == set(S.feature_keys(storage))
+    assert set(enc) == set(S.feature_keys(storage)) | set(S.OPTIONAL_KEYS[storage])
     dec = S.decode(storage, enc)
+    if storage != "compact":  # the target's own argmax is stored, so training skips the full-vocab matmul
+        assert torch.equal(dec["target_argmax"], head(last).argmax(-1))
     assert torch.allclose(dec["aux_hidden"], aux, rtol=0.07, atol=1e-3)
     if storage == "compact":
         assert "last_hidden" not in dec and dec["topk_ids"].dtype == torch.int64

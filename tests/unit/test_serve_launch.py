@@ -170,7 +170,7 @@ def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_pa
     head = export_head(tmp_path / "head", tiny_target_dir)
     argv, port = standin("exit3")
     monkeypatch.setattr(preflight, "check_gpu", lambda engine: [])
-    monkeypatch.setattr(preflight, "check_engine_installed", lambda engine: [])
+    monkeypatch.setattr(preflight, "check_engine_installed", lambda engine, python=None: [])
     monkeypatch.setattr(run, "build_command", lambda *a, **k: argv)
     monkeypatch.setattr(run, "validate_sglang_argv", lambda a: ParserCheck(True, True, "stand-in"))
     code = main(

@@ -326,3 +326,23 @@ def test_target_without_decoder_fields(head, tmp_path):
     (tmp_path / "t" / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(UsageError, match="no integer vocab_size, hidden_size, num_hidden_layers"):
         pf.check_head(head, tmp_path / "t")
+
+
+def test_engine_in_its_own_virtualenv(tmp_path):
+    """--engine-python: the engine is looked up in that interpreter's environment, and the command
+    runs it (SGLang pins its own transformers, so it usually lives in a separate venv)."""
+    import sys
+
+    from eagle3cli.serve.commands import SpecNumbers, build_command
+
+    (p,) = pf.check_engine_installed("sglang", str(tmp_path / "missing" / "python"))
+    assert "does not exist" in p.what
+    # this interpreter has no vllm: the probe runs in it and says so
+    if importlib.util.find_spec("vllm") is None:
+        (p,) = pf.check_engine_installed("vllm", sys.executable)
+        assert f"environment of {sys.executable}" in p.what
+    spec = SpecNumbers(3, 1, 4, "flags")
+    argv = build_command("sglang", "T", "H", spec, "127.0.0.1", 30000, (), "/opt/sglang/bin/python")
+    assert argv[:3] == ["/opt/sglang/bin/python", "-m", "sglang.launch_server"]
+    argv = build_command("vllm", "T", "H", spec, "127.0.0.1", 30000, (), "/opt/vllm/bin/python")
+    assert argv[:3] == ["/opt/vllm/bin/vllm", "serve", "T"]

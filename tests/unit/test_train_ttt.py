@@ -186,3 +186,27 @@ def test_acceptance_summaries():
     assert simulated_accept_length([0.5, 0.5]) == pytest.approx(0.75)
     assert simulated_accept_length([0.0, 1.0]) == 0.0
     assert conditional_acceptance([8, 4, 4], [10, 10, 10]) == pytest.approx([0.8, 0.5, 1.0])
+
+
+@pytest.mark.slow
+def test_compiled_loss_equals_eager_across_shapes():
+    """`eagle3 train --compile`: the loss traced by torch.compile with dynamic shapes (dynamo + AOT
+    autograd, the parts our code decides) gives the eager loss and gradients on batches of
+    different lengths. The aot_eager backend skips inductor's C++ code generation, which takes
+    minutes on this CPU and is torch's own business; `make bench` trains with the full compile."""
+    compiled = torch.compile(draft_ttt_loss, dynamic=True, backend="aot_eager")
+    for seed, cut in ((1, T), (2, T - 4)):
+        draft = tiny_draft().float()
+        twin = copy.deepcopy(draft)
+        batch, last_hidden, lm_head = tiny_batch(seed)
+        batch = {k: (v[:, :cut].float() if v.is_floating_point() else v[:, :cut]) for k, v in batch.items()}
+        teacher = teacher_from_hidden(last_hidden[:, :cut].float(), lm_head.float(), draft.d2t, batch["loss_mask"])
+        eager = draft_ttt_loss(draft, batch, teacher, K)
+        fast = compiled(twin, batch, teacher, K)
+        eager.loss.backward()
+        fast.loss.backward()
+        torch.testing.assert_close(fast.loss, eager.loss, rtol=1e-5, atol=1e-6)
+        assert torch.equal(fast.count, eager.count) and torch.equal(fast.correct, eager.correct)
+        for (name, p), (_, q) in zip(draft.named_parameters(), twin.named_parameters(), strict=True):
+            if p.requires_grad:
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=name)
