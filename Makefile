@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	# the CPU build of torch lies on disk; an unpinned torch would pull a multi-GB CUDA build
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q -e ".[deepspeed,plot,humaneval,gguf,dev]"
 	touch $(STAMP)
 
 # SGLang's argument parser on CPU (validates `eagle3 serve` commands against SGLang's own parser).

