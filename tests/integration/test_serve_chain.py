@@ -100,7 +100,7 @@ def model_server(tiny_target_dir):
 
 
 @pytest.mark.parametrize("api", ["generate", "openai"])
-def test_bench_against_model_server(model_server, tmp_path, api, capsys):
+def test_bench_against_model_server(model_server, tiny_target_dir, tmp_path, api, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": p}) for p in ["Hello", "What is 2+2?", "Name a colour."]))
     code = main(
@@ -122,6 +122,8 @@ def test_bench_against_model_server(model_server, tmp_path, api, capsys):
             str(prompts),
             "--out",
             str(tmp_path / "bench"),
+            "--target",  # /generate gets the chat-templated token ids, as eval sends them
+            str(tiny_target_dir),
         ]
     )
     cap = capsys.readouterr()

