@@ -1,28 +1,24 @@
 """Speculative decoding on transformers (batch 1): EAGLE-3 chain or EAGLE-2 dynamic tree.
 
 One round, with L tokens in the target's KV cache and `pending` the last emitted token:
-  1. draft: D tokens (chain: D-1 chained draft calls after the root; tree: D-1 batched levels);
-  2. verify: ONE target forward over [pending, drafted...] (tree: 4D ancestor mask + depth
+  1. draft: D tokens (chain: D-1 chained draft steps after the root; tree: D-1 batched levels);
+  2. verify: ONE target forward over [pending, drafted...] (tree: ancestor mask + depth
      position ids), capturing the aux features of every input position;
-  3. accept (greedy or lossless sampling), keep only the accepted path in the target cache
-     (crop for a chain prefix; gather for a tree path), and write the draft's step-0 entries for
-     the newly committed positions from the captured features (one draft call, whose last
-     output is the root of the next round).
+  3. accept (greedy or lossless sampling): the one host sync of the round. Both KV caches are
+     position-indexed (`TargetKV`, `DraftCache`), so a rejected suffix is simply overwritten
+     next round; a tree's accepted path is moved into place. One draft step then writes the
+     step-0 entries of the newly committed positions from the captured features; its last
+     output is the root of the next round.
 Alignment (as in training): the draft entry at position t pairs target feature t with token x[t+1].
 """
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from transformers import DynamicCache
-from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from ..model.draft import Eagle3Draft
 from ..model.target import AuxCapture
 from ..speculate import (
     expand_frontier,
@@ -36,6 +32,7 @@ from ..speculate import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from .target_kv import TargetKV
 
 
 @dataclass
@@ -74,6 +71,16 @@ def _target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
     return model.lm_head(hidden)
 
 
+def _target_forward(model, kv: TargetKV, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:
+    """The target's last hidden states [n, H] for ids [1, n] written at KV slots [start, start+n)."""
+    n = ids.shape[1]
+    mask = kv.masks(start, n, positions, visible)
+    pos = kv.positions[start : start + n] if positions is None else positions
+    kv.start = start
+    out = model.model(input_ids=ids, cache=kv, use_cache=True, position_ids=pos[None], attention_mask=mask)
+    return out.last_hidden_state[0]
+
+
 @torch.inference_mode()
 def plain_decode(
     model,
@@ -84,16 +91,18 @@ def plain_decode(
     top_p: float = 1.0,
     generator: torch.Generator | None = None,
 ) -> DecodeResult:
-    """The baseline: the same KV-cache forward as the speculative decoder, one token per call."""
+    """The baseline: the same KV cache and target forward as the speculative decoder, one token
+    per call (logits of the last position only)."""
     dev = model.device
     start = time.perf_counter()
-    cache = DynamicCache(config=model.config)
+    kv = TargetKV(model, len(prompt_ids) + max_new_tokens + 1)
     ids = torch.tensor([prompt_ids], device=dev)
     tokens: list[int] = []
-    calls = 0
+    calls = written = 0
     while True:
-        h = model.model(input_ids=ids, cache=cache, use_cache=True).last_hidden_state[:, -1]
+        h = _target_forward(model, kv, ids, written)[-1:]
         calls += 1
+        written += ids.shape[1]
         tok, _ = sample(_target_logits(model, h)[0], temperature, top_p, generator)
         if _finish(tokens, [int(tok)], eos, max_new_tokens):
             break
@@ -124,79 +133,18 @@ def hf_generate(model, prompt_ids: list[int], max_new_tokens: int, eos: set[int]
     return DecodeResult(tokens, seconds=seconds, target_calls=len(tokens))
 
 
-class DraftRunner:
-    """Incremental draft calls for decoding: the maths of `Eagle3Draft.forward`, with a
-    preallocated KV buffer (entries are written in place, never re-concatenated), a rope table
-    computed once, GQA inside SDPA, and no mask at all for a chain step (one new entry that sees
-    every existing one). Committed entries come first; speculative ones follow and are dropped
-    by moving `length` back."""
-
-    def __init__(self, draft: Eagle3Draft, max_len: int, device):
-        attn = draft.midlayer.self_attn
-        self.d = draft
-        self.dtype = next(draft.parameters()).dtype
-        self.nh, self.nkv, self.hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
-        self.k = torch.zeros(1, self.nkv, max_len, self.hd, dtype=self.dtype, device=device)
-        self.v = torch.zeros_like(self.k)
-        self.length = self.committed = 0
-        cos, sin = draft.rotary_emb(self.k, torch.arange(max_len, device=device).unsqueeze(0))
-        self.cos, self.sin = cos[0], sin[0]  # [max_len, head_dim]
-        self.scale = 1.0 / math.sqrt(self.hd)
-
-    def crop(self, length: int) -> None:
-        self.length = min(self.length, length)
-
-    def commit(self) -> None:
-        self.committed = self.length
-
-    def step(
-        self,
-        token_ids: torch.Tensor,
-        hidden: torch.Tensor,
-        positions: torch.Tensor,
-        from_target: bool,
-        mask: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """Append n entries (token_ids [n], hidden [1,n,*], positions [n]); returns their output
-        hidden states [1,n,H]. `mask` [n, length + n] says what each sees; None = all existing
-        entries, causal among the new ones."""
-        d = self.d
-        layer, attn = d.midlayer, d.midlayer.self_attn
-        n = token_ids.shape[0]
-        if from_target:
-            hidden = d.fc(hidden.to(self.dtype))
-        x = layer.attn_input(d.embed_tokens.weight[token_ids].unsqueeze(0).to(self.dtype), hidden)
-        q = attn.q_proj(x).view(1, n, self.nh, self.hd).transpose(1, 2)
-        k = attn.k_proj(x).view(1, n, self.nkv, self.hd).transpose(1, 2)
-        v = attn.v_proj(x).view(1, n, self.nkv, self.hd).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, self.cos[positions].unsqueeze(0), self.sin[positions].unsqueeze(0))
-        s = self.length
-        if s + n > self.k.shape[2]:
-            raise RuntimeError(f"draft KV buffer of {self.k.shape[2]} entries overflowed")
-        self.k[:, :, s : s + n] = k
-        self.v[:, :, s : s + n] = v
-        self.length = s + n
-        if mask is None and n > 1:
-            mask = torch.ones(n, s + n, dtype=torch.bool, device=x.device)
-            mask[:, s:] = torch.ones(n, n, dtype=torch.bool, device=x.device).tril()
-        out = F.scaled_dot_product_attention(
-            q,
-            self.k[:, :, : s + n],
-            self.v[:, :, : s + n],
-            attn_mask=mask,
-            scale=self.scale,
-            enable_gqa=self.nh != self.nkv,
-        )
-        return layer.finish(hidden, out)
-
-
 class SpeculativeDecoder:
-    """Greedy (temperature 0) or lossless-sampling speculative decoding with one EAGLE-3 head."""
+    """Greedy (temperature 0) or lossless-sampling speculative decoding with one EAGLE-3 head.
+
+    The draft is anything with the `Eagle3Draft` decoding interface: `new_cache(max_len)`,
+    `forward(input_ids, hidden, cache, start, from_target, position=, mask=, last_only=)`,
+    `logits(hidden)`, `draft_to_target(ids)` and `config.draft_vocab_size`.
+    """
 
     def __init__(
         self,
         target,
-        draft: Eagle3Draft,
+        draft,
         aux_layer_ids: tuple[int, ...],
         *,
         mode: str = "chain",
@@ -207,6 +155,8 @@ class SpeculativeDecoder:
         top_p: float = 1.0,
         eos: set[int] | None = None,
     ):
+        if mode not in ("chain", "tree"):
+            raise ValueError(f"mode must be chain or tree, got {mode!r}")
         self.target, self.draft = target, draft
         self.aux_ids = tuple(aux_layer_ids)
         self.mode, self.depth, self.topk, self.num_draft_tokens = mode, depth, topk, num_draft_tokens
@@ -217,67 +167,53 @@ class SpeculativeDecoder:
         self.draft_to_target_ids = draft.draft_to_target(
             torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device)
         ).to(self.device)
-        # 4D masks: sdpa takes bool (True = attend), eager adds a float mask
-        self.bool_mask = getattr(target.config, "_attn_implementation", "sdpa") != "eager"
 
     # ------------------------------------------------------------------ target
-    def _target(self, ids: torch.Tensor, cache, cap: AuxCapture, position_ids=None, attention_mask=None):
-        out = self.target.model(
-            input_ids=ids, cache=cache, use_cache=True, position_ids=position_ids, attention_mask=attention_mask
-        )
+    def _target(self, ids: torch.Tensor, kv: TargetKV, start: int, cap: AuxCapture, positions=None, visible=None):
+        """(last hidden states [n, H], aux features [n, n_aux*H]) of ids [1, n] at slots start.."""
+        hidden = _target_forward(self.target, kv, ids, start, positions, visible)
         self.result.target_calls += 1
-        return _target_logits(self.target, out.last_hidden_state)[0], cap.concat()[0]
+        return hidden, cap.concat()[0]
 
     # ------------------------------------------------------------------ draft
-    def _commit(self, dr, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
+    def _commit(self, dcache, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
         """Step-0 entries for newly committed positions; returns the last entry's output [1,1,H]."""
-        dr.crop(dr.committed)
-        n = tokens.shape[0]
-        out = dr.step(
-            tokens, aux.unsqueeze(0), torch.arange(first_pos, first_pos + n, device=self.device), from_target=True
-        )
         self.result.draft_calls += 1
-        dr.commit()
-        return out[:, -1:]
-
-    def _draft_step(
-        self, token_ids: torch.Tensor, hidden: torch.Tensor, position: int, dr, mask: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """n new entries at one rope position, each seeing exactly `mask` [n, length + n]
-        (None: a chain step, which sees everything). Tree levels need the mask: siblings must
-        not see each other."""
-        self.result.draft_calls += 1
-        pos = torch.full((token_ids.shape[0],), position, device=self.device, dtype=torch.long)
-        return dr.step(token_ids, hidden, pos, from_target=False, mask=mask)
+        return self.draft(tokens.view(1, -1), aux.unsqueeze(0), dcache, first_pos, from_target=True, last_only=True)
 
     def _pick(self, logits: torch.Tensor):
         """(draft id, its probs over the draft vocab or None when greedy)."""
         if self.temperature <= 0:
             return logits.argmax(-1), None
-        tok, probs = sample(logits, self.temperature, self.top_p, self.generator)
-        return tok, probs
+        return sample(logits, self.temperature, self.top_p, self.generator)
 
     # ------------------------------------------------------------------ decoding
+    def _room(self, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
+        """KV slots the target and the draft need: committed tokens plus one round's scratch."""
+        verify = self.depth + 1 if self.mode == "chain" else self.num_draft_tokens
+        draft_scratch = self.depth if self.mode == "chain" else self.depth * max(self.topk, 1)
+        return prompt_len + max_new_tokens + verify + 1, prompt_len + max_new_tokens + draft_scratch + 1
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> DecodeResult:
         self.result = res = DecodeResult([])
         self.generator = torch.Generator().manual_seed(seed)
         start = time.perf_counter()
-        cache = DynamicCache(config=self.target.config)
-        room = len(prompt_ids) + max_new_tokens + self.depth * max(self.topk, 1) + 2
-        make = getattr(self.draft, "make_runner", None)  # test stubs bring their own
-        dcache = make(room) if make else DraftRunner(self.draft, room, self.device)
+        target_room, draft_room = self._room(len(prompt_ids), max_new_tokens)
+        kv = TargetKV(self.target, target_room)
+        dcache = self.draft.new_cache(draft_room)
+        round_fn = self._chain_round if self.mode == "chain" else self._tree_round
         with AuxCapture(self.target, self.aux_ids) as cap:
             ids = torch.tensor([prompt_ids], device=self.device)
-            logits, aux = self._target(ids, cache, cap)
-            pending, _ = sample(logits[-1], self.temperature, self.top_p, self.generator)
+            hidden, aux = self._target(ids, kv, 0, cap)
+            pending, _ = sample(
+                _target_logits(self.target, hidden[-1:])[0], self.temperature, self.top_p, self.generator
+            )
             done = _finish(res.tokens, [int(pending)], self.eos, max_new_tokens)
-            n = len(prompt_ids)
             root = self._commit(dcache, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
-            length = n  # tokens in the target cache; `pending` goes at this position
+            length = len(prompt_ids)  # tokens in the target cache; `pending` goes at this position
             while not done:
-                round_fn = self._chain_round if self.mode == "chain" else self._tree_round
-                emitted, aux_rows, accept_len = round_fn(pending, root, length, cache, dcache, cap)
+                emitted, aux_rows, accept_len = round_fn(pending, root, length, kv, dcache, cap)
                 res.accept_lens.append(accept_len)
                 done = _finish(res.tokens, emitted.tolist(), self.eos, max_new_tokens)
                 if done:
@@ -288,7 +224,7 @@ class SpeculativeDecoder:
         res.seconds = time.perf_counter() - start
         return res
 
-    def _chain_round(self, pending, root, length, cache, dcache, cap):
+    def _chain_round(self, pending, root, length, kv, dcache, cap):
         d = self.depth
         h = root
         drafted, qs = [], []
@@ -297,93 +233,75 @@ class SpeculativeDecoder:
             tok_t = self.draft_to_target_ids[tok]
             drafted.append(tok_t)
             qs.append(q)
-            if k < d - 1:
-                h = self._draft_step(tok_t.view(1), h, length + k, dcache)
+            if k < d - 1:  # the last token needs no entry: nothing drafts after it
+                self.result.draft_calls += 1
+                h = self.draft(tok_t.view(1, 1), h, dcache, length + k, from_target=False)
         drafted_t = torch.stack(drafted)
         ids = torch.cat([pending.view(1).to(self.device), drafted_t]).view(1, -1)
-        logits, aux = self._target(ids, cache, cap)
+        hidden, aux = self._target(ids, kv, length, cap)
+        logits = _target_logits(self.target, hidden)
         if self.temperature <= 0:
             a, emitted = verify_chain_greedy(drafted_t, logits)
         else:
             qt = torch.zeros(d, self.vocab, dtype=torch.float32)
-            qt[:, self.draft_to_target_ids.cpu()] = torch.stack(qs).float()
+            qt[:, self.draft_to_target_ids.cpu()] = torch.stack(qs).float().cpu()
             p = logits_to_probs(logits, self.temperature, self.top_p)
             a, emitted = verify_chain_sampling(drafted_t.cpu(), qt, p.cpu(), self.generator)
-        if d - a > 0:
-            cache.crop(-(d - a))
         return emitted, aux[: a + 1], a
 
-    def _tree_round(self, pending, root, length, cache, dcache, cap):
+    def _tree_round(self, pending, root, length, kv, dcache, cap):
         k, dev = self.topk, self.device
-        committed = dcache.committed
         lp = torch.log_softmax(self.draft.logits(root)[0, -1].float(), -1)
         sc, tok = lp.topk(min(k, lp.shape[-1]))
-        cand_tok, cand_par, cand_sc = [tok], [torch.full_like(tok, -1)], [sc]
-        cand_hidden = [root[0].expand(tok.shape[0], -1)]  # hidden input of each candidate's entry
-        frontier = torch.arange(tok.shape[0])
-        entry_of: dict[int, int] = {}  # candidate index -> its draft-cache entry
-        ancestors: dict[int, list[int]] = {}
         n_cand = tok.shape[0]
-        all_par = cand_par[0].tolist()
+        cand_tok, cand_par, cand_sc = [tok], [torch.full_like(tok, -1)], [sc]
+        # the frontier: draft ids, scores, candidate indices, the hidden input of each one's
+        # entry, and which scratch slots (from slot `length` on) its ancestors' entries occupy
+        f_tok, f_sc, f_idx = tok, sc, torch.arange(n_cand, device=dev)
+        f_hid = root[0].expand(n_cand, -1)
+        f_anc = torch.zeros(n_cand, (self.depth - 1) * k, dtype=torch.bool, device=dev)
+        used = 0  # scratch slots written so far
         for level in range(1, self.depth):
-            toks_all, hid_all = torch.cat(cand_tok), torch.cat(cand_hidden)
-            fr = frontier.tolist()
-            s_old = dcache.length
-            rows_i, cols_i = [], []
-            for j, c in enumerate(fr):
-                par = all_par[c]
-                anc = ancestors.get(par, []) + ([entry_of[par]] if par != -1 else [])  # entries of ancestors
-                ancestors[c] = anc
-                entry_of[c] = s_old + j
-                cols_i += anc + [s_old + j]
-                rows_i += [j] * (len(anc) + 1)
-            mask = torch.zeros(len(fr), s_old + len(fr), dtype=torch.bool, device=dev)
-            mask[:, :committed] = True
-            mask[torch.tensor(rows_i, device=dev), torch.tensor(cols_i, device=dev)] = True
-            out = self._draft_step(
-                self.draft_to_target_ids[toks_all[frontier]],
-                hid_all[frontier].unsqueeze(0),
-                length - 1 + level,
+            nf = f_tok.shape[0]
+            f_anc[torch.arange(nf, device=dev), used + torch.arange(nf, device=dev)] = True  # each sees itself
+            mask = torch.cat([torch.ones(nf, length, dtype=torch.bool, device=dev), f_anc[:, : used + nf]], dim=1)
+            self.result.draft_calls += 1
+            out = self.draft(
+                self.draft_to_target_ids[f_tok].view(1, -1),
+                f_hid.unsqueeze(0),
                 dcache,
-                mask,
+                length + used,
+                from_target=False,
+                position=length - 1 + level,  # siblings share their depth's position
+                mask=mask,
             )
+            used += nf
             lp = torch.log_softmax(self.draft.logits(out)[0].float(), -1)
-            scores_all = torch.cat(cand_sc)
-            sc, tok, slot = expand_frontier(scores_all[frontier], lp, min(k, lp.shape[-1]))
-            parents = frontier[slot]
+            sc, tok, slot = expand_frontier(f_sc, lp, min(k, lp.shape[-1]))
+            slot = slot.to(dev)
             cand_tok.append(tok)
-            cand_par.append(parents)
+            cand_par.append(f_idx[slot])
             cand_sc.append(sc)
-            cand_hidden.append(out[0][slot])
-            all_par += parents.tolist()
-            frontier = n_cand + sc.topk(min(k, sc.shape[0])).indices
+            best = sc.topk(min(k, sc.shape[0])).indices
+            f_tok, f_sc, f_idx = tok[best], sc[best], n_cand + best
+            f_hid, f_anc = out[0][slot[best]], f_anc[slot[best]]
             n_cand += tok.shape[0]
         # SGLang counts the root among the verified tokens: num_draft_tokens - 1 tree nodes
-        tree = select_nodes(torch.cat(cand_tok), torch.cat(cand_par), torch.cat(cand_sc), self.num_draft_tokens - 1)
-        tree_tokens = self.draft_to_target_ids[tree.tokens]
-        n = len(tree)
+        tree = select_nodes(
+            torch.cat(cand_tok).cpu(), torch.cat(cand_par).cpu(), torch.cat(cand_sc).cpu(), self.num_draft_tokens - 1
+        )
+        tree_tokens = self.draft_to_target_ids[tree.tokens.to(dev)]
         ids = torch.cat([pending.view(1).to(dev), tree_tokens]).view(1, -1)
-        pos = tree_position_ids(tree.depths, length).to(dev).unsqueeze(0)
-        m = torch.ones(n + 1, length + n + 1, dtype=torch.bool, device=dev)
-        m[:, length:] = tree_attention_mask(tree.parents).to(dev)
-        if not self.bool_mask:
-            m = torch.zeros(m.shape, dtype=self.target.dtype, device=dev).masked_fill(
-                ~m, torch.finfo(self.target.dtype).min
-            )
-        logits, aux = self._target(ids, cache, cap, position_ids=pos, attention_mask=m[None, None])
+        pos = tree_position_ids(tree.depths, length).to(dev)
+        hidden, aux = self._target(
+            ids, kv, length, cap, positions=pos, visible=tree_attention_mask(tree.parents).to(dev)
+        )
+        logits = _target_logits(self.target, hidden)
         if self.temperature <= 0:
             path, emitted = verify_tree_greedy(tree_tokens.cpu(), tree.parents, logits)
         else:
             p = logits_to_probs(logits, self.temperature, self.top_p).cpu()
             path, emitted = verify_tree_sampling(tree_tokens.cpu(), tree.parents, p, self.generator)
-        a = len(path)
-        rows = torch.tensor([0] + [i + 1 for i in path], device=dev)
-        if path == list(range(a)):
-            if n - a > 0:
-                cache.crop(-(n - a))
-        else:
-            keep = torch.cat([torch.arange(length, device=dev), length + rows])
-            for layer in cache.layers:
-                layer.keys = layer.keys.index_select(2, keep)
-                layer.values = layer.values.index_select(2, keep)
-        return emitted, aux.index_select(0, rows), a
+        rows = [0] + [i + 1 for i in path]
+        kv.keep_path(length, rows)
+        return emitted, aux[rows], len(path)

@@ -13,16 +13,17 @@ Two ways to run it:
     token x[t+1+k] and its own step-(k-1) hidden state, attends step-0 keys <= t causally and
     only the anchor's own keys from steps 1..k (the diagonal), at rope position t+k. Cost is
     K forward passes of one layer, never K^2 sequence re-computations.
-  * `forward` with a `DraftCache` — incremental drafting for decoding: committed positions
-    (step-0 entries from target features) stay in the cache; speculative entries are
-    appended with an explicit visibility mask (chain or tree) and cropped after verification.
+  * `forward` with a `DraftCache` (from `new_cache`) — the one incremental draft step that
+    decoding runs: entries are written into a preallocated, position-indexed KV buffer
+    (committed and chain entries sit at the slot equal to their position, so a rejected draft
+    needs no crop: the next write overwrites it), with an explicit visibility mask for tree
+    levels. Tests prove `ttt_unroll` equals chained `forward` calls.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -137,30 +138,54 @@ class DraftDecoderLayer(nn.Module):
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-@dataclass
+def _rms(x: torch.Tensor, norm: LlamaRMSNorm) -> torch.Tensor:
+    """LlamaRMSNorm's maths in one fused op (the module's forward is seven ops, which is most of
+    its cost at decode sizes); fp32 statistics for low-precision inputs, as the module does."""
+    w = norm.weight
+    if x.dtype == torch.float32 or x.dtype == torch.float64:
+        return F.rms_norm(x, w.shape, w, norm.variance_epsilon)
+    return w * F.rms_norm(x.float(), w.shape, None, norm.variance_epsilon).to(x.dtype)
+
+
 class DraftCache:
-    """Keys/values of the draft layer: committed entries first, then speculative ones."""
+    """What one decoding session with a draft head keeps between draft steps.
 
-    k: torch.Tensor | None = None  # [B, nkv, S, d]
-    v: torch.Tensor | None = None
-    committed: int = 0  # entries [0, committed) are step-0 entries of accepted tokens
+    k, v     [B, nkv, max_len, d] preallocated keys/values of the draft layer. Committed and chain
+             entries sit at the slot equal to their rope position; tree levels use scratch slots
+             past the committed prefix. Nothing is ever cropped or concatenated: a write
+             overwrites what a rejected draft left there, and a step reads slots [0, end).
+    cos, sin [max_len, d] the rope table, computed once.
+    w_qkv, w_gate_up  q/k/v and gate/up projections fused into one matmul each (copies of the
+             parameters taken at creation: make a new cache after changing the weights).
+    """
 
-    @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.shape[2]
+    def __init__(self, draft: Eagle3Draft, max_len: int, batch: int = 1):
+        attn, mlp = draft.midlayer.self_attn, draft.midlayer.mlp
+        w = draft.fc.weight
+        self.max_len = int(max_len)
+        self.k = torch.zeros(batch, attn.num_kv_heads, self.max_len, attn.head_dim, dtype=w.dtype, device=w.device)
+        self.v = torch.zeros_like(self.k)
+        slots = torch.arange(self.max_len, device=w.device)
+        cos, sin = draft.rotary_emb(self.k, slots.unsqueeze(0))
+        self.cos, self.sin = cos[0], sin[0]
+        self.slots = slots
+        self.w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        self.b_qkv = (
+            None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        )
+        self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        self.b_gate_up = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
 
-    def append(self, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
-
-    def crop(self, length: int) -> None:
-        """Drop entries past `length` (speculative ones after a verification)."""
-        if self.k is not None and self.k.shape[2] > length:
-            self.k = self.k[:, :, :length]
-            self.v = self.v[:, :, :length]
-
-    def commit(self) -> None:
-        self.committed = self.length
+    def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        end = start + k.shape[2]
+        if end > self.max_len:
+            raise RuntimeError(f"draft KV buffer of {self.max_len} slots overflowed (writing up to slot {end})")
+        if k.requires_grad:  # autograd (the TTT proof tests): keep earlier steps' saved views intact
+            self.k = self.k.slice_scatter(k, dim=2, start=start, end=end)
+            self.v = self.v.slice_scatter(v, dim=2, start=start, end=end)
+        else:
+            self.k[:, :, start:end] = k
+            self.v[:, :, start:end] = v
 
 
 class Eagle3Draft(nn.Module):
@@ -189,7 +214,7 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits from the pre-norm hidden state the layer returns."""
-        return self.lm_head(self.norm(hidden))
+        return F.linear(_rms(hidden, self.norm), self.lm_head.weight)
 
     def project(self, hidden: torch.Tensor, from_target: bool) -> torch.Tensor:
         """fc over target aux features; the draft's own states pass unchanged.
@@ -203,39 +228,71 @@ class Eagle3Draft(nn.Module):
         return self.rotary_emb(x, position_ids)
 
     # ------------------------------------------------------------ decoding
+    def new_cache(self, max_len: int, batch: int = 1) -> DraftCache:
+        """A decoding session's draft state with room for `max_len` slots."""
+        return DraftCache(self, max_len, batch)
+
     def forward(
         self,
         input_ids: torch.Tensor,
         hidden: torch.Tensor,
-        position_ids: torch.Tensor,
         cache: DraftCache,
+        start: int,
         from_target: bool,
-        visible: torch.Tensor | None = None,
+        position: int | None = None,
+        mask: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> torch.Tensor:
-        """Run n new entries; returns their pre-norm output hidden states [B, n, H].
+        """One draft step over n new entries; returns their pre-norm output hidden states [B, n, H].
 
-        input_ids [B,n] are the tokens *after* each entry's feature (x[t+1] for feature t);
-        hidden: target features [B,n,n_aux*H] (from_target=True) or the draft's own [B,n,H].
-        `visible` [n, S_old] says which existing cache entries each new entry sees (default:
-        all); among the new entries attention is causal. Trees pass ancestor masks here.
+        input_ids [B, n] are target ids of the tokens *after* each entry's feature (x[t+1] for
+        feature t); hidden: target aux features [B, n, n_aux*H_target] (from_target) or the
+        draft's own outputs [B, n, H]. The entries are written at slots [start, start+n) and
+        attend slots [0, start+n). Rope position: the slot (committed and chain entries), or
+        `position` for all n (the siblings of one tree level). `mask` [n, start+n] (bool, True =
+        attend) says what each entry sees; None = every earlier slot and causal among the new.
+        `last_only`: return only the last entry's output [B, 1, H] (committing accepted tokens: the
+        earlier entries are needed only as keys, so their attention and MLP are skipped).
         """
-        layer = self.midlayer
-        hidden = self.project(hidden, from_target)
-        embeds = self.embed_tokens(input_ids).to(hidden.dtype)
-        x = layer.attn_input(embeds, hidden)
-        cos, sin = self._rope(x, position_ids)
-        q, k, v = layer.self_attn.qkv(x, cos, sin)
-        n, s_old = q.shape[2], cache.length
-        cache.append(k, v)
-        mask = torch.ones(n, s_old + n, dtype=torch.bool, device=q.device)
-        if visible is not None:
-            mask[:, :s_old] = visible
-        mask[:, s_old:] = torch.tril(mask.new_ones(n, n))
-        attn = layer.self_attn
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        nh, nkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
+        b, n = input_ids.shape
+        end = start + n
+        if from_target:
+            hidden = F.linear(hidden.to(self.fc.weight.dtype), self.fc.weight)
+        embeds = self.embed_tokens.weight[input_ids].to(hidden.dtype)
+        x = torch.cat([_rms(embeds, layer.input_layernorm), _rms(hidden, layer.hidden_norm)], dim=-1)
+        qkv = F.linear(x, cache.w_qkv, cache.b_qkv)
+        qk = qkv[..., : (nh + nkv) * hd].view(b, n, nh + nkv, hd)
+        if position is None:
+            cos, sin = cache.cos[start:end, None], cache.sin[start:end, None]  # [n, 1, d]
+        else:
+            cos, sin = cache.cos[position], cache.sin[position]
+        # q and k heads share one rotation: rotate_half(x) = [-x2, x1]
+        qk = qk * cos + torch.cat([-qk[..., hd // 2 :], qk[..., : hd // 2]], dim=-1) * sin
+        q = qk[:, :, :nh].transpose(1, 2)
+        k = qk[:, :, nh:].transpose(1, 2)
+        v = qkv[..., (nh + nkv) * hd :].view(b, n, nkv, hd).transpose(1, 2)
+        cache.write(start, k, v)
+        if last_only and n > 1:
+            if mask is not None:
+                raise ValueError("last_only takes no mask: the last entry sees every slot before it")
+            q, hidden, n = q[:, :, -1:], hidden[:, -1:], 1
+        if mask is None and n > 1:
+            mask = cache.slots[:end] <= cache.slots[start:end, None]
         out = F.scaled_dot_product_attention(
-            q, attn.expand_kv(cache.k), attn.expand_kv(cache.v), attn_mask=mask, scale=1.0 / math.sqrt(attn.head_dim)
+            q,
+            cache.k[:, :, :end],
+            cache.v[:, :, :end],
+            attn_mask=mask,
+            scale=1.0 / math.sqrt(hd),
+            enable_gqa=nh != nkv,
         )
-        return layer.finish(hidden, out)
+        h = hidden + F.linear(out.transpose(1, 2).reshape(b, n, nh * hd), attn.o_proj.weight, attn.o_proj.bias)
+        gate_up = F.linear(_rms(h, layer.post_attention_layernorm), cache.w_gate_up, cache.b_gate_up)
+        gate, up = gate_up.chunk(2, dim=-1)
+        down = layer.mlp.down_proj
+        return h + F.linear(layer.mlp.act_fn(gate) * up, down.weight, down.bias)
 
     # ------------------------------------------------------------ training-time test
     def ttt_unroll(

@@ -1,9 +1,10 @@
 """Speculation math as pure tensor functions (no files, no screen): sampling with the
 probabilities returned, chain and tree verification (greedy and lossless sampling), EAGLE-2
-dynamic tree construction, tree attention masks and position ids. Shared by eval, serve
-benchmarks and tests."""
+dynamic tree construction, tree attention masks and position ids, verification masks with
+sliding windows. Shared by eval, serve benchmarks and tests."""
 
 from .chain import verify_chain_greedy, verify_chain_sampling
+from .masks import attention_mask
 from .sampling import logits_to_probs, residual, sample, sample_from
 from .tree import (
     DraftTree,
@@ -18,6 +19,7 @@ from .tree import (
 )
 
 __all__ = [
+    "attention_mask",
     "DraftTree",
     "children_of",
     "expand_frontier",

@@ -48,7 +48,8 @@ def select_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tens
     ancestor-closed up to ties; ties are resolved by taking a node only after its parent.
     """
     n = int(tokens.shape[0])
-    order = sorted(range(n), key=lambda i: (-float(scores[i]), i))
+    sc = scores.tolist()
+    order = sorted(range(n), key=lambda i: (-sc[i], i))
     par = parents.tolist()
     taken: set[int] = set()
     picked: list[int] = []

@@ -15,8 +15,8 @@ from test_speculate import chi_square_pvalue  # tests/unit is on sys.path under 
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3cli.eval.decoder import DraftRunner, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
-from eagle3cli.model.draft import DraftCache, Eagle3Draft, draft_config_from_target
+from eagle3cli.eval.decoder import SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.target import default_aux_layer_ids, load_target
 from eagle3cli.speculate import tree_attention_mask, tree_position_ids
 
@@ -40,8 +40,15 @@ class OracleDraft(nn.Module):
     def draft_to_target(self, ids):
         return ids + self.d2t[ids]
 
-    def make_runner(self, room: int):
-        return _OracleRunner()
+    def new_cache(self, max_len: int):
+        return None  # an oracle keeps no keys
+
+    def forward(self, input_ids, hidden, cache, start, from_target, position=None, mask=None, last_only=False):
+        """An entry's output is its position."""
+        n = input_ids.shape[1]
+        pos = torch.full((n,), float(position)) if position is not None else torch.arange(start, start + n).float()
+        out = pos.view(1, n, 1)
+        return out[:, -1:] if last_only else out
 
     def logits(self, h):
         pos = h[..., 0].long()
@@ -57,23 +64,6 @@ class OracleDraft(nn.Module):
                 row[w] = 20.0 - j
             row[want] = -1e4 if r is None else (40.0 if r == 0 else 20.0 - r + 0.5)
         return out
-
-
-class _OracleRunner:
-    """The decoder's draft-runner interface; an entry's output is its position."""
-
-    def __init__(self):
-        self.length = self.committed = 0
-
-    def crop(self, length):
-        self.length = min(self.length, length)
-
-    def commit(self):
-        self.committed = self.length
-
-    def step(self, token_ids, hidden, positions, from_target, mask=None):
-        self.length += token_ids.shape[0]
-        return positions.float().view(1, -1, 1)
 
 
 PROMPTS = [
@@ -181,35 +171,30 @@ def test_tree_verification_logits_equal_per_path_decoding(tiny):
             torch.testing.assert_close(tree_logits[i + 1], ref, atol=1e-4, rtol=1e-4)
 
 
-def test_draft_runner_matches_eagle3_forward(tiny):
-    """The decoder's lean draft path (KV buffer, rope table, GQA in SDPA) computes exactly what
-    Eagle3Draft.forward does: committed step-0 entries, chained steps, and a batched tree level
-    whose siblings do not see each other."""
+def test_batched_tree_level_equals_each_sibling_alone(tiny):
+    """The draft step the decoder runs for one tree level (k siblings in scratch slots, one shared
+    position, an explicit mask) gives each sibling exactly what running it alone after the
+    committed entries gives; `last_only` commits give the last entry's full output."""
     model, _tok, _ = tiny
     d, aux = random_draft(model)
     feats = torch.randn(1, 6, len(aux) * model.config.hidden_size)
-    toks = torch.arange(1, 7)
+    toks = torch.arange(1, 7).view(1, 6)
     with torch.no_grad():
-        ref_cache = DraftCache()
-        ref = d(toks.view(1, 6), feats, torch.arange(6).view(1, 6), ref_cache, from_target=True)
-        ref_cache.commit()
-        run = DraftRunner(d, 32, torch.device("cpu"))
-        got = run.step(toks, feats, torch.arange(6), from_target=True)
-        run.commit()
-        torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
-        h_ref, h_got = ref[:, -1:], got[:, -1:]
-        for i, t in enumerate([9, 4, 7]):  # a chain
-            h_ref = d(torch.tensor([[t]]), h_ref, torch.tensor([[6 + i]]), ref_cache, from_target=False)
-            h_got = run.step(torch.tensor([t]), h_got, torch.tensor([6 + i]), from_target=False)
-            torch.testing.assert_close(h_got, h_ref, atol=1e-5, rtol=1e-5)
-        run.crop(run.committed)
-        root = got[:, -1:]
-        mask = torch.ones(3, 9, dtype=torch.bool)
-        mask[:, 6:] = torch.eye(3, dtype=torch.bool)
-        batched = run.step(torch.tensor([5, 8, 13]), root.expand(1, 3, -1), torch.full((3,), 6), False, mask)
+        cache = d.new_cache(16)
+        full = d(toks, feats, cache, 0, from_target=True)
+        last = d(toks, feats, d.new_cache(16), 0, from_target=True, last_only=True)
+        torch.testing.assert_close(last, full[:, -1:], atol=1e-5, rtol=1e-5)
+        root = full[:, -1:]
+        # two earlier siblings sit in scratch slots 6, 7; the level's entries go to slots 8..10
+        d(torch.tensor([[3, 4]]), root.expand(1, 2, -1), cache, 6, from_target=False, position=6)
+        mask = torch.zeros(3, 11, dtype=torch.bool)
+        mask[:, :6] = True
+        mask[:, 8:] = torch.eye(3, dtype=torch.bool)
+        batched = d(torch.tensor([[5, 8, 13]]), root.expand(1, 3, -1), cache, 8, False, position=6, mask=mask)
         for j, t in enumerate([5, 8, 13]):
-            cache = DraftCache(ref_cache.k[:, :, :6].clone(), ref_cache.v[:, :, :6].clone(), 6)
-            alone = d(torch.tensor([[t]]), root, torch.tensor([[6]]), cache, from_target=False)
+            alone_cache = d.new_cache(16)
+            d(toks, feats, alone_cache, 0, from_target=True)
+            alone = d(torch.tensor([[t]]), root, alone_cache, 6, from_target=False)
             torch.testing.assert_close(batched[0, j], alone[0, 0], atol=1e-5, rtol=1e-5)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3cli.model.draft import DraftCache, Eagle3Draft, draft_config_from_target
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.target import capture_features, default_aux_layer_ids
 
 
@@ -35,7 +35,8 @@ def test_capture_matches_output_hidden_states_indexing():
 
 
 def test_ttt_unroll_equals_chained_incremental_drafting():
-    """Training-time test must see exactly what chain drafting at inference sees."""
+    """Training-time test must see exactly what chain drafting at inference sees: step 0 over the
+    prefix, then the decoder's draft step (`forward` into the position-indexed cache) chained."""
     m = _target()
     cfg = draft_config_from_target(m.config, 60, (2, 4, 5))
     torch.manual_seed(1)
@@ -46,12 +47,12 @@ def test_ttt_unroll_equals_chained_incremental_drafting():
     with torch.no_grad():
         steps = list(d.ttt_unroll(x, aux, K))
         for t in range(T - K):
-            cache = DraftCache()
-            h = d(x[:, 1 : t + 2], aux[:, : t + 1], torch.arange(t + 1)[None], cache, from_target=True)
+            cache = d.new_cache(T + K)
+            h = d(x[:, 1 : t + 2], aux[:, : t + 1], cache, 0, from_target=True)
             torch.testing.assert_close(h[0, t], steps[0][0, t], atol=1e-5, rtol=1e-5)
             last = h[:, -1:]
             for k in range(1, K):
-                last = d(x[:, t + 1 + k : t + 2 + k], last, torch.tensor([[t + k]]), cache, from_target=False)
+                last = d(x[:, t + 1 + k : t + 2 + k], last, cache, t + k, from_target=False)
                 torch.testing.assert_close(last[0, 0], steps[k][0, t], atol=1e-5, rtol=1e-5)
 
 

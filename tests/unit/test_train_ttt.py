@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from eagle3cli.model.draft import DraftCache, Eagle3Draft, draft_config_from_target
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.train.ttt import (
     conditional_acceptance,
     draft_ttt_loss,
@@ -60,8 +60,9 @@ def tiny_batch(seed: int = 1):
 
 
 def reference_loss(draft: Eagle3Draft, batch, teacher, steps: int, w: float):
-    """Per anchor: step 0 over the whole prefix with a DraftCache, then chain steps 1..K-1
-    on the draft's own hidden state, one incremental `forward` each. Loss written out per anchor."""
+    """Per anchor t: step 0 over the prefix [0, t] into a fresh draft cache, then chain steps
+    1..K-1 on the draft's own hidden state, one incremental `forward` each (the decoder's draft
+    step, at slot = position t + j). Loss written out per anchor."""
     ids, aux, lm = batch["input_ids"], batch["aux_hidden"], batch["loss_mask"]
     total = 0.0
     for k_step in range(steps):
@@ -69,16 +70,14 @@ def reference_loss(draft: Eagle3Draft, batch, teacher, steps: int, w: float):
         for b in range(ids.shape[0]):
             ids_b = ids[b : b + 1]
             tokens0 = F.pad(ids_b[:, 1:], (0, 1))
-            cache = DraftCache()
-            h0 = draft(tokens0, aux[b : b + 1], torch.arange(T)[None], cache, from_target=True)
             for t in range(T):
                 tp, pp = t + 2 + k_step, t + 1 + k_step
                 if tp >= T or not lm[b, tp] or not teacher.valid[b, pp]:
                     continue
-                c = DraftCache(k=cache.k[:, :, : t + 1], v=cache.v[:, :, : t + 1])
-                h = h0[:, t : t + 1]
+                cache = draft.new_cache(T + steps)
+                h = draft(tokens0[:, : t + 1], aux[b : b + 1, : t + 1], cache, 0, from_target=True)[:, t : t + 1]
                 for j in range(1, k_step + 1):
-                    h = draft(ids_b[:, t + 1 + j : t + 2 + j], h, torch.tensor([[t + j]]), c, from_target=False)
+                    h = draft(ids_b[:, t + 1 + j : t + 2 + j], h, cache, t + j, from_target=False)
                 logp = torch.log_softmax(draft.logits(h)[0, 0], -1)
                 num = num - (teacher.at(b, pp) * logp).sum()
                 den += 1
