@@ -40,6 +40,7 @@ class DecodeResult:
     tokens: list[int]  # the new tokens (eos included if emitted)
     accept_lens: list[int] = field(default_factory=list)  # accepted draft tokens per verification round
     seconds: float = 0.0  # wall clock, prefill included
+    prefill_seconds: float = 0.0  # the prompt's forward and first token (speculative: and its draft entries)
     target_calls: int = 0  # target forwards, prefill included
     draft_calls: int = 0
 
@@ -104,10 +105,13 @@ def plain_decode(
         calls += 1
         written += ids.shape[1]
         tok, _ = sample(_target_logits(model, h)[0], temperature, top_p, generator)
-        if _finish(tokens, [int(tok)], eos, max_new_tokens):
+        done = _finish(tokens, [int(tok)], eos, max_new_tokens)
+        if calls == 1:
+            prefill = time.perf_counter() - start
+        if done:
             break
         ids = tok.view(1, 1).to(dev)
-    return DecodeResult(tokens, seconds=time.perf_counter() - start, target_calls=calls)
+    return DecodeResult(tokens, seconds=time.perf_counter() - start, prefill_seconds=prefill, target_calls=calls)
 
 
 @torch.inference_mode()
@@ -211,6 +215,7 @@ class SpeculativeDecoder:
             )
             done = _finish(res.tokens, [int(pending)], self.eos, max_new_tokens)
             root = self._commit(dcache, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
+            res.prefill_seconds = time.perf_counter() - start
             length = len(prompt_ids)  # tokens in the target cache; `pending` goes at this position
             while not done:
                 emitted, aux_rows, accept_len = round_fn(pending, root, length, kv, dcache, cap)

@@ -36,7 +36,7 @@ def expand_frontier(frontier_scores: torch.Tensor, child_logprobs: torch.Tensor,
     """
     lp, tok = child_logprobs.topk(topk, dim=-1)
     scores = (frontier_scores[:, None] + lp).reshape(-1)
-    slot = torch.arange(child_logprobs.shape[0]).repeat_interleave(topk)
+    slot = torch.arange(child_logprobs.shape[0], device=child_logprobs.device).repeat_interleave(topk)
     return scores, tok.reshape(-1), slot
 
 
@@ -44,58 +44,50 @@ def select_nodes(tokens: torch.Tensor, parents: torch.Tensor, scores: torch.Tens
     """The best `num_nodes` candidates by cumulative score, closed under ancestors (EAGLE-2 rerank).
 
     Candidates come in creation order (parents before children, `parents` indexing the candidate
-    list). A child never outscores its parent (log-probs are <= 0), so the top-N set is already
-    ancestor-closed up to ties; ties are resolved by taking a node only after its parent.
+    list). A child never outscores its parent (it adds a log-prob <= 0), and a stable sort puts
+    a parent before a child it ties with, so the best-N prefix of the stable order is already
+    ancestor-closed.
     """
-    n = int(tokens.shape[0])
-    sc = scores.tolist()
-    order = sorted(range(n), key=lambda i: (-sc[i], i))
-    par = parents.tolist()
-    taken: set[int] = set()
-    picked: list[int] = []
-    pending = list(order)
-    while pending and len(picked) < num_nodes:
-        progressed = False
-        for i in list(pending):
-            if par[i] == -1 or par[i] in taken:
-                taken.add(i)
-                picked.append(i)
-                pending.remove(i)
-                progressed = True
-                break
-        if not progressed:
-            break
-    keep = sorted(picked)  # creation order keeps parents first
-    new_index = {old: new for new, old in enumerate(keep)}
-    new_parents = torch.tensor([new_index[par[i]] if par[i] != -1 else -1 for i in keep], dtype=torch.long)
-    depths = node_depths(new_parents)
-    return DraftTree(tokens[keep].clone(), new_parents, depths, scores[keep].clone())
+    order = torch.sort(-scores, stable=True).indices[:num_nodes]
+    keep = order.sort().values  # creation order keeps parents first
+    new_index = torch.full_like(parents, -1)
+    new_index[keep] = torch.arange(keep.shape[0], device=keep.device)
+    par = parents[keep]
+    new_parents = torch.where(par >= 0, new_index[par.clamp_min(0)], par)
+    return DraftTree(tokens[keep], new_parents, node_depths(new_parents), scores[keep])
 
 
 def node_depths(parents: torch.Tensor) -> torch.Tensor:
-    depths: list[int] = []
-    for p in parents.tolist():
-        depths.append(1 if p == -1 else depths[p] + 1)
-    return torch.tensor(depths, dtype=torch.long)
+    """Depth of each node (1 for the root's children); parents precede children."""
+    depths = torch.ones_like(parents)
+    for _ in range(parents.shape[0]):  # one pass per level; stops once nothing changes
+        nxt = torch.where(parents >= 0, depths[parents.clamp_min(0)] + 1, 1)
+        if torch.equal(nxt, depths):
+            break
+        depths = nxt
+    return depths
 
 
 def tree_attention_mask(parents: torch.Tensor) -> torch.Tensor:
     """Bool [N+1, N+1] over `[root, nodes...]`: each entry sees the root, its ancestors and itself."""
     n = int(parents.shape[0])
-    mask = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    up = torch.cat([parents.new_zeros(1), parents + 1])  # the row of each entry's parent (root: itself)
+    eye = torch.eye(n + 1, dtype=torch.bool, device=parents.device)
+    mask = eye.clone()
     mask[:, 0] = True
-    mask[0, 0] = True
-    for i, p in enumerate(parents.tolist()):
-        if p != -1:
-            mask[i + 1] = mask[p + 1]
-        mask[i + 1, i + 1] = True
+    for _ in range(n):  # one pass per level
+        nxt = eye | mask[up]
+        nxt[:, 0] = True
+        if torch.equal(nxt, mask):
+            break
+        mask = nxt
     return mask
 
 
 def tree_position_ids(depths: torch.Tensor, root_position: int) -> torch.Tensor:
     """LongTensor [N+1]: the root at `root_position` (= tokens already in the KV cache), a node at
     root_position + depth, as if its path were the sequence."""
-    return torch.cat([torch.zeros(1, dtype=torch.long), depths]) + root_position
+    return torch.cat([depths.new_zeros(1), depths]) + root_position
 
 
 def children_of(parents: torch.Tensor) -> dict[int, list[int]]:

@@ -184,3 +184,35 @@ def test_expand_and_select_keep_the_best_ancestor_closed_nodes():
     # a tie between a child and its parent never strands the child without its parent
     tree = select_nodes(torch.tensor([1, 2]), torch.tensor([-1, 0]), torch.tensor([-1.0, -1.0]), 1)
     assert tree.tokens.tolist() == [1] and tree.parents.tolist() == [-1]
+
+
+def _select_reference(parents: list[int], scores: list[float], n: int) -> list[int]:
+    """EAGLE-2's rerank by definition: repeatedly take the best candidate whose parent is taken
+    (ties to the earlier candidate); returned in creation order."""
+    taken: list[int] = []
+    while len(taken) < n:
+        ok = [i for i in range(len(parents)) if i not in taken and (parents[i] == -1 or parents[i] in taken)]
+        if not ok:
+            break
+        taken.append(min(ok, key=lambda i: (-scores[i], i)))
+    return sorted(taken)
+
+
+def test_select_nodes_equals_the_greedy_definition_on_random_trees():
+    g = torch.Generator().manual_seed(5)
+    for trial in range(200):
+        n = int(torch.randint(1, 40, (1,), generator=g))
+        parents, scores = [], []
+        for i in range(n):
+            p = -1 if i == 0 or torch.rand(1, generator=g) < 0.2 else int(torch.randint(0, i, (1,), generator=g))
+            lp = 0.0 if torch.rand(1, generator=g) < 0.2 else -float(torch.rand(1, generator=g)) * 3  # ties too
+            parents.append(p)
+            scores.append((scores[p] if p >= 0 else 0.0) + round(lp, 1))
+        k = int(torch.randint(1, n + 1, (1,), generator=g))
+        sc = torch.tensor(scores)  # float32, as the decoder's scores
+        tree = select_nodes(torch.arange(n) + 100, torch.tensor(parents), sc, k)
+        want = _select_reference(parents, sc.tolist(), k)
+        assert (tree.tokens - 100).tolist() == want, trial
+        for j, p in enumerate(tree.parents.tolist()):  # parents re-indexed into the kept list
+            assert p == -1 or want[p] == parents[want[j]]
+        assert tree.depths.tolist() == [len(_path(tree.parents, j)) for j in range(len(want))]
