@@ -12,7 +12,8 @@ Prints one JSON object (also written to --out):
   rounds[head][dtype][variant]  for chain depth d (`chain{d}`) and a tree verifying as many tokens
                  (`tree{d}`: num_draft_tokens d+1, depth d, --topk): round cost (seconds per round /
                  seconds per plain token, prefill excluded from both), tau, speedup over plain
-                 decoding in the same dtype and over fp32 plain decoding.
+                 decoding in the same dtype and over fp32 plain decoding; `tree8_16` is eval's
+                 default tree (depth 8, 16 verified tokens).
   mismatches     greedy outputs that differ from plain decoding in the same dtype (expected 0).
 Heads: `random` (a random-init head over --draft-vocab: it accepts almost nothing, so tau ~ 1 and
 a round's whole cost shows) and `trained` (--head). Not a timed test: the machine is shared, so
@@ -104,6 +105,8 @@ def measure_parts(target, head, repeats: int, context: int = 200) -> dict:
 def variants(depths: list[int], tree_depths: list[int], topk: int) -> dict[str, dict]:
     v = {f"chain{d}": {"mode": "chain", "depth": d} for d in depths}
     v.update({f"tree{d}": {"mode": "tree", "depth": d, "topk": topk, "num_draft_tokens": d + 1} for d in tree_depths})
+    if tree_depths:  # and eval's default tree: depth 8, 16 verified tokens
+        v["tree8_16"] = {"mode": "tree", "depth": 8, "topk": topk, "num_draft_tokens": 16}
     return v
 
 

@@ -130,3 +130,16 @@ def test_attention_mask_window_on_positions():
     assert not m[2, start + 1]  # n1 does not see its sibling n0
     chain = attention_mask(torch.arange(start, start + 3), torch.arange(start + 3), start, None, window)
     assert chain.sum(1).tolist() == [4, 4, 4]
+
+
+def test_unsupported_layer_types_are_refused_with_the_next_step():
+    from transformers import LlamaForCausalLM
+
+    from eagle3cli.errors import UsageError
+
+    cfg = LlamaConfig(**COMMON, num_hidden_layers=2)
+    cfg.layer_types = ["chunked_attention", "full_attention"]
+    cfg.attention_chunk_size = 4
+    with pytest.raises(UsageError) as e:
+        TargetKV(LlamaForCausalLM(cfg), 8)
+    assert "chunked_attention" in str(e.value) and "--endpoint" in e.value.render()
