@@ -14,10 +14,15 @@ Prints one JSON object (also written to --out):
                  seconds per plain token, prefill excluded from both), tau, speedup over plain
                  decoding in the same dtype and over fp32 plain decoding; `tree8_16` is eval's
                  default tree (depth 8, 16 verified tokens).
+  profile[head][dtype][chain8|tree8_16]  CPU ms per round, and in target-token times, of each
+                 phase of the decoder's own rounds (draft forward, draft logits + pick,
+                 verification forward, target logits, acceptance, tree selection, commit, glue).
   mismatches     greedy outputs that differ from plain decoding in the same dtype (expected 0).
 Heads: `random` (a random-init head over --draft-vocab: it accepts almost nothing, so tau ~ 1 and
-a round's whole cost shows) and `trained` (--head). Not a timed test: the machine is shared, so
-every repeat runs every variant on every prompt in turn and the medians are reported.
+a round's whole cost shows) and `trained` (--head). Not a timed test. For a shared machine: the
+clock is this process's CPU time (wall-clock speedups beside it), every repeat runs every
+variant on every prompt in turn, each variant is a ratio to plain decoding timed just before
+and after its block, and medians over prompts x repeats are reported.
 """
 
 from __future__ import annotations
@@ -87,10 +92,10 @@ def measure_parts(target, head, repeats: int, context: int = 200) -> dict:
     times: dict[str, list[float]] = {k: [] for k in fns}
     for _ in range(repeats):
         for k, f in fns.items():
-            t = time.perf_counter()
+            t = time.process_time()  # CPU time: descheduled time on a busy machine does not count
             for _ in range(3):
                 f()
-            times[k].append((time.perf_counter() - t) / 3)
+            times[k].append((time.process_time() - t) / 3)
     unit = statistics.median(times["target_pass_1"])
     share = draft_step_bytes(head) / target_bytes_per_token(target)
     out = {
@@ -99,6 +104,77 @@ def measure_parts(target, head, repeats: int, context: int = 200) -> dict:
     }
     out["draft_step_weight_share"] = round(share, 4)
     out["draft_step_cost_over_share"] = round(out["draft_step"]["target_tokens"] / share, 2)
+    return out
+
+
+def plain_cpu_ms_per_token(target, prompt: list[int], n: int) -> float:
+    """CPU ms of one plain decoding step (prefill excluded: a 1-token run subtracted)."""
+    t0 = time.process_time()
+    plain_decode(target, prompt, n, set())
+    t1 = time.process_time()
+    plain_decode(target, prompt, 1, set())
+    return ((t1 - t0) - (time.process_time() - t1)) / max(n - 1, 1) * 1e3
+
+
+@torch.inference_mode()
+def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: int, repeats: int) -> dict:
+    """CPU ms per round spent in each phase of the decoder's own rounds: draft steps (forward;
+    logits + pick), the verification forward (the model with its masks and aux capture), target
+    logits, acceptance, tree selection, the commit of accepted tokens into the draft cache, and
+    the rest (glue). Measured by wrapping those calls on this decoder, so nothing of the round is
+    re-implemented here; a 1-token run's phases (the prefill) are subtracted."""
+    import eagle3cli.eval.decoder as decoder_module
+
+    spent: dict[str, float] = {}
+
+    def wrap(owner, name, phase):
+        fn = getattr(owner, name)
+
+        def timed(*args, **kwargs):
+            if phase == "draft_forward" and (kwargs.get("from_target") or (len(args) > 4 and args[4])):
+                return fn(*args, **kwargs)  # a commit's draft step: counted in `commit`
+            t = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                spent[phase] = spent.get(phase, 0.0) + time.process_time() - t
+
+        setattr(owner, name, timed)
+        return owner, name, fn
+
+    patched = [
+        wrap(dec, "_commit", "commit"),
+        wrap(dec.draft, "forward", "draft_forward"),  # nn.Module.__call__ looks up self.forward
+        wrap(dec.draft, "logits", "draft_logits_pick"),
+        wrap(dec, "_pick", "draft_logits_pick"),
+        wrap(decoder_module, "_target_forward", "verify_forward"),
+        wrap(decoder_module, "_target_logits", "target_logits"),
+        wrap(decoder_module, "verify_chain_greedy", "accept"),
+        wrap(decoder_module, "verify_tree_greedy", "accept"),
+        wrap(decoder_module, "select_nodes", "tree_select"),
+    ]
+
+    def run(n: int) -> tuple[dict[str, float], int]:
+        spent.clear()
+        t = time.process_time()
+        r = dec.generate(prompt, n)
+        return {**spent, "total": time.process_time() - t}, r.rounds
+
+    try:
+        per_round: dict[str, list[float]] = {}
+        for _ in range(repeats):
+            full, rounds = run(max_new_tokens)
+            pre, _ = run(1)
+            for k in full:
+                per_round.setdefault(k, []).append((full[k] - pre.get(k, 0.0)) / max(rounds, 1) * 1e3)
+    finally:
+        for owner, name, fn in reversed(patched):
+            if owner is dec or owner is dec.draft:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, fn)
+    out = {k: round(statistics.median(v), 3) for k, v in per_round.items()}
+    out["glue"] = round(out["total"] - sum(v for k, v in out.items() if k != "total"), 3)
     return out
 
 
@@ -139,45 +215,80 @@ def main() -> None:
     prompts = [render(tok, msgs) for _, msgs in load_prompts("gsm8k", a.prompts, None)]
     vs = variants([int(x) for x in a.depths.split(",") if x], [int(x) for x in a.tree_depths.split(",") if x], a.topk)
     parts = {dt: measure_parts(targets[dt], heads["random"][0], a.parts_repeats) for dt in dtypes}
+    profiles: dict = {}
+    for dt in dtypes:
+        for hname, (head, aux) in heads.items():
+            for vname in ("chain8", "tree8_16"):
+                dec = SpeculativeDecoder(targets[dt], head, aux, **variants([8], [8], a.topk)[vname])
+                dec.generate(prompts[0], 4)  # warm-up
+                prof = profile_rounds(dec, prompts[0], a.max_new_tokens, a.repeats)
+                unit = plain_cpu_ms_per_token(targets[dt], prompts[0], a.max_new_tokens)
+                prof = {k: {"ms": v, "target_tokens": round(v / unit, 3)} for k, v in prof.items()}
+                profiles.setdefault(hname, {}).setdefault(dt, {})[vname] = prof
 
     def decoders(dt):
         for hname, (head, aux) in heads.items():
             for vname, kw in vs.items():
                 yield (hname, dt, vname), SpeculativeDecoder(targets[dt], head, aux, **kw)
 
-    runs: dict[tuple, list] = {}
-    plain_out: dict[tuple, list[int]] = {}
+    # Clock: this process's CPU time (time.process_time), so time spent descheduled on a busy
+    # machine does not count; wall-clock ratios are reported beside it. Each variant's cost is a
+    # ratio to plain decoding measured just before and just after its block, per prompt and
+    # repeat (load drifts cancel), prefill excluded (a 1-token run of the same call subtracted).
+    def timed(fn, n):
+        c, w = time.process_time(), time.perf_counter()
+        full = fn(n)
+        c1, w1 = time.process_time(), time.perf_counter()
+        fn(1)
+        c2, w2 = time.process_time(), time.perf_counter()
+        return full, (c1 - c) - (c2 - c1), (w1 - w) - (w2 - w1)
+
+    ratios: dict[tuple, dict[str, list[float]]] = {}
+    taus: dict[tuple, list[tuple[int, int]]] = {}
     mismatches = []
     for rep in range(a.repeats + 1):  # repeat 0 warms up and is not kept
         for i, prompt in enumerate(prompts):
             for dt in dtypes:
-                p = plain_decode(targets[dt], prompt, a.max_new_tokens, set())
-                plain_out[(dt, i)] = p.tokens
-                if rep:
-                    runs.setdefault(("plain", dt, ""), []).append(p)
+                target = targets[dt]
+
+                def plain(n, target=target, prompt=prompt):
+                    return plain_decode(target, prompt, n, set())
+
+                ref, c0, w0 = timed(plain, a.max_new_tokens)
+                block = []
                 for key, dec in decoders(dt):
-                    r = dec.generate(prompt, a.max_new_tokens)
-                    if rep:
-                        runs.setdefault(key, []).append(r)
-                    if rep == 1 and r.tokens != p.tokens:
+                    r, c, w = timed(lambda n, dec=dec, prompt=prompt: dec.generate(prompt, n), a.max_new_tokens)
+                    block.append((key, r, c, w))
+                    if rep == 1 and r.tokens != ref.tokens:
                         mismatches.append({"variant": "/".join(key), "prompt": i})
+                _, c1, w1 = timed(plain, a.max_new_tokens)
+                steps = max(len(ref.tokens) - 1, 1)
+                plain_cpu, plain_wall = (c0 + c1) / 2 / steps, (w0 + w1) / 2 / steps
+                if not rep:
+                    continue
+                ratios.setdefault(("plain", dt, ""), {}).setdefault("cpu_ms", []).append(plain_cpu * 1e3)
+                ratios[("plain", dt, "")].setdefault("wall_ms", []).append(plain_wall * 1e3)
+                for key, r, c, w in block:
+                    made = max(len(r.tokens) - 1, 1)
+                    d = ratios.setdefault(key, {})
+                    d.setdefault("round_cost", []).append(c / max(r.rounds, 1) / plain_cpu)
+                    d.setdefault("speedup_vs_plain", []).append(plain_cpu * made / c)
+                    d.setdefault("speedup_vs_plain_wall", []).append(plain_wall * made / w)
+                    taus.setdefault(key, []).append((made, r.rounds))
 
-    def per_token(rs):  # seconds per emitted token after the first (prefill excluded)
-        return statistics.median((r.seconds - r.prefill_seconds) / max(len(r.tokens) - 1, 1) for r in rs)
-
-    plain_tok = {dt: per_token(runs[("plain", dt, "")]) for dt in dtypes}
+    med = {k: {m: statistics.median(v) for m, v in d.items()} for k, d in ratios.items()}
     rounds: dict = {}
-    for (hname, dt, vname), rs in runs.items():
+    for key, m in med.items():
+        hname, dt, vname = key
         if hname == "plain":
             continue
-        secs_round = statistics.median((r.seconds - r.prefill_seconds) / max(r.rounds, 1) for r in rs)
-        tau = sum(len(r.tokens) - 1 for r in rs) / max(sum(r.rounds for r in rs), 1)
-        rounds.setdefault(hname, {}).setdefault(dt, {})[vname] = {
-            "round_cost": round(secs_round / plain_tok[dt], 3),
-            "tau": round(tau, 3),
-            "speedup_vs_plain": round(plain_tok[dt] / per_token(rs), 3),
-            "speedup_vs_fp32_plain": round(plain_tok.get("fp32", plain_tok[dt]) / per_token(rs), 3),
-        }
+        made, n_rounds = (sum(x) for x in zip(*taus[key]))
+        row = {k: round(v, 3) for k, v in m.items()}
+        row["tau"] = round(made / max(n_rounds, 1), 3)
+        if dt != "fp32" and ("plain", "fp32", "") in med:  # the same work against fp32 plain decoding
+            scale = med[("plain", "fp32", "")]["cpu_ms"] / med[("plain", dt, "")]["cpu_ms"]
+            row["speedup_vs_fp32_plain"] = round(m["speedup_vs_plain"] * scale, 3)
+        rounds.setdefault(hname, {}).setdefault(dt, {})[vname] = row
     report = {
         "target": a.target,
         "threads": a.threads,
@@ -185,8 +296,9 @@ def main() -> None:
         "max_new_tokens": a.max_new_tokens,
         "repeats": a.repeats,
         "draft_vocab_random_head": heads["random"][0].config.draft_vocab_size,
-        "plain_ms_per_token": {dt: round(v * 1e3, 2) for dt, v in plain_tok.items()},
+        "plain_ms_per_token": {dt: {k: round(v, 2) for k, v in med[("plain", dt, "")].items()} for dt in dtypes},
         "parts": parts,
+        "profile": profiles,
         "rounds": rounds,
         "mismatches": mismatches,
     }
