@@ -258,8 +258,7 @@ class Eagle3Draft(nn.Module):
         nh, nkv, hd = attn.num_heads, attn.num_kv_heads, attn.head_dim
         b, n = input_ids.shape
         end = start + n
-        if from_target:
-            hidden = F.linear(hidden.to(self.fc.weight.dtype), self.fc.weight)
+        hidden = self.project(hidden.to(self.fc.weight.dtype), from_target)
         embeds = self.embed_tokens.weight[input_ids].to(hidden.dtype)
         x = torch.cat([_rms(embeds, layer.input_layernorm), _rms(hidden, layer.hidden_norm)], dim=-1)
         qkv = F.linear(x, cache.w_qkv, cache.b_qkv)
