@@ -14,8 +14,8 @@ Prints one JSON object (also written to --out):
                  seconds per plain token, prefill excluded from both), tau, speedup over plain
                  decoding in the same dtype and over fp32 plain decoding; `tree8_16` is eval's
                  default tree (depth 8, 16 verified tokens).
-  profile[head][dtype][chain8|tree8_16]  CPU ms per round, and in target-token times, of each
-                 phase of the decoder's own rounds (draft forward, draft logits + pick,
+  profile[head][dtype][chain8|tree8_16]  target-token times per round of each phase of the
+                 decoder's own rounds (draft forward, draft logits + pick,
                  verification forward, target logits, acceptance, tree selection, commit, glue).
   mismatches     greedy outputs that differ from plain decoding in the same dtype (expected 0).
 Heads: `random` (a random-init head over --draft-vocab: it accepts almost nothing, so tau ~ 1 and
@@ -117,12 +117,13 @@ def plain_cpu_ms_per_token(target, prompt: list[int], n: int) -> float:
 
 
 @torch.inference_mode()
-def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: int, repeats: int) -> dict:
+def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: int, unit_ms) -> dict:
     """CPU ms per round spent in each phase of the decoder's own rounds: draft steps (forward;
     logits + pick), the verification forward (the model with its masks and aux capture), target
     logits, acceptance, tree selection, the commit of accepted tokens into the draft cache, and
     the rest (glue). Measured by wrapping those calls on this decoder, so nothing of the round is
-    re-implemented here; a 1-token run's phases (the prefill) are subtracted."""
+    re-implemented here; a 1-token run's phases (the prefill) are subtracted. `unit_ms()` times
+    one plain decoding step; it runs just before and after, and each phase is divided by it."""
     import eagle3cli.eval.decoder as decoder_module
 
     spent: dict[str, float] = {}
@@ -161,20 +162,18 @@ def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: i
         return {**spent, "total": time.process_time() - t}, r.rounds
 
     try:
-        per_round: dict[str, list[float]] = {}
-        for _ in range(repeats):
-            full, rounds = run(max_new_tokens)
-            pre, _ = run(1)
-            for k in full:
-                per_round.setdefault(k, []).append((full[k] - pre.get(k, 0.0)) / max(rounds, 1) * 1e3)
+        before = unit_ms()
+        full, rounds = run(max_new_tokens)
+        pre, _ = run(1)
+        unit = (before + unit_ms()) / 2
     finally:
         for owner, name, fn in reversed(patched):
             if owner is dec or owner is dec.draft:
                 delattr(owner, name)
             else:
                 setattr(owner, name, fn)
-    out = {k: round(statistics.median(v), 3) for k, v in per_round.items()}
-    out["glue"] = round(out["total"] - sum(v for k, v in out.items() if k != "total"), 3)
+    out = {k: (full[k] - pre.get(k, 0.0)) / max(rounds, 1) * 1e3 / unit for k in full}
+    out["glue"] = out["total"] - sum(v for k, v in out.items() if k != "total")
     return out
 
 
@@ -221,10 +220,16 @@ def main() -> None:
             for vname in ("chain8", "tree8_16"):
                 dec = SpeculativeDecoder(targets[dt], head, aux, **variants([8], [8], a.topk)[vname])
                 dec.generate(prompts[0], 4)  # warm-up
-                prof = profile_rounds(dec, prompts[0], a.max_new_tokens, a.repeats)
-                unit = plain_cpu_ms_per_token(targets[dt], prompts[0], a.max_new_tokens)
-                prof = {k: {"ms": v, "target_tokens": round(v / unit, 3)} for k, v in prof.items()}
-                profiles.setdefault(hname, {}).setdefault(dt, {})[vname] = prof
+                runs = [
+                    profile_rounds(
+                        dec, prompt, a.max_new_tokens, lambda t=targets[dt], p=prompt: plain_cpu_ms_per_token(t, p, 16)
+                    )
+                    for _ in range(a.repeats)
+                    for prompt in prompts
+                ]
+                profiles.setdefault(hname, {}).setdefault(dt, {})[vname] = {
+                    k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]
+                }
 
     def decoders(dt):
         for hname, (head, aux) in heads.items():
