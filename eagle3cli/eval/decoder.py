@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.target import AuxCapture
+from ..model.target import AuxCapture, target_logits
 from ..speculate import (
     expand_frontier,
     logits_to_probs,
@@ -69,7 +69,8 @@ def _finish(tokens: list[int], new: list[int], eos: set[int], max_new: int) -> b
 
 
 def _target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    return model.lm_head(hidden)
+    """The one place the decoder turns target hidden states into logits (softcapping included)."""
+    return target_logits(model, hidden)
 
 
 def _target_forward(model, kv: TargetKV, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:

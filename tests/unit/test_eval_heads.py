@@ -98,7 +98,6 @@ def test_reader_resolves_every_layout_to_the_same_layers(layouts, ref_head):
 @torch.no_grad()
 def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_dir, ref_head, layouts, tmp_path):
     from eagle3cli.eval.prompts import load_prompts, render
-    from eagle3cli.model.draft import DraftCache
     from eagle3cli.model.heads import load_any_head
     from eagle3cli.model.target import AuxCapture
 
@@ -110,7 +109,7 @@ def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_d
         with AuxCapture(target, spec.aux_layer_ids) as cap:
             target.model(input_ids=ids)
         n = ids.shape[1]
-        out = draft(ids[:, 1:], cap.concat()[:, :-1], torch.arange(n - 1)[None], DraftCache(), from_target=True)
+        out = draft(ids[:, 1:], cap.concat()[:, :-1], draft.new_cache(n), 0, from_target=True)
         return draft.logits(out)
 
     ref = root_logits(ref_head)
