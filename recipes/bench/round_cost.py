@@ -211,7 +211,7 @@ def main() -> None:
     if a.head:
         trained = load_head(a.head, target_model=first).float().eval()
         heads["trained"] = (trained, tuple(trained.config.aux_layer_ids))
-    prompts = [render(tok, msgs) for _, msgs in load_prompts("gsm8k", a.prompts, None)]
+    prompts = [render(tok, msgs) for _, msgs in load_prompts("gsm8k", a.prompts)]
     vs = variants([int(x) for x in a.depths.split(",") if x], [int(x) for x in a.tree_depths.split(",") if x], a.topk)
     parts = {dt: measure_parts(targets[dt], heads["random"][0], a.parts_repeats) for dt in dtypes}
     profiles: dict = {}
