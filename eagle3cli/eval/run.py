@@ -115,7 +115,8 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
     heads = []
     for h in [head, *cfg.compare]:
         h = Path(h)
-        draft, spec = load_any_head(h, target, dtype=target.dtype)
+        # on CPU the head stays fp32 whatever the target: its one-row matmuls are faster there
+        draft, spec = load_any_head(h, target, dtype=torch.float32 if target.device.type == "cpu" else target.dtype)
         check_head_fits(spec, target.config, ident)
         for notice in spec.notices:
             warn(notice)
@@ -162,7 +163,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     head, out = _paths(cfg)
-    target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device)
+    target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
     eos = eos_ids_of(target, tok)

@@ -115,6 +115,7 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
         (["--depth", "0"], "--depth must be an integer >= 1"),
         (["--bench", "nonsense"], "nonsense is neither a named source nor an existing file"),
         (["--mode", "spiral"], "--mode must be one of"),
+        (["--dtype", "fp8"], "--dtype must be one of auto, fp32, bf16"),
         (["--max-new-tokens", "5000"], "positions, the target has 1024"),
     ],
 )
@@ -135,6 +136,30 @@ def test_bad_inputs_exit_2(tiny_target_dir, heads, args, needle, capsys, tmp_pat
     )
     assert rc == 2
     assert needle in " ".join(capsys.readouterr().err.split())
+
+
+def test_bf16_target_keeps_the_head_in_fp32_on_cpu(tiny_target_dir, heads, prompts_file, tmp_path, monkeypatch):
+    """--dtype bf16: the target runs in bf16 (AMX verification) with the head in fp32, decoding
+    works, and the manifest records the choice."""
+    import eagle3cli.eval.run as run_module
+
+    seen = []
+
+    class Recording(run_module.SpeculativeDecoder):
+        def __init__(self, target, draft, *args, **kwargs):
+            seen.append((target.dtype, draft.fc.weight.dtype))
+            super().__init__(target, draft, *args, **kwargs)
+
+    monkeypatch.setattr(run_module, "SpeculativeDecoder", Recording)
+    out = tmp_path / "eval"
+    args = ["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--bench", str(prompts_file)]
+    args += ["--num-prompts", "1", "--max-new-tokens", "8", "--depth", "2", "--dtype", "bf16", "--out", str(out)]
+    assert main(args) == 0
+    assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
+    assert json.loads((out / "manifest.json").read_text())["config"]["dtype"] == "bf16"
+    rep = json.loads((out / "report.json").read_text())
+    (stats,) = [h["chain"] for h in rep["heads"].values()]
+    assert stats["acceptance"]["tau"] >= 1.0
 
 
 def test_head_for_another_target_exits_2(deep_target_dir, tiny_target_dir, tmp_path, capsys):
