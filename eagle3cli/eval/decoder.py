@@ -4,7 +4,7 @@ One round, with L tokens in the target's KV cache and `pending` the last emitted
   1. draft: D tokens (chain: D-1 chained draft steps after the root; tree: D-1 batched levels);
   2. verify: ONE target forward over [pending, drafted...] (tree: ancestor mask + depth
      position ids), capturing the aux features of every input position;
-  3. accept (greedy or lossless sampling): the one host sync of the round. Both KV caches are
+  3. accept (greedy or lossless sampling): in a chain, the round's one host sync. Both KV caches are
      position-indexed (`TargetKV`, `DraftCache`), so a rejected suffix is simply overwritten
      next round; a tree's accepted path is moved into place. One draft step then writes the
      step-0 entries of the newly committed positions from the captured features; its last
