@@ -69,7 +69,11 @@ def test_eval_sweep_report_and_recommendation(tiny_target_dir, head, tmp_path):
     assert names == ["chain d=1", "chain d=2", "chain d=3", "tree (2,2,4)"]
     rec = rep["recommended"]
     assert rec["from"].startswith("sweep") and rec["name"] in names
-    assert any("no configuration beats plain decoding" in n for n in rec["notes"])  # a random head
+    # a random head: the note says so exactly when no configuration's interval reaches plain speed
+    # (whether one does is timing, which a test must not assume)
+    best = next(r for r in rep["sweep"]["configurations"] if r["name"] == rec["best_measured"])
+    slower = best["speedup_interval"][1] < 1.0
+    assert slower == any("no configuration beats plain decoding" in n for n in rec["notes"])
 
 
 def test_turns_all_feeds_each_answer_back(tiny_target_dir, head, tmp_path):
