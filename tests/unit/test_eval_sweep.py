@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_eval_decoder import OracleDraft  # tests/unit is on sys.path under pytest
+from draft_stubs import OracleDraft  # tests/unit is on sys.path under pytest
 
 from eagle3cli.cli import main
 from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
