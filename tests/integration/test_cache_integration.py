@@ -40,6 +40,7 @@ def _cli(data: Path, out: Path, target: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_kill_9_then_resume_equals_an_uninterrupted_run(tmp_path, tiny_target_dir):
     data = write_data_folder(tmp_path / "data", tiny_target_dir, conversations(24))
     ref = run_cache(

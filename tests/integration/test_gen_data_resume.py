@@ -53,6 +53,7 @@ def _folder_bytes(out: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
 
 
+@pytest.mark.slow
 def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
     ref, killed = tmp_path / "ref", tmp_path / "killed"
     assert main(_args(tiny_target_dir, ref)) == 0

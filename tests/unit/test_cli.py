@@ -36,6 +36,7 @@ def test_bad_flag_exits_2_with_message():
     assert "No such option" in r.stderr
 
 
+@pytest.mark.slow
 def test_doctor_json_reports_versions_devices_and_disk():
     r = run("doctor", "--json")
     assert r.returncode == 0, r.stderr
@@ -52,6 +53,7 @@ def test_doctor_json_reports_versions_devices_and_disk():
     assert "sglang parser" in checks
 
 
+@pytest.mark.slow
 def test_doctor_table():
     r = run("doctor")
     assert r.returncode == 0

@@ -152,6 +152,7 @@ def test_batched_tree_level_equals_each_sibling_alone(tiny):
             torch.testing.assert_close(batched[0, j], alone[0, 0], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["chain", "tree"])
 def test_sampled_outputs_follow_target_distribution(mode):
     """Small vocab, many draws: (t1, t2, t3) from speculative sampling vs the exact target

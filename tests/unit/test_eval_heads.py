@@ -128,6 +128,7 @@ def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_d
     assert not torch.equal(root_logits(wrong), ref)
 
 
+@pytest.mark.slow
 def test_eval_gives_the_same_tau_for_every_layout(trained_target_dir, ref_head, layouts, tmp_path):
     out = tmp_path / "eval"
     args = ["eval", "--target", str(trained_target_dir), "--head", str(ref_head)]
@@ -172,6 +173,7 @@ def test_contradictory_ids_are_refused_with_both_readings(ref_head, trained_targ
         read_head(vl, 12)
 
 
+@pytest.mark.slow
 def test_speculators_export_resolves_its_target_from_another_directory(
     trained_target_dir, ref_head, tmp_path, monkeypatch
 ):

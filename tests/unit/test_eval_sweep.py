@@ -15,6 +15,7 @@ from eagle3cli.eval.sweep import run_sweep
 from eagle3cli.model.target import default_aux_layer_ids, load_target
 
 
+@pytest.mark.slow
 def test_sweep_measures_each_depth_and_labels_the_estimate(tiny_target_dir):
     model, tok, _ = load_target(tiny_target_dir)
     ids = tok.apply_chat_template(
@@ -58,6 +59,7 @@ def head(tiny_target_dir, tmp_path_factory):
     return make_head(tiny_target_dir, tmp_path_factory.mktemp("sweep-head") / "head")
 
 
+@pytest.mark.slow
 def test_eval_sweep_report_and_recommendation(tiny_target_dir, head, tmp_path):
     out = tmp_path / "eval"
     args = ["eval", "--target", str(tiny_target_dir), "--head", str(head), "--bench", "gsm8k", "--num-prompts", "2"]
@@ -91,6 +93,7 @@ def test_turns_all_feeds_each_answer_back(tiny_target_dir, head, tmp_path):
     assert rep["baselines"]["generate"]["tokens"] == rep["baselines"]["plain"]["tokens"]
 
 
+@pytest.mark.slow
 def test_sampled_eval_reports_the_rule_and_the_distribution_check(tiny_target_dir, head, tmp_path):
     out = tmp_path / "eval"
     args = ["eval", "--target", str(tiny_target_dir), "--head", str(head), "--bench", "gsm8k", "--num-prompts", "1"]

@@ -140,6 +140,7 @@ def test_preflight_refuses_heads_with_biases(tmp_path, tiny_target_dir):
 
 
 # ---------------------------------------------------------------- engines
+@pytest.mark.slow
 def test_sglang_table_is_what_sglangs_source_says():
     from eagle3cli.model.engines import (
         SGLANG_EAGLE3_TARGETS,

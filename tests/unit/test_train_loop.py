@@ -83,6 +83,7 @@ def _losses(run_dir):
     return [(r["step"], r["loss"], r["loss_k"], r["acc_k"]) for r in metrics(run_dir)]
 
 
+@pytest.mark.slow
 def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir):
     args = ["--max-steps", "10", "--log-every", "1", "--save-every", "2", "--ttt-steps", "2", *FAST]
     ref = tmp_path / "ref"
