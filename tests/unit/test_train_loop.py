@@ -174,19 +174,21 @@ def test_deepspeed_two_processes_resume_after_kill9_and_track_single_process(tmp
     ds = ["train", "--run", str(run_dir), "--cache", str(cache), "--deepspeed", stage, "--nproc", "2", *common]
 
     env = dict(os.environ, OMP_NUM_THREADS="1", COLUMNS="200")
-    p = subprocess.Popen(
-        [sys.executable, "-m", "eagle3cli", *ds],
-        cwd=REPO,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,  # its own process group: the launcher and both ranks die together
-    )
+    log = tmp_path / "first-launch.log"
+    with log.open("wb") as out:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "eagle3cli", *ds],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: the launcher and both ranks die together
+        )
     ckpt_dir = run_dir / "train" / "checkpoints"
     deadline = time.time() + 900
     while time.time() < deadline and p.poll() is None and len(metrics(run_dir)) < 3:
         time.sleep(0.05)
-    assert p.poll() is None, "the run finished (or failed) before it could be killed"
+    assert p.poll() is None, "the run ended before it could be killed:\n" + log.read_text(errors="replace")[-4000:]
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
     assert 3 <= len(metrics(run_dir)) < 6 and (ckpt_dir / "last").exists()
