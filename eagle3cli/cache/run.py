@@ -21,7 +21,6 @@ import os
 import shutil
 import socket
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -48,90 +47,14 @@ from ..model.target import (
     validate_aux_layer_ids,
 )
 from . import vocab as V
+from .config import STORAGES, CacheConfig, parse_shard
 from .masks import TemplateRefusal, _special_ids, check_template, has_assistant_output, mask_data_record
 from .reader import INDEX_FILE, VOCAB_FILE
-from .storage import STORAGES, bf16_layout_bytes, bytes_per_token, feature_keys
+from .storage import bf16_layout_bytes, bytes_per_token, feature_keys
 from .writer import Sample, save_atomic, write_shard
 
 PLAN_FILE = "plan.json"
 GEN_DATA_CMD = "eagle3 gen-data --target TARGET --input FILE --run runs/NAME"
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    run: Path | None = None
-    """Run folder: reads RUN/data, writes RUN/cache."""
-    data: Path | None = None
-    """Data folder from `eagle3 gen-data` (default RUN/data)."""
-    out: Path | None = None
-    """Cache folder to write (default RUN/cache)."""
-    target: str | None = None
-    """Target model folder (default: the one the data manifest names)."""
-    max_length: int = 2048
-    """Samples longer than this many tokens are truncated (counted in the manifest)."""
-    draft_vocab_size: int = 32000
-    """Draft vocabulary size: the most frequent assistant tokens (capped at the target vocab)."""
-    aux_layers: tuple[int, ...] | None = None
-    """Aux layer ids = inputs of these decoder layers (default [2, L//2, L-3], as SGLang/vLLM)."""
-    storage: str = "bf16"
-    """bf16 (exact teacher via lm_head), fp8 (per-token scales), compact (fp8 aux + top-k teacher)."""
-    topk: int = 4
-    """Teacher log-probs kept per token with --storage compact."""
-    token_budget: int = 8192
-    """Padded tokens per target forward (batch size x longest sample)."""
-    shard_tokens: int = 65536
-    """Tokens per shard file (shards are the unit of resume and of --shard i/N)."""
-    shard: str | None = None
-    """'i/N': compute only shards j with j % N == i (several processes or GPUs, one folder)."""
-    max_samples: int | None = None
-    """Use only the first N records of the data (quick runs)."""
-    device: str | None = None
-    """cpu, cuda, cuda:1 (default: cuda if available)."""
-    dtype: str | None = None
-    """Target dtype: bf16, fp16, fp32 (default: bf16 on GPU, fp32 on CPU)."""
-
-    def validate(self) -> list[str]:
-        errs = []
-        if self.run is None and (self.data is None or self.out is None):
-            errs.append("--run runs/NAME is required (or both --data and --out)")
-        if self.storage not in STORAGES:
-            errs.append(f"--storage {self.storage!r}: choose one of {', '.join(STORAGES)}")
-        for name in ("max_length", "draft_vocab_size", "topk", "token_budget", "shard_tokens"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v < 1:
-                errs.append(f"--{name.replace('_', '-')} {v!r}: must be a positive integer")
-        if isinstance(self.max_length, int) and self.max_length < 2:
-            errs.append("--max-length must be at least 2 (a token and its successor)")
-        if self.max_samples is not None and (not isinstance(self.max_samples, int) or self.max_samples < 1):
-            errs.append(f"--max-samples {self.max_samples!r}: must be a positive integer")
-        if self.aux_layers is not None and not all(isinstance(i, int) for i in self.aux_layers):
-            errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
-        if self.shard is not None:
-            try:
-                parse_shard(self.shard)
-            except ValueError as e:
-                errs.append(f"--shard {self.shard!r}: {e}")
-        return errs
-
-    @property
-    def data_dir(self) -> Path:
-        return Path(self.data) if self.data else Path(self.run) / "data"
-
-    @property
-    def out_dir(self) -> Path:
-        return Path(self.out) if self.out else Path(self.run) / "cache"
-
-
-def parse_shard(spec: str | None) -> tuple[int, int]:
-    if spec is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in spec.split("/"))
-    except ValueError:
-        raise ValueError("expected i/N, e.g. 0/4") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError("expected 0 <= i < N")
-    return i, n
 
 
 # ------------------------------------------------------------------ inputs

@@ -48,7 +48,6 @@ from ..model.heads import (
     resolve_aux_ids,
 )
 
-ENGINES = ("sglang", "vllm")
 INSTALL = {
     "sglang": 'pip install "sglang>=0.5,<0.6"   (on a CUDA node; or: pip install "eagle3cli[serve]")',
     "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]")',

@@ -265,7 +265,7 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
 
 def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
-    from ..model.target import pick_device, pick_dtype
+    from ..model.target import pick_device
 
     run_dir = Path(cfg.run)
     train_dir = run_dir / "train"
@@ -278,12 +278,8 @@ def launch(cfg: TrainConfig) -> Path:
         raise UsageError(f"--hostfile {cfg.hostfile} does not exist", "an MPI-style hostfile (host slots=N)")
     plan_processes(cfg)  # a bad hostfile fails before anything is written
     device = pick_device(cfg.device)
-    ds = deepspeed_config(
-        cfg,
-        bf16=pick_dtype(device, cfg.dtype).is_floating_point
-        and device.type == "cuda"
-        and cfg.dtype not in ("fp32", "float32"),
-    )
+    # DeepSpeed's bf16 mode on GPUs only; on CPU a bf16 run autocasts (train/loop.py)
+    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and cfg.dtype != "fp32")
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise UsageError("the `deepspeed` launcher is not on PATH", "pip install deepspeed", "eagle3 doctor")

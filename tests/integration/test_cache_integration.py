@@ -15,8 +15,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 from test_cache_helpers import conversations, write_data_folder  # noqa: E402
 
+from eagle3cli.cache.config import CacheConfig  # noqa: E402
 from eagle3cli.cache.reader import CacheReader  # noqa: E402
-from eagle3cli.cache.run import CacheConfig, run_cache  # noqa: E402
+from eagle3cli.cache.run import run_cache  # noqa: E402
 from eagle3cli.config import build_config  # noqa: E402
 from eagle3cli.manifest import sha256_file  # noqa: E402
 

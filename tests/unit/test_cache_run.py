@@ -12,9 +12,10 @@ from safetensors.torch import load_file
 from test_cache_helpers import conversations, write_data_folder
 from transformers import AutoModelForCausalLM
 
+from eagle3cli.cache.config import CacheConfig
 from eagle3cli.cache.masks import mask_conversation
 from eagle3cli.cache.reader import CacheReader
-from eagle3cli.cache.run import CacheConfig, merge_cache, run_cache
+from eagle3cli.cache.run import merge_cache, run_cache
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.errors import UsageError

@@ -7,6 +7,7 @@ import torch
 
 from eagle3cli.cache import storage as S
 from eagle3cli.cache import vocab as V
+from eagle3cli.cache.config import STORAGES
 
 
 def test_d2t_t2d_round_trip():
@@ -64,7 +65,7 @@ def test_topk_logprobs_match_full_softmax():
     assert torch.equal(ids, ref_i) and torch.allclose(lps, ref_v, atol=1e-6)
 
 
-@pytest.mark.parametrize("storage", S.STORAGES)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_encode_decode_round_trip(storage):
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 4096, bias=False)

@@ -114,8 +114,8 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     [
         (["--depth", "0"], "--depth must be an integer >= 1"),
         (["--bench", "nonsense"], "nonsense is neither a named source nor an existing file"),
-        (["--mode", "spiral"], "--mode must be one of"),
-        (["--dtype", "fp8"], "--dtype must be one of auto, fp32, bf16"),
+        (["--mode", "spiral"], "'spiral' is not one of"),
+        (["--dtype", "fp8"], "'fp8' is not one of"),
         (["--max-new-tokens", "5000"], "positions, the target has 1024"),
     ],
 )

@@ -229,13 +229,15 @@ def test_gen_data_recipes_load_into_the_config(recipe):
 
 
 def test_config_errors_are_reported_together(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("backend: vllm\n")  # a flag's choices are checked by the parser; a recipe's here
     rc = main(
         [
             "gen-data",
+            "--recipe",
+            str(recipe),
             "--input",
             "x.jsonl",
-            "--backend",
-            "vllm",
             "--temperature",
             "-1",
             "--top-p",
@@ -249,7 +251,7 @@ def test_config_errors_are_reported_together(tmp_path, capsys):
     for needle in (
         "--target is required",
         "--run runs/NAME",
-        "--backend 'vllm'",
+        "--backend 'vllm': expected one of hf, openai",
         "--temperature",
         "--top-p",
         "--batch-size",
@@ -257,3 +259,5 @@ def test_config_errors_are_reported_together(tmp_path, capsys):
         assert needle in err
     assert main(["gen-data", "--target", "t", "--input", "x", "--out", str(tmp_path), "--endpoint", "http://h:1"]) == 2
     assert "add --backend openai" in " ".join(capsys.readouterr().err.split())
+    assert main(["gen-data", "--backend", "vllm"]) == 2
+    assert "'vllm' is not one of" in " ".join(capsys.readouterr().err.split())
