@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import socket
 import time
 from pathlib import Path
 
@@ -31,9 +29,11 @@ from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import StageError, UsageError
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
+    atomic_write_json,
     check_matches,
     read_json,
     read_manifest,
+    remove_dead_temps,
     shard_record,
     verify_shards,
     write_manifest,
@@ -227,31 +227,6 @@ def shard_done(out: Path, j: int) -> dict | None:
     return None
 
 
-def _clean_stale_temps(out: Path) -> None:
-    """Shard temp files of processes on this host that died (kill -9); live writers keep theirs."""
-    host = socket.gethostname()
-    for t in out.glob(f".*.{host}.*.tmp"):
-        try:
-            pid = int(t.name.rsplit(".", 2)[-2])
-            os.kill(pid, 0)
-        except ValueError:
-            continue
-        except ProcessLookupError:
-            t.unlink(missing_ok=True)
-        except PermissionError:
-            pass
-
-
-def _write_json(path: Path, obj) -> None:
-    """Atomic like manifest.atomic_write_json, with a host/pid temp name that resume can clean up."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 def settings_hash(settings: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -268,7 +243,7 @@ def write_or_check_plan(out: Path, plan: dict, cfg: CacheConfig) -> None:
                 f"pass a new --out, or remove {out} to rebuild: rm -r {out} && {_rerun_cmd(cfg)}",
             )
         return
-    _write_json(p, plan)
+    atomic_write_json(p, plan)
 
 
 # ------------------------------------------------------------------ the stage
@@ -342,7 +317,7 @@ def run_cache(cfg: CacheConfig) -> Path:
     }
     out.mkdir(parents=True, exist_ok=True)
     write_or_check_plan(out, plan, cfg)
-    _clean_stale_temps(out)
+    remove_dead_temps(out)
     save_atomic(out / VOCAB_FILE, {"d2t": d2t, "t2d": t2d, "token_counts": freq}, {"coverage": f"{cov:.6f}"})
     save_atomic(out / INDEX_FILE, {"lengths": torch.tensor(lengths, dtype=torch.int32)}, {})
 
@@ -401,7 +376,7 @@ def run_cache(cfg: CacheConfig) -> Path:
                     masked_tokens=int(sum(int(s.loss_mask.sum()) for s in samples[a:b])),
                     seconds=round(time.time() - ts, 4),
                 )
-                _write_json(_done_file(out, j), rec)
+                atomic_write_json(_done_file(out, j), rec)
                 bar.advance(b - a, tokens=tokens)
     remaining = [j for j in range(len(ranges)) if shard_done(out, j) is None]
     if remaining:

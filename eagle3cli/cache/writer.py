@@ -10,8 +10,6 @@ unpadded forward up to float rounding.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..manifest import atomic_write
 from ..model.target import capture_features, target_logits
 from .storage import encode, id_dtype
 
@@ -94,12 +93,8 @@ def shard_tensors(
 
 
 def save_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """safetensors to a temp name, fsync, rename: a shard file either exists whole or not at all."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A safetensors file that exists whole or not at all."""
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
 def write_shard(

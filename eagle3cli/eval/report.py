@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..console import log, print_table
+from ..manifest import atomic_write
 from .metrics import TAU_NOTE
 
 
@@ -182,10 +183,8 @@ def plot(path: Path, report: dict, title: str) -> None:
         a.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _plot_sweep(ax, sweep: dict, rec: dict) -> None:

@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
 from ..extras import plotting
-from ..manifest import atomic_write_json, write_manifest
+from ..manifest import atomic_write, atomic_write_json, write_manifest
 from .config import BenchConfig
 
 DEFAULT_PROMPTS = "mt_bench"
@@ -273,10 +273,8 @@ def plot(levels: list[LevelResult], speedup: dict[int, float], path: Path) -> No
         title="speed-up" if speedup else "speed-up (no baseline given)",
     )
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _fmt(v, digits=3):
