@@ -15,9 +15,9 @@ from eagle3cli.manifest import (
     atomic_write_json,
     check_matches,
     read_manifest,
+    remove_dead_temps,
     shard_record,
     verify_shards,
-    remove_dead_temps,
     write_manifest,
 )
 
