@@ -30,6 +30,7 @@ from ..manifest import (
     check_matches,
     read_json,
     sha256_file,
+    sha256_text,
     shard_record,
     write_manifest,
 )
@@ -277,7 +278,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     if not plan:
         raise no_usable_records(cfg, out, results, read_rejects)
     pcfg = plan_config(cfg)
-    plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))
+    plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     done = check_folder(out, identity, pcfg, plan_ids_hash)
     if done is not None:
         log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
@@ -393,12 +394,6 @@ def finish_shard(out: Path, k: int, entries: list[dict]) -> None:
     atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(_dumps(r) + "\n" for r in rejects))
     atomic_write_text(out / shard_name(k), "".join(_dumps(e["record"]) + "\n" for e in entries if "record" in e))
     (prog_dir / f"shard-{k:05d}.journal.jsonl").unlink(missing_ok=True)
-
-
-def sha256_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def finalize(

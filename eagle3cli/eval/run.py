@@ -16,7 +16,7 @@ from ..extras import plotting
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
-from .decoder import DecodeResult, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
+from .decoder import DecodeResult, SpeculativeDecoder, hf_generate, plain_decode
 from .metrics import TAU_NOTE, acceptance_by_depth, bootstrap_ratio, choose_config
 from .prompts import load_conversations, render
 
@@ -158,7 +158,7 @@ def run_eval(cfg: EvalConfig) -> Path:
         from .endpoint import run_endpoint_eval
 
         return run_endpoint_eval(cfg)
-    from ..model.target import load_target, target_identity
+    from ..model.target import eos_token_ids, load_target, target_identity
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -166,7 +166,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
-    eos = eos_ids_of(target, tok)
+    eos = eos_token_ids(target, tok)
     ctx = int(getattr(target.config, "max_position_embeddings", 0) or 0)
     window = max(cfg.depth, cfg.num_draft_tokens) + 1
     convs = load_conversations(cfg.bench, cfg.num_prompts)

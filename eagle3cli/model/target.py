@@ -104,6 +104,17 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def eos_token_ids(model, tokenizer=None) -> set[int]:
+    """Every id that ends a turn: the generation config's, the model config's and the tokenizer's
+    (instruct models often list several, e.g. Llama 3's <|eot_id|> and <|end_of_text|>)."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is not None:
+            ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return ids
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache.vocab import target_to_draft_index
 from ..model.target import LogitSpec, apply_logit_spec
 
 
@@ -33,13 +34,6 @@ class Teacher:
         if r < 0:
             raise IndexError(f"teacher row ({b}, {t}) was not computed (not a counted position)")
         return self.probs[r]
-
-
-def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
-    """LongTensor[target_vocab]: the draft id of each target id, -1 outside the draft vocab."""
-    index = torch.full((target_vocab,), -1, dtype=torch.long, device=d2t.device)
-    index[torch.arange(len(d2t), device=d2t.device) + d2t] = torch.arange(len(d2t), device=d2t.device)
-    return index
 
 
 def needed_rows(valid: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
