@@ -20,6 +20,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -39,27 +40,28 @@ _REFUSED = {
 }
 
 
+def preset_path(name: str) -> Path:
+    """The DeepSpeed config a preset name stands for (package data: works from a wheel too)."""
+    return Path(str(resources.files("eagle3cli.train") / "presets" / f"{name}.json"))
+
+
 def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
     """The resolved DeepSpeed config for a preset name or a JSON file, checked before any launch."""
     spec = cfg.deepspeed
-    if spec in DEEPSPEED_PRESETS:
-        user: dict = {"zero_optimization": {"stage": int(spec[-1])}}
-        if spec == "zero3":
-            user["zero_optimization"].update(stage3_gather_16bit_weights_on_model_save=True)
-    else:
-        path = Path(str(spec))
-        if not path.is_file():
-            raise UsageError(
-                f"--deepspeed {spec!r} is neither a preset nor a file",
-                f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
-                "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
-            )
-        try:
-            user = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"DeepSpeed config {path} is not valid JSON: {e}", "a JSON object") from e
-        if not isinstance(user, dict):
-            raise UsageError(f"DeepSpeed config {path} must be a JSON object, got {type(user).__name__}")
+    # a preset is a config file shipped in the package: eagle3cli/train/presets/NAME.json
+    path = preset_path(spec) if spec in DEEPSPEED_PRESETS else Path(str(spec))
+    if not path.is_file():
+        raise UsageError(
+            f"--deepspeed {spec!r} is neither a preset nor a file",
+            f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
+            "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
+        )
+    try:
+        user = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise UsageError(f"DeepSpeed config {path} is not valid JSON: {e}", "a JSON object") from e
+    if not isinstance(user, dict):
+        raise UsageError(f"DeepSpeed config {path} must be a JSON object, got {type(user).__name__}")
     problems = [
         f"'{k}' is set by {why}"
         for k, why in _REFUSED.items()
