@@ -72,10 +72,6 @@ class StageProgress:
         if self._prog is not None:
             self._prog.update(self._task, advance=n, tokens=self.tokens, **fields)
 
-    def set_description(self, text: str) -> None:
-        if self._prog is not None:
-            self._prog.update(self._task, description=text)
-
 
 @contextmanager
 def progress(description: str, total: int | None, unit: str = "it", completed: int = 0) -> Iterator[StageProgress]:

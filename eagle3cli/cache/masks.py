@@ -311,24 +311,6 @@ def has_assistant_output(messages: list[dict]) -> bool:
     return any(m["role"] == "assistant" and _has_output(m) for m in messages)
 
 
-def char_spans(tokenizer, messages: list[dict], sample_id: str = "?") -> tuple[str, list[tuple[int, int, str]]]:
-    """(rendered text, [(char_start, char_end, generated text)] per assistant turn shown as generated)."""
-    r = _Renderer(tokenizer, None, None, sample_id)
-    special = _special_ids(tokenizer)
-    turns = _turns(r, messages, _special_texts(tokenizer, special))
-    text = r(messages, False)
-    out, cursor, by_index = [], 0, {t.index: t for t in turns}
-    for i, m in enumerate(messages):
-        turn = by_index.get(i)
-        found = _locate(text, turn, m, cursor) if turn else None
-        if found is None:
-            cursor = _advance(text, m, cursor)
-            continue
-        out.append((*found, text[found[0] : found[1]]))
-        cursor = found[1]
-    return text, out
-
-
 def cut_turns(record: dict) -> frozenset[int]:
     """Assistant turns gen-data recorded as cut by max_new_tokens (meta.turns[i].finish_reason)."""
     turns = (record.get("meta") or {}).get("turns") or []

@@ -182,24 +182,6 @@ def init_draft_from_weights(
         draft.norm.weight.copy_(norm.to(draft.norm.weight) + norm_offset)
 
 
-def init_draft_from_target(
-    draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None
-) -> None:
-    """`init_draft_from_weights` with the tensors of a loaded target model (its final norm's
-    effective scale measured, so any norm convention is right)."""
-    from .target import final_norm_scale
-
-    has_norm = getattr(getattr(target_model, "model", None), "norm", None) is not None
-    init_draft_from_weights(
-        draft,
-        target_model.get_input_embeddings().weight,
-        target_model.get_output_embeddings().weight,
-        final_norm_scale(target_model) if has_norm else None,
-        d2t,
-        t2d,
-    )
-
-
 @torch.no_grad()
 def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> float:
     """Reload the export and compare its logits with the in-memory draft's; returns max |diff|."""

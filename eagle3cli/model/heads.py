@@ -36,7 +36,6 @@ HEAD_ARCH = "LlamaForCausalLMEagle3"
 # vLLM registers both names for the same class.
 HEAD_ARCHS = (HEAD_ARCH, "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCH = "Eagle3Speculator"
-LAYOUTS = ("eagle3", "sglang", "vllm", "speculators")
 # The draft's parameters, named as the engines map them; embeddings are the target's.
 HEAD_TENSOR_NAMES = (
     "fc.weight",

@@ -7,7 +7,7 @@ pre-hooks on exactly those layers, so no other layer's states are kept and the l
 (a 128k-wide matmul on real targets) is skipped unless logits are asked for.
 
 Family facts live here too: `target_logits` (lm_head + the family's logit processing, e.g.
-Gemma-2 softcapping), `final_norm_offset`/`final_norm_scale` (Gemma's (1 + w) norms).
+Gemma-2 softcapping), `final_norm_offset` (Gemma's (1 + w) norms).
 """
 
 from __future__ import annotations
@@ -146,7 +146,8 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
 # ---------------------------------------------------------------- family facts
 # Families whose RMSNorm multiplies by (1 + weight): their checkpoints store the weight
 # zero-centred (Gemma initialises it to 0). Copied into a Llama RMSNorm (x * weight) as is, the
-# draft's final norm would zero the logits. `final_norm_scale` measures the loaded module instead.
+# draft's final norm would zero the logits; `final_norm_offset` says what to add (tests check it
+# against the scale the loaded module applies).
 ZERO_CENTRED_NORM_TYPES = frozenset(
     "gemma gemma2 gemma3 gemma3_text recurrent_gemma vaultgemma qwen3_next qwen3_5 qwen3_5_text "
     "qwen3_5_moe qwen3_5_moe_text".split()
@@ -165,16 +166,6 @@ def _field(config, key: str):
 def final_norm_offset(config) -> float:
     """What to add to the target's stored final-norm weight to get its effective scale."""
     return 1.0 if _field(config, "model_type") in ZERO_CENTRED_NORM_TYPES else 0.0
-
-
-@torch.no_grad()
-def final_norm_scale(model) -> torch.Tensor:
-    """The effective per-channel scale of the loaded target's final norm, measured: on a constant
-    vector of RMS 1e3 (eps is then negligible) an RMSNorm returns exactly its scale."""
-    import copy
-
-    norm = copy.deepcopy(model.model.norm).float().cpu()
-    return norm(torch.full((1, norm.weight.shape[0]), 1e3))[0]
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import shutil
 
 import pytest
 import torch
+from cache_fixtures import conversations, write_data_folder
 from safetensors.torch import load_file
-from test_cache_helpers import conversations, write_data_folder
 from transformers import AutoModelForCausalLM
 
 from eagle3cli.cache.config import CacheConfig

@@ -10,20 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from head_fixtures import make_head
 
 from eagle3cli.cli import main
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import save_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
-
-
-def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
-    model, tok, path = load_target(target_dir)
-    cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg)
-    draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
-    return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import os
 
 import pytest
 import torch
-from chi_square import chi_square_pvalue  # tests/unit is on sys.path under pytest
+from chi_square import chi_square_pvalue
 from draft_stubs import OracleDraft
 from transformers import LlamaConfig, LlamaForCausalLM
 

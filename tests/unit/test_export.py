@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+from head_fixtures import init_draft_from_target
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -16,7 +17,6 @@ from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import (
     HEAD_TENSOR_NAMES,
     export_head,
-    init_draft_from_target,
     load_head,
     save_head,
     self_check,
