@@ -15,11 +15,12 @@ import json
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..sources import Source
 from ..sources import resolve as resolve_source
 from .messages import ROLES, BadRecord, check_conversation, message, record_tools, sharegpt_function_call
 
@@ -50,34 +51,6 @@ SHAREGPT_ROLES = {
 __all__ = ["ROLES", "BadRecord"]
 
 
-@dataclass
-class InputSpec:
-    """One `--input SOURCE[:WEIGHT]`: a named source, `hf:NAME[:CONFIG]:SPLIT`, or a file."""
-
-    spec: str
-    path: Path | None  # local file; None for an HF dataset
-    hf_name: str | None = None
-    hf_config: str | None = None
-    hf_split: str | None = None
-    weight: float = 1.0
-    label: str | None = None  # record ids are f"{label}:{row id}"
-    keep: Callable[[object], bool] | None = None  # rows of another split (skipped, not rejected)
-    transform: Callable[[object], object] | None = None
-    named: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.named:
-            return self.named
-        if self.path is not None:
-            return self.path.name
-        return f"hf:{self.hf_name}" + (f":{self.hf_config}" if self.hf_config else "") + f":{self.hf_split}"
-
-    @property
-    def source_label(self) -> str:
-        return self.label or (self.path.stem if self.path is not None else self.name)
-
-
 def _is_number(s: str) -> bool:
     try:
         float(s)
@@ -86,7 +59,7 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
+def parse_input_spec(spec: str, default_split: str = "train") -> Source:
     """`SOURCE`, `SOURCE:0.3` where SOURCE is a name (`gsm8k`, `sharegpt:train`...), a file, or
     `hf:NAME[:CONFIG]:SPLIT` (see eagle3cli/sources.py)."""
     spec = spec.strip()
@@ -100,9 +73,7 @@ def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
         src = resolve_source(body, default_split)
     except UsageError as e:
         raise UsageError(f"--input {e.what}", e.expected, e.next_step) from e
-    return InputSpec(
-        spec, src.path, src.hf_name, src.hf_config, src.hf_split, weight, src.label, src.keep, src.transform, src.named
-    )
+    return replace(src, spec=spec, weight=weight)
 
 
 # ---------------------------------------------------------------- validation
@@ -253,7 +224,7 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
 # ---------------------------------------------------------------- reading files
 @dataclass
 class ReadResult:
-    spec: InputSpec
+    spec: Source
     shape: str
     records: list[dict]
     rejects: list[dict] = field(default_factory=list)
@@ -279,7 +250,7 @@ def _reject(source: str, index: int, reason: str, detail: str, rid: str | None =
 RowError = tuple[str, str]  # (reject reason, detail)
 
 
-def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, RowError | None]]:
+def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]]:
     """(row index, parsed row or None, (reason, detail) when the row cannot be parsed)."""
     if spec.path is None:
         yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
@@ -365,7 +336,7 @@ def _load_parquet(path: Path) -> list[dict]:
         ) from e
 
 
-def _load_hf(spec: InputSpec):
+def _load_hf(spec: Source):
     try:
         import datasets
 
@@ -382,10 +353,10 @@ def _load_hf(spec: InputSpec):
 SNIFF_ROWS = 50
 
 
-def read_input(spec: InputSpec) -> ReadResult:
+def read_input(spec: Source) -> ReadResult:
     """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError.
     Rows of another split of a named source (ShareGPT's held-out conversations) are skipped."""
-    source = spec.source_label
+    source = spec.label
     rows = []
     other_split = 0
     for index, row, err in _iter_raw_rows(spec):

@@ -244,7 +244,7 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
                 len(r.records),
                 len(r.rejects),
                 r.spec.weight,
-                sum(1 for p in plan if p["source"] == r.spec.source_label),
+                sum(1 for p in plan if p["source"] == r.spec.label),
             ]
             for r in results
         ],

@@ -4,6 +4,7 @@ kind is rejected with its reason; a file in no known shape exits 2."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -204,7 +205,7 @@ def test_mixture_quotas_dedup_and_seeded_shuffle(tmp_path):
             [{"prompt": f"other {i}"} for i in range(40)] + [{"prompt": "QUESTION   1"}, {"prompt": " question 2 "}],
         )
     )
-    b.spec.weight = 3.0
+    b.spec = replace(b.spec, weight=3.0)
     plan, dups = build_plan([a, b], num_samples=20, seed=1)
     assert len(plan) == 20
     assert sum(r["source"] == "a" for r in plan) == 5 and sum(r["source"] == "b" for r in plan) == 15
