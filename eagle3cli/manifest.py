@@ -99,6 +99,17 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
+def read_json_object(path: Path, expected: str, next_step: str | None = None) -> dict:
+    """A JSON file holding an object, or a UsageError naming the file, what it should hold and the fix."""
+    try:
+        obj = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e})", expected, next_step) from e
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path} is not a JSON object (it holds a {type(obj).__name__})", expected, next_step)
+    return obj
+
+
 # ---------------------------------------------------------------- checksums
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
@@ -290,10 +301,7 @@ def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
             f"a completed `eagle3 {stage}` output folder",
             produced_by,
         )
-    try:
-        m = read_json(path)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e})", "a manifest written by eagle3", produced_by) from e
+    m = read_json_object(path, "a manifest written by eagle3", produced_by)
     if m.get("stage") != stage:
         raise UsageError(
             f"{path} was written by stage '{m.get('stage')}', not '{stage}'",

@@ -12,7 +12,7 @@ from pathlib import Path
 from eagle3cli.manifest import shard_record, write_manifest
 from eagle3cli.sources import bundled
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GSM8K = bundled("gsm8k_train.jsonl")
 
 

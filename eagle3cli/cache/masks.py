@@ -25,6 +25,7 @@ A template for which that fails raises `UsageError`; a template that refuses a c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UsageError
 from ..model.chat import TemplateRefusal, reasoning_style, render
@@ -271,21 +272,13 @@ def mask_record(
     return samples
 
 
-def mask_conversation(
-    tokenizer,
-    messages: list[dict],
-    max_length: int,
-    sample_id: str = "?",
-    special_ids: set[int] | None = None,
-    cut_turns: frozenset[int] = frozenset(),
-    tools: list | None = None,
-    template_kwargs: dict | None = None,
-) -> MaskedSample:
-    """The whole-conversation sample of `mask_record` (every turn masked in place), for conversations
-    whose template renders each turn as generated; a `UsageError` otherwise (use `mask_record`)."""
-    samples = mask_record(tokenizer, messages, max_length, sample_id, special_ids, cut_turns, tools, template_kwargs)
+def mask_conversation(tokenizer, messages: list[dict], max_length: int, **options: Any) -> MaskedSample:
+    """The whole-conversation sample of `mask_record` (every turn masked in place; `options` as
+    there), for conversations whose template renders each turn as generated; a `UsageError` otherwise."""
+    samples = mask_record(tokenizer, messages, max_length, **options)
     if len(samples) != 1 or samples[0].suffix:
-        raise _template_error(sample_id, "the template renders some turns differently later on; use mask_record")
+        sid = options.get("sample_id", "?")
+        raise _template_error(sid, "the template renders some turns differently later on; use mask_record")
     return samples[0]
 
 

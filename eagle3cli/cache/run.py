@@ -51,7 +51,7 @@ from .config import STORAGES, CacheConfig, parse_shard
 from .masks import TemplateRefusal, _special_ids, check_template, has_assistant_output, mask_data_record
 from .reader import INDEX_FILE, VOCAB_FILE
 from .storage import bf16_layout_bytes, bytes_per_token, feature_keys
-from .writer import Sample, save_atomic, write_shard
+from .writer import Sample, save_atomic, shard_metadata, shard_tensors
 
 PLAN_FILE = "plan.json"
 GEN_DATA_CMD = "eagle3 gen-data --target TARGET --input FILE --run runs/NAME"
@@ -357,8 +357,7 @@ def run_cache(cfg: CacheConfig) -> Path:
                 a, b = ranges[j]
                 ts = time.time()
                 path = out / shard_name(j)
-                write_shard(
-                    path,
+                tensors = shard_tensors(
                     samples[a:b],
                     model,
                     aux_ids,
@@ -368,6 +367,7 @@ def run_cache(cfg: CacheConfig) -> Path:
                     topk=cfg.topk,
                     pad_id=pad_id,
                 )
+                save_atomic(path, tensors, shard_metadata(samples[a:b], cfg.storage))
                 tokens = sum(lengths[a:b])
                 rec = shard_record(
                     path,

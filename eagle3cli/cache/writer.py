@@ -97,29 +97,7 @@ def save_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str
     atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-def write_shard(
-    path: Path,
-    samples: list[Sample],
-    model,
-    aux_layer_ids: tuple[int, ...],
-    storage: str,
-    *,
-    token_budget: int,
-    vocab_size: int,
-    topk: int,
-    pad_id: int,
-) -> None:
-    tensors = shard_tensors(
-        samples,
-        model,
-        aux_layer_ids,
-        storage,
-        token_budget=token_budget,
-        vocab_size=vocab_size,
-        topk=topk,
-        pad_id=pad_id,
-    )
-    # One metadata key: safetensors writes metadata in hash-map order, and byte-identical shards
-    # make a resumed run checkably equal to an uninterrupted one.
-    meta = {"eagle3": json.dumps({"storage": storage, "first_index": samples[0].index, "ids": [s.id for s in samples]})}
-    save_atomic(path, tensors, meta)
+def shard_metadata(samples: list[Sample], storage: str) -> dict[str, str]:
+    """One metadata key: safetensors writes metadata in hash-map order, and byte-identical shards
+    make a resumed run checkably equal to an uninterrupted one."""
+    return {"eagle3": json.dumps({"storage": storage, "first_index": samples[0].index, "ids": [s.id for s in samples]})}

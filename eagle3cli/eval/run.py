@@ -45,17 +45,10 @@ def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
 
 def recorded_target(head: Path) -> str | None:
     """The target a head names (eagle3.target.path, or a speculators verifier), usable from here."""
-    from ..model.heads import read_config_json
+    from ..model.heads import head_file, read_config_json
     from ..model.target import resolvable_reference
 
-    p = Path(head) / "config.json"
-    if not p.exists():
-        raise UsageError(
-            f"{p} does not exist",
-            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
-            "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
-        )
-    cfg = read_config_json(p)
+    cfg = read_config_json(head_file(head, "config.json"))
     ref = ((cfg.get("eagle3") or {}).get("target") or {}).get("path")
     ref = ref or ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return resolvable_reference(ref, base=Path(head))

@@ -84,15 +84,8 @@ def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, 
     return SGLANG_DEFAULTS
 
 
-def sglang_command(
-    target: Path | str,
-    head: Path | str,
-    spec: SpecNumbers,
-    host: str,
-    port: int,
-    extra: list[str] | tuple[str, ...] = (),
-    python: str | None = None,
-) -> list[str]:
+def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
+    """SGLang's launcher with the head and the speculation numbers (host, port and extra args follow)."""
     return [
         python or sys.executable,
         "-m",
@@ -109,49 +102,27 @@ def sglang_command(
         str(spec.topk),
         "--speculative-num-draft-tokens",
         str(spec.draft_tokens),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        *extra,
     ]
 
 
-def vllm_command(
-    target: Path | str,
-    head: Path | str,
-    spec: SpecNumbers,
-    host: str,
-    port: int,
-    extra: list[str] | tuple[str, ...] = (),
-    python: str | None = None,
-) -> list[str]:
+def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
+    """`vllm serve` with the head as its EAGLE-3 speculative config (host, port and extra args follow)."""
     spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
     # the `vllm` entry point of the engine's environment (beside its python), else the one on PATH
     vllm = str(Path(python).with_name("vllm")) if python else (shutil.which("vllm") or "vllm")
-    return [
-        vllm,
-        "serve",
-        str(target),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--speculative-config",
-        json.dumps(spec_cfg),
-        *extra,
-    ]
+    return [vllm, "serve", str(target), "--speculative-config", json.dumps(spec_cfg)]
+
+
+ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command}
 
 
 def build_command(
     engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None
 ) -> list[str]:
     """The engine's command line; `python` is the interpreter of the engine's own environment."""
-    if engine == "sglang":
-        return sglang_command(target, head, spec, host, port, extra, python)
-    if engine == "vllm":
-        return vllm_command(target, head, spec, host, port, extra, python)
-    raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+    if engine not in ENGINE_COMMANDS:
+        raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+    return [*ENGINE_COMMANDS[engine](target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
 def format_command(argv: list[str]) -> str:

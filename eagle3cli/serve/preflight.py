@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..manifest import model_fingerprint
+from ..manifest import model_fingerprint, read_json_object
 from ..model.engines import target_support
 from ..model.headcheck import load_head_tensors
 from ..model.heads import (
@@ -96,13 +96,7 @@ def read_config(folder: Path, role: str, next_step: str) -> dict:
         if (Path(folder) / role / "config.json").exists():  # given runs/NAME instead of runs/NAME/head
             next_step = f"--{role} {Path(folder) / role}"
         raise UsageError(f"{path} does not exist", f"a {role} folder with config.json", next_step)
-    try:
-        cfg = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e})", "the config.json transformers wrote", next_step) from e
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{path} is not a JSON object", "the config.json transformers wrote", next_step)
-    return cfg
+    return read_json_object(path, "the config.json transformers wrote", next_step)
 
 
 def _text_cfg(cfg: dict) -> dict:

@@ -10,7 +10,6 @@ picks its CPU accelerator (gloo/ccl); its first run JIT-builds a comm op (~80 s 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -28,7 +27,7 @@ import yaml
 from .. import console
 from ..config import config_dict
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, atomic_write_text, read_json
+from ..manifest import atomic_write_json, atomic_write_text, read_json, read_json_object
 from .config import DEEPSPEED_PRESETS, TrainConfig
 
 # Sections whose values eagle3 sets from its own flags; "auto" in a user config means "take the flag".
@@ -56,12 +55,7 @@ def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
             f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
             "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
         )
-    try:
-        user = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"DeepSpeed config {path} is not valid JSON: {e}", "a JSON object") from e
-    if not isinstance(user, dict):
-        raise UsageError(f"DeepSpeed config {path} must be a JSON object, got {type(user).__name__}")
+    user = read_json_object(path, "a DeepSpeed config (a JSON object)", "start from a preset: --deepspeed zero2")
     problems = [
         f"'{k}' is set by {why}"
         for k, why in _REFUSED.items()
