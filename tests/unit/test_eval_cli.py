@@ -87,8 +87,13 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     assert rep["baselines"]["plain"]["tokens"] == 30 and rep["baselines"]["generate"]["tokens"] == 30
     rec = rep["recommended"]
     assert set(rec) >= {"steps", "topk", "num_draft_tokens", "speedup", "speedup_interval", "tied", "notes"}
-    # random heads accept nothing: the note that nothing beats plain decoding survives into the report
-    assert any("no configuration beats plain decoding" in n for n in rec["notes"])
+    # the note that nothing beats plain decoding reaches the report exactly when the best measured
+    # configuration's interval stays below plain speed (for a random head it usually does, but
+    # whether it does is timing, which a test must not assume)
+    main_head = next(iter(rep["heads"].values()))
+    best = main_head[rec["best_measured"].split()[0]]
+    slower = best["speedup_interval"][1] < 1.0
+    assert slower == any("no configuration beats plain decoding" in n for n in rec["notes"])
     cmp = rep["comparison"]["modes"]["chain"]
     assert [r["head"] for r in cmp] == list(rep["heads"]) and "verdict" in cmp[1]
     assert "bonus" in rep["tau_definition"]
