@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from .problems import Problem, error
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -82,6 +83,57 @@ def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, 
     if from_eval is not None:
         return spec_from_eval(from_eval)
     return SGLANG_DEFAULTS
+
+
+# ---------------------------------------------------------------- speculation numbers
+def check_spec_flags(steps: int | None, topk: int | None, draft_tokens: int | None) -> list[Problem]:
+    """The user gives all three of --steps/--topk/--draft-tokens, or none."""
+    given = {"--steps": steps, "--topk": topk, "--draft-tokens": draft_tokens}
+    named = [k for k, v in given.items() if v is not None]
+    if named and len(named) != 3:
+        missing = [k for k, v in given.items() if v is None]
+        return [
+            error(
+                f"{', '.join(named)} given without {', '.join(missing)}: SGLang fills the rest from its own "
+                f"per-model defaults, which may not fit yours",
+                "give all three (--steps S --topk K --draft-tokens N), none, or --from-eval runs/NAME/eval",
+            )
+        ]
+    return []
+
+
+def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "sglang") -> list[Problem]:
+    """A combination the engine accepts and that means what it says."""
+    problems: list[Problem] = []
+    for flag, v, low in (("--steps", steps, 1), ("--topk", topk, 1), ("--draft-tokens", draft_tokens, 2)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            problems.append(error(f"{flag} is {v!r}; it must be an integer >= {low}", f"{flag} {max(low, 1) + 1}"))
+    if problems:
+        return problems
+    if draft_tokens > steps * topk + 1:
+        problems.append(
+            error(
+                f"--draft-tokens {draft_tokens} > steps*topk+1 = {steps * topk + 1}: the tree has "
+                f"only that many nodes (root included)",
+                f"--draft-tokens {steps * topk + 1} or more --steps/--topk",
+            )
+        )
+    if topk == 1 and draft_tokens != steps + 1:
+        problems.append(
+            error(
+                f"--topk 1 (a chain) with --draft-tokens {draft_tokens}: a chain of {steps} steps "
+                f"verifies exactly steps+1 = {steps + 1} tokens",
+                f"--draft-tokens {steps + 1}",
+            )
+        )
+    if engine == "vllm" and topk != 1:
+        problems.append(
+            error(
+                f"--topk {topk}: vLLM's eagle3 proposer drafts a chain (num_speculative_tokens = steps)",
+                f"--topk 1 --draft-tokens {steps + 1}",
+            )
+        )
+    return problems
 
 
 def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
