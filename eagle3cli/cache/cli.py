@@ -29,7 +29,8 @@ def register(app: typer.Typer) -> None:
 
         Resumable: rerun the same command after a crash; finished shards are kept.
         """
-        from .run import merge_cache, run_cache, verify_cache
+        from .run import merge_cache, run_cache
+        from .verify import verify_cache
 
         if verify is not None:
             info = verify_cache(verify, flags.given.get("target"))
