@@ -14,14 +14,17 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from .errors import UsageError
 from .urls import redact
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")  # a stage config: a (frozen) dataclass
 STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "serve_bench", "export")
 
 

@@ -21,7 +21,7 @@ import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 import typer
 from rich.markup import escape
@@ -29,7 +29,10 @@ from typer.core import TyperCommand, TyperGroup
 
 from .config import build_config, choices
 
-C = TypeVar("C")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")
 # command name -> (config class, recipe section), filled as the commands register (tests walk it)
 STAGE_COMMANDS: dict[str, tuple[type, str]] = {}
 
@@ -85,10 +88,10 @@ def _cli_type(tp: Any) -> Any:
 
 
 def _cli_default(f: dataclasses.Field, tp: Any) -> Any:
-    item = _tuple_item(tp)
-    if item is None or f.default is None:
-        return f.default
-    return list(f.default) if item is str else (",".join(map(str, f.default)) or None)
+    d, item = f.default, _tuple_item(tp)
+    if item is None or not isinstance(d, tuple):
+        return d
+    return list(d) if item is str else (",".join(map(str, d)) or None)
 
 
 def config_parameters(cls: type) -> list[inspect.Parameter]:
@@ -135,7 +138,8 @@ class _NoTypeTags:
         params: list[Any] = super().get_params(ctx)  # type: ignore[misc]  # a mixin of typer's classes
         for p in params:
             if isinstance(p, typer.core.TyperArgument):
-                p.display_type_rich = lambda ctx: None  # its metavar names it
+                # its metavar names it; typer has no setting for an argument's type column
+                p.display_type_rich = lambda ctx: None  # type: ignore[method-assign]
             elif p.metavar is None:
                 p.metavar = ""
         return params
@@ -184,6 +188,7 @@ def stage_command(app: typer.Typer, name: str, cls: type[C], section: str, **com
             flags = Flags(cls, section, recipe, given)
             return fn(flags, **{p.name: values[p.name] for p in own})
 
+        # typer reads the signature inspect reports, which a function's __signature__ sets
         run.__signature__ = inspect.Signature([ctx, *params, recipe, *own])  # type: ignore[attr-defined]
         run.__doc__, run.__name__ = fn.__doc__, fn.__name__
         STAGE_COMMANDS[name] = (cls, section)

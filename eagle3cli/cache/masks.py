@@ -260,6 +260,7 @@ def mask_record(
         ids, mask, tspans = _sample(tokenizer, text, spans, special, cut_turns, sample_id, style)
         samples.append(MaskedSample(ids[:max_length], mask[:max_length], len(ids) > max_length, len(ids), tspans))
     for turn, m in alone:
+        assert turn.generated is not None  # only turns with a clean generation prefix are trained alone
         own = turn.prompt + turn.generated
         tail = r(messages[: turn.index + 1], False)[len(own) :]  # the end-of-turn token(s)
         span = (len(turn.prompt), len(own), turn, m)

@@ -109,21 +109,16 @@ def check_target_matches_data(data_manifest: dict, ident, data_dir: Path) -> Non
 
 
 # ------------------------------------------------------------------ plan
-def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict):
+def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict) -> tuple[list[Sample], dict]:
+    """The samples of every record in data order, and the counts (with skips by reason) the
+    manifest reports."""
     special = _special_ids(tok)
     samples: list[Sample] = []
-    counts = {
-        "records": 0,
-        "samples": 0,
-        "turn_samples": 0,
-        "tokens": 0,
-        "masked_tokens": 0,
-        "truncated": 0,
-        "skipped": {},
-    }
+    counts = dict.fromkeys(("records", "samples", "turn_samples", "tokens", "masked_tokens", "truncated"), 0)
+    skipped: dict[str, int] = {}
 
     def skip(reason: str) -> None:
-        counts["skipped"][reason] = counts["skipped"].get(reason, 0) + 1
+        skipped[reason] = skipped.get(reason, 0) + 1
 
     refused = 0
     for rec, where in read_records(data_dir, data_manifest, cfg.max_samples):
@@ -161,11 +156,11 @@ def tokenize_all(cfg: CacheConfig, tok, data_dir: Path, data_manifest: dict):
             counts["masked_tokens"] += int(sum(s.loss_mask))
     if not samples:
         raise UsageError(
-            f"no trainable samples in {data_dir} ({counts['records']} records; skipped: {counts['skipped']})",
+            f"no trainable samples in {data_dir} ({counts['records']} records; skipped: {skipped})",
             "conversations with at least one non-empty assistant message",
             GEN_DATA_CMD,
         )
-    return samples, counts
+    return samples, {**counts, "skipped": skipped}
 
 
 def plan_shards(lengths: list[int], shard_tokens: int) -> list[tuple[int, int]]:

@@ -52,10 +52,10 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
                     "a consistent shard",
                     f"rm {cache_dir / s['file']} && {rebuild}",
                 )
-            bad = nonfinite_features(f, m["storage"])
-            if bad:  # written that way (a NaN target forward): the checksum matches, training would not
+            nonfinite = nonfinite_features(f, m["storage"])
+            if nonfinite:  # written that way (a NaN target forward): the checksum matches, training would not
                 raise StageError(
-                    f"{s['file']}: {bad} holds non-finite values (NaN/inf)",
+                    f"{s['file']}: {nonfinite} holds non-finite values (NaN/inf)",
                     "finite target features",
                     f"rm {cache_dir / s['file']} && {rebuild}   (check the target's dtype: --dtype fp32)",
                 )

@@ -7,12 +7,15 @@ are assigned in ascending target-id order (what SpecForge does), which keeps d2t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 
-def token_counts(samples: Iterable[tuple[list[int], list[bool]]], target_vocab_size: int) -> torch.Tensor:
+def token_counts(
+    samples: Iterable[tuple[Sequence[int] | np.ndarray, Sequence[bool] | np.ndarray]], target_vocab_size: int
+) -> torch.Tensor:
     """Frequencies of masked tokens: LongTensor[target_vocab_size]."""
     counts = torch.zeros(target_vocab_size, dtype=torch.int64)
     for ids, mask in samples:

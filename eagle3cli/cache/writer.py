@@ -33,7 +33,8 @@ class Sample:
 def batches_by_budget(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices grouped so that (batch size x longest length) <= budget; longest first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out, cur = [], []
+    out: list[list[int]] = []
+    cur: list[int] = []
     for i in order:
         longest = lengths[cur[0]] if cur else lengths[i]
         if cur and (len(cur) + 1) * longest > token_budget:
@@ -85,7 +86,8 @@ def shard_tensors(
             n = lengths[i]
             feats[i] = {k: v[start : start + n].cpu() for k, v in enc.items()}
             start += n
-    out = {k: torch.cat([f[k] for f in feats]) for k in feats[0]}
+    done = [f for f in feats if f is not None]  # every sample is in exactly one group
+    out = {k: torch.cat([f[k] for f in done]) for k in done[0]}
     out["input_ids"] = torch.from_numpy(np.concatenate([s.input_ids for s in samples])).to(id_dtype(vocab_size))
     out["loss_mask"] = torch.from_numpy(np.concatenate([s.loss_mask for s in samples])).to(torch.bool)
     out["offsets"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)

@@ -139,11 +139,10 @@ class HFBackend:
 
     def generate_sorted(self, prompts: list[list[int]], seeds: list[int]) -> list[TurnOutput]:
         """All prompts, length-bucketed into batches; results in input order."""
-        results: list[TurnOutput | None] = [None] * len(prompts)
+        results: dict[int, TurnOutput] = {}
         for chunk in self.batches(prompts):
-            for i, r in zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])):
-                results[i] = r
-        return results
+            results.update(zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])))
+        return [results[i] for i in range(len(prompts))]
 
     # -------------------------------------------------------------- conversations
     def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:

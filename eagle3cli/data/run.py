@@ -18,6 +18,7 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
@@ -97,6 +98,7 @@ def plan_config(cfg: GenDataConfig) -> dict:
 def load_target_identity(cfg: GenDataConfig):
     from ..model.target import load_tokenizer, resolve_model_path, target_identity
 
+    assert cfg.target is not None  # validate() requires --target
     path = resolve_model_path(cfg.target)
     tok = load_tokenizer(path)
     return path, tok, target_identity(path, tok)
@@ -219,6 +221,7 @@ def make_backend(cfg: GenDataConfig, tokenizer):
     from ..model.target import load_target
     from .hf import HFBackend
 
+    assert cfg.target is not None  # validate() requires --target
     model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
     return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
 
@@ -275,6 +278,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         dry_run(cfg, results, plan, read_rejects, tokenizer)
         return cfg.out_dir or Path(".")
     out = cfg.out_dir
+    assert out is not None  # validate(): --run or --out unless --dry-run
     if not plan:
         raise no_usable_records(cfg, out, results, read_rejects)
     pcfg = plan_config(cfg)
@@ -324,7 +328,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                 if c.pending is not None:
                     left[c.index] = c.pending
                     return
-                e = {"plan_index": c.index}
+                e: dict[str, Any] = {"plan_index": c.index}
                 if c.reject is not None:
                     e["reject"] = c.reject_record()
                 else:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +22,10 @@ from .lanes import decode_lanes, split_turns
 from .metrics import TAU_NOTE
 from .prompts import load_conversations, render
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
+
+if TYPE_CHECKING:
+    from ..model.draft import Eagle3Draft
+    from ..model.heads import HeadSpec
 
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
@@ -87,13 +92,12 @@ def check_head_fits(spec, target_cfg, ident) -> None:
         )
 
 
-def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, object, object]]:
+def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, Eagle3Draft, HeadSpec]]:
     """[(label, draft, spec)] for the head and every --compare head, of any layout."""
     from ..model.heads import load_any_head
 
-    heads = []
-    for h in [head, *cfg.compare]:
-        h = Path(h)
+    heads: list[tuple[str, Eagle3Draft, HeadSpec]] = []
+    for h in [head, *map(Path, cfg.compare)]:
         # on CPU the head stays fp32 whatever the target: its one-row matmuls are faster there
         draft, spec = load_any_head(h, target, dtype=torch.float32 if target.device.type == "cpu" else target.dtype)
         check_head_fits(spec, target.config, ident)
@@ -111,12 +115,13 @@ def run_eval(cfg: EvalConfig) -> Path:
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
 
-        return run_endpoint_eval(cfg)
+        return run_endpoint_eval(cfg, cfg.endpoint)
     from ..model.target import eos_token_ids, load_target, target_identity
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     head, out = _paths(cfg)
+    assert head is not None  # validate(): --head or --run when there is no --endpoint
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
@@ -127,7 +132,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     for cid, msgs in convs:
         system, users = split_turns(msgs)
         first_turns.append((cid, fits(cid, render(tok, system + users[:1]))))
-    modes = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
+    modes: list[str] = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
     decoders = {
         (label, m): _decoder(cfg, target, d, spec.aux_layer_ids, m, eos) for label, d, spec in heads for m in modes
     }
@@ -148,7 +153,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     for label, mode in decoders:
         per_head[label][mode] = mode_stats(cfg, run, (label, mode), plain_s, gen_s)
     main_label, main_draft, main_spec = heads[0]
-    report = {
+    report: dict[str, Any] = {
         "bench": cfg.bench,
         "num_prompts": len(convs),
         "turns": cfg.turns,

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import UsageError
 from ..manifest import read_json_object
+
+if TYPE_CHECKING:
+    from .draft import Eagle3Draft
 
 HEAD_WEIGHTS = "model.safetensors"
 HEAD_ARCH = "LlamaForCausalLMEagle3"
@@ -411,7 +415,7 @@ def draft_config(spec: HeadSpec):
     return llama
 
 
-def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | None = None):
+def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
@@ -460,7 +464,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     return draft.eval()
 
 
-def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None):
+def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, HeadSpec]:
     """(draft, spec) for a head of any layout; with a target, its layer count and embeddings."""
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
     spec = read_head(head_dir, n_layers)

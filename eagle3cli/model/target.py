@@ -137,7 +137,9 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
     hf_logging.disable_progress_bar()
     path = resolve_model_path(name_or_path)
     dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype)).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype))
+    # transformers types `to` through a decorator whose signature mypy reads as (model) -> model
+    model = model.to(dev).eval()  # type: ignore[arg-type]
     for p in model.parameters():
         p.requires_grad_(False)
     return model, load_tokenizer(path), path
@@ -271,7 +273,7 @@ class AuxCapture:
     def __init__(self, model, aux_layer_ids: tuple[int, ...]):
         self.model, self.ids = model, tuple(aux_layer_ids)
         self.states: dict[int, torch.Tensor] = {}
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> AuxCapture:
         layers = decoder_layers(self.model)

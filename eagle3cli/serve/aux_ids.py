@@ -94,8 +94,8 @@ def check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: int
                 )
             )
     label = "eagle3.aux_layer_ids" if trained is not None else "its config"
-    for eng, (ids, source) in resolved.items():
-        if ids == trained_ids:
+    for eng, (fed, source) in resolved.items():
+        if fed == trained_ids:
             continue
         want = [k - 1 for k in trained_ids] if eng == "sglang" else trained_ids
         field = (
@@ -104,7 +104,7 @@ def check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: int
             else "top-level eagle_aux_hidden_state_layer_ids"
         )
         msg = (
-            f"{eng} would feed hidden_states{ids} from {source}, but the head was trained on "
+            f"{eng} would feed hidden_states{fed} from {source}, but the head was trained on "
             f"hidden_states{trained_ids} ({label})"
         )
         fix = f"set {field} to {want} in the head's config.json"

@@ -67,7 +67,9 @@ def check_target_engine(architectures, engine: str) -> list[Problem]:
     s = target_support(engine, architectures if isinstance(architectures, list) else None)
     other = "vllm" if engine == "sglang" else "sglang"
     alt = (
-        f", or --engine {other}, which supports {s.architecture}" if target_support(other, [s.architecture]).ok else ""
+        f", or --engine {other}, which supports {s.architecture}"
+        if s.architecture and target_support(other, [s.architecture]).ok
+        else ""
     )
     if s.status == "no":
         return [

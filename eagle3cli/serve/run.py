@@ -25,6 +25,7 @@ from .problems import Problem, raise_if_errors
 
 def serve_problems(cfg: ServeConfig, spec) -> list[Problem]:
     """Every preflight check for this config (machine checks only when really launching)."""
+    assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
     problems = check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
@@ -72,6 +73,6 @@ def run_serve(cfg: ServeConfig) -> int:
         cfg.host,
         cfg.port,
         health_timeout_s=cfg.health_timeout,
-        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, cfg.target),
+        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target)),
         log_prefix=cfg.engine,
     )

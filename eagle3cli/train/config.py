@@ -88,6 +88,11 @@ class TrainConfig:
     """torch.compile the TTT step (fuses its elementwise work: ~5x at SmolLM2's shape on CPU); the first
     steps pay a one-off compilation (a minute or two; on CPU it needs a C++ compiler)."""
 
+    @property
+    def run_dir(self) -> Path:
+        assert self.run is not None, "validate() requires --run"
+        return Path(self.run)
+
     def validate(self) -> list[str]:
         e = []
         if self.run is None:

@@ -251,6 +251,7 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
     if plan.master_addr:
         cmd += ["--master_addr", plan.master_addr]
     if plan.multi_node:
+        assert cfg.hostfile is not None  # a multi-node plan comes from a hostfile
         cmd += ["--hostfile", str(Path(cfg.hostfile).resolve())]
         if cfg.nproc is not None:
             cmd += ["--num_gpus", str(cfg.nproc)]
@@ -263,7 +264,7 @@ def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
     from ..model.target import pick_device
 
-    run_dir = Path(cfg.run)
+    run_dir = cfg.run_dir
     train_dir = run_dir / "train"
     cache_dir = cfg.cache or run_dir / "cache"
     if not cfg.online and not (Path(cache_dir) / "manifest.json").exists():
@@ -358,7 +359,8 @@ def deepspeed_engine(draft, optimizer, scheduler, cfg: TrainConfig, train_dir: P
     """(engine, optimizer, scheduler) on this rank; the config file is the launcher's resolved one."""
     import deepspeed
 
-    ds = read_json(Path(cfg.deepspeed)) if Path(str(cfg.deepspeed)).is_file() else deepspeed_config(cfg, bf16)
+    resolved = Path(str(cfg.deepspeed))  # the launcher's ranks get the resolved config file
+    ds = read_json(resolved) if resolved.is_file() else deepspeed_config(cfg, bf16)
     deepspeed.init_distributed(dist_backend=None)
     engine, opt, _, sched = deepspeed.initialize(
         model=draft,

@@ -94,6 +94,7 @@ def save_checkpoint(tr: Trainer) -> None:
 def teacher_for(tr: Trainer, batch: dict) -> Teacher:
     d2t = tr.draft.d2t
     if "last_hidden" in batch:
+        assert tr.lm_head is not None  # setup keeps the target's lm_head for a last-hidden teacher
         return teacher_from_hidden(
             batch["last_hidden"],
             tr.lm_head,
@@ -181,6 +182,7 @@ def optimizer_step(tr: Trainer, interval: Interval) -> None:
 
 
 def log_interval(tr: Trainer, iv: Interval) -> dict:
+    assert iv.sums is not None and iv.step_loss is not None, "an interval logs after its micro-steps"
     sums, step_loss = iv.sums.clone(), iv.step_loss.clone()
     extra = torch.tensor([iv.loss, iv.micro, iv.tokens, iv.grad_norm], dtype=torch.float64)
     if tr.world > 1:
@@ -343,7 +345,7 @@ def run_train(cfg: TrainConfig) -> Path:
     # ranks started some other way (torchrun) lock from global rank 0.
     if os.environ.get("RANK", "0") != "0":
         return _run_train(cfg)
-    with stage_lock(Path(cfg.run) / "train", "train"):
+    with stage_lock(cfg.run_dir / "train", "train"):
         return _run_train(cfg)
 
 

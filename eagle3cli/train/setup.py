@@ -11,8 +11,10 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -38,9 +40,7 @@ from ..model.target import (
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CacheSource, OnlineSource, plan_epoch
-from .ttt import (
-    draft_ttt_loss,
-)
+from .ttt import TTTOutput, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
 
@@ -77,6 +77,7 @@ def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | Non
         if cache_ids is None:
             return default_aux_layer_ids(n_layers)
         return tuple(cache_ids)
+    ids: tuple[int, ...]
     if choice == "default":
         ids = default_aux_layer_ids(n_layers)
     elif choice == "top":
@@ -102,9 +103,9 @@ class Trainer:
     run_dir: Path
     train_dir: Path
     head_dir: Path
-    source: object
+    source: CacheSource | OnlineSource
     draft: Eagle3Draft
-    model: object  # the draft, or the DeepSpeed engine wrapping it
+    model: Any  # the draft, or the DeepSpeed engine wrapping it (deepspeed ships no types)
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     lm_head: torch.Tensor | None
@@ -122,8 +123,8 @@ class Trainer:
     last_metrics: dict = field(default_factory=dict)
     tokens_seen: int = 0
     stopped: str = ""
-    tb: object = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
-    loss_fn: object = draft_ttt_loss  # torch.compile'd with --compile
+    tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
+    loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
 
 
@@ -150,7 +151,9 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         target_model, tok, tpath = load_target(tpath, device=str(device))
         tcfg = target_model.config.to_dict()
         aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
-        source = OnlineSource(data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length)
+        source: CacheSource | OnlineSource = OnlineSource(
+            data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length
+        )
         weights = {
             "embed": target_model.get_input_embeddings().weight.float().cpu(),
             "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
@@ -196,7 +199,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
 
 
 def setup(cfg: TrainConfig) -> Trainer:
-    run_dir = Path(cfg.run)
+    run_dir = cfg.run_dir
     train_dir, head_dir = run_dir / "train", run_dir / "head"
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     use_ds = cfg.deepspeed is not None
