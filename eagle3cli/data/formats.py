@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
-import re
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -236,7 +234,7 @@ class ReadResult:
         return Counter(r["reason"] for r in self.rejects)
 
 
-def _reject(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
+def reject_row(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
     clean = _printable
     return {
         "source": clean(source),
@@ -383,7 +381,7 @@ def read_input(spec: Source) -> ReadResult:
     first_row: dict[str, int] = {}  # record id -> the row that used it first
     for index, row, err in rows:
         if err is not None:
-            result.rejects.append(_reject(source, index, *err))
+            result.rejects.append(reject_row(source, index, *err))
             continue
         try:
             rec = normalise(row, shape, source, index)
@@ -393,7 +391,7 @@ def read_input(spec: Source) -> ReadResult:
             result.records.append(rec)
         except BadRecord as e:
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
-            result.rejects.append(_reject(source, index, e.reason, e.detail, rid))
+            result.rejects.append(reject_row(source, index, e.reason, e.detail, rid))
     return result
 
 
@@ -412,51 +410,3 @@ def limit_turns(record: dict, max_turns: int | None) -> dict:
     if total <= max_turns:
         return record
     return {**record, "messages": msgs, "meta": {**record["meta"], "user_turns_cut": total - max_turns}}
-
-
-# ---------------------------------------------------------------- mixture
-def first_prompt_key(record: dict) -> str:
-    """Dedup key: the first user prompt, case-folded, whitespace collapsed."""
-    first = next(m["content"] for m in record["messages"] if m["role"] == "user")
-    return re.sub(r"\s+", " ", first).strip().casefold()
-
-
-def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[int]:
-    """How many records each source contributes: all of them, or `total` split by weight
-    (largest remainder), never more than a source holds."""
-    if total is None:
-        return list(sizes)
-    wsum = sum(weights)
-    raw = [total * w / wsum for w in weights]
-    q = [int(r) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: raw[i] - q[i], reverse=True)[: total - sum(q)]:
-        q[i] += 1
-    return [min(a, b) for a, b in zip(q, sizes)]
-
-
-def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded shuffle per source, global dedup by first prompt, mixture quotas, final shuffle.
-    Returns (plan, duplicate rejects). Deterministic for the same inputs and seed."""
-    seen: set[str] = set()
-    dup_rejects: list[dict] = []
-    unique: list[list[dict]] = []
-    for si, res in enumerate(results):
-        recs = list(res.records)
-        random.Random(f"{seed}:{si}:{res.spec.name}").shuffle(recs)
-        keep = []
-        for r in recs:
-            k = first_prompt_key(r)
-            if k in seen:
-                dup_rejects.append(
-                    _reject(
-                        r["source"], r["meta"]["row"], "duplicate", "same first prompt as an earlier record", r["id"]
-                    )
-                )
-                continue
-            seen.add(k)
-            keep.append(r)
-        unique.append(keep)
-    q = quotas([len(u) for u in unique], [r.spec.weight for r in results], num_samples)
-    plan = [r for u, n in zip(unique, q) for r in u[:n]]
-    random.Random(f"{seed}:mix").shuffle(plan)
-    return plan, dup_rejects

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from eagle3cli.cli import main
-from eagle3cli.data.formats import BadRecord, build_plan, check_messages, parse_input_spec, quotas, read_input
+from eagle3cli.data.formats import BadRecord, check_messages, parse_input_spec, read_input
+from eagle3cli.data.mixture import build_plan, quotas
 from eagle3cli.errors import UsageError
 
 
