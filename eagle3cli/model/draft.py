@@ -218,6 +218,10 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits from the pre-norm hidden state the layer returns."""
+        if torch.is_grad_enabled():
+            # Training calls this outside any forward: module calls let ZeRO-3 gather the
+            # partitioned norm and lm_head weights (a bare `.weight` is an empty shard there).
+            return self.lm_head(self.norm(hidden))
         return F.linear(_rms(hidden, self.norm), self.lm_head.weight)
 
     def project(self, hidden: torch.Tensor, from_target: bool) -> torch.Tensor:
