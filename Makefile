@@ -45,6 +45,7 @@ test-all: install sglang-cpu
 lint: install
 	$(BIN)/ruff check eagle3cli tests recipes
 	$(BIN)/ruff format --check eagle3cli tests recipes
+	$(BIN)/mypy   # [tool.mypy] in pyproject.toml: the eagle3cli package
 
 demo: install
 	bash recipes/demo.sh

@@ -14,6 +14,7 @@ from rich.markup import escape
 from . import __version__
 from .console import console
 from .errors import UsageError
+from .options import Group
 from .urls import redact_text
 
 HELP = """EAGLE-3 draft heads, end to end: regenerate data with the target, cache its hidden states,
@@ -37,6 +38,7 @@ app = typer.Typer(
     no_args_is_help=True,
     context_settings={"help_option_names": ["-h", "--help"]},
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 
 # Each stage module defines `register(app)`, adding its command(s). Listed in chain order;

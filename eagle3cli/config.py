@@ -14,15 +14,32 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import yaml
 
 from .errors import UsageError
 from .urls import redact
 
-C = TypeVar("C")
-STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "export")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+C = TypeVar("C", bound="DataclassInstance")  # a stage config: a (frozen) dataclass
+STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "serve_bench", "export")
+
+
+def flag(default: Any, *names: str, argument: str | None = None) -> Any:
+    """A config field whose flag is not plainly `--field-name`: other `names` (an alias, a short
+    name, a lone `--dry-run` or a `--x/--no-y` pair), or a positional `argument` (its metavar).
+    eagle3cli/options.py turns fields into flags."""
+    return dataclasses.field(default=default, metadata={"flags": names, "argument": argument})
+
+
+def choices(tp: Any) -> tuple[str, ...]:
+    """The values of a `Literal[...]` type (also inside `X | None`); () for an open type."""
+    if typing.get_origin(tp) is typing.Literal:
+        return tuple(typing.get_args(tp))
+    return next((c for c in map(choices, typing.get_args(tp)) if c), ())
 
 
 def load_recipe(path: Path | None, section: str) -> dict:
@@ -115,6 +132,8 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
 
 def _type_ok(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return value in typing.get_args(tp)
     if origin in (typing.Union, types.UnionType):
         return any(_type_ok(value, a) for a in typing.get_args(tp))
     if tp is type(None):
@@ -136,6 +155,8 @@ def _type_ok(value: Any, tp: Any) -> bool:
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(tp)))
     args = [a for a in typing.get_args(tp) if a is not type(None)]
     if args and typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console
@@ -72,10 +72,6 @@ class StageProgress:
         if self._prog is not None:
             self._prog.update(self._task, advance=n, tokens=self.tokens, **fields)
 
-    def set_description(self, text: str) -> None:
-        if self._prog is not None:
-            self._prog.update(self._task, description=text)
-
 
 @contextmanager
 def progress(description: str, total: int | None, unit: str = "it", completed: int = 0) -> Iterator[StageProgress]:
@@ -110,7 +106,7 @@ def human_bytes(n: float) -> str:
     return f"{n} TiB"
 
 
-def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
+def table(title: str, columns: list[str], rows: Sequence[Sequence[object]]) -> Table:
     t = Table(title=title, title_style="bold", header_style="bold cyan")
     for i, c in enumerate(columns):
         t.add_column(c, justify="left" if i == 0 else "right")
@@ -119,6 +115,6 @@ def table(title: str, columns: list[str], rows: list[list[object]]) -> Table:
     return t
 
 
-def print_table(title: str, columns: list[str], rows: list[list[object]]) -> None:
+def print_table(title: str, columns: list[str], rows: Sequence[Sequence[object]]) -> None:
     if is_rank0():
         out.print(table(title, columns, rows))

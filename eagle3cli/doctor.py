@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from .console import out, print_table
+from .options import Command
 
 
 @dataclass
@@ -134,7 +135,7 @@ def run_doctor(runs_dir: Path) -> list[Check]:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog="Example: eagle3 doctor --json > node.json")
+    @app.command(epilog="Example: eagle3 doctor --json > node.json", cls=Command)
     def doctor(
         runs_dir: Path = typer.Option(Path("runs"), help="Where run folders go (free space is checked there)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),

@@ -10,9 +10,10 @@ import hashlib
 import json
 import os
 import platform
+import socket
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -41,21 +42,49 @@ def file_mode() -> int:
     return 0o666 & ~_UMASK
 
 
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write via a temp file in the same folder + fsync + rename: readers never see half a file."""
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` fills a temp file beside `path`; then fsync and rename: readers never see half a
+    file. The temp name carries host and pid (`.NAME.HOST.PID.XXXX.tmp`), so a resumed stage can
+    tell the leftovers of a killed process from a live writer's (`remove_dead_temps`)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, name = tempfile.mkstemp(
+        dir=path.parent, prefix=f".{path.name}.{socket.gethostname()}.{os.getpid()}.", suffix=".tmp"
+    )
+    tmp = Path(name)
     try:
         os.fchmod(fd, file_mode())
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        os.close(fd)
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
+
+
+def remove_dead_temps(folder: Path) -> None:
+    """Temp files of `atomic_write` left by processes on this host that died (kill -9); those of
+    live writers (another `--shard i/N` process) and of other hosts are left alone."""
+    host = socket.gethostname()
+    for t in Path(folder).glob(f".*.{host}.*.tmp"):
+        try:
+            pid = int(t.name.rsplit(".", 3)[-3])
+            os.kill(pid, 0)
+        except (ValueError, IndexError):
+            continue
+        except ProcessLookupError:
+            t.unlink(missing_ok=True)
+        except PermissionError:  # alive, another user's
+            pass
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    atomic_write(path, lambda tmp: tmp.write_bytes(data))
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -68,6 +97,17 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
+
+
+def read_json_object(path: Path, expected: str, next_step: str | None = None) -> dict:
+    """A JSON file holding an object, or a UsageError naming the file, what it should hold and the fix."""
+    try:
+        obj = read_json(path)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e})", expected, next_step) from e
+    if not isinstance(obj, dict):
+        raise UsageError(f"{path} is not a JSON object (it holds a {type(obj).__name__})", expected, next_step)
+    return obj
 
 
 # ---------------------------------------------------------------- checksums
@@ -261,10 +301,7 @@ def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
             f"a completed `eagle3 {stage}` output folder",
             produced_by,
         )
-    try:
-        m = read_json(path)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e})", "a manifest written by eagle3", produced_by) from e
+    m = read_json_object(path, "a manifest written by eagle3", produced_by)
     if m.get("stage") != stage:
         raise UsageError(
             f"{path} was written by stage '{m.get('stage')}', not '{stage}'",

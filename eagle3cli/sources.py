@@ -37,7 +37,7 @@ HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"
 class Source:
     """A resolved source: a local file to read or an HF dataset, plus an optional row filter/map."""
 
-    spec: str  # as the user wrote it (weight removed)
+    spec: str  # as the user wrote it
     label: str  # names records: record id = f"{label}:{row id}"
     path: Path | None = None
     hf_name: str | None = None
@@ -46,6 +46,16 @@ class Source:
     named: str | None = None  # canonical "name:split" for a named source
     keep: Callable[[object], bool] | None = None  # rows of other splits are skipped, not rejected
     transform: Callable[[object], object] | None = None
+    weight: float = 1.0  # share in a gen-data mixture (`--input SOURCE:WEIGHT`)
+
+    @property
+    def name(self) -> str:
+        """The canonical name (a named source's name:split, a file's name, an HF dataset's spec)."""
+        if self.named:
+            return self.named
+        if self.path is not None:
+            return self.path.name
+        return f"hf:{self.hf_name}" + (f":{self.hf_config}" if self.hf_config else "") + f":{self.hf_split}"
 
 
 def bundled(name: str) -> Path:

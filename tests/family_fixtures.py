@@ -416,3 +416,31 @@ def build_family_target(name: str, out: Path, seed: int = 0) -> Path:
     model.eval().save_pretrained(out, safe_serialization=True)
     tok.save_pretrained(out)
     return out
+
+
+# ---------------------------------------------------------------- reasoning and tool conversations
+THINK = [
+    {"role": "user", "content": "What is 2 + 3?"},
+    {"role": "assistant", "content": "It is 5.", "reasoning_content": "Add two and three."},
+    {"role": "user", "content": "And 2 + 4?"},
+    {"role": "assistant", "content": "6.", "reasoning_content": "Two plus four is six."},
+]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Current weather of a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+TOOL_CONV = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [CALL]},
+    {"role": "tool", "content": '{"temp": 21}'},
+    {"role": "assistant", "content": "It is 21 degrees in Paris."},
+    {"role": "user", "content": "Thanks!"},
+    {"role": "assistant", "content": "You are welcome."},
+]

@@ -25,6 +25,7 @@ A template for which that fails raises `UsageError`; a template that refuses a c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import UsageError
 from ..model.chat import TemplateRefusal, reasoning_style, render
@@ -259,6 +260,7 @@ def mask_record(
         ids, mask, tspans = _sample(tokenizer, text, spans, special, cut_turns, sample_id, style)
         samples.append(MaskedSample(ids[:max_length], mask[:max_length], len(ids) > max_length, len(ids), tspans))
     for turn, m in alone:
+        assert turn.generated is not None  # only turns with a clean generation prefix are trained alone
         own = turn.prompt + turn.generated
         tail = r(messages[: turn.index + 1], False)[len(own) :]  # the end-of-turn token(s)
         span = (len(turn.prompt), len(own), turn, m)
@@ -271,21 +273,13 @@ def mask_record(
     return samples
 
 
-def mask_conversation(
-    tokenizer,
-    messages: list[dict],
-    max_length: int,
-    sample_id: str = "?",
-    special_ids: set[int] | None = None,
-    cut_turns: frozenset[int] = frozenset(),
-    tools: list | None = None,
-    template_kwargs: dict | None = None,
-) -> MaskedSample:
-    """The whole-conversation sample of `mask_record` (every turn masked in place), for conversations
-    whose template renders each turn as generated; a `UsageError` otherwise (use `mask_record`)."""
-    samples = mask_record(tokenizer, messages, max_length, sample_id, special_ids, cut_turns, tools, template_kwargs)
+def mask_conversation(tokenizer, messages: list[dict], max_length: int, **options: Any) -> MaskedSample:
+    """The whole-conversation sample of `mask_record` (every turn masked in place; `options` as
+    there), for conversations whose template renders each turn as generated; a `UsageError` otherwise."""
+    samples = mask_record(tokenizer, messages, max_length, **options)
     if len(samples) != 1 or samples[0].suffix:
-        raise _template_error(sample_id, "the template renders some turns differently later on; use mask_record")
+        sid = options.get("sample_id", "?")
+        raise _template_error(sid, "the template renders some turns differently later on; use mask_record")
     return samples[0]
 
 
@@ -309,24 +303,6 @@ def mask_data_record(
 
 def has_assistant_output(messages: list[dict]) -> bool:
     return any(m["role"] == "assistant" and _has_output(m) for m in messages)
-
-
-def char_spans(tokenizer, messages: list[dict], sample_id: str = "?") -> tuple[str, list[tuple[int, int, str]]]:
-    """(rendered text, [(char_start, char_end, generated text)] per assistant turn shown as generated)."""
-    r = _Renderer(tokenizer, None, None, sample_id)
-    special = _special_ids(tokenizer)
-    turns = _turns(r, messages, _special_texts(tokenizer, special))
-    text = r(messages, False)
-    out, cursor, by_index = [], 0, {t.index: t for t in turns}
-    for i, m in enumerate(messages):
-        turn = by_index.get(i)
-        found = _locate(text, turn, m, cursor) if turn else None
-        if found is None:
-            cursor = _advance(text, m, cursor)
-            continue
-        out.append((*found, text[found[0] : found[1]]))
-        cursor = found[1]
-    return text, out
 
 
 def cut_turns(record: dict) -> frozenset[int]:

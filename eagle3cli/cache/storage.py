@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import torch
 
-STORAGES = ("bf16", "fp8", "compact")
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
 # Scales are stored in bf16; quantising with the rounded scale makes dequantisation consistent.

@@ -7,12 +7,15 @@ are assigned in ascending target-id order (what SpecForge does), which keeps d2t
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
+import numpy as np
 import torch
 
 
-def token_counts(samples: Iterable[tuple[list[int], list[bool]]], target_vocab_size: int) -> torch.Tensor:
+def token_counts(
+    samples: Iterable[tuple[Sequence[int] | np.ndarray, Sequence[bool] | np.ndarray]], target_vocab_size: int
+) -> torch.Tensor:
     """Frequencies of masked tokens: LongTensor[target_vocab_size]."""
     counts = torch.zeros(target_vocab_size, dtype=torch.int64)
     for ids, mask in samples:
@@ -47,12 +50,12 @@ def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
     return draft_ids + d2t[draft_ids]
 
 
-def target_to_draft(target_ids: torch.Tensor, d2t: torch.Tensor, t2d: torch.Tensor) -> torch.Tensor:
-    """Draft ids for target ids in the draft vocab; -1 for the others."""
-    table = torch.full((t2d.numel(),), -1, dtype=torch.int64)
-    draft = torch.arange(d2t.numel())
-    table[draft + d2t] = draft
-    return table[target_ids]
+def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """LongTensor[target_vocab]: the draft id of each target id, -1 outside the draft vocab."""
+    index = torch.full((target_vocab,), -1, dtype=torch.long, device=d2t.device)
+    draft = torch.arange(len(d2t), device=d2t.device)
+    index[draft + d2t] = draft
+    return index
 
 
 def coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:

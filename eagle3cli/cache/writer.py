@@ -10,8 +10,6 @@ unpadded forward up to float rounding.
 from __future__ import annotations
 
 import json
-import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
+from ..manifest import atomic_write
 from ..model.target import capture_features, target_logits
 from .storage import encode, id_dtype
 
@@ -34,7 +33,8 @@ class Sample:
 def batches_by_budget(lengths: list[int], token_budget: int) -> list[list[int]]:
     """Indices grouped so that (batch size x longest length) <= budget; longest first."""
     order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    out, cur = [], []
+    out: list[list[int]] = []
+    cur: list[int] = []
     for i in order:
         longest = lengths[cur[0]] if cur else lengths[i]
         if cur and (len(cur) + 1) * longest > token_budget:
@@ -86,7 +86,8 @@ def shard_tensors(
             n = lengths[i]
             feats[i] = {k: v[start : start + n].cpu() for k, v in enc.items()}
             start += n
-    out = {k: torch.cat([f[k] for f in feats]) for k in feats[0]}
+    done = [f for f in feats if f is not None]  # every sample is in exactly one group
+    out = {k: torch.cat([f[k] for f in done]) for k in done[0]}
     out["input_ids"] = torch.from_numpy(np.concatenate([s.input_ids for s in samples])).to(id_dtype(vocab_size))
     out["loss_mask"] = torch.from_numpy(np.concatenate([s.loss_mask for s in samples])).to(torch.bool)
     out["offsets"] = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64)
@@ -94,37 +95,11 @@ def shard_tensors(
 
 
 def save_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
-    """safetensors to a temp name, fsync, rename: a shard file either exists whole or not at all."""
-    tmp = path.with_name(f".{path.name}.{socket.gethostname()}.{os.getpid()}.tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    """A safetensors file that exists whole or not at all."""
+    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
 
 
-def write_shard(
-    path: Path,
-    samples: list[Sample],
-    model,
-    aux_layer_ids: tuple[int, ...],
-    storage: str,
-    *,
-    token_budget: int,
-    vocab_size: int,
-    topk: int,
-    pad_id: int,
-) -> None:
-    tensors = shard_tensors(
-        samples,
-        model,
-        aux_layer_ids,
-        storage,
-        token_budget=token_budget,
-        vocab_size=vocab_size,
-        topk=topk,
-        pad_id=pad_id,
-    )
-    # One metadata key: safetensors writes metadata in hash-map order, and byte-identical shards
-    # make a resumed run checkably equal to an uninterrupted one.
-    meta = {"eagle3": json.dumps({"storage": storage, "first_index": samples[0].index, "ids": [s.id for s in samples]})}
-    save_atomic(path, tensors, meta)
+def shard_metadata(samples: list[Sample], storage: str) -> dict[str, str]:
+    """One metadata key: safetensors writes metadata in hash-map order, and byte-identical shards
+    make a resumed run checkably equal to an uninterrupted one."""
+    return {"eagle3": json.dumps({"storage": storage, "first_index": samples[0].index, "ids": [s.id for s in samples]})}

@@ -1,11 +1,19 @@
-"""`eagle3 gen-data` configuration (recipe section `gen_data:`; flags override)."""
+"""`eagle3 gen-data` configuration (recipe section `gen_data:`; flags override).
+
+Each field is one flag (eagle3cli/options.py): its docstring is the flag's help.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-BACKENDS = ("hf", "openai")
+from ..config import flag
+
+Backend = Literal["hf", "openai"]
+Thinking = Literal["default", "on", "off", "mix"]
+TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
 
 # Fields that decide what the output records are. Resuming a folder with other values would
 # mix two datasets, so a mismatch is refused. (batch_size, concurrency, device and endpoints
@@ -25,30 +33,30 @@ PLAN_FIELDS = (
     "thinking",
     "reasoning_effort",
 )
-THINKING = ("default", "on", "off", "mix")
 
 
 @dataclass(frozen=True)
 class GenDataConfig:
     target: str | None = None
-    """Target model folder (its tokenizer renders prompts; the hf backend also generates with it)."""
-    inputs: tuple[str, ...] = ()
-    """Input files or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT for the mixture."""
+    """Target model folder (its tokenizer and chat template render prompts; the hf backend also generates with it)."""
+    inputs: tuple[str, ...] = flag((), "--input", "-i")
+    """A named source (gsm8k, sharegpt, ultrachat, mt_bench, humaneval, sharegpt_sample; NAME:SPLIT), a file,
+    or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT. Repeat for a mixture."""
     run: Path | None = None
     """Run folder runs/NAME; output goes to runs/NAME/data."""
     out: Path | None = None
     """Output folder (instead of --run)."""
-    backend: str = "hf"
+    backend: Backend = "hf"
     """hf (embedded transformers) or openai (OpenAI-compatible endpoints: SGLang, vLLM)."""
-    endpoints: tuple[str, ...] = ()
-    """Base URLs for the openai backend, used round-robin, e.g. http://10.0.0.5:30000."""
+    endpoints: tuple[str, ...] = flag((), "--endpoint")
+    """Base URL of an OpenAI-compatible server, e.g. http://10.0.0.5:30000; repeat for round-robin."""
     concurrency: int = 32
     """Requests in flight over all endpoints (openai backend)."""
-    timeout_s: float = 300.0
+    timeout_s: float = flag(300.0, "--timeout")
     """Per-request timeout in seconds (openai backend)."""
     retries: int = 4
     """Retries per request on connect errors, timeouts and HTTP 5xx, with exponential backoff."""
-    backoff_s: float = 1.0
+    backoff_s: float = flag(1.0, "--backoff")
     """First retry delay in seconds; doubles each retry."""
     served_model_name: str | None = None
     """Model name sent to the endpoint (default: the first id /v1/models reports)."""
@@ -66,23 +74,26 @@ class GenDataConfig:
     """Prompts per forward in the hf backend (sorted by length to cut padding)."""
     shard_size: int = 512
     """Conversations per output shard (also the unit of resume)."""
-    drop_truncated: bool = False
-    """Drop turns cut by max_new_tokens (and the turns after them) instead of keeping and flagging them."""
-    no_regenerate: bool = False
-    """Keep the original assistant answers (no generation); records without answers are rejected."""
+    drop_truncated: bool = flag(False, "--drop-truncated/--keep-truncated")
+    """Drop turns cut by --max-new-tokens (and the turns after them) instead of keeping and flagging them."""
+    no_regenerate: bool = flag(False, "--no-regenerate/--regenerate")
+    """Keep the original assistant answers (no generation; manifest regenerated: false); records without
+    answers are rejected."""
     max_prompt_tokens: int | None = None
-    """Longest prompt accepted (hf backend; default: context length - max_new_tokens)."""
+    """Longest prompt accepted, in tokens (hf backend; default: context length - max-new-tokens)."""
     max_turns: int | None = None
-    """Keep only the first N user turns of each conversation (each with its regenerated answer)."""
+    """Keep only the first N user turns of each conversation, each with its regenerated answer (default: all)."""
     device: str | None = None
-    """cpu, cuda, cuda:1 ... (default: cuda if available)."""
-    dtype: str | None = None
-    """fp32 / bf16 / fp16 (default: bf16 on GPU, fp32 on CPU)."""
-    thinking: str = "default"
-    """Reasoning models: on | off (the template's enable_thinking), mix (half the records each, by seed), default (the template's)."""
+    """cpu, cuda, cuda:1 ... (hf backend; default: cuda if available)."""
+    dtype: TargetDtype = "auto"
+    """Target weights (hf backend); auto = bf16 on GPU, fp32 on CPU."""
+    thinking: Thinking = "default"
+    """Reasoning models: on | off (the template's enable_thinking), mix (half the records each, by seed),
+    default (the template's)."""
     reasoning_effort: tuple[str, ...] = ()
-    """Reasoning effort(s) for templates that take one (gpt-oss: low, medium, high); several: a seeded mix per record."""
-    dry_run: bool = False
+    """Reasoning effort for templates that take one (gpt-oss: low, medium, high); repeat for a seeded mix
+    per record."""
+    dry_run: bool = flag(False, "--dry-run")
     """Show what would be read and one rendered prompt; write nothing."""
 
     def validate(self) -> list[str]:
@@ -97,8 +108,6 @@ class GenDataConfig:
             errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
         if self.run is not None and self.out is not None:
             errors.append("give --run or --out, not both")
-        if self.backend not in BACKENDS:
-            errors.append(f"--backend {self.backend!r}: choose one of {', '.join(BACKENDS)}")
         if self.backend == "openai" and not self.endpoints and not self.no_regenerate:
             errors.append("--backend openai needs --endpoint URL (repeatable), e.g. --endpoint http://127.0.0.1:30000")
         if self.backend == "hf" and self.endpoints:
@@ -117,8 +126,6 @@ class GenDataConfig:
             errors.append(f"--temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             errors.append(f"--top-p must be in (0, 1], got {self.top_p!r}")
-        if self.thinking not in THINKING:
-            errors.append(f"--thinking {self.thinking!r}: choose one of {', '.join(THINKING)}")
         if any(not isinstance(e, str) or not e.strip() for e in self.reasoning_effort):
             errors.append(f"--reasoning-effort {self.reasoning_effort!r}: names such as low, medium, high")
         if not isinstance(self.timeout_s, (int, float)) or self.timeout_s <= 0:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import gzip
 import json
-import random
-import re
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..sources import Source
 from ..sources import resolve as resolve_source
 from .messages import ROLES, BadRecord, check_conversation, message, record_tools, sharegpt_function_call
 
@@ -50,34 +49,6 @@ SHAREGPT_ROLES = {
 __all__ = ["ROLES", "BadRecord"]
 
 
-@dataclass
-class InputSpec:
-    """One `--input SOURCE[:WEIGHT]`: a named source, `hf:NAME[:CONFIG]:SPLIT`, or a file."""
-
-    spec: str
-    path: Path | None  # local file; None for an HF dataset
-    hf_name: str | None = None
-    hf_config: str | None = None
-    hf_split: str | None = None
-    weight: float = 1.0
-    label: str | None = None  # record ids are f"{label}:{row id}"
-    keep: Callable[[object], bool] | None = None  # rows of another split (skipped, not rejected)
-    transform: Callable[[object], object] | None = None
-    named: str | None = None
-
-    @property
-    def name(self) -> str:
-        if self.named:
-            return self.named
-        if self.path is not None:
-            return self.path.name
-        return f"hf:{self.hf_name}" + (f":{self.hf_config}" if self.hf_config else "") + f":{self.hf_split}"
-
-    @property
-    def source_label(self) -> str:
-        return self.label or (self.path.stem if self.path is not None else self.name)
-
-
 def _is_number(s: str) -> bool:
     try:
         float(s)
@@ -86,7 +57,7 @@ def _is_number(s: str) -> bool:
         return False
 
 
-def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
+def parse_input_spec(spec: str, default_split: str = "train") -> Source:
     """`SOURCE`, `SOURCE:0.3` where SOURCE is a name (`gsm8k`, `sharegpt:train`...), a file, or
     `hf:NAME[:CONFIG]:SPLIT` (see eagle3cli/sources.py)."""
     spec = spec.strip()
@@ -100,9 +71,7 @@ def parse_input_spec(spec: str, default_split: str = "train") -> InputSpec:
         src = resolve_source(body, default_split)
     except UsageError as e:
         raise UsageError(f"--input {e.what}", e.expected, e.next_step) from e
-    return InputSpec(
-        spec, src.path, src.hf_name, src.hf_config, src.hf_split, weight, src.label, src.keep, src.transform, src.named
-    )
+    return replace(src, spec=spec, weight=weight)
 
 
 # ---------------------------------------------------------------- validation
@@ -253,7 +222,7 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
 # ---------------------------------------------------------------- reading files
 @dataclass
 class ReadResult:
-    spec: InputSpec
+    spec: Source
     shape: str
     records: list[dict]
     rejects: list[dict] = field(default_factory=list)
@@ -265,7 +234,7 @@ class ReadResult:
         return Counter(r["reason"] for r in self.rejects)
 
 
-def _reject(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
+def reject_row(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
     clean = _printable
     return {
         "source": clean(source),
@@ -279,7 +248,7 @@ def _reject(source: str, index: int, reason: str, detail: str, rid: str | None =
 RowError = tuple[str, str]  # (reject reason, detail)
 
 
-def _iter_raw_rows(spec: InputSpec) -> Iterator[tuple[int, object, RowError | None]]:
+def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]]:
     """(row index, parsed row or None, (reason, detail) when the row cannot be parsed)."""
     if spec.path is None:
         yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
@@ -365,7 +334,7 @@ def _load_parquet(path: Path) -> list[dict]:
         ) from e
 
 
-def _load_hf(spec: InputSpec):
+def _load_hf(spec: Source):
     try:
         import datasets
 
@@ -382,10 +351,10 @@ def _load_hf(spec: InputSpec):
 SNIFF_ROWS = 50
 
 
-def read_input(spec: InputSpec) -> ReadResult:
+def read_input(spec: Source) -> ReadResult:
     """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError.
     Rows of another split of a named source (ShareGPT's held-out conversations) are skipped."""
-    source = spec.source_label
+    source = spec.label
     rows = []
     other_split = 0
     for index, row, err in _iter_raw_rows(spec):
@@ -412,7 +381,7 @@ def read_input(spec: InputSpec) -> ReadResult:
     first_row: dict[str, int] = {}  # record id -> the row that used it first
     for index, row, err in rows:
         if err is not None:
-            result.rejects.append(_reject(source, index, *err))
+            result.rejects.append(reject_row(source, index, *err))
             continue
         try:
             rec = normalise(row, shape, source, index)
@@ -422,7 +391,7 @@ def read_input(spec: InputSpec) -> ReadResult:
             result.records.append(rec)
         except BadRecord as e:
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
-            result.rejects.append(_reject(source, index, e.reason, e.detail, rid))
+            result.rejects.append(reject_row(source, index, e.reason, e.detail, rid))
     return result
 
 
@@ -441,51 +410,3 @@ def limit_turns(record: dict, max_turns: int | None) -> dict:
     if total <= max_turns:
         return record
     return {**record, "messages": msgs, "meta": {**record["meta"], "user_turns_cut": total - max_turns}}
-
-
-# ---------------------------------------------------------------- mixture
-def first_prompt_key(record: dict) -> str:
-    """Dedup key: the first user prompt, case-folded, whitespace collapsed."""
-    first = next(m["content"] for m in record["messages"] if m["role"] == "user")
-    return re.sub(r"\s+", " ", first).strip().casefold()
-
-
-def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[int]:
-    """How many records each source contributes: all of them, or `total` split by weight
-    (largest remainder), never more than a source holds."""
-    if total is None:
-        return list(sizes)
-    wsum = sum(weights)
-    raw = [total * w / wsum for w in weights]
-    q = [int(r) for r in raw]
-    for i in sorted(range(len(raw)), key=lambda i: raw[i] - q[i], reverse=True)[: total - sum(q)]:
-        q[i] += 1
-    return [min(a, b) for a, b in zip(q, sizes)]
-
-
-def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded shuffle per source, global dedup by first prompt, mixture quotas, final shuffle.
-    Returns (plan, duplicate rejects). Deterministic for the same inputs and seed."""
-    seen: set[str] = set()
-    dup_rejects: list[dict] = []
-    unique: list[list[dict]] = []
-    for si, res in enumerate(results):
-        recs = list(res.records)
-        random.Random(f"{seed}:{si}:{res.spec.name}").shuffle(recs)
-        keep = []
-        for r in recs:
-            k = first_prompt_key(r)
-            if k in seen:
-                dup_rejects.append(
-                    _reject(
-                        r["source"], r["meta"]["row"], "duplicate", "same first prompt as an earlier record", r["id"]
-                    )
-                )
-                continue
-            seen.add(k)
-            keep.append(r)
-        unique.append(keep)
-    q = quotas([len(u) for u in unique], [r.spec.weight for r in results], num_samples)
-    plan = [r for u, n in zip(unique, q) for r in u[:n]]
-    random.Random(f"{seed}:mix").shuffle(plan)
-    return plan, dup_rejects

@@ -11,17 +11,9 @@ import torch
 
 from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..model.kvcache import growing_cache
+from ..model.target import eos_token_ids
+from ..speculate.sampling import logits_to_probs, sample_from
 from .regen import Conversation, OnDone, Sampling, TurnOutput
-
-
-def stop_token_ids(model, tokenizer) -> set[int]:
-    ids = set()
-    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
-        eos = getattr(src, "eos_token_id", None)
-        if eos is None:
-            continue
-        ids.update(eos if isinstance(eos, (list, tuple)) else [eos])
-    return {int(i) for i in ids}
 
 
 def render_prompt(
@@ -48,15 +40,11 @@ def decode_turn(tokenizer, ids: list[int]) -> tuple[str | None, str]:
 
 
 def _pick(logits: torch.Tensor, sampling: Sampling, gens: list[torch.Generator] | None) -> torch.Tensor:
-    if sampling.greedy:
+    """One token per row; each sampled row draws with its own generator (seeded per record and turn)."""
+    if sampling.greedy or gens is None:
         return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / sampling.temperature, dim=-1)
-    if sampling.top_p < 1.0:
-        sp, si = probs.sort(-1, descending=True)
-        drop = sp.cumsum(-1) - sp > sampling.top_p  # keep the smallest prefix whose mass reaches top_p
-        sp = sp.masked_fill(drop, 0.0)
-        probs = torch.zeros_like(probs).scatter_(-1, si, sp)
-    return torch.stack([torch.multinomial(probs[j], 1, generator=g)[0] for j, g in enumerate(gens)])
+    probs = logits_to_probs(logits, sampling.temperature, sampling.top_p)
+    return torch.stack([sample_from(probs[j], g) for j, g in enumerate(gens)])
 
 
 class HFBackend:
@@ -69,17 +57,15 @@ class HFBackend:
         sampling: Sampling,
         batch_size: int = 32,
         max_prompt_tokens: int | None = None,
-        trace: list | None = None,
     ):
         self.model, self.tokenizer, self.sampling = model, tokenizer, sampling
         self.batch_size = batch_size
         self.device = next(model.parameters()).device
-        self.stop_ids = stop_token_ids(model, tokenizer)
+        self.stop_ids = eos_token_ids(model, tokenizer)
         pad = tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else min(self.stop_ids))
         limit = getattr(model.config, "max_position_embeddings", None)
         self.max_prompt_tokens = max_prompt_tokens or (limit - sampling.max_new_tokens if limit else None)
-        self.trace = trace  # tests: every (record id, turn, rendered prompt) the model saw
 
     # -------------------------------------------------------------- one batch of prompts
     @torch.no_grad()
@@ -153,11 +139,10 @@ class HFBackend:
 
     def generate_sorted(self, prompts: list[list[int]], seeds: list[int]) -> list[TurnOutput]:
         """All prompts, length-bucketed into batches; results in input order."""
-        results: list[TurnOutput | None] = [None] * len(prompts)
+        results: dict[int, TurnOutput] = {}
         for chunk in self.batches(prompts):
-            for i, r in zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])):
-                results[i] = r
-        return results
+            results.update(zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])))
+        return [results[i] for i in range(len(prompts))]
 
     # -------------------------------------------------------------- conversations
     def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:
@@ -178,10 +163,6 @@ class HFBackend:
                         "prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}"
                     )
                     continue
-                if self.trace is not None:
-                    self.trace.append(
-                        (c.record["id"], c.turn, render_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs))
-                    )
                 prompts.append(p)
                 seeds.append(c.seed(self.sampling))
                 batch.append(c)

@@ -193,7 +193,10 @@ class ModelServer:
 
     @property
     def url(self) -> str:
+        if self.httpd is None:
+            raise RuntimeError("the server is not started: call start() first")
         host, port = self.httpd.server_address[:2]
+        assert isinstance(host, str)  # an AF_INET address (bytes only for AF_UNIX)
         return f"http://{host}:{port}"
 
     def stop(self) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import itertools
 import json
 import time
+from typing import Any
 
 import httpx
 
@@ -123,7 +124,7 @@ class OpenAIBackend:
         template_kwargs: dict | None = None,
     ) -> TurnOutput:
         s = self.sampling
-        body = {
+        body: dict[str, Any] = {
             "model": self.model_name,
             "messages": request_messages(messages),
             "max_tokens": s.max_new_tokens,

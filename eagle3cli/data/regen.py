@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..urls import redact_text
 
@@ -119,7 +120,7 @@ class Conversation:
             self.reject = ("empty_generation", f"turn {self.turn} generated no text")
             return
         slot = self.slots[self.turn]
-        answer = {"role": "assistant", "content": out.text}
+        answer: dict[str, Any] = {"role": "assistant", "content": out.text}
         if out.reasoning:
             answer["reasoning_content"] = out.reasoning
         if out.tool_calls:
@@ -190,6 +191,7 @@ class Conversation:
         return out
 
     def reject_record(self) -> dict:
+        assert self.reject is not None, "reject_record() of a conversation that was not rejected"
         reason, detail = self.reject
         return {
             "source": self.record["source"],

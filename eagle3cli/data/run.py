@@ -1,13 +1,10 @@
 """`run_gen_data(cfg) -> Path`: inputs -> plan -> regenerated shards -> manifest (written last).
 
 Resume: the plan (which records, in which order) is a pure function of the inputs and the
-config, so a re-run rebuilds the same plan. Plan position p goes to shard p // shard_size.
-While a shard is being generated, each finished conversation is appended to
-`progress/shard-NNNNN.journal.jsonl`; when the shard is complete its records are written in
-plan order to `shard-NNNNN.jsonl` (atomically: the file's existence means "done") and the
-journal is removed. A kill -9 at any point loses at most the conversations in flight; a
-half-written journal line is ignored. Sampling is seeded per (record, turn), so the resumed
-run writes exactly what an uninterrupted one would.
+config, so a re-run rebuilds the same plan; finished conversations are journaled and finished
+shards written atomically (`journal.py`), so a kill -9 at any point loses at most the
+conversations in flight. Sampling is seeded per (record, turn), so the resumed run writes
+exactly what an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -18,40 +15,39 @@ import shutil
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
-from ..errors import IncompleteError, StageError, UsageError
-from ..lock import LOCK_NAME, locked_stage
+from ..errors import IncompleteError, UsageError
+from ..lock import locked_stage
 from ..manifest import (
     MANIFEST,
     atomic_write_json,
     atomic_write_text,
-    check_matches,
-    read_json,
     sha256_file,
+    sha256_text,
     shard_record,
     write_manifest,
 )
 from ..model.chat import TemplateRefusal, render
 from ..urls import redact_text
 from .config import PLAN_FIELDS, GenDataConfig
-from .formats import ReadResult, build_plan, limit_turns, parse_input_spec, read_input
+from .formats import ReadResult, limit_turns, parse_input_spec, read_input
+from .journal import (
+    PROGRESS,
+    REJECTS,
+    STATE,
+    TRANSIENT_REASONS,
+    Journal,
+    check_folder,
+    dumps,
+    finish_shard,
+    read_journal,
+    shard_name,
+)
+from .mixture import build_plan
 from .regen import Conversation, Sampling, template_kwargs_for
-
-PROGRESS = "progress"
-STATE = "state.json"
-REJECTS = "rejects.jsonl"
-# Reject reasons that older versions recorded for transient endpoint failures (now left pending).
-TRANSIENT_REASONS = ("endpoint_error", "bad_response")
-
-
-def shard_name(k: int) -> str:
-    return f"shard-{k:05d}.jsonl"
-
-
-def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
 # ---------------------------------------------------------------- inputs and plan
@@ -96,88 +92,10 @@ def plan_config(cfg: GenDataConfig) -> dict:
 def load_target_identity(cfg: GenDataConfig):
     from ..model.target import load_tokenizer, resolve_model_path, target_identity
 
+    assert cfg.target is not None  # validate() requires --target
     path = resolve_model_path(cfg.target)
     tok = load_tokenizer(path)
     return path, tok, target_identity(path, tok)
-
-
-# ---------------------------------------------------------------- folder state
-def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | None:
-    """Refuse a folder made with another target or other plan settings; returns an existing
-    finished manifest (nothing to do) or None."""
-    nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
-    if (out / MANIFEST).exists():
-        m = read_json(out / MANIFEST)
-        if m.get("stage") != "gen-data":
-            raise UsageError(
-                f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
-            )
-        check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
-        old = {k: m.get("config", {}).get(k) for k in PLAN_FIELDS}
-        if old != pcfg:
-            diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
-            raise StageError(
-                f"{out} was generated with other settings ({diffs})", "the same inputs and sampling settings", nxt
-            )
-        return m
-    state_path = out / PROGRESS / STATE
-    if state_path.exists():
-        st = read_json(state_path)
-        check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
-        if st.get("plan_config") != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
-            diffs = (
-                ", ".join(
-                    f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}"
-                    for k in PLAN_FIELDS
-                    if st.get("plan_config", {}).get(k) != pcfg[k]
-                )
-                or "the input files changed"
-            )
-            raise StageError(
-                f"{out} holds an unfinished run with other settings ({diffs})",
-                "the same command as the interrupted run",
-                nxt,
-            )
-        return None
-    # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
-        raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
-    return None
-
-
-# ---------------------------------------------------------------- journal
-def read_journal(path: Path) -> dict[int, dict]:
-    """Entries by plan index. A line cut by a kill is dropped (and cut off the file)."""
-    if not path.exists():
-        return {}
-    data = path.read_bytes()
-    good_end = data.rfind(b"\n") + 1
-    entries = {}
-    for line in data[:good_end].splitlines():
-        try:
-            e = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        entries[e["plan_index"]] = e
-    if good_end != len(data):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
-    return entries
-
-
-class Journal:
-    def __init__(self, path: Path):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.f = open(path, "a", encoding="utf-8")
-
-    def add(self, entry: dict) -> None:
-        # flush per conversation: a kill -9 then loses nothing already finished (page cache survives it).
-        self.f.write(_dumps(entry) + "\n")
-        self.f.flush()
-
-    def close(self) -> None:
-        os.fsync(self.f.fileno())
-        self.f.close()
 
 
 # ---------------------------------------------------------------- no-regenerate
@@ -218,6 +136,7 @@ def make_backend(cfg: GenDataConfig, tokenizer):
     from ..model.target import load_target
     from .hf import HFBackend
 
+    assert cfg.target is not None  # validate() requires --target
     model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
     return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
 
@@ -243,7 +162,7 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
                 len(r.records),
                 len(r.rejects),
                 r.spec.weight,
-                sum(1 for p in plan if p["source"] == r.spec.source_label),
+                sum(1 for p in plan if p["source"] == r.spec.label),
             ]
             for r in results
         ],
@@ -274,10 +193,11 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         dry_run(cfg, results, plan, read_rejects, tokenizer)
         return cfg.out_dir or Path(".")
     out = cfg.out_dir
+    assert out is not None  # validate(): --run or --out unless --dry-run
     if not plan:
         raise no_usable_records(cfg, out, results, read_rejects)
     pcfg = plan_config(cfg)
-    plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))
+    plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     done = check_folder(out, identity, pcfg, plan_ids_hash)
     if done is not None:
         log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
@@ -323,7 +243,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                 if c.pending is not None:
                     left[c.index] = c.pending
                     return
-                e = {"plan_index": c.index}
+                e: dict[str, Any] = {"plan_index": c.index}
                 if c.reject is not None:
                     e["reject"] = c.reject_record()
                 else:
@@ -375,7 +295,7 @@ def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_reject
     reasons = ", ".join(f"{k}: {v}" for k, v in counts.most_common()) or "no rows"
     where = ""
     if out is not None and read_rejects and not (out / MANIFEST).exists():
-        atomic_write_text(out / REJECTS, "".join(_dumps(r) + "\n" for r in read_rejects))
+        atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in read_rejects))
         where = f"; each rejected row with its reason is in {out / REJECTS}"
     rows = sum(r.rows for r in results)
     return UsageError(
@@ -384,21 +304,6 @@ def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_reject
         f"see the reasons with: eagle3 gen-data --dry-run --target {cfg.target} "
         + " ".join(f"--input {i}" for i in cfg.inputs),
     )
-
-
-def finish_shard(out: Path, k: int, entries: list[dict]) -> None:
-    """Rejects first, then the shard (its existence marks the shard done), then the journal goes."""
-    prog_dir = out / PROGRESS
-    rejects = [e["reject"] for e in entries if "reject" in e]
-    atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(_dumps(r) + "\n" for r in rejects))
-    atomic_write_text(out / shard_name(k), "".join(_dumps(e["record"]) + "\n" for e in entries if "record" in e))
-    (prog_dir / f"shard-{k:05d}.journal.jsonl").unlink(missing_ok=True)
-
-
-def sha256_text(text: str) -> str:
-    import hashlib
-
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def finalize(
@@ -413,7 +318,7 @@ def finalize(
         rp = out / PROGRESS / f"rejects-{k:05d}.jsonl"
         gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
     all_rejects = read_rejects + gen_rejects
-    atomic_write_text(out / REJECTS, "".join(_dumps(r) + "\n" for r in all_rejects))
+    atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
     turns = [t for r in records for t in r["meta"]["turns"]]
     counts = {
         "rows_read": sum(r.rows for r in results),

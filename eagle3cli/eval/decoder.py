@@ -49,16 +49,6 @@ class DecodeResult:
         return len(self.accept_lens)
 
 
-def eos_ids_of(model, tokenizer=None) -> set[int]:
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
-        e = getattr(src, "eos_token_id", None) if src is not None else None
-        if e is None:
-            continue
-        ids.update([e] if isinstance(e, int) else list(e))
-    return ids
-
-
 def _finish(tokens: list[int], new: list[int], eos: set[int], max_new: int) -> bool:
     """Append `new` up to the first eos / the token budget; True when generation is over."""
     for t in new:

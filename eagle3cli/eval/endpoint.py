@@ -56,7 +56,7 @@ def query(client, url: str, body: dict) -> dict:
     }
 
 
-def run_endpoint_eval(cfg: EvalConfig) -> Path:
+def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
     import httpx
 
     from ..model.target import load_tokenizer, resolve_model_path
@@ -65,7 +65,7 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
         raise UsageError(
             "--endpoint needs --target: prompts are rendered with the target's chat template, as the head was trained",
             "--target MODEL_DIR (the model the server runs)",
-            f"eagle3 eval --endpoint {cfg.endpoint} --target MODEL_DIR",
+            f"eagle3 eval --endpoint {endpoint} --target MODEL_DIR",
         )
     tok = load_tokenizer(resolve_model_path(cfg.target))
     out = cfg.out or (cfg.run / "eval" if cfg.run else Path("eval"))
@@ -74,12 +74,12 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
     rows = []
     with httpx.Client(timeout=600) as client:
         for pid, msgs in prompts:
-            rows.append({"prompt": pid, **query(client, cfg.endpoint, generate_body(tok, msgs, params))})
+            rows.append({"prompt": pid, **query(client, endpoint, generate_body(tok, msgs, params))})
     toks = sum(r["completion_tokens"] for r in rows)
     verify = sum(r["verify_ct"] for r in rows)
     secs = sum(r["seconds"] for r in rows)
     report = {
-        "endpoint": cfg.endpoint,
+        "endpoint": endpoint,
         "bench": cfg.bench,
         "num_prompts": len(rows),
         "temperature": cfg.temperature,
@@ -91,7 +91,7 @@ def run_endpoint_eval(cfg: EvalConfig) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "report.json", report)
     print_table(
-        f"{cfg.endpoint} on {cfg.bench}",
+        f"{endpoint} on {cfg.bench}",
         ["prompts", "tokens", "verify passes", "tau", "tok/s"],
         [
             [

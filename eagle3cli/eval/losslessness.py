@@ -37,7 +37,7 @@ def two_sample_chi_square(a: list[int], b: list[int]) -> dict:
         else:
             cells.append((ca[k], cb[k]))
     if sum(pooled):
-        cells.append(tuple(pooled))
+        cells.append((pooled[0], pooled[1]))
     stat = 0.0
     for x, y in cells:
         tot = x + y

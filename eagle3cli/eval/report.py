@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..console import log, print_table
+from ..manifest import atomic_write
 from .metrics import TAU_NOTE
 
 
@@ -17,6 +18,29 @@ def _ci(pair) -> str:
 
 
 def print_report(report: dict) -> None:
+    _acceptance_tables(report)
+    _speed_table(report)
+    if "comparison" in report:
+        _comparison_tables(report["comparison"])
+    if "sweep" in report:
+        _sweep_table(report["sweep"], report["depth"])
+    if "sampling_check" in report:
+        sc = report["sampling_check"]
+        log(
+            f"sampling check ({sc['draws']} draws each, {sc['test']}): min p = {sc['min_p_value']:.3g}, "
+            f"{'consistent with the target distribution' if sc['passed'] else 'DISTRIBUTIONS DIFFER'}"
+        )
+    r = report["recommended"]
+    log(
+        f"recommended for serve: steps={r['steps']} topk={r['topk']} num_draft_tokens={r['num_draft_tokens']} "
+        f"(measured {r['speedup']}x {_ci(r['speedup_interval'])}; from {r['from']})"
+    )
+    for note in r.get("notes", []):
+        log(f"note: {note}")
+
+
+def _acceptance_tables(report: dict) -> None:
+    """Per head and mode: acceptance by depth, conditional and unconditional, tau(k)."""
     for label, modes in report["heads"].items():
         for mode in ("chain", "tree"):
             st = modes.get(mode)
@@ -41,6 +65,10 @@ def print_report(report: dict) -> None:
                 ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(reach k)", "tau(k)" if est else ""],
                 rows,
             )
+
+
+def _speed_table(report: dict) -> None:
+    """The baselines and every decoder: tau, tokens/s, speedup with its interval, losslessness."""
     base = report["baselines"]
     rows = [["plain loop", "", "1.000", f"{base['plain']['tokens_per_s']:.1f}", "1.00x", "", "-"]]
     if base["generate"]:
@@ -77,57 +105,48 @@ def print_report(report: dict) -> None:
         ["decoder", "layout", "tau [90%]", "tok/s", "vs plain", "90% interval", "greedy mismatches"],
         rows,
     )
-    if "comparison" in report:
-        cmp = report["comparison"]
-        for mode, crows in cmp["modes"].items():
-            print_table(
-                f"head comparison ({mode}), same prompts; tau ratio vs {cmp['reference']}, {cmp['interval']}",
-                ["head", "layout", "tau", "tau ratio", "interval", "prompts +/-/=", "verdict"],
-                [
-                    [
-                        r["head"],
-                        r["layout"],
-                        f"{r['tau']:.3f}",
-                        f"{r['tau_ratio_vs_reference']:.3f}",
-                        _ci(r["tau_ratio_interval"]),
-                        "/".join(str(x) for x in r["prompts_better_worse_equal"]),
-                        r.get("verdict", "(reference)"),
-                    ]
-                    for r in crows
-                ],
-            )
-    if "sweep" in report:
-        sw = report["sweep"]
+
+
+def _comparison_tables(cmp: dict) -> None:
+    """Every head against the reference, per mode: tau ratio and its paired interval."""
+    for mode, crows in cmp["modes"].items():
         print_table(
-            f"sweep: measured runs ({len(sw['prompts'])} prompts x {sw['repeats']} repeats, "
-            f"{sw['max_new_tokens']} new tokens); tau estimate = truncated depth-{report['depth']} chain",
-            ["config", "tau", "tau estimate (error)", "speedup", "90% interval", "per repeat", "tied"],
+            f"head comparison ({mode}), same prompts; tau ratio vs {cmp['reference']}, {cmp['interval']}",
+            ["head", "layout", "tau", "tau ratio", "interval", "prompts +/-/=", "verdict"],
             [
                 [
-                    r["name"],
+                    r["head"],
+                    r["layout"],
                     f"{r['tau']:.3f}",
-                    f"{r['tau_estimate_from_depth_D']:.3f} ({r['tau_error']:+.3f})" if "tau_error" in r else "-",
-                    f"{r['speedup']:.2f}x",
-                    _ci(r["speedup_interval"]),
-                    " ".join(f"{x:.2f}" for x in r["speedup_per_repeat"]),
-                    "yes" if r["tied_with_best"] else "",
+                    f"{r['tau_ratio_vs_reference']:.3f}",
+                    _ci(r["tau_ratio_interval"]),
+                    "/".join(str(x) for x in r["prompts_better_worse_equal"]),
+                    r.get("verdict", "(reference)"),
                 ]
-                for r in sw["configurations"]
+                for r in crows
             ],
         )
-    if "sampling_check" in report:
-        sc = report["sampling_check"]
-        log(
-            f"sampling check ({sc['draws']} draws each, {sc['test']}): min p = {sc['min_p_value']:.3g}, "
-            f"{'consistent with the target distribution' if sc['passed'] else 'DISTRIBUTIONS DIFFER'}"
-        )
-    r = report["recommended"]
-    log(
-        f"recommended for serve: steps={r['steps']} topk={r['topk']} num_draft_tokens={r['num_draft_tokens']} "
-        f"(measured {r['speedup']}x {_ci(r['speedup_interval'])}; from {r['from']})"
+
+
+def _sweep_table(sw: dict, depth: int) -> None:
+    """Each measured configuration of --sweep: tau, its depth-D estimate, speedup, ties."""
+    print_table(
+        f"sweep: measured runs ({len(sw['prompts'])} prompts x {sw['repeats']} repeats, "
+        f"{sw['max_new_tokens']} new tokens); tau estimate = truncated depth-{depth} chain",
+        ["config", "tau", "tau estimate (error)", "speedup", "90% interval", "per repeat", "tied"],
+        [
+            [
+                r["name"],
+                f"{r['tau']:.3f}",
+                f"{r['tau_estimate_from_depth_D']:.3f} ({r['tau_error']:+.3f})" if "tau_error" in r else "-",
+                f"{r['speedup']:.2f}x",
+                _ci(r["speedup_interval"]),
+                " ".join(f"{x:.2f}" for x in r["speedup_per_repeat"]),
+                "yes" if r["tied_with_best"] else "",
+            ]
+            for r in sw["configurations"]
+        ],
     )
-    for note in r.get("notes", []):
-        log(f"note: {note}")
 
 
 def plot(path: Path, report: dict, title: str) -> None:
@@ -182,10 +201,8 @@ def plot(path: Path, report: dict, title: str) -> None:
         a.legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _plot_sweep(ax, sweep: dict, rec: dict) -> None:

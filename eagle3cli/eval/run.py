@@ -4,8 +4,9 @@ a paired head comparison, and a serving configuration chosen from measured runs.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -16,25 +17,15 @@ from ..extras import plotting
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
-from .decoder import DecodeResult, SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
-from .metrics import TAU_NOTE, acceptance_by_depth, bootstrap_ratio, choose_config
+from .decoder import SpeculativeDecoder, plain_decode
+from .lanes import decode_lanes, split_turns
+from .metrics import TAU_NOTE
 from .prompts import load_conversations, render
+from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
-
-@dataclass
-class Lane:
-    """One decoder over the whole benchmark: its results per unit (prompt or conversation turn)
-    and, for multi-turn runs, its own conversation history (its own answers fed back)."""
-
-    results: list[DecodeResult] = field(default_factory=list)
-    history: list[dict] = field(default_factory=list)
-    outputs: list[list[int]] = field(default_factory=list)
-
-
-def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(system messages before the first user turn, the user turns in order)."""
-    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
-    return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
+if TYPE_CHECKING:
+    from ..model.draft import Eagle3Draft
+    from ..model.heads import HeadSpec
 
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
@@ -45,17 +36,10 @@ def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
 
 def recorded_target(head: Path) -> str | None:
     """The target a head names (eagle3.target.path, or a speculators verifier), usable from here."""
-    from ..model.heads import read_config_json
+    from ..model.heads import head_file, read_config_json
     from ..model.target import resolvable_reference
 
-    p = Path(head) / "config.json"
-    if not p.exists():
-        raise UsageError(
-            f"{p} does not exist",
-            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
-            "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
-        )
-    cfg = read_config_json(p)
+    cfg = read_config_json(head_file(head, "config.json"))
     ref = ((cfg.get("eagle3") or {}).get("target") or {}).get("path")
     ref = ref or ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
     return resolvable_reference(ref, base=Path(head))
@@ -108,13 +92,12 @@ def check_head_fits(spec, target_cfg, ident) -> None:
         )
 
 
-def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, object, object]]:
+def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, Eagle3Draft, HeadSpec]]:
     """[(label, draft, spec)] for the head and every --compare head, of any layout."""
     from ..model.heads import load_any_head
 
-    heads = []
-    for h in [head, *cfg.compare]:
-        h = Path(h)
+    heads: list[tuple[str, Eagle3Draft, HeadSpec]] = []
+    for h in [head, *map(Path, cfg.compare)]:
         # on CPU the head stays fp32 whatever the target: its one-row matmuls are faster there
         draft, spec = load_any_head(h, target, dtype=torch.float32 if target.device.type == "cpu" else target.dtype)
         check_head_fits(spec, target.config, ident)
@@ -127,188 +110,54 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, o
     return heads
 
 
-def _summ(results: list[DecodeResult]) -> dict:
-    toks = sum(len(r.tokens) for r in results)
-    secs = sum(r.seconds for r in results)
-    return {
-        "tokens": toks,
-        "seconds": round(secs, 4),
-        "tokens_per_s": toks / secs if secs else 0.0,
-        "target_calls": sum(r.target_calls for r in results),
-        "draft_calls": sum(r.draft_calls for r in results),
-    }
-
-
-def _per_unit(results: list[DecodeResult]) -> tuple[list[int], list[float]]:
-    return [len(r.tokens) for r in results], [r.seconds for r in results]
-
-
-def _tau_pairs(results: list[DecodeResult]) -> tuple[list[int], list[int]]:
-    """(tokens emitted by verification rounds, rounds) per unit: tau = sum / sum."""
-    return [sum(r.accept_lens) + r.rounds for r in results], [r.rounds for r in results]
-
-
-def _ci(b: dict) -> list[float]:
-    return [round(b["low"], 4), round(b["high"], 4)]
-
-
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
 
-        return run_endpoint_eval(cfg)
-    from ..model.target import load_target, target_identity
+        return run_endpoint_eval(cfg, cfg.endpoint)
+    from ..model.target import eos_token_ids, load_target, target_identity
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     head, out = _paths(cfg)
+    assert head is not None  # validate(): --head or --run when there is no --endpoint
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
-    eos = eos_ids_of(target, tok)
-    ctx = int(getattr(target.config, "max_position_embeddings", 0) or 0)
-    window = max(cfg.depth, cfg.num_draft_tokens) + 1
+    eos = eos_token_ids(target, tok)
     convs = load_conversations(cfg.bench, cfg.num_prompts)
-
-    def fits(uid: str, ids: list[int]) -> list[int]:
-        need = len(ids) + cfg.max_new_tokens + window
-        if ctx and need > ctx:
-            raise UsageError(
-                f"{uid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and the draft "
-                f"window it needs {need} positions, the target has {ctx}",
-                "prompts + new tokens within the target's context",
-                "lower --max-new-tokens, use shorter prompts" + (" or --turns first" if cfg.turns == "all" else ""),
-            )
-        return ids
-
+    fits = _context_check(cfg, target.config)
     first_turns = []
     for cid, msgs in convs:
         system, users = split_turns(msgs)
         first_turns.append((cid, fits(cid, render(tok, system + users[:1]))))
-    modes = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
-    greedy = cfg.temperature <= 0
-
-    def decoder(draft, aux, mode):
-        return SpeculativeDecoder(
-            target,
-            draft,
-            aux,
-            mode=mode,
-            depth=cfg.depth,
-            topk=cfg.topk,
-            num_draft_tokens=cfg.num_draft_tokens,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            eos=eos,
-        )
-
-    decoders = {(label, m): decoder(d, spec.aux_layer_ids, m) for label, d, spec in heads for m in modes}
+    modes: list[str] = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
+    decoders = {
+        (label, m): _decoder(cfg, target, d, spec.aux_layer_ids, m, eos) for label, d, spec in heads for m in modes
+    }
     wp = first_turns[0][1]  # warm-up: first calls allocate and pick kernels; keep them out of the timings
     plain_decode(target, wp, 8, set(), cfg.temperature)
     for dec in decoders.values():
         dec.generate(wp, 8, seed=cfg.seed)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
-    lanes: dict = {
-        "plain": Lane(),
-        **({"generate": Lane()} if cfg.generate_baseline else {}),
-        **{k: Lane() for k in decoders},
-    }
-    units: list[str] = []
-    mismatches: dict = {k: [] for k in decoders}
     log(
         f"eval: {len(convs)} {'conversations (every turn)' if cfg.turns == 'all' else 'prompts'} from {cfg.bench}, "
         f"{len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, max {cfg.max_new_tokens} new tokens, "
         f"temperature {cfg.temperature}"
     )
-    from ..console import progress
+    run = decode_lanes(cfg, target, tok, eos, decoders, convs, fits)
 
-    with progress("eval", total=len(convs), unit="conv" if cfg.turns == "all" else "prompt") as bar:
-        for i, (cid, msgs) in enumerate(convs):
-            system, users = split_turns(msgs)
-            turns = users if cfg.turns == "all" else users[:1]
-            for lane in lanes.values():
-                lane.history = list(system)
-            conv_tokens = 0
-            for t, user in enumerate(turns):
-                uid = cid if len(turns) == 1 else f"{cid}#turn{t + 1}"
-                units.append(uid)
-                seed = cfg.seed + 1000 * i + t
-                n_tok = 0
-                for key, lane in lanes.items():
-                    lane.history.append(user)
-                    ids = fits(uid, render(tok, lane.history))
-                    if key == "plain":
-                        r = plain_decode(
-                            target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p,
-                            torch.Generator().manual_seed(seed),
-                        )  # fmt: skip
-                    elif key == "generate":
-                        r = hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
-                    else:
-                        r = decoders[key].generate(ids, cfg.max_new_tokens, seed=seed)
-                    lane.results.append(r)
-                    lane.outputs.append(r.tokens)
-                    # each decoder's own answer is its history: greedy, that is the target's own answer
-                    lane.history.append(
-                        {"role": "assistant", "content": tok.decode(r.tokens, skip_special_tokens=True)}
-                    )
-                    n_tok += len(r.tokens)
-                plain_out = lanes["plain"].outputs[-1]
-                if greedy and "generate" in lanes and lanes["generate"].outputs[-1] != plain_out:
-                    warn(f"{uid}: our plain loop and transformers generate differ (numerics of the two paths)")
-                for key in decoders:
-                    spec_out = lanes[key].outputs[-1]
-                    if greedy and spec_out != plain_out:
-                        at = next(
-                            (j for j, (a, b) in enumerate(zip(spec_out, plain_out)) if a != b),
-                            min(len(spec_out), len(plain_out)),
-                        )
-                        mismatches[key].append(
-                            {
-                                "prompt": uid,
-                                "first_diff_at": at,
-                                "speculative": tok.decode(spec_out[at : at + 12]),
-                                "plain": tok.decode(plain_out[at : at + 12]),
-                            }
-                        )
-                conv_tokens += n_tok
-            bar.advance(1, tokens=conv_tokens)
-
-    plain = lanes["plain"].results
-    plain_s = _summ(plain)
-    gen_s = _summ(lanes["generate"].results) if "generate" in lanes else None
+    plain_s = speed(run.lanes["plain"].results)
+    gen_s = speed(run.lanes["generate"].results) if "generate" in run.lanes else None
     per_head: dict[str, dict] = {label: {"head": spec.summary()} for label, _, spec in heads}
     for label, mode in decoders:
-        results = lanes[(label, mode)].results
-        acc = acceptance_by_depth([a for r in results for a in r.accept_lens], cfg.depth, mode)
-        emitted, rounds = _tau_pairs(results)
-        acc["tau_interval"] = _ci(bootstrap_ratio((emitted, rounds))) if any(rounds) else [1.0, 1.0]
-        s = _summ(results)
-        sp = bootstrap_ratio(_per_unit(results), _per_unit(plain))
-        per_head[label][mode] = {
-            "config": {
-                "steps": cfg.depth,
-                "topk": 1 if mode == "chain" else cfg.topk,
-                "num_draft_tokens": cfg.depth + 1 if mode == "chain" else cfg.num_draft_tokens,
-            },
-            "acceptance": acc,
-            "speed": s,
-            "speedup_vs_plain": s["tokens_per_s"] / plain_s["tokens_per_s"],
-            "speedup_interval": _ci(sp),
-            "speedup_vs_generate": s["tokens_per_s"] / gen_s["tokens_per_s"] if gen_s else None,
-            "per_prompt": [
-                {"prompt": u, "tokens": len(r.tokens), "rounds": r.rounds, "accepted": sum(r.accept_lens)}
-                for u, r in zip(units, results)
-            ],
-            "lossless": _lossless(results, mismatches[(label, mode)], greedy),
-        }
+        per_head[label][mode] = mode_stats(cfg, run, (label, mode), plain_s, gen_s)
     main_label, main_draft, main_spec = heads[0]
-    report = {
+    report: dict[str, Any] = {
         "bench": cfg.bench,
         "num_prompts": len(convs),
         "turns": cfg.turns,
-        "units": len(units),
+        "units": len(run.units),
         "max_new_tokens": cfg.max_new_tokens,
         "temperature": cfg.temperature,
         "top_p": cfg.top_p,
@@ -316,25 +165,19 @@ def run_eval(cfg: EvalConfig) -> Path:
         "mode": cfg.mode,
         "tree": {"topk": cfg.topk, "num_draft_tokens": cfg.num_draft_tokens},
         "tau_definition": TAU_NOTE,
-        "speedup_interval_definition": "90% paired bootstrap over prompts of (tokens/s) / (plain tokens/s)",
+        "speedup_interval_definition": f"{INTERVAL} of (tokens/s) / (plain tokens/s)",
         "target": ident.as_dict(),
         "heads": per_head,
         "baselines": {"plain": plain_s, "generate": gen_s},
     }
     if len(heads) > 1:
-        report["comparison"] = compare_heads(per_head, lanes, decoders, modes, main_label)
-    if not greedy and cfg.sampling_check > 0:
-        from .losslessness import sampling_check
-
+        report["comparison"] = compare_heads(per_head, run, modes, main_label)
+    if cfg.temperature > 0 and cfg.sampling_check > 0:
         dec = decoders[(main_label, modes[0])]
-        log(f"sampling check: {cfg.sampling_check} speculative vs plain draws on {first_turns[0][0]}")
         report["sampling_check"] = {
             "head": main_label,
             "mode": modes[0],
-            "prompt": first_turns[0][0],
-            **sampling_check(
-                target, dec, first_turns[0][1], eos, cfg.sampling_check, 4, cfg.temperature, cfg.top_p, cfg.seed
-            ),
+            **_sampling_check(cfg, target, dec, first_turns[0], eos),
         }
     if cfg.sweep:
         from .sweep import run_sweep
@@ -356,85 +199,71 @@ def run_eval(cfg: EvalConfig) -> Path:
         )
         report["recommended"] = {**report["sweep"]["recommended"], "from": "sweep (measured runs per configuration)"}
     else:
-        measured = [
-            {"name": f"{mode} {per_head[main_label][mode]['config']}", **per_head[main_label][mode]["config"],
-             "tokens": _per_unit(lanes[(main_label, mode)].results)[0],
-             "seconds": _per_unit(lanes[(main_label, mode)].results)[1]}
-            for mode in modes
-        ]  # fmt: skip
-        rec = choose_config(measured, _per_unit(plain), cfg.tie_tolerance)["recommended"]
-        report["recommended"] = {
-            **rec,
-            "from": f"the configurations this run measured ({', '.join(modes)}); --sweep compares every depth",
-        }
+        report["recommended"] = recommend_measured(cfg, run, main_label, modes)
+    _write(cfg, out, report, ident, heads)
+    return out
+
+
+def _context_check(cfg: EvalConfig, target_config) -> Callable[[str, list[int]], list[int]]:
+    """`fits(unit id, prompt ids)`: the ids, or a UsageError when prompt + new tokens + the draft
+    window would run past the target's context."""
+    ctx = int(getattr(target_config, "max_position_embeddings", 0) or 0)
+    window = max(cfg.depth, cfg.num_draft_tokens) + 1
+
+    def fits(uid: str, ids: list[int]) -> list[int]:
+        need = len(ids) + cfg.max_new_tokens + window
+        if ctx and need > ctx:
+            raise UsageError(
+                f"{uid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and the draft "
+                f"window it needs {need} positions, the target has {ctx}",
+                "prompts + new tokens within the target's context",
+                "lower --max-new-tokens, use shorter prompts" + (" or --turns first" if cfg.turns == "all" else ""),
+            )
+        return ids
+
+    return fits
+
+
+def _decoder(cfg: EvalConfig, target, draft, aux_layer_ids, mode: str, eos: set[int]) -> SpeculativeDecoder:
+    return SpeculativeDecoder(
+        target,
+        draft,
+        aux_layer_ids,
+        mode=mode,
+        depth=cfg.depth,
+        topk=cfg.topk,
+        num_draft_tokens=cfg.num_draft_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        eos=eos,
+    )
+
+
+def _sampling_check(cfg: EvalConfig, target, decoder, prompt: tuple[str, list[int]], eos: set[int]) -> dict:
+    """T > 0: speculative vs plain sampling draws on the first prompt, compared per position."""
+    from .losslessness import sampling_check
+
+    log(f"sampling check: {cfg.sampling_check} speculative vs plain draws on {prompt[0]}")
+    draws = sampling_check(target, decoder, prompt[1], eos, cfg.sampling_check, 4, cfg.temperature, cfg.top_p, cfg.seed)
+    return {"prompt": prompt[0], **draws}
+
+
+def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None:
     from .report import plot, print_report
 
     out.mkdir(parents=True, exist_ok=True)
     if plotting():
-        plot(out / "acceptance.png", report, f"{cfg.bench}, {len(units)} prompts, T={cfg.temperature}")
+        plot(out / "acceptance.png", report, f"{cfg.bench}, {report['units']} prompts, T={cfg.temperature}")
     atomic_write_json(out / "report.json", report)
     print_report(report)
+    plain = report["baselines"]["plain"]
     write_manifest(
         out,
         "eval",
         config=config_dict(cfg),
         target=ident.as_dict(),
         heads=[spec.summary() for _, _, spec in heads],
-        counts={"prompts": len(convs), "units": len(units), "plain_tokens": plain_s["tokens"]},
+        counts={"prompts": report["num_prompts"], "units": report["units"], "plain_tokens": plain["tokens"]},
         files=["report.json", "acceptance.png"],
     )
     log(f"eval: wrote {out / 'report.json'} and {out / 'acceptance.png'}")
-    return out
-
-
-def _lossless(results: list[DecodeResult], mism: list[dict], greedy: bool) -> dict:
-    if greedy:
-        return {"compared": len(results), "mismatches": len(mism), "examples": mism[:5]}
-    return {
-        "compared": 0,
-        "note": "sampling: outputs are distributed as the target's by the per-token rejection rule; "
-        "see sampling_check for the measured comparison with plain sampling",
-    }
-
-
-def compare_heads(per_head: dict, lanes: dict, decoders: dict, modes: list[str], main: str) -> dict:
-    """Every head against the first, per mode, on the same prompts: tau ratio with a paired
-    bootstrap interval over prompts, and how many prompts each head accepted more on."""
-    out = {"reference": main, "interval": "90% paired bootstrap over prompts", "modes": {}}
-    for mode in modes:
-        ref = lanes[(main, mode)].results
-        rows = []
-        for label in per_head:
-            if (label, mode) not in decoders:
-                continue
-            res = lanes[(label, mode)].results
-            ratio = bootstrap_ratio(_tau_pairs(res), _tau_pairs(ref))
-            taus = [(sum(r.accept_lens) + r.rounds) / r.rounds if r.rounds else 1.0 for r in res]
-            ref_taus = [(sum(r.accept_lens) + r.rounds) / r.rounds if r.rounds else 1.0 for r in ref]
-            st = per_head[label][mode]
-            row = {
-                "head": label,
-                "layout": per_head[label]["head"]["layout"],
-                "tau": st["acceptance"]["tau"],
-                "tau_interval": st["acceptance"]["tau_interval"],
-                "speedup_vs_plain": st["speedup_vs_plain"],
-                "tau_ratio_vs_reference": round(ratio["value"], 4),
-                "tau_ratio_interval": _ci(ratio),
-                "prompts_better_worse_equal": [
-                    sum(a > b for a, b in zip(taus, ref_taus)),
-                    sum(a < b for a, b in zip(taus, ref_taus)),
-                    sum(a == b for a, b in zip(taus, ref_taus)),
-                ],
-            }
-            if label != main:
-                lo, hi = ratio["low"], ratio["high"]
-                row["verdict"] = (
-                    f"higher tau than {main}"
-                    if lo > 1
-                    else f"lower tau than {main}"
-                    if hi < 1
-                    else "no significant difference"
-                )
-            rows.append(row)
-        out["modes"][mode] = rows
-    return out

@@ -98,6 +98,51 @@ def run_sweep(
         )
         for c in cands
     }
+    m = _measure(target, decoders, prompts, eos, max_new_tokens, repeats, temperature, top_p, seed)
+    tokens, seconds, accepts, outputs = m.tokens, m.seconds, m.accepts, m.outputs
+    names, n = ["plain", *decoders], len(prompts)
+    mismatches = {k: sum(outputs[k][p] != outputs["plain"][p] for p in range(n)) for k in decoders}
+    median = {k: [statistics.median(seconds[k][p]) for p in range(n)] for k in names}
+    plain = (tokens["plain"], median["plain"])
+    choice = choose_config(
+        [{"name": c.name, **c.as_dict(), "tokens": tokens[c.name], "seconds": median[c.name]} for c in cands],
+        plain,
+        tolerance,
+    )
+    by_name = {row["name"]: row for row in choice["candidates"]}
+    chain_d = f"chain d={depth}"
+    estimate = acceptance_by_depth([a for p in accepts[chain_d] for a in p], depth)["tau_by_depth_estimate"]
+    rows = [_row(c, m, by_name[c.name], estimate, temperature, mismatches[c.name]) for c in cands]
+    return {
+        "prompts": [pid for pid, _ in prompts],
+        "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
+        "timing": "per prompt: median seconds over repeats; order of configurations rotated per prompt and repeat",
+        "speedup_definition": "tokens/s of the configuration / tokens/s of plain decoding, same prompts, same process",
+        "interval": "90% paired bootstrap over prompts",
+        "estimate_note": ESTIMATE_NOTE,
+        "plain_tokens_per_s": sum(tokens["plain"]) / sum(median["plain"]),
+        "configurations": rows,
+        "recommended": choice["recommended"],
+    }
+
+
+@dataclass
+class Measured:
+    """Per decoder name ("plain" or a configuration) and prompt: tokens and outputs of the first
+    repeat, seconds of every repeat, accept lengths per verification round."""
+
+    tokens: dict[str, list[int]]
+    seconds: dict[str, list[list[float]]]
+    accepts: dict[str, list[list[int]]]
+    outputs: dict[str, list[list[int]]]
+
+
+def _measure(
+    target, decoders: dict, prompts, eos: set[int], max_new_tokens: int, repeats: int, temperature, top_p, seed
+) -> Measured:
+    """Every configuration and plain decoding on every prompt, `repeats` times, the order of
+    configurations rotated per prompt and repeat so that a slow moment of the machine is shared."""
     names = ["plain", *decoders]
     n = len(prompts)
     seconds = {k: [[0.0] * repeats for _ in range(n)] for k in names}
@@ -115,7 +160,7 @@ def run_sweep(
     for name in names:  # first calls allocate and pick kernels: keep them out of the timings
         run(name, 0, warm)
     log(
-        f"sweep: {len(cands)} configurations + plain, {n} prompts x {repeats} repeats, "
+        f"sweep: {len(decoders)} configurations + plain, {n} prompts x {repeats} repeats, "
         f"{max_new_tokens} new tokens, interleaved"
     )
     with progress("sweep", total=repeats * n, unit="prompt") as bar:
@@ -131,58 +176,37 @@ def run_sweep(
                         if name != "plain":
                             accepts[name][p] = list(res.accept_lens)
                 bar.advance(1)
-    mismatches = {k: sum(outputs[k][p] != outputs["plain"][p] for p in range(n)) for k in decoders}
-    median = {k: [statistics.median(seconds[k][p]) for p in range(n)] for k in names}
-    plain = (tokens["plain"], median["plain"])
-    choice = choose_config(
-        [{"name": c.name, **c.as_dict(), "tokens": tokens[c.name], "seconds": median[c.name]} for c in cands],
-        plain,
-        tolerance,
-    )
-    by_name = {row["name"]: row for row in choice["candidates"]}
-    chain_d = f"chain d={depth}"
-    estimate = acceptance_by_depth([a for p in accepts[chain_d] for a in p], depth)["tau_by_depth_estimate"]
-    rows = []
-    for c in cands:
-        flat = [a for p in accepts[c.name] for a in p]
-        per_repeat = []
-        for r in range(repeats):
-            spec_rate = sum(tokens[c.name]) / sum(seconds[c.name][p][r] for p in range(n))
-            plain_rate = sum(tokens["plain"]) / sum(seconds["plain"][p][r] for p in range(n))
-            per_repeat.append(round(spec_rate / plain_rate, 4))
-        row = {
-            "name": c.name,
-            "mode": c.mode,
-            **c.as_dict(),
-            "tau": tau_of(flat),
-            "tau_interval": _tau_interval(accepts[c.name]),
-            "rounds": len(flat),
-            "speedup": round(by_name[c.name]["speedup"]["value"], 4),
-            "speedup_interval": [
-                round(by_name[c.name]["speedup"]["low"], 4),
-                round(by_name[c.name]["speedup"]["high"], 4),
-            ],
-            "speedup_per_repeat": per_repeat,
-            "vs_best": round(by_name[c.name]["vs_best"]["value"], 4),
-            "tied_with_best": by_name[c.name]["tied_with_best"],
-            "greedy_mismatches": mismatches[c.name] if temperature <= 0 else None,
-        }
-        if c.mode == "chain":
-            row["tau_estimate_from_depth_D"] = estimate[c.steps]
-            row["tau_error"] = estimate[c.steps] - row["tau"]  # estimate minus measured
-        rows.append(row)
-    return {
-        "prompts": [pid for pid, _ in prompts],
-        "max_new_tokens": max_new_tokens,
-        "repeats": repeats,
-        "timing": "per prompt: median seconds over repeats; order of configurations rotated per prompt and repeat",
-        "speedup_definition": "tokens/s of the configuration / tokens/s of plain decoding, same prompts, same process",
-        "interval": "90% paired bootstrap over prompts",
-        "estimate_note": ESTIMATE_NOTE,
-        "plain_tokens_per_s": sum(tokens["plain"]) / sum(median["plain"]),
-        "configurations": rows,
-        "recommended": choice["recommended"],
+    return Measured(tokens, seconds, accepts, outputs)
+
+
+def _row(c, m: Measured, choice_row: dict, estimate: list[float], temperature: float, mismatches: int) -> dict:
+    """One configuration's line of the sweep report."""
+    n, repeats = len(m.tokens["plain"]), len(m.seconds["plain"][0])
+    flat = [a for p in m.accepts[c.name] for a in p]
+    per_repeat = []
+    for r in range(repeats):
+        spec_rate = sum(m.tokens[c.name]) / sum(m.seconds[c.name][p][r] for p in range(n))
+        plain_rate = sum(m.tokens["plain"]) / sum(m.seconds["plain"][p][r] for p in range(n))
+        per_repeat.append(round(spec_rate / plain_rate, 4))
+    sp = choice_row["speedup"]
+    row = {
+        "name": c.name,
+        "mode": c.mode,
+        **c.as_dict(),
+        "tau": tau_of(flat),
+        "tau_interval": _tau_interval(m.accepts[c.name]),
+        "rounds": len(flat),
+        "speedup": round(sp["value"], 4),
+        "speedup_interval": [round(sp["low"], 4), round(sp["high"], 4)],
+        "speedup_per_repeat": per_repeat,
+        "vs_best": round(choice_row["vs_best"]["value"], 4),
+        "tied_with_best": choice_row["tied_with_best"],
+        "greedy_mismatches": mismatches if temperature <= 0 else None,
     }
+    if c.mode == "chain":
+        row["tau_estimate_from_depth_D"] = estimate[c.steps]
+        row["tau_error"] = estimate[c.steps] - row["tau"]  # estimate minus measured
+    return row
 
 
 def _tau_interval(per_prompt: list[list[int]]) -> list[float]:

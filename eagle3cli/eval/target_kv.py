@@ -47,11 +47,13 @@ class _SlotLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
+        keys, values = self.keys, self.values
+        assert keys is not None and values is not None  # allocated by lazy_initialization
         s = self.owner.start
         e = s + key_states.shape[-2]
-        self.keys[:, :, s:e] = key_states
-        self.values[:, :, s:e] = value_states
-        return self.keys[:, :, :e], self.values[:, :, :e]
+        keys[:, :, s:e] = key_states
+        values[:, :, s:e] = value_states
+        return keys[:, :, :e], values[:, :, :e]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         return self.owner.start + query_length, 0
@@ -79,7 +81,8 @@ class TargetKV(Cache):
             )
         self.max_len = int(max_len)
         self.start = 0
-        super().__init__(layers=[_SlotLayer(self) for _ in types])
+        self.slot_layers = [_SlotLayer(self) for _ in types]
+        super().__init__(layers=[*self.slot_layers])
         # the mask each kind of layer needs: None = full attention, else its window
         windows = {t: kw.get("sliding_window") for t, kw in zip(types, kwargs)}
         named = getattr(config, "layer_types", None)
@@ -123,7 +126,7 @@ class TargetKV(Cache):
         if rows == list(range(len(rows))):
             return
         src = torch.tensor(rows, device=self.positions.device) + start
-        for layer in self.layers:
-            if layer.is_initialized:
+        for layer in self.slot_layers:
+            if layer.keys is not None and layer.values is not None:  # initialised
                 layer.keys[:, :, start : start + len(rows)] = layer.keys.index_select(2, src)
                 layer.values[:, :, start : start + len(rows)] = layer.values.index_select(2, src)

@@ -95,9 +95,10 @@ class DraftAttention(nn.Module):
     def __init__(self, config: LlamaConfig):
         super().__init__()
         h = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = getattr(config, "head_dim", None) or h // self.num_heads
+        self.num_heads: int = config.num_attention_heads
+        # LlamaConfig fills a missing num_key_value_heads with num_attention_heads (no GQA)
+        self.num_kv_heads: int = config.num_key_value_heads or self.num_heads
+        self.head_dim: int = getattr(config, "head_dim", None) or h // self.num_heads
         # No biases, whatever the target has: see draft_config_from_target (engines disagree on them).
         self.q_proj = nn.Linear(2 * h, self.num_heads * self.head_dim, bias=False)
         self.k_proj = nn.Linear(2 * h, self.num_kv_heads * self.head_dim, bias=False)
@@ -189,6 +190,9 @@ class DraftCache:
 
 
 class Eagle3Draft(nn.Module):
+    d2t: torch.Tensor  # buffer [draft_vocab]: target id = draft id + d2t[draft id]
+    t2d: torch.Tensor  # buffer [target vocab] bool: in the draft vocab
+
     def __init__(self, config: LlamaConfig):
         super().__init__()
         self.config = config
@@ -214,6 +218,10 @@ class Eagle3Draft(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocab logits from the pre-norm hidden state the layer returns."""
+        if torch.is_grad_enabled():
+            # Training calls this outside any forward: module calls let ZeRO-3 gather the
+            # partitioned norm and lm_head weights (a bare `.weight` is an empty shard there).
+            return self.lm_head(self.norm(hidden))
         return F.linear(_rms(hidden, self.norm), self.lm_head.weight)
 
     def project(self, hidden: torch.Tensor, from_target: bool) -> torch.Tensor:
@@ -314,7 +322,8 @@ class Eagle3Draft(nn.Module):
         scale = 1.0 / math.sqrt(attn.head_dim)
         causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
         hidden = self.fc(aux_hidden)
-        k0 = v0 = None
+        k0: torch.Tensor | None = None
+        v0: torch.Tensor | None = None
         diag_k: list[torch.Tensor] = []
         diag_v: list[torch.Tensor] = []
         for k in range(steps):
@@ -323,7 +332,7 @@ class Eagle3Draft(nn.Module):
             x = layer.attn_input(embeds, hidden)
             cos, sin = self._rope(x, position_ids + k)
             q, kk, vv = attn.qkv(x, cos, sin)
-            if k == 0:
+            if k0 is None or v0 is None:  # step 0: the keys every later step attends to
                 k0, v0 = attn.expand_kv(kk), attn.expand_kv(vv)
             else:
                 diag_k.append(attn.expand_kv(kk))

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import UsageError
-from ..manifest import atomic_write_json, read_json, shard_record, write_manifest
+from ..manifest import atomic_write, atomic_write_json, read_json, shard_record, write_manifest
 from .draft import Eagle3Draft
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
@@ -99,9 +99,7 @@ def save_head(
         # the engine tables (model.engines) decide by the target's class; later exports may lack the target
         extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
-    tmp = out_dir / f".{HEAD_WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out_dir / HEAD_WEIGHTS)
+    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
     write_manifest(
         out_dir,
@@ -182,24 +180,6 @@ def init_draft_from_weights(
         draft.lm_head.weight.copy_(lm_head[target_ids.to(lm_head.device)].to(draft.lm_head.weight))
     if norm is not None and norm.shape == draft.norm.weight.shape:
         draft.norm.weight.copy_(norm.to(draft.norm.weight) + norm_offset)
-
-
-def init_draft_from_target(
-    draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None
-) -> None:
-    """`init_draft_from_weights` with the tensors of a loaded target model (its final norm's
-    effective scale measured, so any norm convention is right)."""
-    from .target import final_norm_scale
-
-    has_norm = getattr(getattr(target_model, "model", None), "norm", None) is not None
-    init_draft_from_weights(
-        draft,
-        target_model.get_input_embeddings().weight,
-        target_model.get_output_embeddings().weight,
-        final_norm_scale(target_model) if has_norm else None,
-        d2t,
-        t2d,
-    )
 
 
 @torch.no_grad()
@@ -341,9 +321,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
         cfg = _speculators_config(cfg, num_speculative_tokens)
-    tmp = out_dir / f".{HEAD_WEIGHTS}.tmp"
-    save_file(tensors, str(tmp), metadata={"format": "pt"})
-    tmp.replace(out_dir / HEAD_WEIGHTS)
+    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
     atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,

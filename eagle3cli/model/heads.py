@@ -23,20 +23,23 @@ and vLLM do (a head's own `embed_tokens` is ignored by both engines).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..errors import UsageError
+from ..manifest import read_json_object
+
+if TYPE_CHECKING:
+    from .draft import Eagle3Draft
 
 HEAD_WEIGHTS = "model.safetensors"
 HEAD_ARCH = "LlamaForCausalLMEagle3"
 # vLLM registers both names for the same class.
 HEAD_ARCHS = (HEAD_ARCH, "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCH = "Eagle3Speculator"
-LAYOUTS = ("eagle3", "sglang", "vllm", "speculators")
 # The draft's parameters, named as the engines map them; embeddings are the target's.
 HEAD_TENSOR_NAMES = (
     "fc.weight",
@@ -243,14 +246,20 @@ class HeadSpec:
         }
 
 
+def head_file(head_dir: Path, name: str) -> Path:
+    """`head_dir/name`, or the error saying what a head folder holds and how one is made."""
+    path = Path(head_dir) / name
+    if not path.exists():
+        raise UsageError(
+            f"{path} does not exist",
+            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
+            "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
+        )
+    return path
+
+
 def read_config_json(path: Path) -> dict:
-    try:
-        cfg = json.loads(Path(path).read_text())
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path} is not valid JSON ({e})", "a head config.json", NEXT) from e
-    if not isinstance(cfg, dict):
-        raise UsageError(f"{path} is not a JSON object", "a head config.json", NEXT)
-    return cfg
+    return read_json_object(path, "a head config.json", NEXT)
 
 
 def detect_layout(cfg: dict) -> str:
@@ -286,14 +295,7 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     """Understand a head folder from its config and safetensors header; refuse what we cannot run."""
     head_dir = Path(head_dir)
     where = f"head {head_dir}"
-    cfg_path, w_path = head_dir / "config.json", head_dir / HEAD_WEIGHTS
-    for p in (cfg_path, w_path):
-        if not p.exists():
-            raise UsageError(
-                f"{p} does not exist",
-                "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
-                "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
-            )
+    cfg_path, w_path = head_file(head_dir, "config.json"), head_file(head_dir, HEAD_WEIGHTS)
     cfg = read_config_json(cfg_path)
     layout = detect_layout(cfg)
     problems: list[str] = []
@@ -413,7 +415,7 @@ def draft_config(spec: HeadSpec):
     return llama
 
 
-def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | None = None):
+def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
@@ -462,7 +464,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     return draft.eval()
 
 
-def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None):
+def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, HeadSpec]:
     """(draft, spec) for a head of any layout; with a target, its layer count and embeddings."""
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
     spec = read_head(head_dir, n_layers)

@@ -24,24 +24,26 @@ class GrowingLayer(DynamicLayer):
             self.lazy_initialization(key_states, value_states)
         n = key_states.shape[-2]
         filled = self.get_seq_length()
-        if self._buf_k is None or filled + n > self._buf_k.shape[-2]:
-            self._grow(key_states, value_states, filled, max(2 * (filled + n), 64))
-        self._buf_k[:, :, filled : filled + n] = key_states
-        self._buf_v[:, :, filled : filled + n] = value_states
-        self.keys = self._buf_k[:, :, : filled + n]
-        self.values = self._buf_v[:, :, : filled + n]
-        return self.keys, self.values
+        buf_k, buf_v = self._buf_k, self._buf_v
+        if buf_k is None or buf_v is None or filled + n > buf_k.shape[-2]:
+            buf_k, buf_v = self._grow(key_states, value_states, filled, max(2 * (filled + n), 64))
+        buf_k[:, :, filled : filled + n] = key_states
+        buf_v[:, :, filled : filled + n] = value_states
+        keys, values = buf_k[:, :, : filled + n], buf_v[:, :, : filled + n]
+        self.keys, self.values = keys, values
+        return keys, values
 
-    def _grow(self, k: torch.Tensor, v: torch.Tensor, filled: int, capacity: int) -> None:
+    def _grow(self, k: torch.Tensor, v: torch.Tensor, filled: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         new_k = k.new_empty(*k.shape[:2], capacity, k.shape[-1])
         new_v = v.new_empty(*v.shape[:2], capacity, v.shape[-1])
-        if filled:
+        if filled and self.keys is not None and self.values is not None:
             new_k[:, :, :filled] = self.keys
             new_v[:, :, :filled] = self.values
         self._buf_k, self._buf_v = new_k, new_v
+        return new_k, new_v
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self._buf_k is not None:
+        if self._buf_k is not None and self._buf_v is not None:
             filled = self.get_seq_length()
             self._buf_k, self._buf_v = self._buf_k[indices], self._buf_v[indices]
             self.keys, self.values = self._buf_k[:, :, :filled], self._buf_v[:, :, :filled]

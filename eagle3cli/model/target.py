@@ -7,7 +7,7 @@ pre-hooks on exactly those layers, so no other layer's states are kept and the l
 (a 128k-wide matmul on real targets) is skipped unless logits are asked for.
 
 Family facts live here too: `target_logits` (lm_head + the family's logit processing, e.g.
-Gemma-2 softcapping), `final_norm_offset`/`final_norm_scale` (Gemma's (1 + w) norms).
+Gemma-2 softcapping), `final_norm_offset` (Gemma's (1 + w) norms).
 """
 
 from __future__ import annotations
@@ -104,6 +104,17 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
+def eos_token_ids(model, tokenizer=None) -> set[int]:
+    """Every id that ends a turn: the generation config's, the model config's and the tokenizer's
+    (instruct models often list several, e.g. Llama 3's <|eot_id|> and <|end_of_text|>)."""
+    ids: set[int] = set()
+    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
+        eos = getattr(src, "eos_token_id", None) if src is not None else None
+        if eos is not None:
+            ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]))
+    return ids
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -126,7 +137,9 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
     hf_logging.disable_progress_bar()
     path = resolve_model_path(name_or_path)
     dev = pick_device(device)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype)).to(dev).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype))
+    # transformers types `to` through a decorator whose signature mypy reads as (model) -> model
+    model = model.to(dev).eval()  # type: ignore[arg-type]
     for p in model.parameters():
         p.requires_grad_(False)
     return model, load_tokenizer(path), path
@@ -135,7 +148,8 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
 # ---------------------------------------------------------------- family facts
 # Families whose RMSNorm multiplies by (1 + weight): their checkpoints store the weight
 # zero-centred (Gemma initialises it to 0). Copied into a Llama RMSNorm (x * weight) as is, the
-# draft's final norm would zero the logits. `final_norm_scale` measures the loaded module instead.
+# draft's final norm would zero the logits; `final_norm_offset` says what to add (tests check it
+# against the scale the loaded module applies).
 ZERO_CENTRED_NORM_TYPES = frozenset(
     "gemma gemma2 gemma3 gemma3_text recurrent_gemma vaultgemma qwen3_next qwen3_5 qwen3_5_text "
     "qwen3_5_moe qwen3_5_moe_text".split()
@@ -154,16 +168,6 @@ def _field(config, key: str):
 def final_norm_offset(config) -> float:
     """What to add to the target's stored final-norm weight to get its effective scale."""
     return 1.0 if _field(config, "model_type") in ZERO_CENTRED_NORM_TYPES else 0.0
-
-
-@torch.no_grad()
-def final_norm_scale(model) -> torch.Tensor:
-    """The effective per-channel scale of the loaded target's final norm, measured: on a constant
-    vector of RMS 1e3 (eps is then negligible) an RMSNorm returns exactly its scale."""
-    import copy
-
-    norm = copy.deepcopy(model.model.norm).float().cpu()
-    return norm(torch.full((1, norm.weight.shape[0]), 1e3))[0]
 
 
 @dataclass(frozen=True)
@@ -269,7 +273,7 @@ class AuxCapture:
     def __init__(self, model, aux_layer_ids: tuple[int, ...]):
         self.model, self.ids = model, tuple(aux_layer_ids)
         self.states: dict[int, torch.Tensor] = {}
-        self._handles = []
+        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
     def __enter__(self) -> AuxCapture:
         layers = decoder_layers(self.model)

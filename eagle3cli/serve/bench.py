@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
 from ..extras import plotting
-from ..manifest import atomic_write_json, write_manifest
+from ..manifest import atomic_write, atomic_write_json, write_manifest
 from .config import BenchConfig
 
 DEFAULT_PROMPTS = "mt_bench"
@@ -67,7 +67,7 @@ def load_prompts(spec: str | Path | None) -> list[list[dict]]:
     return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
 
 
-def render_payloads(prompts: list[list[dict]], api: str, target: Path | None) -> list:
+def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | None) -> list:
     """What each request carries: for /generate the token ids of the prompt rendered with the
     target's chat template (exactly what `eagle3 eval --endpoint` sends); for the OpenAI API the
     messages (the server applies its own template)."""
@@ -76,6 +76,7 @@ def render_payloads(prompts: list[list[dict]], api: str, target: Path | None) ->
     from ..eval.endpoint import generate_body
     from ..model.target import load_tokenizer, resolve_model_path
 
+    assert target is not None  # BenchConfig.validate(): --api generate needs --target
     tok = load_tokenizer(resolve_model_path(target))
     return [generate_body(tok, m, {})["input_ids"] for m in prompts]
 
@@ -151,8 +152,8 @@ async def _server_accept_length(client: httpx.AsyncClient, url: str) -> float | 
         except json.JSONDecodeError:
             continue
         states = info.get("internal_states") or [info]
-        vals = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
-        vals = [float(v) for v in vals if isinstance(v, (int, float))]
+        found = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
+        vals = [float(v) for v in found if isinstance(v, (int, float))]
         if vals:
             return sum(vals) / len(vals)
     return None
@@ -206,7 +207,7 @@ async def run_level(
     good = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in good)
     verified = [r for r in good if r.verify_ct]
-    acc = (sum(r.completion_tokens for r in verified) / sum(r.verify_ct for r in verified)) if verified else None
+    acc = (sum(r.completion_tokens for r in verified) / sum(r.verify_ct or 0 for r in verified)) if verified else None
     if acc is None:
         reported = [r.accept_length for r in good if r.accept_length is not None]
         acc = sum(reported) / len(reported) if reported else None
@@ -273,10 +274,8 @@ def plot(levels: list[LevelResult], speedup: dict[int, float], path: Path) -> No
         title="speed-up" if speedup else "speed-up (no baseline given)",
     )
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
     plt.close(fig)
-    tmp.replace(path)
 
 
 def _fmt(v, digits=3):
@@ -285,6 +284,7 @@ def _fmt(v, digits=3):
 
 def run_bench(cfg: BenchConfig) -> Path:
     """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
+    assert cfg.spec_url is not None  # validate() requires --spec-url
     prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
     if cfg.base_url:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from .problems import Problem, error
 
 SGLANG_MODULE = "sglang.launch_server"
 
@@ -84,15 +85,59 @@ def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, 
     return SGLANG_DEFAULTS
 
 
-def sglang_command(
-    target: Path | str,
-    head: Path | str,
-    spec: SpecNumbers,
-    host: str,
-    port: int,
-    extra: list[str] | tuple[str, ...] = (),
-    python: str | None = None,
-) -> list[str]:
+# ---------------------------------------------------------------- speculation numbers
+def check_spec_flags(steps: int | None, topk: int | None, draft_tokens: int | None) -> list[Problem]:
+    """The user gives all three of --steps/--topk/--draft-tokens, or none."""
+    given = {"--steps": steps, "--topk": topk, "--draft-tokens": draft_tokens}
+    named = [k for k, v in given.items() if v is not None]
+    if named and len(named) != 3:
+        missing = [k for k, v in given.items() if v is None]
+        return [
+            error(
+                f"{', '.join(named)} given without {', '.join(missing)}: SGLang fills the rest from its own "
+                f"per-model defaults, which may not fit yours",
+                "give all three (--steps S --topk K --draft-tokens N), none, or --from-eval runs/NAME/eval",
+            )
+        ]
+    return []
+
+
+def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "sglang") -> list[Problem]:
+    """A combination the engine accepts and that means what it says."""
+    problems: list[Problem] = []
+    for flag, v, low in (("--steps", steps, 1), ("--topk", topk, 1), ("--draft-tokens", draft_tokens, 2)):
+        if not isinstance(v, int) or isinstance(v, bool) or v < low:
+            problems.append(error(f"{flag} is {v!r}; it must be an integer >= {low}", f"{flag} {max(low, 1) + 1}"))
+    if problems:
+        return problems
+    if draft_tokens > steps * topk + 1:
+        problems.append(
+            error(
+                f"--draft-tokens {draft_tokens} > steps*topk+1 = {steps * topk + 1}: the tree has "
+                f"only that many nodes (root included)",
+                f"--draft-tokens {steps * topk + 1} or more --steps/--topk",
+            )
+        )
+    if topk == 1 and draft_tokens != steps + 1:
+        problems.append(
+            error(
+                f"--topk 1 (a chain) with --draft-tokens {draft_tokens}: a chain of {steps} steps "
+                f"verifies exactly steps+1 = {steps + 1} tokens",
+                f"--draft-tokens {steps + 1}",
+            )
+        )
+    if engine == "vllm" and topk != 1:
+        problems.append(
+            error(
+                f"--topk {topk}: vLLM's eagle3 proposer drafts a chain (num_speculative_tokens = steps)",
+                f"--topk 1 --draft-tokens {steps + 1}",
+            )
+        )
+    return problems
+
+
+def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
+    """SGLang's launcher with the head and the speculation numbers (host, port and extra args follow)."""
     return [
         python or sys.executable,
         "-m",
@@ -109,49 +154,27 @@ def sglang_command(
         str(spec.topk),
         "--speculative-num-draft-tokens",
         str(spec.draft_tokens),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        *extra,
     ]
 
 
-def vllm_command(
-    target: Path | str,
-    head: Path | str,
-    spec: SpecNumbers,
-    host: str,
-    port: int,
-    extra: list[str] | tuple[str, ...] = (),
-    python: str | None = None,
-) -> list[str]:
+def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
+    """`vllm serve` with the head as its EAGLE-3 speculative config (host, port and extra args follow)."""
     spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
     # the `vllm` entry point of the engine's environment (beside its python), else the one on PATH
     vllm = str(Path(python).with_name("vllm")) if python else (shutil.which("vllm") or "vllm")
-    return [
-        vllm,
-        "serve",
-        str(target),
-        "--host",
-        host,
-        "--port",
-        str(port),
-        "--speculative-config",
-        json.dumps(spec_cfg),
-        *extra,
-    ]
+    return [vllm, "serve", str(target), "--speculative-config", json.dumps(spec_cfg)]
+
+
+ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command}
 
 
 def build_command(
     engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None
 ) -> list[str]:
     """The engine's command line; `python` is the interpreter of the engine's own environment."""
-    if engine == "sglang":
-        return sglang_command(target, head, spec, host, port, extra, python)
-    if engine == "vllm":
-        return vllm_command(target, head, spec, host, port, extra, python)
-    raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+    if engine not in ENGINE_COMMANDS:
+        raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+    return [*ENGINE_COMMANDS[engine](target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
 def format_command(argv: list[str]) -> str:

@@ -7,34 +7,45 @@ from rich.markup import escape
 from ..console import log, out, warn
 from ..errors import UsageError
 from ..model.target import resolve_model_path
-from . import preflight as pf
-from .commands import build_command, format_command, ready_request, resolve_spec, validate_sglang_argv
+from .commands import (
+    build_command,
+    check_spec_flags,
+    check_spec_numbers,
+    format_command,
+    ready_request,
+    resolve_spec,
+    validate_sglang_argv,
+)
 from .config import ServeConfig
 from .launch import launch
+from .machine import check_engine_installed, check_gpu, check_port
+from .preflight import check_head
+from .problems import Problem, raise_if_errors
 
 
-def serve_problems(cfg: ServeConfig, spec) -> list[pf.Problem]:
+def serve_problems(cfg: ServeConfig, spec) -> list[Problem]:
     """Every preflight check for this config (machine checks only when really launching)."""
+    assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
-    problems = pf.check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
-    problems += pf.check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
+    problems = check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
+    problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     if not cfg.dry_run:
-        problems += pf.check_engine_installed(cfg.engine, cfg.engine_python)
-        problems += pf.check_gpu(cfg.engine)
-        problems += pf.check_port(cfg.host, cfg.port)
+        problems += check_engine_installed(cfg.engine, cfg.engine_python)
+        problems += check_gpu(cfg.engine)
+        problems += check_port(cfg.host, cfg.port)
     return problems
 
 
 def run_serve(cfg: ServeConfig) -> int:
     """Returns the process exit code: 0 for a dry run, else the engine's."""
-    flag_problems = pf.check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
-    pf.raise_if_errors(flag_problems, "eagle3 serve --help")
+    flag_problems = check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
+    raise_if_errors(flag_problems, "eagle3 serve --help")
     spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval)
     problems = serve_problems(cfg, spec)
     for p in problems:
         if not p.is_error:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
-    pf.raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
+    raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
     argv = build_command(
         cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args), cfg.engine_python
     )
@@ -62,6 +73,6 @@ def run_serve(cfg: ServeConfig) -> int:
         cfg.host,
         cfg.port,
         health_timeout_s=cfg.health_timeout,
-        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, cfg.target),
+        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target)),
         log_prefix=cfg.engine,
     )

@@ -1,11 +1,18 @@
-"""`TrainConfig`: every knob of `eagle3 train`, one docstring line each (the flag's help)."""
+"""`TrainConfig`: every knob of `eagle3 train` (recipe section `train:`; flags override).
+
+Each field is one flag (eagle3cli/options.py): its docstring is the flag's help.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from ..config import flag
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
+TrainDtype = Literal["auto", "fp32", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -14,7 +21,7 @@ class TrainConfig:
     """Run folder: reads runs/NAME/cache (or data/ with --online), writes train/ and head/."""
     cache: Path | None = None
     """Cache folder (default RUN/cache)."""
-    online: bool = False
+    online: bool = flag(False, "--online/--offline")
     """Train from RUN/data conversations, running the target in-process (no cache)."""
     data: Path | None = None
     """gen-data folder for --online (default RUN/data)."""
@@ -25,7 +32,8 @@ class TrainConfig:
     step_weight: float = 0.8
     """Loss weight of TTT step k is step_weight**k."""
     aux_layers: str = "cache"
-    """Which aux layers: 'cache' (whatever the cache holds), 'default' [2, L//2, L-3], 'top' [L-1], or ids '2,4,5'."""
+    """Which aux layers: cache (whatever the cache holds), default [2, L//2, L-3], top [L-1], or ids 2,4,5
+    (must match the cache)."""
     draft_vocab_size: int = 32000
     """Draft vocab size for --online (offline, the cache's vocab is used)."""
     max_length: int = 2048
@@ -62,8 +70,8 @@ class TrainConfig:
     """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
     device: str | None = None
     """cpu, cuda, cuda:N (default: cuda if available)."""
-    dtype: str | None = None
-    """fp32 or bf16 (default: bf16 on GPU, fp32 on CPU)."""
+    dtype: TrainDtype = "auto"
+    """Head weights and autocast; auto = bf16 on GPU, fp32 on CPU."""
     deepspeed: str | None = None
     """zero1 | zero2 | zero3 | a DeepSpeed config JSON: launch through the deepspeed launcher."""
     nproc: int | None = None
@@ -79,6 +87,11 @@ class TrainConfig:
     compile: bool = False
     """torch.compile the TTT step (fuses its elementwise work: ~5x at SmolLM2's shape on CPU); the first
     steps pay a one-off compilation (a minute or two; on CPU it needs a C++ compiler)."""
+
+    @property
+    def run_dir(self) -> Path:
+        assert self.run is not None, "validate() requires --run"
+        return Path(self.run)
 
     def validate(self) -> list[str]:
         e = []
@@ -120,8 +133,6 @@ class TrainConfig:
                 [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
             except ValueError:
                 e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
-        if self.dtype not in (None, "auto", "fp32", "float32", "bf16", "bfloat16"):
-            e.append(f"--dtype {self.dtype!r}: expected fp32 or bf16")
         if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
             e.append(f"--nproc {self.nproc!r}: expected a positive integer")
         if self.master_port is not None and not (isinstance(self.master_port, int) and 0 < self.master_port < 65536):
@@ -135,4 +146,29 @@ class TrainConfig:
             if ds_only:
                 names = ", ".join("--" + f.replace("_", "-") for f in ds_only)
                 e.append(f"{names} need --deepspeed (zero1|zero2|zero3|CONFIG.json)")
+        return e
+
+
+ExportFormat = Literal["sglang", "vllm", "speculators"]
+
+
+@dataclass(frozen=True)
+class ExportConfig:
+    head: Path | None = None
+    """An exported head folder (RUN/head), or a head of any layout eval reads."""
+    format: ExportFormat = "sglang"
+    """The layout to write: sglang, vllm (both load eagle3's own names) or speculators (vLLM's speculators)."""
+    out: Path | None = None
+    """Output folder (a new one; not the head folder)."""
+    num_speculative_tokens: int = 7
+    """speculators: the proposal length written in its config."""
+
+    def validate(self) -> list[str]:
+        e = []
+        if self.head is None:
+            e.append("--head is required (e.g. runs/NAME/head)")
+        if self.out is None:
+            e.append("--out is required (a new folder, e.g. runs/NAME/head-speculators)")
+        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
+            e.append(f"--num-speculative-tokens {self.num_speculative_tokens!r}: expected an integer >= 1")
         return e

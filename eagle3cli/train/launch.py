@@ -10,7 +10,6 @@ picks its CPU accelerator (gloo/ccl); its first run JIT-builds a comm op (~80 s 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -20,6 +19,7 @@ import subprocess
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 import yaml
@@ -27,7 +27,7 @@ import yaml
 from .. import console
 from ..config import config_dict
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, atomic_write_text, read_json
+from ..manifest import atomic_write_json, atomic_write_text, read_json, read_json_object
 from .config import DEEPSPEED_PRESETS, TrainConfig
 
 # Sections whose values eagle3 sets from its own flags; "auto" in a user config means "take the flag".
@@ -39,27 +39,23 @@ _REFUSED = {
 }
 
 
+def preset_path(name: str) -> Path:
+    """The DeepSpeed config a preset name stands for (package data: works from a wheel too)."""
+    return Path(str(resources.files("eagle3cli.train") / "presets" / f"{name}.json"))
+
+
 def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
     """The resolved DeepSpeed config for a preset name or a JSON file, checked before any launch."""
     spec = cfg.deepspeed
-    if spec in DEEPSPEED_PRESETS:
-        user: dict = {"zero_optimization": {"stage": int(spec[-1])}}
-        if spec == "zero3":
-            user["zero_optimization"].update(stage3_gather_16bit_weights_on_model_save=True)
-    else:
-        path = Path(str(spec))
-        if not path.is_file():
-            raise UsageError(
-                f"--deepspeed {spec!r} is neither a preset nor a file",
-                f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
-                "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
-            )
-        try:
-            user = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise UsageError(f"DeepSpeed config {path} is not valid JSON: {e}", "a JSON object") from e
-        if not isinstance(user, dict):
-            raise UsageError(f"DeepSpeed config {path} must be a JSON object, got {type(user).__name__}")
+    # a preset is a config file shipped in the package: eagle3cli/train/presets/NAME.json
+    path = preset_path(spec) if spec in DEEPSPEED_PRESETS else Path(str(spec))
+    if not path.is_file():
+        raise UsageError(
+            f"--deepspeed {spec!r} is neither a preset nor a file",
+            f"one of {', '.join(DEEPSPEED_PRESETS)} or a DeepSpeed config JSON",
+            "eagle3 train --run runs/NAME --deepspeed zero2 --nproc 2",
+        )
+    user = read_json_object(path, "a DeepSpeed config (a JSON object)", "start from a preset: --deepspeed zero2")
     problems = [
         f"'{k}' is set by {why}"
         for k, why in _REFUSED.items()
@@ -255,6 +251,7 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
     if plan.master_addr:
         cmd += ["--master_addr", plan.master_addr]
     if plan.multi_node:
+        assert cfg.hostfile is not None  # a multi-node plan comes from a hostfile
         cmd += ["--hostfile", str(Path(cfg.hostfile).resolve())]
         if cfg.nproc is not None:
             cmd += ["--num_gpus", str(cfg.nproc)]
@@ -265,9 +262,9 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
 
 def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
-    from ..model.target import pick_device, pick_dtype
+    from ..model.target import pick_device
 
-    run_dir = Path(cfg.run)
+    run_dir = cfg.run_dir
     train_dir = run_dir / "train"
     cache_dir = cfg.cache or run_dir / "cache"
     if not cfg.online and not (Path(cache_dir) / "manifest.json").exists():
@@ -278,12 +275,8 @@ def launch(cfg: TrainConfig) -> Path:
         raise UsageError(f"--hostfile {cfg.hostfile} does not exist", "an MPI-style hostfile (host slots=N)")
     plan_processes(cfg)  # a bad hostfile fails before anything is written
     device = pick_device(cfg.device)
-    ds = deepspeed_config(
-        cfg,
-        bf16=pick_dtype(device, cfg.dtype).is_floating_point
-        and device.type == "cuda"
-        and cfg.dtype not in ("fp32", "float32"),
-    )
+    # DeepSpeed's bf16 mode on GPUs only; on CPU a bf16 run autocasts (train/loop.py)
+    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and cfg.dtype != "fp32")
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise UsageError("the `deepspeed` launcher is not on PATH", "pip install deepspeed", "eagle3 doctor")
@@ -366,7 +359,8 @@ def deepspeed_engine(draft, optimizer, scheduler, cfg: TrainConfig, train_dir: P
     """(engine, optimizer, scheduler) on this rank; the config file is the launcher's resolved one."""
     import deepspeed
 
-    ds = read_json(Path(cfg.deepspeed)) if Path(str(cfg.deepspeed)).is_file() else deepspeed_config(cfg, bf16)
+    resolved = Path(str(cfg.deepspeed))  # the launcher's ranks get the resolved config file
+    ds = read_json(resolved) if resolved.is_file() else deepspeed_config(cfg, bf16)
     deepspeed.init_distributed(dist_backend=None)
     engine, opt, _, sched = deepspeed.initialize(
         model=draft,

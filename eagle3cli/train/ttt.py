@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..cache.vocab import target_to_draft_index
 from ..model.target import LogitSpec, apply_logit_spec
 
 
@@ -33,13 +34,6 @@ class Teacher:
         if r < 0:
             raise IndexError(f"teacher row ({b}, {t}) was not computed (not a counted position)")
         return self.probs[r]
-
-
-def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
-    """LongTensor[target_vocab]: the draft id of each target id, -1 outside the draft vocab."""
-    index = torch.full((target_vocab,), -1, dtype=torch.long, device=d2t.device)
-    index[torch.arange(len(d2t), device=d2t.device) + d2t] = torch.arange(len(d2t), device=d2t.device)
-    return index
 
 
 def needed_rows(valid: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
@@ -94,11 +88,11 @@ def teacher_from_hidden(
     dtype = compute_dtype or lm_head_weight.dtype
     head = lm_head_weight.index_select(0, torch.arange(len(d2t), device=d2t.device) + d2t).to(dtype)
     hidden = last_hidden[need]
-    probs = [
+    chunks = [
         torch.softmax(apply_logit_spec(torch.matmul(hidden[s : s + rows].to(dtype), head.t()).float(), spec), dim=-1)
         for s in range(0, hidden.shape[0], rows)
     ]
-    probs = torch.cat(probs) if probs else torch.zeros(0, len(d2t), device=last_hidden.device)
+    probs = torch.cat(chunks) if chunks else torch.zeros(0, len(d2t), device=last_hidden.device)
     return Teacher(probs=probs, row=_rows_index(need), argmax=arg.clamp(min=0), valid=valid)
 
 
@@ -209,6 +203,7 @@ def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step
         count.append(n)
         chain_correct.append((chain_ok & chain_in).sum())
         chain_count.append(chain_in.sum())
+    assert total is not None, "ttt_loss needs at least one TTT step"
     return TTTOutput(
         loss=total,
         step_loss=torch.stack(losses),

@@ -61,8 +61,9 @@ def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from eagle3cli.cache.config import CacheConfig
     from eagle3cli.cache.reader import CacheReader
-    from eagle3cli.cache.run import CacheConfig, run_cache
+    from eagle3cli.cache.run import run_cache
     from eagle3cli.config import build_config
 
     target = Path(a.target)

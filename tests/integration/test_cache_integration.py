@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from cache_fixtures import conversations, write_data_folder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_cache_helpers import conversations, write_data_folder  # noqa: E402
-
-from eagle3cli.cache.reader import CacheReader  # noqa: E402
-from eagle3cli.cache.run import CacheConfig, run_cache  # noqa: E402
-from eagle3cli.config import build_config  # noqa: E402
-from eagle3cli.manifest import sha256_file  # noqa: E402
+from eagle3cli.cache.config import CacheConfig
+from eagle3cli.cache.reader import CacheReader
+from eagle3cli.cache.run import run_cache
+from eagle3cli.config import build_config
+from eagle3cli.manifest import sha256_file
 
 pytestmark = pytest.mark.integration
 FLAGS = {"shard_tokens": 150, "token_budget": 600, "max_length": 160}

@@ -5,17 +5,13 @@ cache, with the cache's masks checked token by token; Gemma-2 template refusals 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
-from family_fixtures import build_family_target
+from family_fixtures import THINK, TOOL_CONV, TOOLS, build_family_target
 
 from eagle3cli.cache.reader import CacheReader
 from eagle3cli.cli import main
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from test_reasoning_tools import THINK, TOOL_CONV, TOOLS  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -6,17 +6,13 @@ from __future__ import annotations
 
 import json
 import shlex
-import sys
-from pathlib import Path
 
 import pytest
+from serve_helpers import export_head
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
-from serve_helpers import export_head  # noqa: E402
-
-from eagle3cli.cli import main  # noqa: E402
-from eagle3cli.serve import preflight as pf  # noqa: E402
-from eagle3cli.serve.commands import sglang_parser_unavailable_reason, validate_sglang_argv  # noqa: E402
+from eagle3cli.cli import main
+from eagle3cli.serve import preflight as pf
+from eagle3cli.serve.commands import sglang_parser_unavailable_reason, validate_sglang_argv
 
 pytestmark = pytest.mark.integration
 

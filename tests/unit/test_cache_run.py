@@ -8,13 +8,14 @@ import shutil
 
 import pytest
 import torch
+from cache_fixtures import conversations, write_data_folder
 from safetensors.torch import load_file
-from test_cache_helpers import conversations, write_data_folder
 from transformers import AutoModelForCausalLM
 
+from eagle3cli.cache.config import CacheConfig
 from eagle3cli.cache.masks import mask_conversation
 from eagle3cli.cache.reader import CacheReader
-from eagle3cli.cache.run import CacheConfig, merge_cache, run_cache
+from eagle3cli.cache.run import merge_cache, run_cache
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.errors import UsageError
@@ -205,18 +206,20 @@ def test_bad_flags_exit_2(tmp_path, deep_data, capsys):
                 str(deep_data),
                 "--out",
                 str(tmp_path),
-                "--storage",
-                "int4",
                 "--shard",
                 "3/2",
                 "--aux-layers",
                 "x",
+                "--topk",
+                "0",
             ]
         )
         == 2
     )
     err = capsys.readouterr().err
-    assert "--storage" in err and "--shard" in err and "--aux-layers" in err
+    assert "--topk" in err and "--shard" in err and "--aux-layers" in err  # all at once
+    assert main(["cache", "--data", str(deep_data), "--out", str(tmp_path), "--storage", "int4"]) == 2
+    assert "'int4' is not one of" in " ".join(capsys.readouterr().err.split())
 
 
 def test_broken_data_line_is_named(tmp_path, deep_target_dir, capsys):

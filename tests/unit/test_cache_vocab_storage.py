@@ -7,6 +7,7 @@ import torch
 
 from eagle3cli.cache import storage as S
 from eagle3cli.cache import vocab as V
+from eagle3cli.cache.config import STORAGES
 
 
 def test_d2t_t2d_round_trip():
@@ -23,9 +24,9 @@ def test_d2t_t2d_round_trip():
     # target id = draft id + d2t[draft id], and back.
     back = V.draft_to_target(torch.arange(64), d2t)
     assert torch.equal(back, draft) and bool(t2d[back].all())
-    assert torch.equal(V.target_to_draft(back, d2t, t2d), torch.arange(64))
+    assert torch.equal(V.target_to_draft_index(d2t, t2d.numel())[back], torch.arange(64))
     outside = torch.nonzero(~t2d).flatten()
-    assert bool((V.target_to_draft(outside, d2t, t2d) == -1).all())
+    assert bool((V.target_to_draft_index(d2t, t2d.numel())[outside] == -1).all())
     # The draft vocab is the 64 most frequent tokens: nothing outside is more frequent than inside.
     assert int(counts[~t2d].max()) <= int(counts[t2d].min())
     cov = V.coverage(counts, t2d)
@@ -64,7 +65,7 @@ def test_topk_logprobs_match_full_softmax():
     assert torch.equal(ids, ref_i) and torch.allclose(lps, ref_v, atol=1e-6)
 
 
-@pytest.mark.parametrize("storage", S.STORAGES)
+@pytest.mark.parametrize("storage", STORAGES)
 def test_encode_decode_round_trip(storage):
     torch.manual_seed(0)
     head = torch.nn.Linear(64, 4096, bias=False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from draft_stubs import OracleDraft  # tests/unit is on sys.path under pytest
+from draft_stubs import OracleDraft
 from transformers import LlamaConfig
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode

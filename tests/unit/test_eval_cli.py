@@ -10,20 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from head_fixtures import make_head
 
 from eagle3cli.cli import main
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import save_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
-
-
-def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
-    model, tok, path = load_target(target_dir)
-    cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))
-    torch.manual_seed(seed)
-    draft = Eagle3Draft(cfg)
-    draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
-    return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
 
 
 @pytest.fixture(scope="module")
@@ -98,8 +87,13 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     assert rep["baselines"]["plain"]["tokens"] == 30 and rep["baselines"]["generate"]["tokens"] == 30
     rec = rep["recommended"]
     assert set(rec) >= {"steps", "topk", "num_draft_tokens", "speedup", "speedup_interval", "tied", "notes"}
-    # random heads accept nothing: the note that nothing beats plain decoding survives into the report
-    assert any("no configuration beats plain decoding" in n for n in rec["notes"])
+    # the note that nothing beats plain decoding reaches the report exactly when the best measured
+    # configuration's interval stays below plain speed (for a random head it usually does, but
+    # whether it does is timing, which a test must not assume)
+    main_head = next(iter(rep["heads"].values()))
+    best = main_head[rec["best_measured"].split()[0]]
+    slower = best["speedup_interval"][1] < 1.0
+    assert slower == any("no configuration beats plain decoding" in n for n in rec["notes"])
     cmp = rep["comparison"]["modes"]["chain"]
     assert [r["head"] for r in cmp] == list(rep["heads"]) and "verdict" in cmp[1]
     assert "bonus" in rep["tau_definition"]
@@ -114,8 +108,8 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     [
         (["--depth", "0"], "--depth must be an integer >= 1"),
         (["--bench", "nonsense"], "nonsense is neither a named source nor an existing file"),
-        (["--mode", "spiral"], "--mode must be one of"),
-        (["--dtype", "fp8"], "--dtype must be one of auto, fp32, bf16"),
+        (["--mode", "spiral"], "'spiral' is not one of"),
+        (["--dtype", "fp8"], "'fp8' is not one of"),
         (["--max-new-tokens", "5000"], "positions, the target has 1024"),
     ],
 )

@@ -11,13 +11,13 @@ import os
 
 import pytest
 import torch
-from chi_square import chi_square_pvalue  # tests/unit is on sys.path under pytest
+from chi_square import chi_square_pvalue
 from draft_stubs import OracleDraft
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3cli.eval.decoder import SpeculativeDecoder, eos_ids_of, hf_generate, plain_decode
+from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.target import default_aux_layer_ids, load_target
+from eagle3cli.model.target import default_aux_layer_ids, eos_token_ids, load_target
 from eagle3cli.speculate import tree_attention_mask, tree_position_ids
 
 PROMPTS = [
@@ -213,4 +213,4 @@ def test_eos_stops_decoding(tiny):
         ).generate(prompts[2], 12)
         first = ref.tokens.index(ref.tokens[5])
         assert out.tokens == ref.tokens[: first + 1]
-    assert 2 in eos_ids_of(model, tok)
+    assert 2 in eos_token_ids(model, tok)

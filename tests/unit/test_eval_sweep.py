@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from draft_stubs import OracleDraft  # tests/unit is on sys.path under pytest
+from draft_stubs import OracleDraft
 
 from eagle3cli.cli import main
 from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
@@ -54,7 +54,7 @@ def test_sweep_measures_each_depth_and_labels_the_estimate(tiny_target_dir):
 
 @pytest.fixture(scope="module")
 def head(tiny_target_dir, tmp_path_factory):
-    from test_eval_cli import make_head
+    from head_fixtures import make_head
 
     return make_head(tiny_target_dir, tmp_path_factory.mktemp("sweep-head") / "head")
 

@@ -10,13 +10,13 @@ import json
 import pytest
 import torch
 from family_fixtures import FAMILIES, build_family_target
+from head_fixtures import final_norm_scale, init_draft_from_target
 
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import HEAD_TENSOR_NAMES, init_draft_from_target, load_head, save_head
+from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head, save_head
 from eagle3cli.model.target import (
     default_aux_layer_ids,
     final_norm_offset,
-    final_norm_scale,
     logit_spec,
     target_logits,
 )

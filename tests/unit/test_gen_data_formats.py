@@ -4,12 +4,14 @@ kind is rejected with its reason; a file in no known shape exits 2."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from eagle3cli.cli import main
-from eagle3cli.data.formats import BadRecord, build_plan, check_messages, parse_input_spec, quotas, read_input
+from eagle3cli.data.formats import BadRecord, check_messages, parse_input_spec, read_input
+from eagle3cli.data.mixture import build_plan, quotas
 from eagle3cli.errors import UsageError
 
 
@@ -204,7 +206,7 @@ def test_mixture_quotas_dedup_and_seeded_shuffle(tmp_path):
             [{"prompt": f"other {i}"} for i in range(40)] + [{"prompt": "QUESTION   1"}, {"prompt": " question 2 "}],
         )
     )
-    b.spec.weight = 3.0
+    b.spec = replace(b.spec, weight=3.0)
     plan, dups = build_plan([a, b], num_samples=20, seed=1)
     assert len(plan) == 20
     assert sum(r["source"] == "a" for r in plan) == 5 and sum(r["source"] == "b" for r in plan) == 15
@@ -229,13 +231,15 @@ def test_gen_data_recipes_load_into_the_config(recipe):
 
 
 def test_config_errors_are_reported_together(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("backend: vllm\n")  # a flag's choices are checked by the parser; a recipe's here
     rc = main(
         [
             "gen-data",
+            "--recipe",
+            str(recipe),
             "--input",
             "x.jsonl",
-            "--backend",
-            "vllm",
             "--temperature",
             "-1",
             "--top-p",
@@ -249,7 +253,7 @@ def test_config_errors_are_reported_together(tmp_path, capsys):
     for needle in (
         "--target is required",
         "--run runs/NAME",
-        "--backend 'vllm'",
+        "--backend 'vllm': expected one of hf, openai",
         "--temperature",
         "--top-p",
         "--batch-size",
@@ -257,3 +261,5 @@ def test_config_errors_are_reported_together(tmp_path, capsys):
         assert needle in err
     assert main(["gen-data", "--target", "t", "--input", "x", "--out", str(tmp_path), "--endpoint", "http://h:1"]) == 2
     assert "add --backend openai" in " ".join(capsys.readouterr().err.split())
+    assert main(["gen-data", "--backend", "vllm"]) == 2
+    assert "'vllm' is not one of" in " ".join(capsys.readouterr().err.split())

@@ -65,10 +65,21 @@ def _conv(index, users, original_answers=None, drop=False):
     return Conversation(index, {"id": f"t:{index}", "source": "t", "messages": msgs, "meta": {"row": index}}, drop)
 
 
+class PromptSpy(HFBackend):
+    """Records the text of every prompt the model is run on (decoded from the ids it is fed)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[str] = []
+
+    def generate(self, prompts, seeds=None, sampling=None):
+        self.seen += [self.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+        return super().generate(prompts, seeds, sampling)
+
+
 def test_multi_turn_conditions_on_regenerated_turns(target):
     model, tok = target
-    trace = []
-    b = HFBackend(model, tok, Sampling(max_new_tokens=8, temperature=0), batch_size=4, trace=trace)
+    b = PromptSpy(model, tok, Sampling(max_new_tokens=8, temperature=0), batch_size=4)
     convs = [
         _conv(0, ["First question?", "Second question?", "Third?"], ["ORIGINAL-ONE", "ORIGINAL-TWO", "ORIGINAL-3"]),
         _conv(1, ["Only one turn here."]),
@@ -88,11 +99,16 @@ def test_multi_turn_conditions_on_regenerated_turns(target):
     ]
     answers = [m["content"] for m in rec["messages"] if m["role"] == "assistant"]
     assert all(a.strip() for a in answers) and "ORIGINAL" not in "".join(answers)
-    prompts = {(rid, turn): text for rid, turn, text in trace}
-    assert answers[0] in prompts[("t:0", 1)] and answers[0] in prompts[("t:0", 2)]
-    assert answers[1] in prompts[("t:0", 2)]
-    assert "ORIGINAL" not in "".join(prompts.values())
-    assert prompts[("t:0", 2)].startswith("<|im_start|>system\nYou are terse.")
+    # record 0's prompts, by the last user turn they end with
+    turn = {
+        q: next(p for p in b.seen if p.rstrip().endswith(f"{q}<|im_end|>\n<|im_start|>assistant"))
+        for q in ("First question?", "Second question?", "Third?")
+    }
+    assert len(b.seen) == 4  # three turns of record 0, one of record 1
+    assert answers[0] in turn["Second question?"] and answers[0] in turn["Third?"]
+    assert answers[1] in turn["Third?"] and answers[1] not in turn["Second question?"]
+    assert "ORIGINAL" not in "".join(b.seen)
+    assert turn["Third?"].startswith("<|im_start|>system\nYou are terse.")
     assert [t["prompt_tokens"] for t in rec["meta"]["turns"]] == sorted(
         t["prompt_tokens"] for t in rec["meta"]["turns"]
     )

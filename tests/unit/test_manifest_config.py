@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,9 +11,11 @@ import pytest
 from eagle3cli.config import build_config
 from eagle3cli.errors import StageError, UsageError
 from eagle3cli.manifest import (
+    atomic_write,
     atomic_write_json,
     check_matches,
     read_manifest,
+    remove_dead_temps,
     shard_record,
     verify_shards,
     write_manifest,
@@ -22,6 +25,36 @@ from eagle3cli.manifest import (
 def test_atomic_write_leaves_no_temp_files(tmp_path):
     atomic_write_json(tmp_path / "a.json", {"x": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["a.json"]
+
+
+def test_a_failed_atomic_write_keeps_the_old_file_and_no_temp(tmp_path):
+    (tmp_path / "a.bin").write_bytes(b"old")
+
+    def half_then_fail(tmp: Path) -> None:
+        tmp.write_bytes(b"ne")
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError):
+        atomic_write(tmp_path / "a.bin", half_then_fail)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.bin"] and (tmp_path / "a.bin").read_bytes() == b"old"
+
+
+def test_only_temps_of_dead_processes_on_this_host_are_removed(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    host = socket.gethostname()
+    names = {
+        "dead": f".shard-00001.safetensors.{host}.{int(dead.stdout)}.ab_cd.tmp",
+        "alive": f".shard-00002.safetensors.{host}.{os.getpid()}.x1y2.tmp",
+        "other host": f".shard-00003.safetensors.node-elsewhere.{int(dead.stdout)}.q.tmp",
+    }
+    for n in names.values():
+        (tmp_path / n).write_bytes(b"partial")
+    remove_dead_temps(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([names["alive"], names["other host"]])
 
 
 def test_verify_shards_detects_corruption_and_missing(tmp_path):

@@ -8,37 +8,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from family_fixtures import FAMILIES, family_tokenizer
+from family_fixtures import CALL, FAMILIES, THINK, TOOL_CONV, TOOLS, family_tokenizer
 
 from eagle3cli.cache.masks import TemplateRefusal, mask_record
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.data.regen import Conversation, TurnOutput, template_kwargs_for
-
-THINK = [
-    {"role": "user", "content": "What is 2 + 3?"},
-    {"role": "assistant", "content": "It is 5.", "reasoning_content": "Add two and three."},
-    {"role": "user", "content": "And 2 + 4?"},
-    {"role": "assistant", "content": "6.", "reasoning_content": "Two plus four is six."},
-]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "Current weather of a city",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
-        },
-    }
-]
-CALL = {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
-TOOL_CONV = [
-    {"role": "user", "content": "Weather in Paris?"},
-    {"role": "assistant", "content": "", "tool_calls": [CALL]},
-    {"role": "tool", "content": '{"temp": 21}'},
-    {"role": "assistant", "content": "It is 21 degrees in Paris."},
-    {"role": "user", "content": "Thanks!"},
-    {"role": "assistant", "content": "You are welcome."},
-]
 
 
 def masked_texts(tok, sample) -> list[str]:

@@ -229,7 +229,7 @@ def test_bench_openai_api_via_cli(servers, prompts, tmp_path, capsys):
 
 
 def test_bench_unreachable_server_exits_2(prompts, tmp_path, capsys):
-    from eagle3cli.serve.preflight import free_port
+    from eagle3cli.serve.machine import free_port
 
     code = main(
         [

@@ -18,14 +18,13 @@ from eagle3cli.errors import UsageError
 from eagle3cli.serve.commands import (
     SGLANG_DEFAULTS,
     SpecNumbers,
+    build_command,
     format_command,
     ready_request,
     resolve_spec,
-    sglang_command,
     sglang_parser_unavailable_reason,
     spec_from_eval,
     validate_sglang_argv,
-    vllm_command,
 )
 
 
@@ -69,8 +68,8 @@ def test_eval_report_errors(tmp_path):
 
 # ---------------------------------------------------------------- command shapes
 def test_sglang_command_shape():
-    argv = sglang_command(
-        "T", "H", SpecNumbers(3, 1, 4, "flags"), "0.0.0.0", 31000, ["--tp-size", "2"], python="python"
+    argv = build_command(
+        "sglang", "T", "H", SpecNumbers(3, 1, 4, "flags"), "0.0.0.0", 31000, ["--tp-size", "2"], "python"
     )
     assert argv[:3] == ["python", "-m", "sglang.launch_server"]
     pairs = dict(zip(argv[3:-2:2], argv[4:-2:2]))
@@ -88,18 +87,18 @@ def test_sglang_command_shape():
 
 
 def test_vllm_command_shape():
-    argv = vllm_command("T", "H", SpecNumbers(5, 1, 6, "flags"), "127.0.0.1", 8000)
-    assert argv[1:3] == ["serve", "T"]
+    argv = build_command("vllm", "T", "H", SpecNumbers(5, 1, 6, "flags"), "127.0.0.1", 8000)
+    assert argv[1:3] == ["serve", "T"] and argv[argv.index("--port") + 1] == "8000"
     cfg = json.loads(argv[argv.index("--speculative-config") + 1])
     assert cfg == {"method": "eagle3", "model": "H", "num_speculative_tokens": 5}
 
 
 def test_format_command_round_trips():
-    argv = sglang_command("/m/t x", "/h", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 1, ["--enable-metrics"])
+    argv = build_command("sglang", "/m/t x", "/h", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 1, ["--enable-metrics"])
     text = format_command(argv)
     assert text.count("\\\n") == len(text.splitlines()) - 1
     assert shlex.split(text.replace("\\\n", " ")) == argv
-    v = vllm_command("T", "H", SpecNumbers(3, 1, 4, "f"), "h", 2)
+    v = build_command("vllm", "T", "H", SpecNumbers(3, 1, 4, "f"), "h", 2)
     assert shlex.split(format_command(v).replace("\\\n", " ")) == v
 
 
@@ -125,7 +124,7 @@ def test_ready_request_is_valid_json():
 )
 def test_commands_parse_under_sglang(sglang_parser, spec, extra):
     check = validate_sglang_argv(
-        sglang_command("models/tiny-target", "runs/demo/head", spec, "127.0.0.1", 30000, extra)
+        build_command("sglang", "models/tiny-target", "runs/demo/head", spec, "127.0.0.1", 30000, extra)
     )
     assert check.available and check.ok, check.message
 
@@ -139,13 +138,15 @@ def test_commands_parse_under_sglang(sglang_parser, spec, extra):
     ],
 )
 def test_sglang_rejects_bad_flags(sglang_parser, extra, needle):
-    check = validate_sglang_argv(sglang_command("T", "H", SGLANG_DEFAULTS, "127.0.0.1", 30000, extra))
+    check = validate_sglang_argv(build_command("sglang", "T", "H", SGLANG_DEFAULTS, "127.0.0.1", 30000, extra))
     assert check.available and not check.ok and needle in check.message
 
 
 def test_sglang_parsed_values_are_checked(sglang_parser):
     # a later flag overrides ours: SGLang would run steps=9, and the check reads it back from ServerArgs
-    argv = sglang_command("T", "H", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 30000, ["--speculative-num-steps", "9"])
+    argv = build_command(
+        "sglang", "T", "H", SpecNumbers(3, 1, 4, "f"), "127.0.0.1", 30000, ["--speculative-num-steps", "9"]
+    )
     check = validate_sglang_argv(argv)
     assert check.ok, check.message  # the last occurrence is what we mean, and what SGLang runs
     from sglang.srt.server_args import ServerArgs  # noqa: F401 — importable, per the fixture

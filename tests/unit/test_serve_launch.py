@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from eagle3cli.serve.launch import HEALTH_TIMEOUT_EXIT, exit_code, launch
-from eagle3cli.serve.preflight import free_port
+from eagle3cli.serve.machine import free_port
 
 STANDIN = textwrap.dedent("""
     import http.server, signal, subprocess, sys, time
@@ -164,13 +164,13 @@ def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_pa
     from serve_helpers import export_head
 
     from eagle3cli.cli import main
-    from eagle3cli.serve import preflight, run
+    from eagle3cli.serve import run
     from eagle3cli.serve.commands import ParserCheck
 
     head = export_head(tmp_path / "head", tiny_target_dir)
     argv, port = standin("exit3")
-    monkeypatch.setattr(preflight, "check_gpu", lambda engine: [])
-    monkeypatch.setattr(preflight, "check_engine_installed", lambda engine, python=None: [])
+    monkeypatch.setattr(run, "check_gpu", lambda engine: [])
+    monkeypatch.setattr(run, "check_engine_installed", lambda engine, python=None: [])
     monkeypatch.setattr(run, "build_command", lambda *a, **k: argv)
     monkeypatch.setattr(run, "validate_sglang_argv", lambda a: ParserCheck(True, True, "stand-in"))
     code = main(

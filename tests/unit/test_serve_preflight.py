@@ -11,7 +11,9 @@ from serve_helpers import copy_head, edit_config, edit_tensors, export_head
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
+from eagle3cli.serve import commands, machine
 from eagle3cli.serve import preflight as pf
+from eagle3cli.serve.problems import Problem, raise_if_errors
 
 
 @pytest.fixture(scope="module")
@@ -223,7 +225,7 @@ def test_truncated_safetensors(head, tiny_target_dir):
 # ---------------------------------------------------------------- speculation numbers
 @pytest.mark.parametrize("flags", [(3, None, None), (None, 1, 4), (3, 1, None)])
 def test_partial_spec_flags(flags):
-    (p,) = pf.check_spec_flags(*flags)
+    (p,) = commands.check_spec_flags(*flags)
     assert "give all three" in p.fix
 
 
@@ -231,7 +233,7 @@ def test_partial_spec_flags(flags):
     "steps,topk,draft,engine", [(3, 1, 4, "sglang"), (5, 4, 8, "sglang"), (5, 8, 41, "sglang"), (7, 1, 8, "vllm")]
 )
 def test_valid_spec_numbers(steps, topk, draft, engine):
-    assert pf.check_spec_numbers(steps, topk, draft, engine) == []
+    assert commands.check_spec_numbers(steps, topk, draft, engine) == []
 
 
 @pytest.mark.parametrize(
@@ -245,7 +247,7 @@ def test_valid_spec_numbers(steps, topk, draft, engine):
     ],
 )
 def test_invalid_spec_numbers(steps, topk, draft, engine, needle):
-    problems = pf.check_spec_numbers(steps, topk, draft, engine)
+    problems = commands.check_spec_numbers(steps, topk, draft, engine)
     assert problems and any(needle in p.what for p in problems), problems
 
 
@@ -255,34 +257,34 @@ def test_port_in_use():
         s.bind(("127.0.0.1", 0))
         s.listen(1)
         port = s.getsockname()[1]
-        (p,) = pf.check_port("127.0.0.1", port)
+        (p,) = machine.check_port("127.0.0.1", port)
         assert f"port {port}" in p.what and p.fix.startswith("--port ")
-    assert pf.check_port("127.0.0.1", port) == []
+    assert machine.check_port("127.0.0.1", port) == []
 
 
 def test_engine_not_installed(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    monkeypatch.setattr(pf.shutil, "which", lambda name: None)
-    (p,) = pf.check_engine_installed("sglang")
+    monkeypatch.setattr(machine.shutil, "which", lambda name: None)
+    (p,) = machine.check_engine_installed("sglang")
     assert 'pip install "sglang>=0.5,<0.6"' in p.fix
-    (p,) = pf.check_engine_installed("vllm")
+    (p,) = machine.check_engine_installed("vllm")
     assert "pip install" in p.fix and "vllm" in p.fix
 
 
 def test_no_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    (p,) = pf.check_gpu("sglang")
+    (p,) = machine.check_gpu("sglang")
     assert "no CUDA device" in p.what and "--dry-run" in p.fix
 
 
 def test_raise_if_errors_lists_every_error():
     problems = [
-        pf.Problem("a broke", "fix a"),
-        pf.Problem("b is odd", "fix b", "warning"),
-        pf.Problem("c broke", "fix c"),
+        Problem("a broke", "fix a"),
+        Problem("b is odd", "fix b", "warning"),
+        Problem("c broke", "fix c"),
     ]
     with pytest.raises(UsageError) as e:
-        pf.raise_if_errors(problems, "next")
+        raise_if_errors(problems, "next")
     assert "2 problem(s)" in e.value.what and "fix a" in e.value.what and "c broke" in e.value.what
     assert "b is odd" not in e.value.what
 
@@ -335,11 +337,11 @@ def test_engine_in_its_own_virtualenv(tmp_path):
 
     from eagle3cli.serve.commands import SpecNumbers, build_command
 
-    (p,) = pf.check_engine_installed("sglang", str(tmp_path / "missing" / "python"))
+    (p,) = machine.check_engine_installed("sglang", str(tmp_path / "missing" / "python"))
     assert "does not exist" in p.what
     # this interpreter has no vllm: the probe runs in it and says so
     if importlib.util.find_spec("vllm") is None:
-        (p,) = pf.check_engine_installed("vllm", sys.executable)
+        (p,) = machine.check_engine_installed("vllm", sys.executable)
         assert f"environment of {sys.executable}" in p.what
     spec = SpecNumbers(3, 1, 4, "flags")
     argv = build_command("sglang", "T", "H", spec, "127.0.0.1", 30000, (), "/opt/sglang/bin/python")

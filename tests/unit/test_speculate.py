@@ -4,7 +4,7 @@ tree selection, tree attention masks and position ids."""
 from __future__ import annotations
 
 import torch
-from chi_square import chi_square_pvalue  # tests/unit is on sys.path under pytest
+from chi_square import chi_square_pvalue
 
 from eagle3cli.speculate import (
     expand_frontier,

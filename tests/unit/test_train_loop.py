@@ -218,17 +218,20 @@ def test_deepspeed_two_processes_resume_after_kill9_and_track_single_process(tmp
 
 
 def test_recipes_and_deepspeed_configs_validate():
-    from eagle3cli.train.launch import deepspeed_config
+    from eagle3cli.train.launch import deepspeed_config, preset_path
 
     cfg = build_config(TrainConfig, REPO / "recipes/tiny/train.yaml", "train", run="runs/x")
     assert cfg.ttt_steps == 7 and cfg.save_every % cfg.log_every == 0
     for name in ("zero1", "zero2", "zero3"):
-        for spec in (name, str(REPO / "recipes/deepspeed" / f"{name}.json")):
+        preset = json.loads(preset_path(name).read_text())  # what --deepspeed NAME reads, shipped in the package
+        assert preset["zero_optimization"]["stage"] == int(name[-1])
+        for spec in (name, str(preset_path(name))):
             ds = deepspeed_config(
                 build_config(TrainConfig, None, "train", run="r", deepspeed=spec, grad_accum=3, nproc=2), bf16=False
             )
             assert ds["zero_optimization"]["stage"] == int(name[-1])
             assert ds["gradient_accumulation_steps"] == 3 and ds["bf16"] == {"enabled": False}
+            assert ds["zero_optimization"] == preset["zero_optimization"]
 
 
 def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):

@@ -9,13 +9,13 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from eagle3cli.cache.vocab import target_to_draft_index
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.train.ttt import (
     conditional_acceptance,
     draft_ttt_loss,
     simulated_accept_length,
     soft_cross_entropy,
-    target_to_draft_index,
     teacher_from_hidden,
     teacher_from_topk,
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 from eagle3cli.manifest import shard_record, write_manifest
 from eagle3cli.sources import bundled
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 GSM8K = bundled("gsm8k_train.jsonl")
 
 
@@ -58,7 +58,8 @@ def write_data(run_dir: Path, target_dir: Path, n: int) -> Path:
 def make_run(
     run_dir: Path, target_dir: Path, n: int = 24, draft_vocab_size: int = 512, max_length: int = 160, **cache_flags
 ) -> Path:
-    from eagle3cli.cache.run import CacheConfig, run_cache
+    from eagle3cli.cache.config import CacheConfig
+    from eagle3cli.cache.run import run_cache
     from eagle3cli.config import build_config
 
     write_data(run_dir, target_dir, n)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3cli.manifest import read_manifest, shard_record, verify_shards, write_manifest
+from eagle3cli.manifest import shard_record, write_manifest
 from eagle3cli.model.target import load_tokenizer, target_identity
 from eagle3cli.sources import bundled
 
@@ -58,13 +58,3 @@ def write_data_folder(
         regenerated=regenerated,
     )
     return folder
-
-
-def test_data_folder_follows_the_contract(tmp_path, tiny_target_dir):
-    recs = conversations(10)
-    d = write_data_folder(tmp_path / "data", tiny_target_dir, recs, per_shard=4)
-    m = read_manifest(d, "gen-data", "eagle3 gen-data")
-    assert [s["records"] for s in m["shards"]] == [4, 4, 2]
-    assert verify_shards(d, m["shards"]) == []
-    assert m["target"]["num_hidden_layers"] == 4 and m["regenerated"] is True
-    assert sum(len(r["messages"]) == 5 for r in recs) == 3

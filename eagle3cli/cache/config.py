@@ -1,0 +1,97 @@
+"""`eagle3 cache` configuration (recipe section `cache:`; flags override).
+
+Each field is one flag (eagle3cli/options.py): its docstring is the flag's help.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, get_args
+
+Storage = Literal["bf16", "fp8", "compact"]
+STORAGES: tuple[str, ...] = get_args(Storage)
+TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    run: Path | None = None
+    """Run folder: reads RUN/data, writes RUN/cache."""
+    data: Path | None = None
+    """Data folder from `eagle3 gen-data` (default RUN/data)."""
+    out: Path | None = None
+    """Cache folder to write (default RUN/cache)."""
+    target: str | None = None
+    """Target model folder (default: the one the data manifest names)."""
+    max_length: int = 2048
+    """Samples longer than this many tokens are truncated (counted in the manifest)."""
+    draft_vocab_size: int = 32000
+    """Draft vocabulary size: the most frequent assistant tokens (capped at the target vocab)."""
+    aux_layers: tuple[int, ...] | None = None
+    """Aux layer ids, the inputs of these decoder layers, comma-separated, e.g. 2,6,9
+    (default 2,L//2,L-3, as SGLang and vLLM capture)."""
+    storage: Storage = "bf16"
+    """bf16 (exact teacher via lm_head), fp8 (per-token scales), compact (fp8 aux + top-k teacher)."""
+    topk: int = 4
+    """Teacher log-probs kept per token with --storage compact."""
+    token_budget: int = 8192
+    """Padded tokens per target forward (batch size x longest sample)."""
+    shard_tokens: int = 65536
+    """Tokens per shard file (shards are the unit of resume and of --shard i/N)."""
+    shard: str | None = None
+    """i/N: compute only shards j with j % N == i (several processes or GPUs sharing one --out)."""
+    max_samples: int | None = None
+    """Use only the first N records of the data (quick runs)."""
+    device: str | None = None
+    """cpu, cuda, cuda:1 (default: cuda if available)."""
+    dtype: TargetDtype = "auto"
+    """Target weights; auto = bf16 on GPU, fp32 on CPU."""
+
+    def validate(self) -> list[str]:
+        errs = []
+        if self.run is None and (self.data is None or self.out is None):
+            errs.append("--run runs/NAME is required (or both --data and --out)")
+        for name in ("max_length", "draft_vocab_size", "topk", "token_budget", "shard_tokens"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                errs.append(f"--{name.replace('_', '-')} {v!r}: must be a positive integer")
+        if isinstance(self.max_length, int) and self.max_length < 2:
+            errs.append("--max-length must be at least 2 (a token and its successor)")
+        if self.max_samples is not None and (not isinstance(self.max_samples, int) or self.max_samples < 1):
+            errs.append(f"--max-samples {self.max_samples!r}: must be a positive integer")
+        if self.aux_layers is not None and not all(isinstance(i, int) for i in self.aux_layers):
+            errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
+        if self.shard is not None:
+            try:
+                parse_shard(self.shard)
+            except ValueError as e:
+                errs.append(f"--shard {self.shard!r}: {e}")
+        return errs
+
+    @property
+    def data_dir(self) -> Path:
+        if self.data is not None:
+            return Path(self.data)
+        assert self.run is not None, "validate() requires --run or --data"
+        return Path(self.run) / "data"
+
+    @property
+    def out_dir(self) -> Path:
+        if self.out is not None:
+            return Path(self.out)
+        assert self.run is not None, "validate() requires --run or --out"
+        return Path(self.run) / "cache"
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'i/N' -> (i, N); None -> (0, 1), the whole cache in one process."""
+    if spec is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError("expected i/N, e.g. 0/4") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError("expected 0 <= i < N")
+    return i, n

@@ -1,0 +1,107 @@
+"""`eagle3 cache --verify DIR`: a finished cache checked end to end, without the training run
+finding out later: checksums, shard structure, finite features, the target, the draft vocab."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from ..errors import StageError, UsageError
+from ..manifest import check_matches, read_manifest, verify_shards
+from ..model.target import load_tokenizer, resolve_model_path, target_identity, validate_aux_layer_ids
+from .plan import rerun_cmd
+from .reader import VOCAB_FILE
+from .storage import feature_keys
+
+
+def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
+    """The first feature tensor of an open shard holding a NaN/inf (read in row chunks), or None."""
+    for key in feature_keys(storage):
+        sl = f.get_slice(key)
+        for a in range(0, sl.get_shape()[0], rows):
+            t = sl[a : a + rows]
+            if t.is_floating_point() and not bool(torch.isfinite(t.float()).all()):
+                return key
+    return None
+
+
+def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
+    """Checksums, shard structure, and the manifest against the target; StageError on any problem."""
+    cache_dir = Path(cache_dir)
+    m = read_manifest(cache_dir, "cache", "eagle3 cache --run runs/NAME")
+    rebuild = rerun_cmd(m.get("config") or {}, cache_dir)
+    problems = verify_shards(cache_dir, m["shards"] + m.get("files", []))
+    if problems:
+        bad = [p.split(":")[0] for p in problems]
+        raise StageError(
+            f"cache {cache_dir} failed verification:\n  " + "\n  ".join(problems),
+            "files whose size and sha256 match the cache manifest",
+            f"remove the damaged file(s) and rerun the same cache command, which recomputes only those: "
+            f"rm {' '.join(str(cache_dir / b) for b in bad)} && {rebuild}",
+        )
+    from safetensors import safe_open
+
+    for s in m["shards"]:
+        with safe_open(str(cache_dir / s["file"]), framework="pt") as f:
+            offsets = f.get_tensor("offsets")
+            if offsets.numel() != s["samples"] + 1 or int(offsets[-1]) != s["tokens"]:
+                raise StageError(
+                    f"{s['file']}: holds {offsets.numel() - 1} samples / {int(offsets[-1])} tokens, "
+                    f"manifest says {s['samples']} / {s['tokens']}",
+                    "a consistent shard",
+                    f"rm {cache_dir / s['file']} && {rebuild}",
+                )
+            nonfinite = nonfinite_features(f, m["storage"])
+            if nonfinite:  # written that way (a NaN target forward): the checksum matches, training would not
+                raise StageError(
+                    f"{s['file']}: {nonfinite} holds non-finite values (NaN/inf)",
+                    "finite target features",
+                    f"rm {cache_dir / s['file']} && {rebuild}   (check the target's dtype: --dtype fp32)",
+                )
+    target_ref = target or m["target"].get("path")
+    if not target_ref or not Path(target_ref).exists():
+        raise UsageError(
+            f"the cache's target {target_ref!r} is not on this machine",
+            "the target model folder the cache was made with",
+            f"eagle3 cache --verify {cache_dir} --target MODEL_DIR",
+        )
+    path = resolve_model_path(target_ref)
+    ident = target_identity(path, load_tokenizer(path))
+    check_matches(
+        f"cache {cache_dir}",
+        m["target"],
+        ident.comparable(),
+        f"rebuild the cache for this target: eagle3 cache --run runs/NAME --target {path}",
+    )
+    errs = validate_aux_layer_ids(tuple(m["aux_layer_ids"]), ident.num_hidden_layers)
+    if errs:
+        raise StageError("; ".join(errs), "aux layer ids of this target", f"rebuild: {rebuild}")
+    from safetensors.torch import load_file
+
+    vocab = load_file(str(cache_dir / VOCAB_FILE))
+    d2t, t2d = vocab["d2t"], vocab["t2d"]
+    ids = torch.arange(d2t.numel()) + d2t
+    if (
+        d2t.numel() != m["draft_vocab_size"]
+        or t2d.numel() != ident.vocab_size
+        or int(t2d.sum()) != d2t.numel()
+        or not bool(t2d[ids.clamp(0, t2d.numel() - 1)].all())
+        or int(ids.max()) >= ident.vocab_size
+    ):
+        raise StageError(
+            f"{VOCAB_FILE}: d2t/t2d do not describe a {m['draft_vocab_size']}-token draft vocab "
+            f"of a {ident.vocab_size}-token target",
+            "a consistent draft vocab",
+            f"rebuild: {rebuild}",
+        )
+    return {
+        "cache": str(cache_dir),
+        "shards": len(m["shards"]),
+        "samples": m["counts"]["samples"],
+        "tokens": m["counts"]["tokens"],
+        "target": str(path),
+        "fingerprint": ident.fingerprint,
+        "aux_layer_ids": m["aux_layer_ids"],
+        "storage": m["storage"],
+    }

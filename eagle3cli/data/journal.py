@@ -1,0 +1,121 @@
+"""The gen-data output folder while it is being written: its state, the journals, finished shards.
+
+Plan position p goes to shard p // shard_size. While a shard is being generated, each finished
+conversation is appended to `progress/shard-NNNNN.journal.jsonl`; when the shard is complete its
+records are written in plan order to `shard-NNNNN.jsonl` (atomically: the file's existence means
+"done") and the journal is removed. A half-written journal line (a kill -9) is dropped.
+`progress/state.json` records the target and plan settings, so a rerun with other settings is
+refused instead of mixing two datasets.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..errors import StageError, UsageError
+from ..lock import LOCK_NAME
+from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
+from .config import PLAN_FIELDS
+
+PROGRESS = "progress"
+STATE = "state.json"
+REJECTS = "rejects.jsonl"
+# Reject reasons that older versions recorded for transient endpoint failures (now left pending).
+TRANSIENT_REASONS = ("endpoint_error", "bad_response")
+
+
+def shard_name(k: int) -> str:
+    return f"shard-{k:05d}.jsonl"
+
+
+def dumps(obj) -> str:
+    """One JSONL line: text kept as written (non-ASCII unescaped), keys in their order."""
+    return json.dumps(obj, ensure_ascii=False, sort_keys=False)
+
+
+def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | None:
+    """Refuse a folder made with another target or other plan settings; returns an existing
+    finished manifest (nothing to do) or None."""
+    nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
+    if (out / MANIFEST).exists():
+        m = read_json(out / MANIFEST)
+        if m.get("stage") != "gen-data":
+            raise UsageError(
+                f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
+            )
+        check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
+        old = {k: m.get("config", {}).get(k) for k in PLAN_FIELDS}
+        if old != pcfg:
+            diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
+            raise StageError(
+                f"{out} was generated with other settings ({diffs})", "the same inputs and sampling settings", nxt
+            )
+        return m
+    state_path = out / PROGRESS / STATE
+    if state_path.exists():
+        st = read_json(state_path)
+        check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
+        if st.get("plan_config") != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
+            diffs = (
+                ", ".join(
+                    f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}"
+                    for k in PLAN_FIELDS
+                    if st.get("plan_config", {}).get(k) != pcfg[k]
+                )
+                or "the input files changed"
+            )
+            raise StageError(
+                f"{out} holds an unfinished run with other settings ({diffs})",
+                "the same command as the interrupted run",
+                nxt,
+            )
+        return None
+    # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
+    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
+        raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
+    return None
+
+
+def read_journal(path: Path) -> dict[int, dict]:
+    """Entries by plan index. A line cut by a kill is dropped (and cut off the file)."""
+    if not path.exists():
+        return {}
+    data = path.read_bytes()
+    good_end = data.rfind(b"\n") + 1
+    entries = {}
+    for line in data[:good_end].splitlines():
+        try:
+            e = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        entries[e["plan_index"]] = e
+    if good_end != len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return entries
+
+
+class Journal:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.f = open(path, "a", encoding="utf-8")
+
+    def add(self, entry: dict) -> None:
+        # flush per conversation: a kill -9 then loses nothing already finished (page cache survives it).
+        self.f.write(dumps(entry) + "\n")
+        self.f.flush()
+
+    def close(self) -> None:
+        os.fsync(self.f.fileno())
+        self.f.close()
+
+
+def finish_shard(out: Path, k: int, entries: list[dict]) -> None:
+    """Rejects first, then the shard (its existence marks the shard done), then the journal goes."""
+    prog_dir = out / PROGRESS
+    rejects = [e["reject"] for e in entries if "reject" in e]
+    atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(dumps(r) + "\n" for r in rejects))
+    atomic_write_text(out / shard_name(k), "".join(dumps(e["record"]) + "\n" for e in entries if "record" in e))
+    (prog_dir / f"shard-{k:05d}.journal.jsonl").unlink(missing_ok=True)

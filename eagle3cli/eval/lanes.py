@@ -1,0 +1,117 @@
+"""Decoding the bench in lanes: the target alone (our loop; transformers' generate) and every
+(head, mode) decoder, each over the same prompts and turns.
+
+With `--turns all` every lane keeps its own conversation: each user turn is appended to the
+lane's history and the lane's own answer is fed back, so a speculative lane is compared with
+plain decoding on exactly what it would serve. Greedy outputs are compared token for token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..console import progress, warn
+from .config import EvalConfig
+from .decoder import DecodeResult, hf_generate, plain_decode
+from .prompts import Prompt, render
+
+
+@dataclass
+class Lane:
+    """One decoder over the whole benchmark: its results per unit (prompt or conversation turn)
+    and, for multi-turn runs, its own conversation history (its own answers fed back)."""
+
+    results: list[DecodeResult] = field(default_factory=list)
+    history: list[dict] = field(default_factory=list)
+    outputs: list[list[int]] = field(default_factory=list)
+
+
+@dataclass
+class Decoded:
+    lanes: dict  # "plain", "generate" (optional), (head label, mode) -> Lane
+    units: list[str]  # prompt ids, or "ID#turnN" per turn of multi-turn conversations
+    mismatches: dict  # (head label, mode) -> greedy outputs that part from plain decoding
+
+
+def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(system messages before the first user turn, the user turns in order)."""
+    first = next(i for i, m in enumerate(messages) if m["role"] == "user")
+    return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
+
+
+def first_diff(a: list[int], b: list[int]) -> int:
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def decode_lanes(
+    cfg: EvalConfig,
+    target,
+    tok,
+    eos: set[int],
+    decoders: dict,
+    convs: list[Prompt],
+    fits: Callable[[str, list[int]], list[int]],
+) -> Decoded:
+    """Every lane over every prompt (and turn), lanes interleaved per unit so that load on the
+    machine affects them alike; `fits` refuses a prompt that leaves no room to generate."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
+    lanes: dict = {"plain": Lane(), **({"generate": Lane()} if cfg.generate_baseline else {})}
+    lanes.update({k: Lane() for k in decoders})
+    run = Decoded(lanes, [], {k: [] for k in decoders})
+    greedy = cfg.temperature <= 0
+
+    def decode(key, ids: list[int], seed: int) -> DecodeResult:
+        if key == "plain":
+            gen = torch.Generator().manual_seed(seed)
+            return plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p, gen)
+        if key == "generate":
+            return hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
+        return decoders[key].generate(ids, cfg.max_new_tokens, seed=seed)
+
+    with progress("eval", total=len(convs), unit="conv" if cfg.turns == "all" else "prompt") as bar:
+        for i, (cid, msgs) in enumerate(convs):
+            system, users = split_turns(msgs)
+            turns = users if cfg.turns == "all" else users[:1]
+            for lane in lanes.values():
+                lane.history = list(system)
+            conv_tokens = 0
+            for t, user in enumerate(turns):
+                uid = cid if len(turns) == 1 else f"{cid}#turn{t + 1}"
+                run.units.append(uid)
+                for key, lane in lanes.items():
+                    lane.history.append(user)
+                    r = decode(key, fits(uid, render(tok, lane.history)), cfg.seed + 1000 * i + t)
+                    lane.results.append(r)
+                    lane.outputs.append(r.tokens)
+                    # each decoder's own answer is its history: greedy, that is the target's own answer
+                    lane.history.append(
+                        {"role": "assistant", "content": tok.decode(r.tokens, skip_special_tokens=True)}
+                    )
+                    conv_tokens += len(r.tokens)
+                if greedy:
+                    _compare_greedy(run, uid, tok)
+            bar.advance(1, tokens=conv_tokens)
+    return run
+
+
+def _compare_greedy(run: Decoded, uid: str, tok) -> None:
+    """Greedy outputs of this unit against plain decoding's: a speculative lane that parts from it
+    is recorded (a losslessness failure); transformers' generate parting is only warned about."""
+    plain_out = run.lanes["plain"].outputs[-1]
+    if "generate" in run.lanes and run.lanes["generate"].outputs[-1] != plain_out:
+        warn(f"{uid}: our plain loop and transformers generate differ (numerics of the two paths)")
+    for key, found in run.mismatches.items():
+        spec_out = run.lanes[key].outputs[-1]
+        if spec_out != plain_out:
+            at = first_diff(spec_out, plain_out)
+            found.append(
+                {
+                    "prompt": uid,
+                    "first_diff_at": at,
+                    "speculative": tok.decode(spec_out[at : at + 12]),
+                    "plain": tok.decode(plain_out[at : at + 12]),
+                }
+            )

@@ -1,0 +1,361 @@
+"""`setup(cfg)`: everything `eagle3 train` needs before its first step, checked.
+
+The inputs (a cache, or RUN/data with the target run in-process), the target's embeddings,
+lm_head and final norm the draft starts from, the aux layers, the optimizer and warmup-cosine
+schedule, DeepSpeed's engine under the launcher, and the resume from the last checkpoint (refused
+when its settings differ from this command's).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import console
+from ..config import config_dict
+from ..errors import UsageError
+from ..manifest import check_matches, read_json
+from ..model.draft import Eagle3Draft, draft_config_from_target
+from ..model.export import init_draft_from_weights
+from ..model.target import (
+    LogitSpec,
+    default_aux_layer_ids,
+    final_norm_offset,
+    load_tokenizer,
+    logit_spec,
+    pick_device,
+    pick_dtype,
+    resolve_model_path,
+    target_identity,
+    top_aux_layer_ids,
+    validate_aux_layer_ids,
+)
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import CacheSource, OnlineSource, plan_epoch
+from .ttt import TTTOutput, draft_ttt_loss
+
+CACHE_NEXT = "eagle3 cache --run runs/NAME"
+
+
+# ---------------------------------------------------------------- target pieces
+def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config dict, {embed, lm_head, norm}) read straight from the safetensors: training needs
+    only these three tensors of the target, not its decoder layers."""
+    from safetensors import safe_open
+
+    cfg = read_json(path / "config.json")
+    cfg = cfg.get("text_config", cfg)
+    index = path / "model.safetensors.index.json"
+    files = read_json(index)["weight_map"] if index.exists() else None
+    wanted = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}
+    if cfg.get("tie_word_embeddings"):
+        wanted["lm_head"] = wanted["embed"]
+    out = {}
+    for key, name in wanted.items():
+        f = path / (files[name] if files and name in files else "model.safetensors")
+        try:
+            with safe_open(str(f), framework="pt") as h:
+                out[key] = h.get_tensor(name).float()
+        except Exception as e:  # missing file or tensor: not a Llama-style checkpoint
+            raise UsageError(
+                f"cannot read {name} from {f} ({type(e).__name__}: {e})",
+                "a Llama-style safetensors checkpoint (model.embed_tokens, lm_head, model.norm)",
+            ) from e
+    return cfg, out
+
+
+def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+    if choice == "cache":
+        if cache_ids is None:
+            return default_aux_layer_ids(n_layers)
+        return tuple(cache_ids)
+    ids: tuple[int, ...]
+    if choice == "default":
+        ids = default_aux_layer_ids(n_layers)
+    elif choice == "top":
+        ids = top_aux_layer_ids(n_layers)
+    else:
+        ids = tuple(int(x) for x in choice.replace(",", " ").split())
+    errors = validate_aux_layer_ids(ids, n_layers)
+    if errors:
+        raise UsageError(errors[0], f"ids in 1..{n_layers - 1}")
+    if cache_ids is not None and tuple(cache_ids) != tuple(ids):
+        raise UsageError(
+            f"--aux-layers {choice} means layers {list(ids)}, but the cache holds features of layers {list(cache_ids)}",
+            "a cache built with the same aux layers",
+            f"eagle3 cache --run runs/NAME --aux-layers {','.join(map(str, ids))}   (into another run folder)",
+        )
+    return tuple(ids)
+
+
+# ---------------------------------------------------------------- the trainer
+@dataclass
+class Trainer:
+    cfg: TrainConfig
+    run_dir: Path
+    train_dir: Path
+    head_dir: Path
+    source: CacheSource | OnlineSource
+    draft: Eagle3Draft
+    model: Any  # the draft, or the DeepSpeed engine wrapping it (deepspeed ships no types)
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    lm_head: torch.Tensor | None
+    device: torch.device
+    autocast: torch.dtype | None
+    identity: dict
+    total_steps: int
+    rank: int = 0
+    world: int = 1
+    deepspeed: bool = False
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
+    best: float = -1.0
+    last_metrics: dict = field(default_factory=dict)
+    tokens_seen: int = 0
+    stopped: str = ""
+    tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
+    loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # torch.compile'd with --compile
+    logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
+
+
+def _cosine(total: int, warmup: int, floor: float):
+    def f(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / max(1, warmup)
+        p = min(1.0, (step - warmup) / max(1, total - warmup))
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * p))
+
+    return f
+
+
+def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
+    """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
+    if cfg.online:
+        from ..model.target import load_target
+
+        data_dir = cfg.data or run_dir / "data"
+        gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
+        tpath = cfg.target or (gm.get("target") or {}).get("path")
+        if not tpath:
+            raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
+        target_model, tok, tpath = load_target(tpath, device=str(device))
+        tcfg = target_model.config.to_dict()
+        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
+        source: CacheSource | OnlineSource = OnlineSource(
+            data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length
+        )
+        weights = {
+            "embed": target_model.get_input_embeddings().weight.float().cpu(),
+            "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
+            "norm": target_model.model.norm.weight.float().cpu(),
+        }
+    else:
+        cache_dir = cfg.cache or run_dir / "cache"
+        if not Path(cache_dir).exists():
+            raise UsageError(
+                f"no cache at {cache_dir}",
+                "the output folder of `eagle3 cache`",
+                f"eagle3 cache --run {run_dir}   (or train without one: eagle3 train --run {run_dir} --online)",
+            )
+        source = CacheSource(cache_dir)
+        tpath = cfg.target or source.target.get("path")
+        if not tpath or not Path(tpath).exists():
+            raise UsageError(
+                f"the cache's target model {tpath!r} is not on this machine",
+                "the target model folder the cache was built with",
+                "pass --target PATH",
+            )
+        tpath = resolve_model_path(tpath)
+        tok = load_tokenizer(tpath)
+        tcfg, weights = load_target_weights(tpath)
+        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
+    identity = target_identity(tpath, tok).as_dict()
+    if source.target:
+        check_matches(
+            "the cache",
+            {k: source.target.get(k) for k in identity if k != "path"},
+            {k: v for k, v in identity.items() if k != "path"},
+            f"rebuild the cache with this target: eagle3 cache --run {run_dir}, or pass --target "
+            f"{source.target.get('path')}",
+        )
+    vocab, draft_vocab = int(tcfg["vocab_size"]), len(source.d2t)
+    if draft_vocab > vocab or int((torch.arange(draft_vocab) + source.d2t).max()) >= vocab:
+        raise UsageError(
+            f"draft vocab ({draft_vocab}) maps outside the target vocab ({vocab})",
+            f"a draft vocab of at most {vocab} target tokens",
+            f"{CACHE_NEXT} --draft-vocab-size N",
+        )
+    return source, identity, tcfg, weights, aux_ids
+
+
+def setup(cfg: TrainConfig) -> Trainer:
+    run_dir = cfg.run_dir
+    train_dir, head_dir = run_dir / "train", run_dir / "head"
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    use_ds = cfg.deepspeed is not None
+    device = pick_device(cfg.device)
+    if use_ds and device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    source, identity, tcfg, weights, aux_ids = load_source(cfg, run_dir, device)
+    draft_vocab = len(source.d2t)
+
+    # ---- the draft
+    torch.manual_seed(cfg.seed)
+    draft = Eagle3Draft(draft_config_from_target(tcfg, draft_vocab, aux_ids))
+    init_draft_from_weights(
+        draft,
+        weights["embed"],
+        weights["lm_head"],
+        weights["norm"],
+        source.d2t,
+        source.t2d,
+        norm_offset=final_norm_offset(tcfg),
+    )
+    draft.to(device)
+    lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    per_step = world * cfg.grad_accum
+    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size))
+    if n_batches < per_step:
+        raise UsageError(
+            f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
+            "more data, a smaller --token-budget or --grad-accum",
+        )
+    total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+    )
+    autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
+    model = draft
+    if use_ds:
+        from .launch import deepspeed_engine
+
+        model, optimizer, sched = deepspeed_engine(draft, optimizer, sched, cfg, train_dir, autocast is not None)
+        autocast = None  # the engine's bf16 section casts the model itself
+    tr = Trainer(
+        cfg,
+        run_dir,
+        train_dir,
+        head_dir,
+        source,
+        draft,
+        model,
+        optimizer,
+        sched,
+        lm_head,
+        device,
+        autocast,
+        identity,
+        total,
+        rank,
+        world,
+        use_ds,
+    )
+    tr.logit_spec = logit_spec(tcfg)
+    if cfg.compile:
+        tr.loss_fn = compiled_loss(device)
+    resume(tr)
+    if cfg.tensorboard and rank == 0:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError as e:
+            raise UsageError(
+                "--tensorboard needs the tensorboard package",
+                "pip install tensorboard",
+                "or drop --tensorboard (metrics.jsonl has the same numbers)",
+            ) from e
+        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.step + 1 if tr.step else None)
+    return tr
+
+
+# Path-valued settings: compared resolved, so `runs/x` and `/abs/.../runs/x` are the same run.
+PATH_KEYS = ("cache", "data", "target", "hostfile")
+
+
+def _resolved(v: str | None) -> str | None:
+    return None if v in (None, "None") else str(Path(v).expanduser().resolve())
+
+
+def config_key(cfg: TrainConfig | dict) -> dict:
+    """Config fields that must match for a resume to be the same run. The run folder itself is not
+    one of them: the checkpoint lives inside it, whatever path names it."""
+    d = config_dict(cfg) if isinstance(cfg, TrainConfig) else dict(cfg)
+    for k in PATH_KEYS:
+        if k in d:
+            d[k] = _resolved(d[k])
+    for k in (
+        "run",
+        "resume",
+        "max_steps",
+        "epochs",
+        "log_every",
+        "save_every",
+        "keep_checkpoints",
+        "tensorboard",
+        "hostfile",
+        "master_addr",
+        "master_port",
+        "device",
+        "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
+    ):
+        d.pop(k, None)
+    return d
+
+
+def compiled_loss(device: torch.device):
+    """`draft_ttt_loss` under torch.compile with dynamic shapes (batch, length and anchor counts vary
+    per micro-batch: one compilation, not one per shape). Inductor on CPU builds C++ kernels."""
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise UsageError(
+            "--compile on CPU needs a C++ compiler (torch.compile builds C++ kernels), and none is on PATH",
+            "g++ or clang++ installed",
+            "apt install g++   (or train without --compile)",
+        )
+    return torch.compile(draft_ttt_loss, dynamic=True)
+
+
+def resume(tr: Trainer) -> None:
+    metrics = tr.train_dir / "metrics.jsonl"
+    path = ckpt.latest(tr.train_dir)
+    if not tr.cfg.resume or path is None:
+        if tr.rank == 0:
+            if path is not None:
+                console.warn(f"--no-resume: ignoring checkpoints in {path.parent} (they will be replaced)")
+            metrics.unlink(missing_ok=True)
+        return
+    state = ckpt.load(path)
+    old, new = config_key(state["config"]), config_key(tr.cfg)
+    if old != new:
+        diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        raise UsageError(
+            f"{path} was written with other settings ({', '.join(diff)}):\n"
+            + "\n".join(f"  {k}: checkpoint has {old.get(k)!r}, this command {new.get(k)!r}" for k in diff),
+            "the same settings as the run being resumed",
+            "rerun with the checkpoint's values above to continue it (progress is kept), or train into another "
+            f"run folder; --no-resume discards the checkpoints in {path.parent}",
+        )
+    if tr.deepspeed:
+        ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
+    else:
+        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
+        tr.optimizer.load_state_dict(state["optimizer"])
+        tr.scheduler.load_state_dict(state["scheduler"])
+    ckpt.set_rng_state(state["rng"])
+    tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
+    tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
+    tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
+    if tr.rank == 0:
+        ckpt.truncate_metrics(metrics, tr.step)
+    console.log(f"resumed from {path.name}: step {tr.step}, epoch {tr.epoch}, batch {tr.batch_pos}")

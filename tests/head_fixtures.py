@@ -1,0 +1,47 @@
+"""Heads for tests: a random head saved for a target, and a draft started from a target's weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.model.export import init_draft_from_weights, save_head
+from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
+
+
+def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
+    """A random head (512-token draft vocab) for the target in `target_dir`, saved at `out`."""
+    model, tok, path = load_target(target_dir)
+    cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))
+    torch.manual_seed(seed)
+    draft = Eagle3Draft(cfg)
+    draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
+    return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
+
+
+def init_draft_from_target(
+    draft: Eagle3Draft, target_model, d2t: torch.Tensor, t2d: torch.Tensor | None = None
+) -> None:
+    """`init_draft_from_weights` with the tensors of a loaded target model (its final norm's
+    effective scale measured, so any norm convention is right)."""
+    has_norm = getattr(getattr(target_model, "model", None), "norm", None) is not None
+    init_draft_from_weights(
+        draft,
+        target_model.get_input_embeddings().weight,
+        target_model.get_output_embeddings().weight,
+        final_norm_scale(target_model) if has_norm else None,
+        d2t,
+        t2d,
+    )
+
+
+@torch.no_grad()
+def final_norm_scale(model) -> torch.Tensor:
+    """The effective per-channel scale of the loaded target's final norm, measured: on a constant
+    vector of RMS 1e3 (eps is then negligible) an RMSNorm returns exactly its scale."""
+    import copy
+
+    norm = copy.deepcopy(model.model.norm).float().cpu()
+    return norm(torch.full((1, norm.weight.shape[0]), 1e3))[0]
