@@ -95,6 +95,10 @@ class GenDataConfig:
     per record."""
     dry_run: bool = flag(False, "--dry-run")
     """Show what would be read and one rendered prompt; write nothing."""
+    finish_early: bool = flag(False, "--finish-early")
+    """End an unfinished run with the shards it finished: write the manifest over them and stop (the rest
+    of the plan is not generated; conversations in unfinished shards are dropped). For a run you cannot
+    let complete; the manifest records how much of the plan it holds."""
 
     def validate(self) -> list[str]:
         errors = []

@@ -10,6 +10,7 @@ refused instead of mixing two datasets.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -17,7 +18,7 @@ from pathlib import Path
 from ..errors import StageError, UsageError
 from ..lock import LOCK_NAME
 from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
-from .config import PLAN_FIELDS
+from .config import PLAN_FIELDS, GenDataConfig
 
 PROGRESS = "progress"
 STATE = "state.json"
@@ -35,6 +36,21 @@ def dumps(obj) -> str:
     return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
+def recorded_plan(recorded: dict) -> dict:
+    """The plan settings a folder recorded, with the ones its version did not have yet (added
+    since) at their defaults: a default reproduces what that version did, so its run resumes."""
+    out = {}
+    for f in dataclasses.fields(GenDataConfig):
+        if f.name not in PLAN_FIELDS:
+            continue
+        if f.name in recorded:
+            out[f.name] = recorded[f.name]
+        else:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            out[f.name] = list(default) if isinstance(default, tuple) else default
+    return out
+
+
 def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | None:
     """Refuse a folder made with another target or other plan settings; returns an existing
     finished manifest (nothing to do) or None."""
@@ -46,7 +62,7 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
                 f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
             )
         check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
-        old = {k: m.get("config", {}).get(k) for k in PLAN_FIELDS}
+        old = recorded_plan(m.get("config", {}))
         if old != pcfg:
             diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
             raise StageError(
@@ -57,13 +73,10 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
     if state_path.exists():
         st = read_json(state_path)
         check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
-        if st.get("plan_config") != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
+        old = recorded_plan(st.get("plan_config", {}))
+        if old != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
             diffs = (
-                ", ".join(
-                    f"{k}: {st.get('plan_config', {}).get(k)!r} -> {pcfg[k]!r}"
-                    for k in PLAN_FIELDS
-                    if st.get("plan_config", {}).get(k) != pcfg[k]
-                )
+                ", ".join(f"{k}: {old.get(k)!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old.get(k) != pcfg[k])
                 or "the input files changed"
             )
             raise StageError(

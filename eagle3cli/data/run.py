@@ -225,6 +225,8 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     if already:
         log(f"resuming {out}: {already} of {len(plan)} conversations already done")
 
+    if cfg.finish_early:
+        return finish_early(cfg, out, identity, results, plan, read_rejects, n_shards, todo, journals)
     backend = None if cfg.no_regenerate else make_backend(cfg, tokenizer)
     t0 = time.time()
     left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
@@ -272,7 +274,26 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     if left:
         raise pending_error(cfg, out, left, len(plan))
     elapsed = time.time() - t0
-    return finalize(cfg, out, identity, results, plan, read_rejects, n_shards, elapsed, backend, session_tokens)
+    return finalize(
+        cfg, out, identity, results, plan, read_rejects, list(range(n_shards)), elapsed, backend, session_tokens
+    )
+
+
+def finish_early(cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals) -> Path:
+    """--finish-early: the manifest over the finished shards of an unfinished run; the rest of the plan
+    (including conversations done in unfinished shards) is left out, and the manifest says how much."""
+    done = [k for k in range(n_shards) if k not in todo]
+    if not done:
+        raise UsageError(
+            f"{out} has no finished shard yet (a shard is {cfg.shard_size} conversations)",
+            "an unfinished run with at least one finished shard",
+            "run the same command without --finish-early until a shard is written, then finish early",
+        )
+    dropped = sum(len(j) for j in journals.values())
+    if dropped:
+        warn(f"{dropped} conversation(s) of unfinished shards are left out (only whole shards are kept)")
+    partial = {"shards": len(done), "of_shards": n_shards, "conversations_planned": len(plan)}
+    return finalize(cfg, out, identity, results, plan, read_rejects, done, 0.0, None, 0, partial)
 
 
 def pending_error(cfg: GenDataConfig, out: Path, left: dict[int, str], planned: int) -> IncompleteError:
@@ -307,10 +328,20 @@ def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_reject
 
 
 def finalize(
-    cfg, out: Path, identity, results, plan, read_rejects, n_shards, elapsed, backend, session_tokens: int = 0
+    cfg,
+    out: Path,
+    identity,
+    results,
+    plan,
+    read_rejects,
+    shard_ids: list[int],
+    elapsed,
+    backend,
+    session_tokens: int = 0,
+    partial: dict | None = None,
 ) -> Path:
     gen_rejects, shards, records = [], [], []
-    for k in range(n_shards):
+    for k in shard_ids:
         p = out / shard_name(k)
         recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
         records += recs
@@ -342,7 +373,7 @@ def finalize(
         target=identity.as_dict(),
         chat_template_hash=identity.chat_template_hash,
         config=config_dict(cfg),
-        backend=None if backend is None else backend.name,
+        backend=None if cfg.no_regenerate else cfg.backend,
         regenerated=not cfg.no_regenerate,
         inputs=input_fingerprints(results),
         counts=counts,
@@ -350,6 +381,7 @@ def finalize(
         shards=shards,
         rejects={"file": REJECTS, "records": len(all_rejects), "sha256": sha256_file(out / REJECTS)},
         last_session_seconds=round(elapsed, 2),
+        **({"finished_early": partial} if partial else {}),
     )
     shutil.rmtree(out / PROGRESS, ignore_errors=True)
     rows = [
@@ -366,7 +398,7 @@ def finalize(
         ["assistant turns", counts["turns"]],
         ["completion tokens", tokens["completion"]],
         ["prompt tokens", tokens["prompt"]],
-        ["shards", len(shards)],
+        ["shards", len(shards) if partial is None else f"{len(shards)} of {partial['of_shards']} (--finish-early)"],
     ]
     if elapsed > 0 and session_tokens and not cfg.no_regenerate:
         rows.append(["generated tok/s (this session)", round(session_tokens / elapsed, 1)])

@@ -254,3 +254,59 @@ def test_a_recipe_input_with_a_space_is_one_path(tmp_path):
     (tmp_path / "r.yaml").write_text("gen_data:\n  inputs: my data/train set.jsonl\n  target: t\n  run: r\n")
     cfg = build_config(GenDataConfig, tmp_path / "r.yaml", "gen_data")
     assert cfg.inputs == ("my data/train set.jsonl",)
+
+
+# ---------------------------------------------------------------- ending or resuming an unfinished run
+def test_finish_early_keeps_the_finished_shards_and_says_how_much_of_the_plan(
+    server, tiny_target_dir, prompts, tmp_path, capsys
+):
+    shard2 = ("--shard-size", "2")
+    ref = tmp_path / "ref"
+    assert gen(tiny_target_dir, prompts, ref, server().url, extra=shard2) == 0
+    # an interrupted run: shard 0 finished, one conversation of shard 1 in its journal (as a kill leaves it)
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{_free_port()}", extra=shard2) == 3
+    finished = (ref / "shard-00000.jsonl").read_bytes()
+    (out / "shard-00000.jsonl").write_bytes(finished)
+    (out / "progress" / "rejects-00000.jsonl").write_text("")
+    first_of_1 = json.loads((ref / "shard-00001.jsonl").read_text().splitlines()[0])
+    (out / "progress" / "shard-00001.journal.jsonl").write_text(
+        json.dumps({"plan_index": 2, "record": first_of_1}) + "\n"
+    )
+    capsys.readouterr()
+    assert gen(tiny_target_dir, prompts, out, server().url, extra=(*shard2, "--finish-early")) == 0
+    text = err(capsys)
+    assert "1 conversation(s) of unfinished shards are left out" in text
+    m = json.loads((out / "manifest.json").read_text())
+    assert [s["file"] for s in m["shards"]] == ["shard-00000.jsonl"] and m["counts"]["written"] == 2
+    assert m["finished_early"] == {"shards": 1, "of_shards": 2, "conversations_planned": 4}
+    assert m["backend"] == "openai" and (out / "shard-00000.jsonl").read_bytes() == finished
+    assert not (out / "shard-00001.jsonl").exists()
+    assert not (out / "progress").exists()
+
+
+def test_finish_early_without_a_finished_shard_is_refused(server, tiny_target_dir, prompts, tmp_path, capsys):
+    out = tmp_path / "data"
+    dead = f"http://127.0.0.1:{_free_port()}"
+    assert gen(tiny_target_dir, prompts, out, dead) == 3
+    capsys.readouterr()
+    assert gen(tiny_target_dir, prompts, out, dead, extra=("--finish-early",)) == 2
+    assert "has no finished shard yet" in err(capsys) and not (out / "manifest.json").exists()
+
+
+def test_a_run_begun_before_a_plan_setting_existed_resumes(server, tiny_target_dir, prompts, tmp_path):
+    """A setting added since (thinking, reasoning_effort) is absent from an older run's state: its
+    default is what that version did, so the run resumes instead of being refused."""
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{_free_port()}") == 3
+    state_path = out / "progress" / "state.json"
+    state = json.loads(state_path.read_text())
+    for k in ("thinking", "reasoning_effort"):
+        del state["plan_config"][k]
+    state_path.write_text(json.dumps(state))
+    assert gen(tiny_target_dir, prompts, out, server().url) == 0
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 4
+    # a setting that did change is still refused
+    other = tmp_path / "other"
+    assert gen(tiny_target_dir, prompts, other, f"http://127.0.0.1:{_free_port()}") == 3
+    assert gen(tiny_target_dir, prompts, other, server().url, extra=("--seed", "5")) != 0
