@@ -344,7 +344,10 @@ class Eagle3Draft(nn.Module):
                 diag = torch.stack([(q * dk).sum(-1) for dk in diag_k], dim=-1) * scale  # [B,nh,T,k]
                 probs = torch.softmax(torch.cat([scores, diag], dim=-1).float(), dim=-1).to(q.dtype)
                 out = torch.matmul(probs[..., :t], v0)
-                out = out + sum(probs[..., t + j, None] * dv for j, dv in enumerate(diag_v))
+                # sliced, not indexed at t + j: an index built from the length would make
+                # torch.compile specialise on it (one compilation per sequence length)
+                diag_p = probs[..., t:]
+                out = out + sum(diag_p[..., j, None] * dv for j, dv in enumerate(diag_v))
             else:
                 out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v0)
             hidden = layer.finish(hidden, out)

@@ -40,7 +40,7 @@ from ..model.target import (
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CacheSource, OnlineSource, plan_epoch
-from .ttt import TTTOutput, draft_ttt_loss
+from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
 
@@ -124,7 +124,7 @@ class Trainer:
     tokens_seen: int = 0
     stopped: str = ""
     tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
-    loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # torch.compile'd with --compile
+    loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
 
 
@@ -315,15 +315,15 @@ def config_key(cfg: TrainConfig | dict) -> dict:
 
 
 def compiled_loss(device: torch.device):
-    """`draft_ttt_loss` under torch.compile with dynamic shapes (batch, length and anchor counts vary
-    per micro-batch: one compilation, not one per shape). Inductor on CPU builds C++ kernels."""
+    """`draft_ttt_loss` with its unroll under torch.compile (`compiled_ttt_loss`). Inductor on CPU
+    builds C++ kernels."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         raise UsageError(
             "--compile on CPU needs a C++ compiler (torch.compile builds C++ kernels), and none is on PATH",
             "g++ or clang++ installed",
             "apt install g++   (or train without --compile)",
         )
-    return torch.compile(draft_ttt_loss, dynamic=True)
+    return compiled_ttt_loss()
 
 
 def resume(tr: Trainer) -> None:

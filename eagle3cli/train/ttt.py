@@ -220,6 +220,24 @@ def draft_ttt_loss(draft, batch: dict, teacher: Teacher, steps: int, step_weight
     return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight)
 
 
+def _unroll(draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
+    return tuple(draft.ttt_unroll(input_ids, aux_hidden, steps))
+
+
+def compiled_ttt_loss(backend: str = "inductor"):
+    """`draft_ttt_loss` with the unroll under torch.compile (dynamic batch and length: compiled once,
+    not per shape). The scoring stays eager: it selects the counted anchors, whose number depends
+    on the data (a graph break inside the step loop would send the whole step back to eager), and
+    it is one large matmul plus an already fused cross-entropy."""
+    unroll = torch.compile(_unroll, dynamic=True, backend=backend)
+
+    def loss(draft, batch: dict, teacher: Teacher, steps: int, step_weight: float = 0.8) -> TTTOutput:
+        hiddens = unroll(draft, batch["input_ids"], batch["aux_hidden"], steps)
+        return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight)
+
+    return loss
+
+
 # ---------------------------------------------------------------- summaries
 def accuracies(correct, count) -> list[float]:
     return [float(c) / float(n) if float(n) > 0 else 0.0 for c, n in zip(correct, count, strict=True)]
