@@ -16,6 +16,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 BAR = {"tau": 3.0, "speedup_vs_generate": 2.0, "train_tok_s": 300.0}
+CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
+    "make smollm2",
+    "OMP_NUM_THREADS=1 eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml --run runs/smollm2",
+    "OMP_NUM_THREADS=1 eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml --run runs/smollm2 --finish-early",
+    "OMP_NUM_THREADS=1 eagle3 cache --recipe recipes/smollm2-135m/cache.yaml --run runs/smollm2",
+    "OMP_NUM_THREADS=1 eagle3 train --recipe recipes/smollm2-135m/train.yaml --run runs/smollm2",
+]
 
 
 def _json(path: Path) -> dict | None:
@@ -150,7 +157,14 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
         )
     if train:
         t = train["tok_per_s_steady"]
-        bar_rows.append(["training tok/s at this shape, 2 cores", f">= {BAR['train_tok_s']:.0f}", t, _yes(t >= 300)])
+        bar_rows.append(
+            [
+                "training tok/s at this shape, 2 cores",
+                f">= {BAR['train_tok_s']:.0f}",
+                f"{t} (on 1 thread)",
+                _yes(t >= 300),
+            ]
+        )
     mism = [r["greedy_mismatches"] for r in rows if r["greedy_mismatches"] is not None]
     bar_rows.append(
         ["greedy mismatches over every prompt", "0", sum(mism) if mism else "-", _yes(mism and sum(mism) == 0)]
@@ -322,9 +336,8 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
             ["draft vocab", "in sample", "held out"],
             [[r["draft_vocab"], f"{r['in_sample']:.4f}", f"{r['held_out']:.4f}"] for r in cov["coverage"]],
         )
-    lines += ["", "## Commands", "", "```"]
-    shown = [st["command"] for st in steps.values()] or commands
-    lines += shown
+    lines += ["", "## Commands", "", "```", *CHAIN]
+    lines += [c for c in [st["command"] for st in steps.values()] or commands if c not in CHAIN]
     lines += ["```", ""]
     md_path.write_text("\n".join(lines))
     json_path = md_path.with_suffix(".json")

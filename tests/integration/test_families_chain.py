@@ -11,15 +11,12 @@ decoder keeps every key and gives sliding layers their window through the mask.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 from family_fixtures import FAMILIES, build_family_target
+from train_fixtures import eagle3 as run_eagle3
 
-REPO = Path(__file__).resolve().parents[2]
 # family -> (SGLang serves it with an EAGLE-3 head, vLLM does): "yes" | "no" | "unknown" (a warning)
 SUPPORT = {
     "llama3.1": ("yes", "yes"),
@@ -50,15 +47,7 @@ LONG = " ".join(f"Step {i}: add {i} apples to the basket and count them again." 
 
 
 def eagle3(*args, timeout: int = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", COLUMNS="200")
-    return subprocess.run(
-        [sys.executable, "-m", "eagle3cli", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+    return run_eagle3(*args, timeout=timeout)
 
 
 def _ok(r: subprocess.CompletedProcess) -> None:
