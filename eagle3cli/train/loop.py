@@ -227,9 +227,10 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
                 tr.tb.add_scalar(f"loss_k/{k}", lk, tr.step)
                 tr.tb.add_scalar(f"acc_k/{k}", ak, tr.step)
             tr.tb.flush()
+        last = f" acc{len(acc) - 1} {acc[-1]:.3f}" if len(acc) > 1 else ""  # (--ttt-steps 1: one step)
         console.log(
             f"step {tr.step}/{tr.total_steps} ep {tr.epoch} loss {m['loss']:.4f} "
-            f"acc0 {acc[0]:.3f} acc{len(acc) - 1} {acc[-1]:.3f} accept_len {m['sim_accept_len']:.3f} "
+            f"acc0 {acc[0]:.3f}{last} accept_len {m['sim_accept_len']:.3f} "
             f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
         )
     return m
