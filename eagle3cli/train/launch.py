@@ -10,6 +10,7 @@ picks its CPU accelerator (gloo/ccl); its first run JIT-builds a comm op (~80 s 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -306,7 +307,16 @@ def launch(cfg: TrainConfig) -> Path:
     marks = [head / "manifest.json", train_dir / "manifest.json"]
     before = [_stamp(p) for p in marks]
     was_finished = _finished_run(train_dir, head, child)
-    rc = subprocess.run(cmd, env=env).returncode
+    ports = train_dir / SHM_RECORD
+    stale = _recorded_port(ports)
+    if stale is not None and not plan.multi_node:
+        remove_shm_buffers(stale)  # a killed earlier launch of this run never cleaned up
+    atomic_write_json(ports, {"master_port": plan.master_port})
+    try:
+        rc = subprocess.run(cmd, env=env).returncode
+    finally:
+        if not plan.multi_node:
+            remove_shm_buffers(plan.master_port)
     if rc != 0:
         raise UsageError(
             f"the DeepSpeed run failed (exit {rc}); its ranks' messages are above",
@@ -325,6 +335,38 @@ def launch(cfg: TrainConfig) -> Path:
             f"from {train_dir}/checkpoints",
         )
     return head
+
+
+# DeepSpeed's CPU backend gives every rank a shared-memory all-reduce buffer (/dev/shm, ~66 MB per
+# rank for a small head) that it never unlinks: each launch would leave them behind, in RAM, until
+# reboot. They are named by the master port, which the run folder remembers.
+SHM = Path("/dev/shm")
+SHM_RECORD = "shm.json"
+
+
+def _recorded_port(path: Path) -> int | None:
+    try:
+        port = json.loads(path.read_text()).get("master_port")
+    except (OSError, ValueError, AttributeError):
+        return None  # absent or torn: nothing to clean
+    return port if isinstance(port, int) else None
+
+
+def remove_shm_buffers(port: int) -> int:
+    """Unlink this machine's DeepSpeed buffers of the launch on `port`, unless a live launch
+    holds the port (then they are its own). Returns how many were removed."""
+    with socket.socket() as probe:
+        # SO_REUSEADDR: a port in TIME_WAIT (the launch just ended) binds; a live listener does not
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", int(port)))
+        except OSError:
+            return 0
+    gone = 0
+    for f in SHM.glob(f"deepspeed_allreduce_buffer_*_{int(port)}_*"):
+        f.unlink(missing_ok=True)
+        gone += 1
+    return gone
 
 
 # Settings that do not change what a run trains (the ranks' recipe may differ in them).

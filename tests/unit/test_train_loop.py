@@ -4,11 +4,13 @@ and (slow) 2-process DeepSpeed ZeRO-2/3 runs that track the single-process run a
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -197,6 +199,11 @@ def test_deepspeed_two_processes_resume_after_kill9_and_track_single_process(tmp
     r = eagle3(*ds, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     assert "resumed from step-" in r.stdout + r.stderr
+    # DeepSpeed's shared-memory buffers of both launches (the killed one included) are gone
+    ports = re.findall(r"master 127\.0\.0\.1:(\d+)", " ".join((log.read_text() + r.stdout + r.stderr).split()))
+    assert len(set(ports)) == 2, ports
+    for port in ports:
+        assert not list(Path("/dev/shm").glob(f"deepspeed_allreduce_buffer_*_{port}_*")), port
     a, b = metrics(single), metrics(run_dir)
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     for x, y in zip(a, b, strict=True):
