@@ -31,6 +31,9 @@ class EvalConfig:
     split by default) or a prompt/conversation file in any format gen-data reads."""
     num_prompts: int = 10
     """Prompts to decode (the first N of the bench)."""
+    max_prompt_tokens: int | None = None
+    """Skip prompts (first turns, rendered) longer than this, and take the next ones; the report lists
+    the skipped. Default: none skipped (a prompt that leaves no room in the context is an error)."""
     max_new_tokens: int = 128
     """New tokens per prompt."""
     temperature: float = 0.0
@@ -97,6 +100,10 @@ class EvalConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 e.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if self.max_prompt_tokens is not None and (
+            not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 1
+        ):
+            e.append(f"--max-prompt-tokens must be an integer >= 1, got {self.max_prompt_tokens!r}")
         if not isinstance(self.temperature, (int, float)) or self.temperature < 0:
             e.append(f"--temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:

@@ -15,7 +15,7 @@ from ..errors import UsageError
 Prompt = tuple[str, list[dict]]  # (id, messages)
 
 
-def _records(bench: str, num_prompts: int) -> list[dict]:
+def _records(bench: str, num_prompts: int | None) -> list[dict]:
     try:
         spec = parse_input_spec(bench, default_split="test")
     except UsageError as e:
@@ -43,7 +43,7 @@ def load_prompts(bench: str, num_prompts: int) -> list[Prompt]:
     return out
 
 
-def load_conversations(bench: str, num_prompts: int) -> list[Prompt]:
+def load_conversations(bench: str, num_prompts: int | None) -> list[Prompt]:
     """[(id, messages)] with every user turn (MT-bench's two): the caller answers each in turn."""
     return [(r["id"], _without_answers(r["messages"])) for r in _records(bench, num_prompts)]
 

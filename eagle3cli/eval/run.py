@@ -126,12 +126,28 @@ def run_eval(cfg: EvalConfig) -> Path:
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
     eos = eos_token_ids(target, tok)
-    convs = load_conversations(cfg.bench, cfg.num_prompts)
     fits = _context_check(cfg, target.config)
-    first_turns = []
-    for cid, msgs in convs:
+    convs: list[tuple[str, list[dict]]] = []
+    first_turns: list[tuple[str, list[int]]] = []
+    too_long: list[dict] = []
+    for cid, msgs in load_conversations(cfg.bench, cfg.num_prompts if cfg.max_prompt_tokens is None else None):
+        if len(convs) == cfg.num_prompts:
+            break
         system, users = split_turns(msgs)
-        first_turns.append((cid, fits(cid, render(tok, system + users[:1]))))
+        ids = render(tok, system + users[:1])
+        if cfg.max_prompt_tokens is not None and len(ids) > cfg.max_prompt_tokens:
+            too_long.append({"id": cid, "tokens": len(ids)})
+            continue
+        convs.append((cid, msgs))
+        first_turns.append((cid, fits(cid, ids)))
+    if too_long:
+        warn(f"--max-prompt-tokens {cfg.max_prompt_tokens}: skipped {len(too_long)} longer prompt(s) of {cfg.bench}")
+    if not convs:
+        raise UsageError(
+            f"no prompt of {cfg.bench} has at most {cfg.max_prompt_tokens} tokens",
+            "at least one prompt within --max-prompt-tokens",
+            "raise --max-prompt-tokens",
+        )
     modes: list[str] = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
     decoders = {
         (label, m): _decoder(cfg, target, d, spec.aux_layer_ids, m, eos) for label, d, spec in heads for m in modes
@@ -156,6 +172,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     report: dict[str, Any] = {
         "bench": cfg.bench,
         "num_prompts": len(convs),
+        "skipped_long_prompts": too_long,
         "turns": cfg.turns,
         "units": len(run.units),
         "max_new_tokens": cfg.max_new_tokens,
@@ -217,7 +234,8 @@ def _context_check(cfg: EvalConfig, target_config) -> Callable[[str, list[int]],
                 f"{uid} has {len(ids)} tokens; with --max-new-tokens {cfg.max_new_tokens} and the draft "
                 f"window it needs {need} positions, the target has {ctx}",
                 "prompts + new tokens within the target's context",
-                "lower --max-new-tokens, use shorter prompts" + (" or --turns first" if cfg.turns == "all" else ""),
+                "lower --max-new-tokens, skip long prompts with --max-prompt-tokens N"
+                + (" or --turns first" if cfg.turns == "all" else ""),
             )
         return ids
 

@@ -252,3 +252,22 @@ def test_endpoint_unreachable_exits_2(tiny_target_dir, prompts_file, tmp_path, c
         ]
     )
     assert rc == 2 and "cannot reach" in " ".join(capsys.readouterr().err.split())
+
+
+def test_max_prompt_tokens_skips_long_prompts_and_takes_the_next(tiny_target_dir, heads, tmp_path, capsys):
+    """A bench with prompts past the context (held-out ShareGPT has 20k-token ones) is not refused
+    whole: --max-prompt-tokens skips them, takes the next prompts, and the report lists the skipped."""
+    p = tmp_path / "mixed.jsonl"
+    long = "count the apples again " * 400  # past the tiny target's 1,024 positions
+    rows = ["Hi", long, "Name a fruit.", "What is two plus two?"]
+    p.write_text("".join(json.dumps({"messages": [{"role": "user", "content": r}]}) + "\n" for r in rows))
+    base = ["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--bench", str(p)]
+    base += ["--num-prompts", "3", "--max-new-tokens", "4", "--depth", "2", "--no-generate-baseline"]
+    assert main([*base, "--out", str(tmp_path / "refused")]) == 2
+    assert "--max-prompt-tokens" in " ".join(capsys.readouterr().err.split())
+    out = tmp_path / "eval"
+    assert main([*base, "--max-prompt-tokens", "200", "--out", str(out)]) == 0
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["num_prompts"] == 3 and [s["id"] for s in rep["skipped_long_prompts"]] == ["mixed:1"]
+    assert rep["skipped_long_prompts"][0]["tokens"] > 200
+    assert "skipped 1 longer prompt" in " ".join(capsys.readouterr().err.split())
