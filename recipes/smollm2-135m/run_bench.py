@@ -75,6 +75,11 @@ def eval_cmd(run: Path, out: Path, bench: str, prompts: int, args, *extra) -> li
     ]
 
 
+def ttt1_train_cmd(out: Path, ttt1: Path) -> list:
+    """The TTT ablation: the same recipe, cache and steps with one unrolled step."""
+    return [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache", "--ttt-steps", 1]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
@@ -161,8 +166,7 @@ def main() -> None:
     def run_eval(name: str) -> None:
         run, bench, prompts, extra = evals[name]
         if name.startswith("ttt1") and not done(ttt1 / "train" / "manifest.json"):
-            cmd = [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache"]
-            step("train_ttt1", [*cmd, "--ttt-steps", 1], env=one_thread)
+            step("train_ttt1", ttt1_train_cmd(out, ttt1), env=one_thread)
         dest = out / f"eval-{name}"
         if not done(dest / "report.json"):
             step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra), env=one_thread)
@@ -177,11 +181,14 @@ def main() -> None:
         "train_speed": speed,
         "vocab_coverage": json.loads((out / "vocab_coverage.json").read_text()),
         "bench_seconds_this_pass": round(time.time() - t0),
+        "invocation": " ".join([".venv/bin/python recipes/smollm2-135m/run_bench.py", *sys.argv[1:]]),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     from report import write_report  # recipes/smollm2-135m/report.py
 
-    write_report(out, ttt1, evals, results, REC.commands, args.results_md)
+    planned = [REC.show(ttt1_train_cmd(out, ttt1))]  # every command of the figures, run now or earlier
+    planned += [REC.show(eval_cmd(run, out / f"eval-{k}", b, p, args, *x)) for k, (run, b, p, x) in evals.items()]
+    write_report(out, ttt1, evals, results, planned, args.results_md)
 
 
 if __name__ == "__main__":
