@@ -359,9 +359,22 @@ def _run_train(cfg: TrainConfig) -> Path:
     tr = setup(cfg)
     if finished(tr):
         console.log(f"{tr.train_dir} already finished at step {tr.step}; the head in {tr.head_dir} is intact")
+        _leave_process_group()
         return tr.head_dir
     fit(tr)
-    return finish(tr)
+    head = finish(tr)
+    _leave_process_group()
+    return head
+
+
+def _leave_process_group() -> None:
+    """A DeepSpeed rank tears its process group down itself: left to interpreter exit, a rank
+    could abort in C++ ("terminate called without an active exception", exit 250) after a
+    finished run, failing the launch."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def finished(tr: Trainer) -> bool:
