@@ -19,26 +19,11 @@ through its own retries (a dead server ends the run in seconds, with everything 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
-import time
-from typing import Any
 
-import httpx
-
+from ..engine_api import EndpointError, EngineClient, Failover, Reply, chat_body
 from ..model.chat import TemplateRefusal, render, split_reasoning
-from ..urls import endpoint_url, redact_text
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
-
-# Statuses that blame the request itself: retrying the same request cannot help.
-CONTENT_STATUSES = (400, 413, 422)
-
-
-class EndpointError(Exception):
-    def __init__(self, reason: str, detail: str, transient: bool = True):
-        self.reason, self.detail, self.transient = reason, redact_text(detail), transient
-        super().__init__(f"{reason}: {self.detail}")
 
 
 class OpenAIBackend:
@@ -58,39 +43,32 @@ class OpenAIBackend:
     ):
         self.endpoints = list(endpoints)
         self.sampling, self.concurrency = sampling, concurrency
-        self.timeout_s, self.retries, self.backoff_s = timeout_s, retries, backoff_s
+        self.timeout_s = timeout_s
         self.model_name, self.api_key = model_name, api_key
         self.tokenizer = tokenizer  # the target's: prompts its template refuses are rejected before a request
-        self._rr = itertools.cycle(range(len(self.endpoints)))
-        self.retried = 0  # attempts that failed and were retried (reported in the summary)
-        self.unavailable: str | None = None  # set when the endpoints look down (see module doc)
-        self._last_success = float("-inf")
+        self.failover = Failover(self.endpoints, retries, backoff_s)
+
+    @property
+    def retried(self) -> int:
+        """Attempts that failed and were retried (reported in the summary)."""
+        return self.failover.retried
+
+    @property
+    def unavailable(self) -> str | None:
+        """Set when the endpoints look down (see module doc)."""
+        return self.failover.unavailable
 
     def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:
         asyncio.run(self._run(convs, on_done))
 
     async def _run(self, convs: list[Conversation], on_done: OnDone) -> None:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        limits = httpx.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
-        async with httpx.AsyncClient(timeout=self.timeout_s, headers=headers, limits=limits) as client:
+        async with EngineClient(self.timeout_s, self.concurrency, self.api_key) as client:
             if self.model_name is None:
-                self.model_name = await self._discover_model(client)
+                self.model_name = await client.model_name(self.endpoints)
             sem = asyncio.Semaphore(self.concurrency)
             await asyncio.gather(*(self._conversation(client, sem, c, on_done) for c in convs))
 
-    async def _discover_model(self, client: httpx.AsyncClient) -> str:
-        """vLLM checks the model name; SGLang accepts any. Ask the first endpoint that answers."""
-        for e in self.endpoints:
-            try:
-                r = await client.get(endpoint_url(e, "/v1/models"), timeout=min(self.timeout_s, 10.0))
-                data = r.json().get("data") or []
-                if r.status_code == 200 and data:
-                    return str(data[0]["id"])
-            except (httpx.HTTPError, ValueError, KeyError, TypeError, AttributeError):
-                continue
-        return "default"
-
-    async def _conversation(self, client, sem, conv: Conversation, on_done: OnDone) -> None:
+    async def _conversation(self, client: EngineClient, sem, conv: Conversation, on_done: OnDone) -> None:
         while not conv.done:
             history = conv.history()
             if self.tokenizer is not None:
@@ -99,13 +77,20 @@ class OpenAIBackend:
                 except TemplateRefusal as e:
                     conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
                     break
+            s = self.sampling
+            body = chat_body(
+                self.model_name,
+                history,
+                s.max_new_tokens,
+                s.temperature,
+                top_p=s.top_p if not s.greedy else 1.0,
+                seed=conv.seed(s),
+                tools=conv.tools,
+                template_kwargs=conv.template_kwargs,
+            )
             try:
                 async with sem:
-                    if self.unavailable is not None:
-                        raise EndpointError("endpoint_error", f"not sent: {self.unavailable}")
-                    out = await self._complete(
-                        client, history, conv.seed(self.sampling), conv.tools, conv.template_kwargs
-                    )
+                    out = await self.failover.post(client, "/v1/chat/completions", body, self._parse)
             except EndpointError as e:
                 if e.transient:
                     conv.leave_pending(f"turn {conv.turn}: {e.detail}")
@@ -115,68 +100,8 @@ class OpenAIBackend:
             conv.add(out)
         on_done(conv)
 
-    async def _complete(
-        self,
-        client: httpx.AsyncClient,
-        messages: list[dict],
-        seed: int,
-        tools: list | None = None,
-        template_kwargs: dict | None = None,
-    ) -> TurnOutput:
-        s = self.sampling
-        body: dict[str, Any] = {
-            "model": self.model_name,
-            "messages": request_messages(messages),
-            "max_tokens": s.max_new_tokens,
-            "temperature": max(s.temperature, 0.0),
-            "top_p": s.top_p if not s.greedy else 1.0,
-            "seed": seed % (2**31),
-            "stream": False,
-        }
-        if tools:
-            body["tools"] = tools
-        if template_kwargs:
-            # vLLM and SGLang pass these to the chat template (Qwen3's enable_thinking); gpt-oss
-            # servers also read reasoning_effort as a request field
-            body["chat_template_kwargs"] = dict(template_kwargs)
-            if "reasoning_effort" in template_kwargs:
-                body["reasoning_effort"] = template_kwargs["reasoning_effort"]
-        started, last = time.monotonic(), ""
-        for attempt in range(self.retries + 1):
-            url = endpoint_url(self.endpoints[next(self._rr)], "/v1/chat/completions")
-            shown = redact_text(url)
-            try:
-                r = await client.post(url, json=body)
-            except httpx.TimeoutException as e:
-                last = f"timeout after {self.timeout_s:g}s at {shown} ({type(e).__name__})"
-            except httpx.TransportError as e:  # connect refused, reset, DNS...
-                last = f"{type(e).__name__} at {shown}: {e}"
-            else:
-                if r.status_code == 200:
-                    try:
-                        out = self._parse(r)
-                    except ValueError as e:  # a proxy's HTML page, a cut body: the next try may be fine
-                        last = f"{shown} answered 200 without choices[0].message.content ({e})"
-                    else:
-                        self._last_success = time.monotonic()
-                        return out
-                elif r.status_code in CONTENT_STATUSES:
-                    raise EndpointError(
-                        "request_rejected", f"HTTP {r.status_code} from {shown}: {r.text[:200]}", transient=False
-                    )
-                else:
-                    last = f"HTTP {r.status_code} from {shown}: {r.text[:200]}"
-            if attempt < self.retries and self.unavailable is None:
-                self.retried += 1
-                await asyncio.sleep(self.backoff_s * (2**attempt))
-            elif self.unavailable is not None:
-                break
-        if self._last_success < started and self.unavailable is None:
-            self.unavailable = f"no endpoint answered; last: {redact_text(last)}"
-        raise EndpointError("endpoint_error", f"{attempt + 1} attempt(s) failed; last: {last}")
-
     @staticmethod
-    def _parse(r: httpx.Response) -> TurnOutput:
+    def _parse(r: Reply) -> TurnOutput:
         try:
             data = r.json()
             choice = data["choices"][0]
@@ -204,26 +129,3 @@ class OpenAIBackend:
             reasoning or None,
             calls,
         )
-
-
-def request_messages(messages: list[dict]) -> list[dict]:
-    """Our messages in the OpenAI request form: tool-call arguments as JSON text, call ids present."""
-    out = []
-    for k, m in enumerate(messages):
-        m = dict(m)
-        if m.get("tool_calls"):
-            m["tool_calls"] = [
-                {
-                    "id": c.get("id") or f"call_{k}_{j}",
-                    "type": "function",
-                    "function": {
-                        "name": c["function"]["name"],
-                        "arguments": c["function"]["arguments"]
-                        if isinstance(c["function"]["arguments"], str)
-                        else json.dumps(c["function"]["arguments"], ensure_ascii=False),
-                    },
-                }
-                for j, c in enumerate(m["tool_calls"])
-            ]
-        out.append(m)
-    return out

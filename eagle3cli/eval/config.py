@@ -51,7 +51,11 @@ class EvalConfig:
     """Another head (any layout) decoded on the same prompts: side by side, a paired test, overlaid in
     the plot (repeatable)."""
     endpoint: str | None = None
-    """URL of a running SGLang server: evaluate it through /generate instead."""
+    """URL of a running SGLang or vLLM server (target + head): evaluate the engine instead (SGLang's
+    /generate meta_info, vLLM's spec-decode counters on /metrics)."""
+    base_endpoint: str | None = None
+    """With --endpoint (vLLM): the same target served without speculation, for tokens/s, speed-up,
+    greedy outputs compared token for token and, at --temperature > 0, the engine's sampling check."""
     generate_baseline: bool = True
     """Also time transformers' greedy `generate`."""
     seed: int = 0
@@ -126,4 +130,9 @@ class EvalConfig:
             e.append("give --head HEAD_DIR or --run RUN (whose head/ is evaluated), or --endpoint URL")
         if self.endpoint is not None and not str(self.endpoint).startswith(("http://", "https://")):
             e.append(f"--endpoint must be an http(s) URL, got {self.endpoint!r}")
+        if self.base_endpoint is not None:
+            if self.endpoint is None:
+                e.append("--base-endpoint needs --endpoint (the speculative server it is compared with)")
+            if not str(self.base_endpoint).startswith(("http://", "https://")):
+                e.append(f"--base-endpoint must be an http(s) URL, got {self.base_endpoint!r}")
         return e

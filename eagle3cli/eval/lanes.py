@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 import torch
 
 from ..console import progress, warn
+from ..prompts import Prompt, render
 from .config import EvalConfig
 from .decoder import DecodeResult, hf_generate, plain_decode
-from .prompts import Prompt, render
 
 
 @dataclass

@@ -16,11 +16,11 @@ from ..errors import UsageError
 from ..extras import plotting
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, write_manifest
+from ..prompts import load_conversations, render
 from .config import EvalConfig
 from .decoder import SpeculativeDecoder, plain_decode
 from .lanes import decode_lanes, split_turns
 from .metrics import TAU_NOTE
-from .prompts import load_conversations, render
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
 if TYPE_CHECKING:

@@ -6,7 +6,8 @@ finds that concurrency. Per level: output-token throughput, request latency perc
 accept length — per request from SGLang's `meta_info` (`completion_tokens / spec_verify_ct`,
 or `spec_accept_length` where the server reports it) or, on the OpenAI API, from SGLang's
 `sglext.spec_tokens_details` extension; and after each level from `/server_info`'s
-`avg_spec_accept_length` (a running average over recent batches).
+`avg_spec_accept_length` (a running average over recent batches), or on vLLM from its own
+spec-decode counters on `/metrics`, scraped before and after the level.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
+from ..engine_api import EngineClient, Unreachable, chat_body, generate_body
 from ..errors import UsageError
 from ..extras import plotting
 from ..manifest import atomic_write, atomic_write_json, write_manifest
@@ -54,15 +54,17 @@ class LevelResult:
     latency_p90_s: float | None
     latency_p99_s: float | None
     accept_length: float | None  # sum(tokens) / sum(verify passes) over this level's requests
-    server_accept_length: float | None  # /server_info avg_spec_accept_length after the level
+    server_accept_length: float | None  # SGLang: /server_info avg_spec_accept_length after the level;
+    # vLLM: 1 + accepted / drafts from its /metrics counters over the level
     first_error: str | None = None
+    engine_per_position: list[float] | None = None  # vLLM: accepted_per_pos[k] / drafts over the level
 
 
 # ---------------------------------------------------------------- prompts
 def load_prompts(spec: str | Path | None) -> list[list[dict]]:
     """First-turn chat messages of every prompt in `spec` (a named source or a file; default
     MT-bench), read exactly as eval and gen-data read them."""
-    from ..eval.prompts import load_prompts as load_bench
+    from ..prompts import load_prompts as load_bench
 
     return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
 
@@ -73,43 +75,45 @@ def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | No
     messages (the server applies its own template)."""
     if api != "generate":
         return prompts
-    from ..eval.endpoint import generate_body
     from ..model.target import load_tokenizer, resolve_model_path
+    from ..prompts import render
 
     assert target is not None  # BenchConfig.validate(): --api generate needs --target
     tok = load_tokenizer(resolve_model_path(target))
-    return [generate_body(tok, m, {})["input_ids"] for m in prompts]
+    return [render(tok, m) for m in prompts]
 
 
 # ---------------------------------------------------------------- one request
-async def _request(
-    client: httpx.AsyncClient, url: str, api: str, prompt, model: str, cfg: BenchConfig
-) -> RequestResult:
+def request_body(api: str, prompt, model: str, cfg: BenchConfig) -> tuple[str, dict]:
+    """(route, body) of one greedy request; `prompt` is token ids for /generate, messages for OpenAI."""
+    if api == "generate":
+        params: dict = {"max_new_tokens": cfg.max_tokens, "temperature": 0.0}
+        if cfg.ignore_eos:
+            params["ignore_eos"] = True
+        return "/generate", generate_body(prompt, params)
+    # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`); vLLM ignores it
+    extra: dict = {"return_spec_tokens_details": True}
+    if cfg.ignore_eos:
+        extra["ignore_eos"] = True
+    body = chat_body(model, prompt, cfg.max_tokens, 0.0, extra=extra)
+    for k in ("stream",):  # as SGLang and vLLM default it
+        body.pop(k)
+    return "/v1/chat/completions", body
+
+
+async def _request(client: EngineClient, url: str, api: str, prompt, model: str, cfg: BenchConfig) -> RequestResult:
     """One request; `prompt` is token ids for /generate, chat messages for the OpenAI API."""
+    route, body = request_body(api, prompt, model, cfg)
     t0 = time.perf_counter()
     try:
-        if api == "generate":
-            params = {"max_new_tokens": cfg.max_tokens, "temperature": 0.0}
-            if cfg.ignore_eos:
-                params["ignore_eos"] = True
-            r = await client.post(f"{url}/generate", json={"input_ids": prompt, "sampling_params": params})
-        else:
-            # return_spec_tokens_details: SGLang's extension (response `sglext.spec_tokens_details`)
-            body = {
-                "model": model,
-                "messages": prompt,
-                "max_tokens": cfg.max_tokens,
-                "temperature": 0.0,
-                "return_spec_tokens_details": True,
-            }
-            if cfg.ignore_eos:
-                body["ignore_eos"] = True
-            r = await client.post(f"{url}/v1/chat/completions", json=body)
-        latency = time.perf_counter() - t0
-        if r.status_code != 200:
-            return RequestResult(False, latency, error=f"HTTP {r.status_code}: {r.text[:160]}")
+        r = await client.post(url, route, body)
+        latency = r.seconds
+        if r.status != 200:
+            return RequestResult(False, latency, error=f"HTTP {r.status}: {r.text[:160]}")
         data = r.json()
-    except (httpx.HTTPError, json.JSONDecodeError) as e:
+    except Unreachable as e:
+        return RequestResult(False, time.perf_counter() - t0, error=e.detail[:200])
+    except json.JSONDecodeError as e:
         return RequestResult(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"[:200])
     if api == "generate":
         meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
@@ -138,43 +142,9 @@ def _percentile(values: list[float], q: float) -> float | None:
     return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
-async def _server_accept_length(client: httpx.AsyncClient, url: str) -> float | None:
-    """SGLang's running average over recent batches (`internal_states[*].avg_spec_accept_length`)."""
-    for path in ("/server_info", "/get_server_info"):
-        try:
-            r = await client.get(url + path)
-        except httpx.HTTPError:
-            continue
-        if r.status_code != 200:
-            continue
-        try:
-            info = r.json()
-        except json.JSONDecodeError:
-            continue
-        states = info.get("internal_states") or [info]
-        found = [s.get("avg_spec_accept_length") for s in states if isinstance(s, dict)]
-        vals = [float(v) for v in found if isinstance(v, (int, float))]
-        if vals:
-            return sum(vals) / len(vals)
-    return None
-
-
-async def _model_name(client: httpx.AsyncClient, url: str) -> str:
-    try:
-        r = await client.get(url + "/v1/models")
-        return r.json()["data"][0]["id"]
-    except (httpx.HTTPError, json.JSONDecodeError, KeyError, IndexError, TypeError):
-        return "default"
-
-
-async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> None:
-    try:
-        r = await client.get(url + "/health")
-        ok = r.status_code == 200
-        why = f"HTTP {r.status_code}"
-    except httpx.HTTPError as e:
-        ok, why = False, f"{type(e).__name__}: {e}"
-    if not ok:
+async def _check_reachable(client: EngineClient, label: str, url: str) -> None:
+    why = await client.health(url)
+    if why is not None:
         raise UsageError(
             f"the {label} server at {url} is not healthy ({why})",
             "a running SGLang/vLLM server",
@@ -186,10 +156,10 @@ async def _check_reachable(client: httpx.AsyncClient, label: str, url: str) -> N
 async def run_level(
     label: str, url: str, prompts: list, concurrency: int, n_requests: int, cfg: BenchConfig
 ) -> LevelResult:
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(timeout=cfg.timeout, limits=limits) as client:
-        model = await _model_name(client, url) if cfg.api == "openai" else ""
+    async with EngineClient(timeout_s=cfg.timeout, concurrency=concurrency) as client:
+        model = await client.model_name([url]) if cfg.api == "openai" else ""
         await _request(client, url, cfg.api, prompts[0], model, cfg)  # warm-up, not counted
+        before = await client.spec_counters(url)  # vLLM: its own counters, differenced over the level
         sem = asyncio.Semaphore(concurrency)
         results: list[RequestResult] = []
         with progress(f"{label} c={concurrency}", total=n_requests, unit="req") as bar:
@@ -203,7 +173,9 @@ async def run_level(
             t0 = time.perf_counter()
             await asyncio.gather(*(one(i) for i in range(n_requests)))
             wall = time.perf_counter() - t0
-        server_acc = await _server_accept_length(client, url)
+        after = await client.spec_counters(url)
+        counters = after.minus(before) if after is not None and before is not None else None
+        server_acc = counters.tau if counters is not None else await client.server_accept_length(url)
     good = [r for r in results if r.ok]
     tokens = sum(r.completion_tokens for r in good)
     verified = [r for r in good if r.verify_ct]
@@ -228,6 +200,7 @@ async def run_level(
         accept_length=acc,
         server_accept_length=server_acc,
         first_error=errors[0] if errors else None,
+        engine_per_position=counters.per_position() if counters is not None and counters.drafts else None,
     )
 
 
@@ -293,7 +266,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         warn("no --base-url: throughput is measured, but there is no speed-up without a baseline server")
 
     async def main() -> list[LevelResult]:
-        async with httpx.AsyncClient(timeout=10.0) as client:
+        async with EngineClient(timeout_s=10.0) as client:
             for label, url in servers:
                 await _check_reachable(client, label, url)
         levels = []

@@ -15,9 +15,8 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
-
 from ..console import console, log
+from ..engine_api import is_healthy
 
 HEALTH_TIMEOUT_EXIT = 124  # as timeout(1): the engine never became healthy in time
 
@@ -87,11 +86,8 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float, stop: threa
             return "stopped"
         if proc.poll() is not None:
             return "exited"
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return "healthy"
-        except httpx.HTTPError:
-            pass
+        if is_healthy(url, timeout_s=2.0):
+            return "healthy"
         stop.wait(poll_s)
     return "timeout"
 

@@ -36,11 +36,11 @@ from pathlib import Path
 import torch
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_logits, plain_decode
-from eagle3cli.eval.prompts import load_prompts, render
 from eagle3cli.eval.target_kv import TargetKV
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import load_head
 from eagle3cli.model.target import default_aux_layer_ids, load_target
+from eagle3cli.prompts import load_prompts, render
 
 
 def random_head(target, draft_vocab: int) -> tuple[Eagle3Draft, tuple[int, ...]]:

@@ -98,9 +98,9 @@ def test_reader_resolves_every_layout_to_the_same_layers(layouts, ref_head):
 
 @torch.no_grad()
 def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_dir, ref_head, layouts, tmp_path):
-    from eagle3cli.eval.prompts import load_prompts, render
     from eagle3cli.model.heads import load_any_head
     from eagle3cli.model.target import AuxCapture
+    from eagle3cli.prompts import load_prompts, render
 
     target, tok, _ = load_target(trained_target_dir)
     ids = torch.tensor([render(tok, load_prompts("gsm8k", 1)[0][1])])

@@ -12,7 +12,7 @@ import pytest
 from eagle3cli import sources
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.errors import UsageError
-from eagle3cli.eval.prompts import load_conversations, load_prompts
+from eagle3cli.prompts import load_conversations, load_prompts
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""Benchmark prompts as chat messages, read by the same resolver and reader as gen-data.
+"""Benchmark prompts as chat messages, read by the same resolver and reader as gen-data
+(eval and serve-bench both read them here).
 
 `--bench` is a named source (gsm8k, mt_bench, humaneval, sharegpt, ultrachat, ... see
 eagle3cli/sources.py; eval takes the test split) or any file gen-data reads (ShareGPT,
@@ -8,9 +9,9 @@ eval always decodes the answers itself.
 
 from __future__ import annotations
 
-from ..console import warn
-from ..data.formats import parse_input_spec, read_input
-from ..errors import UsageError
+from .console import warn
+from .data.formats import parse_input_spec, read_input
+from .errors import UsageError
 
 Prompt = tuple[str, list[dict]]  # (id, messages)
 
