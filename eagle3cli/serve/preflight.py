@@ -79,6 +79,14 @@ def check_target_engine(architectures, engine: str) -> list[Problem]:
                 f"a target family {engine} supports for EAGLE-3 (docs/serve.md lists them){alt}",
             )
         ]
+    if engine == "vllm" and s.architecture is None:
+        return [
+            error(
+                "the target's config.json names no architectures: vLLM picks the model class from them and "
+                "refuses to load the target",
+                'set "architectures": ["LlamaForCausalLM"] (the class that fits its model_type) in its config.json',
+            )
+        ]
     if s.status == "unknown":
         return [
             warning(

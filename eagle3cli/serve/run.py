@@ -18,20 +18,28 @@ from .commands import (
 )
 from .config import ServeConfig
 from .launch import launch
-from .machine import check_engine_installed, check_gpu, check_port
+from .machine import (
+    check_engine_installed,
+    check_gpu,
+    check_port,
+    check_vllm_cpu,
+    default_engine_python,
+    vllm_build,
+)
 from .preflight import check_head
 from .problems import Problem, raise_if_errors
+from .vllm_cpu import cpu_launch
 
 
-def serve_problems(cfg: ServeConfig, spec) -> list[Problem]:
+def serve_problems(cfg: ServeConfig, spec, engine_python: str | None = None, cpu_build: bool = False) -> list[Problem]:
     """Every preflight check for this config (machine checks only when really launching)."""
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
     problems = check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     if not cfg.dry_run:
-        problems += check_engine_installed(cfg.engine, cfg.engine_python)
-        problems += check_gpu(cfg.engine)
+        problems += check_engine_installed(cfg.engine, engine_python)
+        problems += check_vllm_cpu() if cpu_build else check_gpu(cfg.engine)
         problems += check_port(cfg.host, cfg.port)
     return problems
 
@@ -41,14 +49,22 @@ def run_serve(cfg: ServeConfig) -> int:
     flag_problems = check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
     raise_if_errors(flag_problems, "eagle3 serve --help")
     spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval)
-    problems = serve_problems(cfg, spec)
+    engine_python = cfg.engine_python or default_engine_python(cfg.engine)
+    build = vllm_build(engine_python) if cfg.engine == "vllm" and engine_python else None
+    cpu_build = build is not None and build.cpu
+    extra, env = list(cfg.extra_args), None
+    problems = serve_problems(cfg, spec, engine_python, cpu_build)
+    if cpu_build:
+        assert build is not None
+        log(f"engine: vllm-cpu {build.version} from {escape(str(engine_python))} (serves on this CPU)")
+        extra, env, notes = cpu_launch(extra)
+        problems += notes
     for p in problems:
         if not p.is_error:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
     raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
-    argv = build_command(
-        cfg.engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, list(cfg.extra_args), cfg.engine_python
-    )
+    engine = "vllm-cpu" if cpu_build else cfg.engine
+    argv = build_command(engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, extra, engine_python)
     log(
         f"speculation: steps={spec.steps} topk={spec.topk} draft_tokens={spec.draft_tokens} "
         f"(from {escape(spec.source)})"
@@ -74,5 +90,6 @@ def run_serve(cfg: ServeConfig) -> int:
         cfg.port,
         health_timeout_s=cfg.health_timeout,
         ready_message=ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target)),
+        env=env,
         log_prefix=cfg.engine,
     )
