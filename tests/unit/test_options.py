@@ -142,6 +142,7 @@ SAMPLES = {
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
     ("eval", "endpoint"): (["--endpoint", "http://e:1"], "http://e:1"),
+    ("eval", "base_endpoint"): (["--endpoint", "http://e:1", "--base-endpoint", "http://b:1"], "http://b:1"),
     ("eval", "sweep_tree"): (["--sweep-tree", "3,2,4"], ("3,2,4",)),
     ("serve-bench", "spec_url"): (["--spec-url", "http://s:1"], "http://s:1"),
     ("serve-bench", "base_url"): (["--base-url", "http://b:1"], "http://b:1"),
