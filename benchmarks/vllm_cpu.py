@@ -90,7 +90,7 @@ def read(path: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="models/tiny-target")
-    ap.add_argument("--head", required=True)
+    ap.add_argument("--head", help="the exported head; without one only the plain engine is measured")
     ap.add_argument("--out", type=Path, default=Path("runs/vllm-cpu"))
     ap.add_argument("--bench", default="gsm8k")
     ap.add_argument("--num-prompts", type=int, default=16)
@@ -104,7 +104,7 @@ def main() -> None:
     a = ap.parse_args()
     out = a.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ks, dtypes = [int(k) for k in a.ks.split(",")], a.dtypes.split(",")
+    ks, dtypes = [int(k) for k in a.ks.split(",")] if a.head else [], a.dtypes.split(",")
     common = ["--target", a.target, "--bench", a.bench, "--num-prompts", a.num_prompts,
               "--max-new-tokens", a.max_new_tokens]  # fmt: skip
     results: dict = {"target": a.target, "head": a.head, **vars(a), "out": str(out), "engine": {}, "eval": {}}
@@ -117,6 +117,10 @@ def main() -> None:
             results["eval"][f"{dtype}-k{k}"] = {"tau": acc["tau"], "rounds": acc["rounds"],
                                                 "per_position": [x["unconditional"] for x in acc["per_depth"]]}  # fmt: skip
         with plain_server(a.target, dtype, out) as plain:
+            for rep in (1, 2) if not ks else ():  # no head: the plain engine's sequential tokens/s
+                eagle3("eval", "--endpoint", plain, *common, "--out", out / f"plain-{dtype}-run{rep}")
+                r = read(out / f"plain-{dtype}-run{rep}" / "report.json")
+                results.setdefault("plain", {}).setdefault(dtype, []).append(r["tokens_per_s_sequential"])
             for k in ks:
                 with spec_server(a.target, a.head, k, dtype, out) as spec:
                     for rep in (1, 2):  # two runs: this machine is shared, tokens/s moves
@@ -175,7 +179,7 @@ def tables(r: dict) -> str:
     plain: dict[str, list[float]] = {}
     for key, runs in r["engine"].items():
         plain.setdefault(key.split("-k")[0], []).extend(x["plain_tok_s"] for x in runs)
-    for dtype, values in plain.items():
+    for dtype, values in (r.get("plain") or plain).items():
         lines.append(f"| no speculation, {dtype} | {_runs(values)} | 1 | 1 | | |")
     for key, runs in r["engine"].items():
         dtype, k = key.split("-k")
