@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..jsonl import split_lines
 from ..sources import Source
 from ..sources import resolve as resolve_source
 from .messages import ROLES, BadRecord, check_conversation, message, record_tools, sharegpt_function_call
@@ -279,9 +280,8 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
             if detect_shape(obj) is None and len(lists) == 1:
                 yield from ((i, r, None) for i, r in enumerate(lists[0]))
                 return
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
+    for n, line in split_lines(text):
+        i = n - 1
         try:
             yield i, json.loads(line), None
         except json.JSONDecodeError as e:
