@@ -353,6 +353,8 @@ def finalize(
     counts = {
         "rows_read": sum(r.rows for r in results),
         "valid": sum(len(r.records) for r in results),
+        "repaired_by_kind": dict(sum((r.repair_counts for r in results), Counter()).most_common()),
+        "repaired_written": sum(1 for r in records if r["meta"].get("repairs")),
         "planned": len(plan),
         "written": len(records),
         "regenerated": 0 if cfg.no_regenerate else len(records),
