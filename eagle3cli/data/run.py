@@ -9,7 +9,6 @@ exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -20,6 +19,7 @@ from typing import Any
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
 from ..errors import IncompleteError, UsageError
+from ..jsonl import dumps, read_records
 from ..lock import locked_stage
 from ..manifest import (
     MANIFEST,
@@ -41,7 +41,6 @@ from .journal import (
     TRANSIENT_REASONS,
     Journal,
     check_folder,
-    dumps,
     finish_shard,
     read_journal,
     shard_name,
@@ -343,17 +342,19 @@ def finalize(
     gen_rejects, shards, records = [], [], []
     for k in shard_ids:
         p = out / shard_name(k)
-        recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        recs = read_records(p)
         records += recs
         shards.append(shard_record(p, records=len(recs)))
         rp = out / PROGRESS / f"rejects-{k:05d}.jsonl"
-        gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
+        gen_rejects += read_records(rp)
     all_rejects = read_rejects + gen_rejects
     atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
     turns = [t for r in records for t in r["meta"]["turns"]]
     counts = {
         "rows_read": sum(r.rows for r in results),
         "valid": sum(len(r.records) for r in results),
+        "repaired_by_kind": dict(sum((r.repair_counts for r in results), Counter()).most_common()),
+        "repaired_written": sum(1 for r in records if r["meta"].get("repairs")),
         "planned": len(plan),
         "written": len(records),
         "regenerated": 0 if cfg.no_regenerate else len(records),
