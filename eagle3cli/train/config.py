@@ -66,6 +66,14 @@ class TrainConfig:
     """Optimizer steps per checkpoint (must be a multiple of --log-every for exact resume)."""
     keep_checkpoints: int = 2
     """Checkpoints kept besides the best one."""
+    heldout_samples: int = 32
+    """Cached conversations held out of training for the learning curve (at most a tenth of the
+    cache; 0 trains on everything and draws no curve)."""
+    heldout_every: int = 50
+    """Optimizer steps between held-out acceptance measurements (and one at the end): chain tau and
+    alpha_k at --heldout-depth, in metrics.jsonl and RUN/train/learning_curve.png."""
+    heldout_depth: int = 8
+    """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`)."""
     resume: bool = True
     """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
     device: str | None = None
@@ -97,6 +105,8 @@ class TrainConfig:
         e = []
         if self.run is None:
             e.append("--run is required (the run folder, e.g. runs/demo)")
+        if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
+            e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:
             e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
         for name in (

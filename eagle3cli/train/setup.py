@@ -40,6 +40,7 @@ from ..model.target import (
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CacheSource, OnlineSource, plan_epoch
+from .heldout import heldout_indices
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
@@ -126,6 +127,8 @@ class Trainer:
     tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
+    heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
+    train_seconds: float = 0.0  # wall time of training steps over every session (held-out passes excluded)
 
 
 def _cosine(total: int, warmup: int, floor: float):
@@ -227,7 +230,8 @@ def setup(cfg: TrainConfig) -> Trainer:
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     per_step = world * cfg.grad_accum
-    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size))
+    heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
+    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size, exclude=heldout))
     if n_batches < per_step:
         raise UsageError(
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
@@ -264,6 +268,7 @@ def setup(cfg: TrainConfig) -> Trainer:
         use_ds,
     )
     tr.logit_spec = logit_spec(tcfg)
+    tr.heldout = heldout
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)
     resume(tr)
@@ -308,6 +313,8 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "master_addr",
         "master_port",
         "device",
+        "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
+        "heldout_depth",
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
     ):
         d.pop(k, None)
@@ -365,6 +372,7 @@ def resume(tr: Trainer) -> None:
     ckpt.set_rng_state(state["rng"])
     tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
     tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
+    tr.train_seconds = float(state.get("train_seconds", 0.0))
     tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.step)
