@@ -71,7 +71,8 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     def logits(h: torch.Tensor) -> torch.Tensor:
         return inner.lm_head(inner.norm(h))
 
-    accepted = counted = None
+    accepted: torch.Tensor | None = None
+    counted: torch.Tensor | None = None
     for b in batches:
         batch = {k: v.to(tr.device) for k, v in tr.source.batch([indices[i] for i in b], tr.cfg.max_length).items()}
         teacher = teacher_for(tr, batch)
@@ -79,7 +80,8 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
         with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
             hiddens = inner.ttt_unroll(batch["input_ids"], aux, depth)
             a, c = chain_counts(hiddens, logits, teacher, batch["loss_mask"])
-        accepted, counted = (a, c) if accepted is None else (accepted + a, counted + c)
+        accepted = a if accepted is None else accepted + a
+        counted = c if counted is None else counted + c
     assert accepted is not None and counted is not None
     out = chain_summary(accepted, counted)
     out["samples"], out["anchors"] = len(indices), int(counted[0])

@@ -146,12 +146,24 @@ def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list
     )
 
 
+def with_noise(aux: torch.Tensor, scale: float, width: int) -> torch.Tensor:
+    """aux + N(0, (scale * rms)^2), the RMS taken per token and per aux layer (each `width` wide:
+    the layers' scales differ by orders of magnitude). Drawn from torch's global RNG, which
+    checkpoints save, so a resumed run draws the same noise."""
+    parts = aux.unflatten(-1, (-1, width))
+    rms = parts.float().pow(2).mean(-1, keepdim=True).sqrt()
+    noisy = parts + (torch.randn_like(parts, dtype=torch.float32) * rms * scale).to(parts.dtype)
+    return noisy.flatten(-2)
+
+
 def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
     batch = {k: v.to(tr.device) for k, v in tr.source.batch(indices, tr.cfg.max_length).items()}
     teacher = teacher_for(tr, batch)
     batch["aux_hidden"] = batch["aux_hidden"].to(tr.draft.fc.weight.dtype)
+    if tr.cfg.feature_noise > 0:
+        batch["aux_hidden"] = with_noise(batch["aux_hidden"], tr.cfg.feature_noise, tr.draft.config.target_hidden_size)
     with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
-        out = tr.loss_fn(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
+        out = tr.loss_fn(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight, tr.cfg.loss)
     stop_if_nonfinite(tr, out.loss, "the loss", indices)
     if tr.deepspeed:
         tr.model.backward(out.loss)  # the engine scales by its gradient_accumulation_steps

@@ -8,6 +8,7 @@ when its settings differ from this command's).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -41,6 +42,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CacheSource, OnlineSource, plan_epoch
 from .heldout import heldout_indices
+from .optim import apply_init, build_optimizer
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
@@ -107,8 +109,8 @@ class Trainer:
     source: CacheSource | OnlineSource
     draft: Eagle3Draft
     model: Any  # the draft, or the DeepSpeed engine wrapping it (deepspeed ships no types)
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: Any  # torch.optim.AdamW, or train.optim.OptimizerPair with --optimizer muon
+    scheduler: Any  # LambdaLR, or train.optim.SchedulerPair
     lm_head: torch.Tensor | None
     device: torch.device
     autocast: torch.dtype | None
@@ -225,10 +227,9 @@ def setup(cfg: TrainConfig) -> Trainer:
         source.t2d,
         norm_offset=final_norm_offset(tcfg),
     )
+    apply_init(draft, cfg.init, cfg.lm_head)
     draft.to(device)
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     per_step = world * cfg.grad_accum
     heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
     n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size, exclude=heldout))
@@ -238,8 +239,8 @@ def setup(cfg: TrainConfig) -> Trainer:
             "more data, a smaller --token-budget or --grad-accum",
         )
     total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+    optimizer, sched = build_optimizer(
+        draft, cfg.optimizer, cfg.lr, cfg.weight_decay, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
     )
     autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
     model = draft
@@ -353,7 +354,10 @@ def resume(tr: Trainer) -> None:
             metrics.unlink(missing_ok=True)
         return
     state = ckpt.load(path)
-    old, new = config_key(state["config"]), config_key(tr.cfg)
+    # a checkpoint written before a setting existed ran with that setting's default
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    new = config_key(tr.cfg)
+    old = {**{k: defaults[k] for k in new if k in defaults}, **config_key(state["config"])}
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise UsageError(
