@@ -82,7 +82,8 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
             )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
+    ours = (".gitkeep", PROGRESS, REJECTS)  # and locks: .lock, .lock.shard-i-of-N of --shard processes
+    if out.exists() and any(p.name not in ours and not p.name.startswith(LOCK_NAME) for p in out.iterdir()):
         raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
     return None
 
