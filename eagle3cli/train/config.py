@@ -61,6 +61,10 @@ class TrainConfig:
     """Tokens per sample; longer samples are cut."""
     epochs: int = 1
     """Passes over the data."""
+    time_budget_s: float | None = None
+    """Train for this many seconds of training wall time (held-out passes and checkpoints excluded;
+    summed over resumed sessions) instead of a number of steps: the warmup and cosine schedule run
+    over the budget. The fair way to compare recipes per core-hour."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4
@@ -130,6 +134,8 @@ class TrainConfig:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:
             e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
             e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:
