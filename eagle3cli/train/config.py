@@ -62,9 +62,10 @@ class TrainConfig:
     epochs: int = 1
     """Passes over the data."""
     time_budget_s: float | None = None
-    """Train for this many seconds of training wall time (held-out passes and checkpoints excluded;
-    summed over resumed sessions) instead of a number of steps: the warmup and cosine schedule run
-    over the budget. The fair way to compare recipes per core-hour."""
+    """Train for this many CPU seconds (core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour;
+    held-out passes and checkpoints excluded, summed over resumed sessions) instead of a number of
+    steps; the warmup and cosine schedule run over the budget. Compares recipes per core-hour,
+    and a machine shared with other jobs does not shorten a run."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4

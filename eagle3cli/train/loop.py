@@ -75,6 +75,7 @@ def save_checkpoint(tr: Trainer) -> None:
         "best": tr.best,
         "tokens_seen": tr.tokens_seen,
         "train_seconds": tr.train_seconds,
+        "train_cpu_seconds": tr.clock.cpu_seconds,
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
         "metrics": tr.last_metrics,
@@ -215,6 +216,7 @@ def learning_curve(tr: Trainer) -> list[dict]:
             "tokens": m["tokens_seen"],
             "steps": m["step"],
             "seconds": m.get("train_seconds", 0.0),
+            "cpu_seconds": m.get("train_cpu_seconds", 0.0),
             "heldout_tau": m["heldout_tau"],
             "heldout_alpha_k": m.get("heldout_alpha_k"),
             "depth": m.get("heldout_depth", 8),
@@ -257,6 +259,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "tok_per_s": round(tokens / elapsed, 1),
         "tokens_seen": tr.tokens_seen,
         "train_seconds": round(tr.train_seconds, 2),
+        "train_cpu_seconds": round(tr.clock.cpu_seconds, 2),
     }
     if heldout:
         point = measure_heldout(tr)
@@ -321,12 +324,13 @@ def fit(tr: Trainer) -> None:
                     tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout
                 )
                 continue
-            before, started = iv.tokens, time.time()
+            before, started, cpu = iv.tokens, time.time(), time.process_time()
             for indices in mine:
                 micro_step(tr, indices, iv)
             tr.batch_pos += tr.world * cfg.grad_accum
             optimizer_step(tr, iv)
             tr.clock.seconds += time.time() - started
+            tr.clock.cpu_seconds += time.process_time() - cpu
             bar.advance(1, tokens=iv.tokens - before)
             last = tr.step == tr.total_steps or tr.out_of_time()
             measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or last)

@@ -137,21 +137,23 @@ class Trainer:
         return self.clock.seconds
 
     def out_of_time(self) -> bool:
-        return self.cfg.time_budget_s is not None and self.clock.seconds >= self.cfg.time_budget_s
+        return self.cfg.time_budget_s is not None and self.clock.cpu_seconds >= self.cfg.time_budget_s
 
 
 class Clock:
-    """Training wall time so far, shared by the loop (which advances it) and a time-budget schedule."""
+    """Training time so far, wall and CPU (this process's core-seconds: what a busy shared machine
+    does not inflate), shared by the loop (which advances it) and a time-budget schedule."""
 
     def __init__(self) -> None:
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
 
 
 def _time_cosine(budget: float, warmup_ratio: float, floor: float, clock: Clock):
     """`_cosine` over the fraction of a time budget spent rather than over steps."""
 
     def f(_step: int) -> float:
-        p = min(1.0, clock.seconds / budget)
+        p = min(1.0, clock.cpu_seconds / budget)
         if p < warmup_ratio:
             return max(p / warmup_ratio, 0.01)
         q = (p - warmup_ratio) / max(1e-9, 1 - warmup_ratio)
@@ -409,6 +411,7 @@ def resume(tr: Trainer) -> None:
     tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
     tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
     tr.clock.seconds = float(state.get("train_seconds", 0.0))
+    tr.clock.cpu_seconds = float(state.get("train_cpu_seconds", 0.0))
     tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.step)
