@@ -369,8 +369,8 @@ def compiled_loss(device: torch.device):
 
     def announced(*args, **kw):
         # the first call compiles, and nothing advances meanwhile: say so before it starts
-        if announced.compiles_next:  # type: ignore[attr-defined]
-            announced.compiles_next = False  # type: ignore[attr-defined]
+        if announced.compiles_next:
+            announced.compiles_next = False
             console.log("compiling the TTT step (first batch shape, can take minutes; later shapes reuse it)")
         return loss(*args, **kw)
 
