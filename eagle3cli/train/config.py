@@ -82,6 +82,9 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     token_budget: int = 4096
     """Padded tokens per micro-batch (batch size x longest sample)."""
+    max_attention: int = 4_194_304
+    """Bound of batch size x longest length^2 per micro-batch (attention memory of the TTT steps
+    grows with T^2): the default, 2048^2, takes one 2048-token sample or four of 1024."""
     max_batch_size: int = 64
     """Samples per micro-batch at most."""
     seed: int = 0

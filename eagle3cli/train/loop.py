@@ -26,7 +26,7 @@ from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import plan_epoch
+from .data import plan_for
 from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, setup
 from .ttt import (
@@ -311,7 +311,7 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout)
+    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
     with console.progress("train", total=total, unit="step", completed=tr.step) as bar:
         while tr.step < tr.total_steps and not tr.out_of_time():
@@ -320,9 +320,7 @@ def fit(tr: Trainer) -> None:
                 if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
                     break
                 tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_epoch(
-                    tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout
-                )
+                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
                 continue
             before, started, cpu = iv.tokens, time.time(), time.process_time()
             compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's

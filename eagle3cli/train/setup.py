@@ -40,7 +40,7 @@ from ..model.target import (
 )
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import CacheSource, OnlineSource, plan_epoch
+from .data import CacheSource, OnlineSource, plan_for
 from .heldout import heldout_indices
 from .optim import apply_init, build_optimizer
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
@@ -261,7 +261,7 @@ def setup(cfg: TrainConfig) -> Trainer:
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     per_step = world * cfg.grad_accum
     heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
-    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size, exclude=heldout))
+    n_batches = len(plan_for(cfg, source.lengths, 0, exclude=heldout))
     if n_batches < per_step:
         raise UsageError(
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
