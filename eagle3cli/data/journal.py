@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import StageError, UsageError
+from ..jsonl import dumps, split_byte_lines
 from ..lock import LOCK_NAME
 from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
 from .config import PLAN_FIELDS, GenDataConfig
@@ -29,11 +30,6 @@ TRANSIENT_REASONS = ("endpoint_error", "bad_response")
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}.jsonl"
-
-
-def dumps(obj) -> str:
-    """One JSONL line: text kept as written (non-ASCII unescaped), keys in their order."""
-    return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
 def recorded_plan(recorded: dict) -> dict:
@@ -86,7 +82,8 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
             )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    if out.exists() and any(p.name not in (".gitkeep", PROGRESS, LOCK_NAME, REJECTS) for p in out.iterdir()):
+    ours = (".gitkeep", PROGRESS, REJECTS)  # and locks: .lock, .lock.shard-i-of-N of --shard processes
+    if out.exists() and any(p.name not in ours and not p.name.startswith(LOCK_NAME) for p in out.iterdir()):
         raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
     return None
 
@@ -98,7 +95,7 @@ def read_journal(path: Path) -> dict[int, dict]:
     data = path.read_bytes()
     good_end = data.rfind(b"\n") + 1
     entries = {}
-    for line in data[:good_end].splitlines():
+    for line in split_byte_lines(data[:good_end]):
         try:
             e = json.loads(line)
         except json.JSONDecodeError:

@@ -9,7 +9,6 @@ exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -17,10 +16,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..config import config_dict
+from ..config import config_dict, parse_shard
 from ..console import console, log, print_table, progress, warn
 from ..errors import IncompleteError, UsageError
-from ..lock import locked_stage
+from ..jsonl import dumps, read_records
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     MANIFEST,
     atomic_write_json,
@@ -41,7 +41,6 @@ from .journal import (
     TRANSIENT_REASONS,
     Journal,
     check_folder,
-    dumps,
     finish_shard,
     read_journal,
     shard_name,
@@ -185,7 +184,13 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
 
 
 # ---------------------------------------------------------------- the stage
-@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir)
+def _lock_name(cfg: GenDataConfig) -> str:
+    """`--shard i/N` processes share the folder by design: one lock per slice of the shards."""
+    i, n = parse_shard(cfg.shard)
+    return LOCK_NAME if n == 1 else f"{LOCK_NAME}.shard-{i}-of-{n}"
+
+
+@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir, _lock_name)
 def run_gen_data(cfg: GenDataConfig) -> Path:
     results, plan, read_rejects = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)
@@ -218,7 +223,9 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     )
 
     n_shards = (len(plan) + cfg.shard_size - 1) // cfg.shard_size
+    rank, world = parse_shard(cfg.shard)
     todo = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
+    mine = [k for k in todo if k % world == rank]  # this process's slice (all of them without --shard)
     already = sum(min(cfg.shard_size, len(plan) - k * cfg.shard_size) for k in range(n_shards) if k not in todo)
     journals = {k: read_journal(prog_dir / f"shard-{k:05d}.journal.jsonl") for k in todo}
     already += sum(len(j) for j in journals.values())
@@ -231,7 +238,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     t0 = time.time()
     left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
     with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
-        for k in todo:
+        for k in mine:
             lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
             entries = journals[k]
             down = getattr(backend, "unavailable", None)
@@ -273,6 +280,13 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         session_tokens = bar.tokens
     if left:
         raise pending_error(cfg, out, left, len(plan))
+    others = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
+    if others:  # --shard: the other slices are still running; the last process to finish finalizes
+        log(
+            f"shard slice {rank}/{world} done; {len(others)} shard(s) of other slices are not finished yet: the last "
+            f"`--shard i/{world}` process to finish writes the manifest (or rerun without --shard once they are done)"
+        )
+        return out
     elapsed = time.time() - t0
     return finalize(
         cfg, out, identity, results, plan, read_rejects, list(range(n_shards)), elapsed, backend, session_tokens
@@ -343,17 +357,19 @@ def finalize(
     gen_rejects, shards, records = [], [], []
     for k in shard_ids:
         p = out / shard_name(k)
-        recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        recs = read_records(p)
         records += recs
         shards.append(shard_record(p, records=len(recs)))
         rp = out / PROGRESS / f"rejects-{k:05d}.jsonl"
-        gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
+        gen_rejects += read_records(rp)
     all_rejects = read_rejects + gen_rejects
     atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
     turns = [t for r in records for t in r["meta"]["turns"]]
     counts = {
         "rows_read": sum(r.rows for r in results),
         "valid": sum(len(r.records) for r in results),
+        "repaired_by_kind": dict(sum((r.repair_counts for r in results), Counter()).most_common()),
+        "repaired_written": sum(1 for r in records if r["meta"].get("repairs")),
         "planned": len(plan),
         "written": len(records),
         "regenerated": 0 if cfg.no_regenerate else len(records),

@@ -13,11 +13,15 @@ from ..config import flag
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
+Optimizer = Literal["adamw", "muon"]
+Loss = Literal["ce", "tv"]
+LmHead = Literal["target", "frozen", "fresh"]
+Init = Literal["random", "soft", "pass-top"]
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    run: Path | None = None
+    run: Path | None = flag(None, required=True)
     """Run folder: reads runs/NAME/cache (or data/ with --online), writes train/ and head/."""
     cache: Path | None = None
     """Cache folder (default RUN/cache)."""
@@ -31,6 +35,23 @@ class TrainConfig:
     """Training-time-test unroll depth K (1 = no TTT, the paper's ablation)."""
     step_weight: float = 0.8
     """Loss weight of TTT step k is step_weight**k."""
+    optimizer: Optimizer = "adamw"
+    """adamw, or muon (torch.optim.Muon on the 2-D weights of fc and the decoder layer, with its
+    learning rate matched to AdamW's RMS so one --lr serves both; AdamW on norms and lm_head)."""
+    loss: Loss = "ce"
+    """Per-step loss against the target's distribution over the draft vocab: ce (soft cross-entropy),
+    or tv (total variation 0.5*|p - q|_1: 1 - TV is the acceptance probability of a sampled token)."""
+    lm_head: LmHead = "target"
+    """The head's lm_head: target (the target's rows of the draft vocab, trained), frozen (those
+    rows, not trained), or fresh (random)."""
+    init: Init = "random"
+    """fc and the decoder layer: random; soft (random, with the output norm scaled so a random hidden
+    state's logits spread 0.3: the first loss starts near ln(draft vocab), not far above it); or
+    pass-top (soft, and fc passes the top aux feature through while the layer's output projections
+    start at zero: step 0 starts as the target's own read-out of that layer)."""
+    feature_noise: float = 0.0
+    """Gaussian noise on the aux features, as a fraction of each token's feature RMS (0.05 in
+    speculators' small-data defaults): the draft learns to tolerate its own imperfect states."""
     aux_layers: str = "cache"
     """Which aux layers: cache (whatever the cache holds), default [2, L//2, L-3], top [L-1], or ids 2,4,5
     (must match the cache)."""
@@ -40,6 +61,11 @@ class TrainConfig:
     """Tokens per sample; longer samples are cut."""
     epochs: int = 1
     """Passes over the data."""
+    time_budget_s: float | None = None
+    """Train for this many CPU seconds (core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour;
+    held-out passes and checkpoints excluded, summed over resumed sessions) instead of a number of
+    steps; the warmup and cosine schedule run over the budget. Compares recipes per core-hour,
+    and a machine shared with other jobs does not shorten a run."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4
@@ -56,6 +82,9 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     token_budget: int = 4096
     """Padded tokens per micro-batch (batch size x longest sample)."""
+    max_attention: int = 4_194_304
+    """Bound of batch size x longest length^2 per micro-batch (attention memory of the TTT steps
+    grows with T^2): the default, 2048^2, takes one 2048-token sample or four of 1024."""
     max_batch_size: int = 64
     """Samples per micro-batch at most."""
     seed: int = 0
@@ -66,6 +95,14 @@ class TrainConfig:
     """Optimizer steps per checkpoint (must be a multiple of --log-every for exact resume)."""
     keep_checkpoints: int = 2
     """Checkpoints kept besides the best one."""
+    heldout_samples: int = 32
+    """Cached conversations held out of training for the learning curve (at most a tenth of the
+    cache; 0 trains on everything and draws no curve)."""
+    heldout_every: int = 50
+    """Optimizer steps between held-out acceptance measurements (and one at the end): chain tau and
+    alpha_k at --heldout-depth, in metrics.jsonl and RUN/train/learning_curve.png."""
+    heldout_depth: int = 8
+    """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`)."""
     resume: bool = True
     """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
     device: str | None = None
@@ -97,6 +134,14 @@ class TrainConfig:
         e = []
         if self.run is None:
             e.append("--run is required (the run folder, e.g. runs/demo)")
+        if not 0.0 <= self.feature_noise <= 1.0:
+            e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
+        if self.optimizer == "muon" and self.deepspeed is not None:
+            e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
+        if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
+            e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:
             e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
         for name in (
@@ -154,11 +199,11 @@ ExportFormat = Literal["sglang", "vllm", "speculators"]
 
 @dataclass(frozen=True)
 class ExportConfig:
-    head: Path | None = None
+    head: Path | None = flag(None, required=True)
     """An exported head folder (RUN/head), or a head of any layout eval reads."""
     format: ExportFormat = "sglang"
     """The layout to write: sglang, vllm (both load eagle3's own names) or speculators (vLLM's speculators)."""
-    out: Path | None = None
+    out: Path | None = flag(None, required=True)
     """Output folder (a new one; not the head folder)."""
     num_speculative_tokens: int = 7
     """speculators: the proposal length written in its config."""

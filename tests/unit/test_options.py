@@ -3,7 +3,7 @@
 For every field of every stage config: the flag exists under its name, its help is the field's
 docstring, its default is the field's default, its choices are the field's Literal values, a
 value given on the command line reaches the config, and the same key in a recipe loads. Every
-recipe in recipes/ loads through the command line its header shows.
+recipe in recipes/ (and benchmarks/) loads through the command line its header shows.
 """
 
 from __future__ import annotations
@@ -70,13 +70,17 @@ def test_flag_help_default_and_choices_come_from_the_field(cmd, spec):
     for f, tp in _fields(cls):
         assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring: it is the --help text"
         p = _param(cmd, f.name)
-        assert p.help == options.escape(docs[f.name]), f.name
+        required = "[required: here or in the recipe] " if f.metadata.get("required") else ""
+        assert p.help == options.escape(required + docs[f.name]), f.name
         if f.metadata.get("argument"):
             continue
         names = {n for spec in options.flag_names(f) for n in spec.split("/")}
         assert names == {*p.opts, *p.secondary_opts}, f.name
         assert p.default == options._cli_default(f, tp), f.name
-        assert p.metavar == "|".join(choices(tp)), f.name
+        if isinstance(f.default, bool):
+            assert not p.metavar, f.name
+        else:  # the value's kind, the choices first where the type has them
+            assert p.metavar == options.metavar(f.name, tp) and p.metavar.startswith("|".join(choices(tp))), f.name
 
 
 @pytest.mark.parametrize("cmd", [s[0] for s in STAGES])
@@ -141,6 +145,7 @@ SAMPLES = {
     ("train", "log_every"): (["--log-every", "20"], 20),
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
+    ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
     ("eval", "endpoint"): (["--endpoint", "http://e:1"], "http://e:1"),
     ("eval", "base_endpoint"): (["--endpoint", "http://e:1", "--base-endpoint", "http://b:1"], "http://b:1"),
     ("eval", "sweep_tree"): (["--sweep-tree", "3,2,4"], ("3,2,4",)),
@@ -202,7 +207,8 @@ def _header_commands(path: Path) -> list[list[str]]:
     return [shlex.split(m)[1:] for m in re.findall(r"eagle3 [a-z-]+ [^\n]*", text) if f"--recipe {rel}" in m]
 
 
-RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if _header_commands(p))
+# the recipes, and the benchmarks' own (benchmarks/tiny/train.yaml)
+RECIPES = sorted(p for d in ("recipes", "benchmarks") for p in (REPO / d).rglob("*.yaml") if _header_commands(p))
 
 
 def test_every_eagle3_recipe_is_checked():
@@ -210,7 +216,7 @@ def test_every_eagle3_recipe_is_checked():
     assert len(RECIPES) >= 11 and {"gen-data.yaml", "cache.yaml", "train.yaml", "eval.yaml"} <= named
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_recipe_loads_through_the_command_in_its_header(path, parse, monkeypatch):
     monkeypatch.chdir(REPO)
     for argv in _header_commands(path):
