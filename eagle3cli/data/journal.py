@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import StageError, UsageError
+from ..folders import manifest_stage
 from ..lock import LOCK_NAME
 from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
 from .config import PLAN_FIELDS, GenDataConfig
@@ -56,11 +57,11 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
     finished manifest (nothing to do) or None."""
     nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
     if (out / MANIFEST).exists():
+        stage = manifest_stage(out)
+        if stage != "gen-data":
+            what = f"the output of `eagle3 {stage}`" if stage else f"a {MANIFEST} eagle3 did not write"
+            raise UsageError(f"{out} holds {what}, not gen-data's", "a new or empty folder, or a gen-data folder", nxt)
         m = read_json(out / MANIFEST)
-        if m.get("stage") != "gen-data":
-            raise UsageError(
-                f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
-            )
         check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
         old = recorded_plan(m.get("config", {}))
         if old != pcfg:

@@ -14,6 +14,7 @@ from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
 from ..extras import plotting
+from ..folders import claim_output
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
@@ -26,6 +27,9 @@ from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, sp
 if TYPE_CHECKING:
     from ..model.draft import Eagle3Draft
     from ..model.heads import HeadSpec
+
+
+EVAL_FILES = ("report.json", "acceptance.png")
 
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
@@ -112,6 +116,9 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
+    head, out = _paths(cfg)
+    heads = [("--head", head)] if head is not None else []
+    claim_output(out, "eval", EVAL_FILES, [*heads, *(("--compare", Path(c)) for c in cfg.compare)])
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
 
@@ -120,7 +127,6 @@ def run_eval(cfg: EvalConfig) -> Path:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    head, out = _paths(cfg)
     assert head is not None  # validate(): --head or --run when there is no --endpoint
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import save_file
 
 from ..errors import UsageError
+from ..folders import claim_output
 from ..manifest import atomic_write, atomic_write_json, read_json, shard_record, write_manifest
 from .draft import Eagle3Draft
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
@@ -35,6 +36,7 @@ __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "loa
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
+EXPORT_FILES = (HEAD_WEIGHTS, "config.json")  # what an export folder holds besides its manifest
 
 
 def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -292,10 +294,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     # validates names, shapes and aux layer fields before anything is written
     draft, spec = load_any_head(head_dir)
-    if out_dir.resolve() == head_dir.resolve():
-        raise UsageError(
-            "--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT"
-        )
+    claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
     for notice in spec.notices:
         from ..console import warn
 

@@ -1,0 +1,95 @@
+"""Issue 24: run folders that a wrong flag, a full disk or one bad row cannot destroy. Output folders
+that belong to another stage or a user, tensors written through our own atomic writer, dead temps
+removed by every stage, zero kept records refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from head_fixtures import make_head
+from train_fixtures import write_data
+
+from eagle3cli.cli import main
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
+
+
+def err(capsys) -> str:
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "Traceback" not in text
+    return text
+
+
+def snapshot(folder):
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+# ---------------------------------------------------------------- 1. another stage's folder
+def test_no_stage_writes_into_another_stages_folder(tmp_path, tiny_target_dir, capsys):
+    run = tmp_path / "a"
+    data = write_data(run, tiny_target_dir, 4)
+    head = make_head(tiny_target_dir, run / "head")
+    before, head_before = snapshot(data), snapshot(head)
+    commands = {
+        "cache": ["cache", "--data", str(data), "--out", str(data), "--target", str(tiny_target_dir)],
+        "eval": ["eval", "--head", str(head), "--target", str(tiny_target_dir), "--out", str(data)],
+        "export": ["export", "--head", str(head), "--format", "speculators", "--out", str(data)],
+        "serve-bench": [
+            "serve-bench",
+            "--spec-url",
+            "http://127.0.0.1:9",
+            "--prompts",
+            "gsm8k",
+            "--api",
+            "openai",
+            "--out",
+            str(data),
+        ],
+    }
+    for stage, args in commands.items():
+        assert main(args) == 2, stage
+        text = err(capsys)
+        assert str(data) in text and ("gen-data" in text or "input" in text), (stage, text)
+        assert snapshot(data) == before, stage
+    # a stage's input folder is refused as its output, whatever it holds
+    assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(head)]) == 2
+    assert "never writes into its own input folder" in err(capsys)
+    assert main(["cache", "--data", str(data), "--out", str(data / "sub"), "--target", str(tiny_target_dir)]) == 2
+    assert "inside this stage's input" in err(capsys)
+    assert snapshot(head) == head_before
+    # and gen-data still accepts its own folder: the data is intact (cache reads it)
+    assert main(["cache", "--run", str(run), "--max-length", "64", "--draft-vocab-size", "64"]) == 0
+    capsys.readouterr()
+
+
+def test_a_users_manifest_or_files_in_out_are_never_overwritten(tmp_path, tiny_target_dir, capsys):
+    head = make_head(tiny_target_dir, tmp_path / "head")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "manifest.json").write_text('{"my": "own notes"}\n')
+    assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(mine)]) == 2
+    assert "not a manifest eagle3 wrote" in err(capsys)
+    assert (mine / "manifest.json").read_text() == '{"my": "own notes"}\n'
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "notes.txt").write_text("keep me")
+    assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(other)]) == 2
+    assert "did not write: notes.txt" in err(capsys)
+    assert sorted(p.name for p in other.iterdir()) == ["notes.txt"]
+    # gen-data: a manifest that is not eagle3's (even a JSON list) is named, not a traceback
+    (mine / "manifest.json").write_text("[1, 2]\n")
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(inp), "--no-regenerate", "--out", str(mine)]
+    assert main(args) == 2
+    assert "eagle3 did not write" in err(capsys)
+    # an export folder of our own is rewritten happily (a rerun of the same export)
+    out = tmp_path / "exp"
+    assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
+    assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
+    capsys.readouterr()
