@@ -272,7 +272,7 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
     if stripped.startswith("{") and not path.suffix == ".jsonl":  # one JSON object holding a list?
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
@@ -284,8 +284,42 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
             continue
         try:
             yield i, json.loads(line), None
-        except json.JSONDecodeError as e:
-            yield i, None, ("malformed_json", f"line {i + 1}: {e.msg}")
+        except (ValueError, RecursionError) as e:
+            yield i, None, ("malformed_json", f"line {i + 1}: {json_problem(e)}")
+
+
+def json_problem(e: Exception) -> str:
+    """What is wrong with a row Python's json cannot take: bad syntax, or valid JSON beyond its limits
+    (nesting deeper than the recursion limit, an integer of more than 4300 digits)."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "nested too deeply to read (over ~1000 levels)"
+    return str(e).split(";")[0][:200]
+
+
+def value_end(text: str, pos: int) -> int | None:
+    """The end of the JSON value starting at `pos`, found by brackets and strings alone (no parsing,
+    no recursion); None when the text ends first."""
+    n, i, depth = len(text), pos, 0
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            if i >= n:
+                return None
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif depth == 0 and c in ", \t\r\n":
+            return i  # the end of a number or literal
+        i += 1
+        if depth == 0 and c in ']}"':
+            return i
+    return None if depth else n
 
 
 def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]:
@@ -307,12 +341,20 @@ def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]
 
     pos, i = skip_ws(text.index("[") + 1), 0
     while pos < n and text[pos] != "]":
+        item: tuple[int, object, RowError | None]
         try:
             row, end = decoder.raw_decode(text, pos)
+            item = (i, row, None)
         except json.JSONDecodeError as e:
             yield cut(i, pos, f"cut off or malformed ({e.msg})")
             return
-        yield i, row, None
+        except (ValueError, RecursionError) as e:  # valid JSON beyond Python's limits: that element alone
+            found = value_end(text, pos)
+            if found is None:
+                yield cut(i, pos, f"cut off or malformed ({json_problem(e)})")
+                return
+            end, item = found, (i, None, ("malformed_json", f"element {i}: {json_problem(e)}"))
+        yield item
         i, pos = i + 1, skip_ws(end)
         if pos < n and text[pos] == ",":
             pos = skip_ws(pos + 1)
@@ -389,9 +431,11 @@ def read_input(spec: Source) -> ReadResult:
                 raise BadRecord("duplicate_id", f"id {rec['id']!r} is already used by row {first_row[rec['id']]}")
             first_row[rec["id"]] = index
             result.records.append(rec)
-        except BadRecord as e:
+        except (BadRecord, ValueError, TypeError, RecursionError, AttributeError, KeyError) as e:
+            # any failure on one row costs that row (a tool call's arguments nested 5000 deep...)
+            reason, detail = (e.reason, e.detail) if isinstance(e, BadRecord) else ("malformed_row", json_problem(e))
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
-            result.rejects.append(reject_row(source, index, e.reason, e.detail, rid))
+            result.rejects.append(reject_row(source, index, reason, detail, rid))
     return result
 
 

@@ -327,6 +327,26 @@ def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_reject
     )
 
 
+def nothing_kept(out: Path, rejects: list[dict]) -> UsageError:
+    """Every planned conversation was rejected while generating (prompts too long, empty answers)."""
+    by_reason = Counter(r["reason"] for r in rejects).most_common()
+    counts = ", ".join(f"{k}: {v}" for k, v in by_reason) or "none"
+    hint = {
+        "prompt_too_long": "raise --max-prompt-tokens (or leave it out), or use shorter prompts",
+        "empty_generation": "check that the endpoint answers with text (send it one request by hand)",
+        "truncated": "raise --max-new-tokens, or keep truncated turns (leave out --drop-truncated)",
+    }
+    first = (
+        hint.get(by_reason[0][0], "fix the inputs or settings the reasons name") if by_reason else "check the inputs"
+    )
+    return UsageError(
+        f"gen-data kept no conversation ({len(rejects)} rejected: {counts}); no manifest is written. "
+        f"Each reject with its reason is in {out / REJECTS}",
+        "at least one conversation kept",
+        f"{first}; then rerun (the same folder is fine)",
+    )
+
+
 def finalize(
     cfg,
     out: Path,
@@ -350,6 +370,11 @@ def finalize(
         gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
     all_rejects = read_rejects + gen_rejects
     atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
+    if not records:  # a manifest over nothing would only move the failure to cache ("no trainable samples")
+        for k in shard_ids:  # empty shards and journals: a rerun with other settings may use the folder
+            (out / shard_name(k)).unlink(missing_ok=True)
+        shutil.rmtree(out / PROGRESS, ignore_errors=True)
+        raise nothing_kept(out, all_rejects)
     turns = [t for r in records for t in r["meta"]["turns"]]
     counts = {
         "rows_read": sum(r.rows for r in results),
