@@ -90,7 +90,8 @@ def check_data(cfg: CacheConfig) -> dict:
         raise StageError(
             f"data folder {data_dir} is damaged:\n  " + "\n  ".join(problems),
             "data shards whose size and sha256 match its manifest",
-            f"regenerate it: {GEN_DATA_CMD}",
+            f"rerun the gen-data command that wrote it ({GEN_DATA_CMD}): it regenerates exactly the missing or "
+            "damaged shards",
         )
     return m
 

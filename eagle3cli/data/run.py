@@ -28,6 +28,7 @@ from ..manifest import (
     sha256_file,
     sha256_text,
     shard_record,
+    verify_shards,
     write_manifest,
 )
 from ..model.chat import TemplateRefusal, render
@@ -199,6 +200,11 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     done = check_folder(out, identity, pcfg, plan_ids_hash)
+    if done is not None and not done.get("finished_early"):
+        damaged = reopen_damaged(out, done, plan, cfg.shard_size, len(read_rejects))
+        if damaged:
+            warn(f"{out}: {', '.join(damaged)} missing or damaged; regenerating exactly those (the plan is the same)")
+            done = None
     if done is not None:
         log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
         old = sum(v for k, v in (done["counts"].get("skipped_by_reason") or {}).items() if k in TRANSIENT_REASONS)
@@ -277,6 +283,38 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     return finalize(
         cfg, out, identity, results, plan, read_rejects, list(range(n_shards)), elapsed, backend, session_tokens
     )
+
+
+def reopen_damaged(out: Path, manifest: dict, plan: list[dict], shard_size: int, n_read_rejects: int) -> list[str]:
+    """A finished folder whose shards no longer match its manifest (a shard deleted, cut or edited)
+    is reopened: the good shards stay, their generation rejects go back to `progress/`, the bad
+    ones are removed and the manifest last, so the run regenerates exactly those (and a kill
+    during this leaves the manifest, and the same repair next time). Returns the bad names."""
+    n_shards = (len(plan) + shard_size - 1) // shard_size
+    listed = {s.get("file"): s for s in manifest.get("shards") or [] if isinstance(s, dict)}
+    bad = [k for k in range(n_shards) if shard_name(k) not in listed or verify_shards(out, [listed[shard_name(k)]])]
+    rej = manifest.get("rejects") or {}
+    rejects_ok = (out / REJECTS).is_file() and rej.get("sha256") in (None, sha256_file(out / REJECTS))
+    if not bad and rejects_ok:
+        return []
+    if not rejects_ok:  # which shard each generation reject belonged to is lost with the file
+        bad = list(range(n_shards))
+    shard_of = {p["id"]: i // shard_size for i, p in enumerate(plan)}
+    per_shard: dict[int, list[str]] = {k: [] for k in range(n_shards)}
+    if rejects_ok:
+        lines = [ln for ln in (out / REJECTS).read_text(encoding="utf-8").split("\n") if ln.strip()]
+        for line in lines[n_read_rejects:]:  # finalize writes the read rejects first, then by shard
+            k = shard_of.get(json.loads(line).get("id"))
+            if k is not None:
+                per_shard[k].append(line + "\n")
+    prog_dir = out / PROGRESS
+    for k in range(n_shards):
+        if k not in bad:
+            atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(per_shard[k]))
+    for k in bad:
+        (out / shard_name(k)).unlink(missing_ok=True)
+    (out / MANIFEST).unlink()
+    return [shard_name(k) for k in bad] if rejects_ok else [f"{REJECTS} (so every shard is regenerated)"]
 
 
 def finish_early(cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals) -> Path:

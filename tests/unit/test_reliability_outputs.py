@@ -93,3 +93,39 @@ def test_a_users_manifest_or_files_in_out_are_never_overwritten(tmp_path, tiny_t
     assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
     assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------- 4. a lost data shard
+@pytest.mark.parametrize("damage", ["deleted", "edited"])
+def test_gen_data_regenerates_exactly_a_lost_or_damaged_shard(tmp_path, tiny_target_dir, capsys, damage):
+    src = tmp_path / "in.jsonl"
+    rows = [{"id": f"r{i}", "prompt": f"question {i}?" + " and more" * (i % 3)} for i in range(9)]
+    rows.append({"id": "r0", "prompt": "a duplicate id"})
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "data"
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out)]
+    args += ["--max-new-tokens", "3", "--temperature", "0", "--shard-size", "2", "--max-prompt-tokens", "14"]
+    assert main(args) == 0
+    capsys.readouterr()
+    before = snapshot(out)
+    manifest = json.loads(before["manifest.json"])
+    # rejects of reading and of generating: both must survive the repair
+    assert set(manifest["counts"]["skipped_by_reason"]) == {"duplicate_id", "prompt_too_long"}
+    lost = out / "shard-00001.jsonl"
+    if damage == "deleted":
+        lost.unlink()
+    else:
+        lost.write_bytes(lost.read_bytes().replace(b"question", b"QUESTION", 1))
+    assert main(["cache", "--run", str(tmp_path), "--data", str(out), "--target", str(tiny_target_dir)]) == 2
+    assert "regenerates exactly the missing or damaged shards" in err(capsys)
+    assert main(args) == 0
+    text = err(capsys)
+    assert "shard-00001.jsonl missing or damaged" in text and "already complete" not in text
+    after = snapshot(out)
+    assert {k: v for k, v in after.items() if k != "manifest.json"} == {
+        k: v for k, v in before.items() if k != "manifest.json"
+    }
+    again = json.loads(after["manifest.json"])
+    for key in ("shards", "counts", "rejects", "inputs"):
+        assert again[key] == manifest[key], key
+    assert main(args) == 0 and "already complete" in err(capsys)
