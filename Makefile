@@ -43,19 +43,19 @@ test-all: install sglang-cpu
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 lint: install
-	$(BIN)/ruff check eagle3cli tests recipes
-	$(BIN)/ruff format --check eagle3cli tests recipes
+	$(BIN)/ruff check eagle3cli tests recipes benchmarks
+	$(BIN)/ruff format --check eagle3cli tests recipes benchmarks
 	$(BIN)/mypy   # [tool.mypy] in pyproject.toml: the eagle3cli package
 
 demo: install
 	bash recipes/demo.sh
 
 bench: install
-	$(BIN)/python recipes/bench/run_bench.py
+	$(BIN)/python benchmarks/tiny/run_bench.py
 
 # The real target on real chat data, end to end (hours on 2 CPU cores; resumes where it stopped).
 bench-smollm2: smollm2
-	$(BIN)/python recipes/smollm2-135m/run_bench.py
+	$(BIN)/python benchmarks/smollm2/run_bench.py
 
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install

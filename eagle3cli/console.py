@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -43,34 +44,69 @@ def warn(msg: str) -> None:
 
 
 class _RateColumn(ProgressColumn):
-    """Items/s and, when the caller counts them, tokens/s over the whole run."""
+    """Items/s and, when the caller counts them, tokens/s of this session's work (a resumed run
+    starts its bar at the items already done; they are not this session's rate)."""
 
     def render(self, task: Task) -> Text:
         elapsed = task.elapsed or 0.0
         if elapsed <= 0:
             return Text("")
         unit = task.fields.get("unit", "it")
-        parts = [f"{task.completed / elapsed:,.2f} {unit}/s"]
+        parts = [f"{(task.completed - task.fields.get('start', 0)) / elapsed:,.2f} {unit}/s"]
         tokens = task.fields.get("tokens", 0)
         if tokens:
             parts.append(f"{tokens / elapsed:,.0f} tok/s")
         return Text("  ".join(parts), style="cyan")
 
 
-class StageProgress:
-    """Handle returned by `progress()`: advance by items and count tokens for the tok/s column."""
+# Seconds between plain progress lines when stderr is not a terminal (a log file, a pipe, CI).
+PLAIN_EVERY_S = float(os.environ.get("EAGLE3_PROGRESS_EVERY", "10"))
 
-    def __init__(self, prog: Progress | None, task_id, completed: int = 0):
+
+class StageProgress:
+    """Handle returned by `progress()`: advance by items and count tokens for the tok/s column.
+    Without a terminal it prints one plain line every PLAIN_EVERY_S seconds instead of a bar."""
+
+    def __init__(
+        self, prog: Progress | None, task_id, completed: int = 0, plain: tuple[str, int | None, str] | None = None
+    ):
         self._prog, self._task = prog, task_id
         self.tokens = 0
-        self.completed = completed
-        self.started = time.time()
+        self.completed = self.start = completed
+        self.started = self._last_line = time.time()
+        self._plain = plain  # (description, total, unit) when lines replace the bar
 
     def advance(self, n: int = 1, tokens: int = 0, **fields) -> None:
         self.tokens += tokens
         self.completed += n
         if self._prog is not None:
             self._prog.update(self._task, advance=n, tokens=self.tokens, **fields)
+        elif self._plain is not None and time.time() - self._last_line >= PLAIN_EVERY_S:
+            self.print_line()
+
+    def line(self) -> str:
+        """'gen-data 40/96 (41.7%)  0.52 conv/s  61 tok/s  elapsed 77s  eta 107s' (this session's rates)."""
+        desc, total, unit = self._plain or ("", None, "it")
+        elapsed = max(time.time() - self.started, 1e-9)
+        rate = (self.completed - self.start) / elapsed
+        parts = [f"{desc} {self.completed:,}" + (f"/{total:,} ({100 * self.completed / total:.1f}%)" if total else "")]
+        parts.append(f"{rate:,.2f} {unit}/s")
+        if self.tokens:
+            parts.append(f"{self.tokens / elapsed:,.0f} tok/s")
+        parts.append(f"elapsed {elapsed:,.0f}s")
+        if total and rate > 0:
+            parts.append(f"eta {(total - self.completed) / rate:,.0f}s")
+        return "  ".join(parts)
+
+    def print_line(self) -> None:
+        self._last_line = time.time()
+        console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
+
+
+def _heartbeat(handle: StageProgress, stop: threading.Event) -> None:
+    while not stop.wait(1.0):
+        if time.time() - handle._last_line >= PLAIN_EVERY_S:
+            handle.print_line()
 
 
 @contextmanager
@@ -78,6 +114,20 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
     """A progress bar with ETA, items/s and tokens/s; a no-op on ranks other than 0."""
     if not is_rank0():
         yield StageProgress(None, None, completed)
+        return
+    if not console.is_terminal:
+        handle = StageProgress(None, None, completed, plain=(description, total, unit))
+        handle.print_line()
+        # a heartbeat: a batch of long generations or a compilation advances nothing for minutes
+        stop = threading.Event()
+        beat = threading.Thread(target=_heartbeat, args=(handle, stop), daemon=True)
+        beat.start()
+        try:
+            yield handle
+        finally:
+            stop.set()
+            beat.join()
+            handle.print_line()
         return
     prog = Progress(
         SpinnerColumn(),
@@ -92,7 +142,7 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
         transient=False,
     )
     with prog:
-        task_id = prog.add_task(description, total=total, completed=completed, unit=unit, tokens=0)
+        task_id = prog.add_task(description, total=total, completed=completed, unit=unit, tokens=0, start=completed)
         yield StageProgress(prog, task_id, completed)
 
 

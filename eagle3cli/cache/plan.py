@@ -20,6 +20,7 @@ import torch
 from ..config import config_dict
 from ..console import log, warn
 from ..errors import StageError, UsageError
+from ..jsonl import iter_file
 from ..manifest import atomic_write_json, check_matches, read_json, read_manifest, verify_shards
 from . import vocab as V
 from .config import CacheConfig
@@ -51,25 +52,22 @@ def read_records(data_dir: Path, manifest: dict, limit: int | None):
     n = 0
     for s in manifest["shards"]:
         path = data_dir / s["file"]
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                if limit is not None and n >= limit:
-                    return
-                try:
-                    rec = json.loads(line)
-                    msgs = rec["messages"]
-                    assert isinstance(msgs, list) and all(_is_message(m) for m in msgs)
-                except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as e:
-                    raise UsageError(
-                        f"{path}:{lineno} is not a data record ({type(e).__name__})",
-                        '{"id": ..., "source": ..., "messages": [{"role": "system|user|assistant|tool", "content": str, '
-                        '"reasoning_content"?: str, "tool_calls"?: [...]}], "tools"?: [...]}',
-                        GEN_DATA_CMD,
-                    ) from e
-                n += 1
-                yield rec, f"{s['file']}:{lineno}"
+        for lineno, line in iter_file(path):
+            if limit is not None and n >= limit:
+                return
+            try:
+                rec = json.loads(line)
+                msgs = rec["messages"]
+                assert isinstance(msgs, list) and all(_is_message(m) for m in msgs)
+            except (json.JSONDecodeError, KeyError, TypeError, AssertionError) as e:
+                raise UsageError(
+                    f"{path}:{lineno} is not a data record ({type(e).__name__})",
+                    '{"id": ..., "source": ..., "messages": [{"role": "system|user|assistant|tool", "content": str, '
+                    '"reasoning_content"?: str, "tool_calls"?: [...]}], "tools"?: [...]}',
+                    GEN_DATA_CMD,
+                ) from e
+            n += 1
+            yield rec, f"{s['file']}:{lineno}"
 
 
 def _is_message(m) -> bool:

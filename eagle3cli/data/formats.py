@@ -18,9 +18,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
+from ..jsonl import split_lines
 from ..sources import Source
 from ..sources import resolve as resolve_source
-from .messages import ROLES, BadRecord, check_conversation, message, record_tools, sharegpt_function_call
+from .messages import (
+    ROLES,
+    BadRecord,
+    check_conversation,
+    message,
+    record_tools,
+    repair_roles,
+    sharegpt_function_call,
+)
 
 ACCEPTED_SHAPES = (
     "ShareGPT {conversations: [{from: human|gpt|system, value}]} (JSON array or JSONL); "
@@ -196,14 +205,16 @@ def normalise(row, shape: str, source: str, index: int) -> dict:
     missing = [k for k in keys if k not in row]
     if missing:
         raise BadRecord("missing_fields", f"no {', '.join(missing)} (file shape: {shape})")
-    messages = conv(row)
+    messages, repairs = repair_roles(conv(row))
     check_messages(messages)
     rid = next(
         (row[k] for k in ID_KEYS if isinstance(row.get(k), (str, int)) and not isinstance(row.get(k), bool)), None
     )
     if isinstance(rid, str) and not _is_unicode(rid):
         raise BadRecord("invalid_unicode", f"the id {_UNICODE_PROBLEM}")
-    meta = {"row": index, "format": shape}
+    meta: dict = {"row": index, "format": shape}
+    if repairs:
+        meta["repairs"] = repairs
     for k in ("category", "source"):
         if isinstance(row.get(k), str):
             meta[f"source_{k}"] = row[k]
@@ -232,6 +243,11 @@ class ReadResult:
     @property
     def reject_counts(self) -> Counter:
         return Counter(r["reason"] for r in self.rejects)
+
+    @property
+    def repair_counts(self) -> Counter:
+        """Kept records by the turn-order repair they needed (messages.repair_roles)."""
+        return Counter(k for r in self.records for k in r["meta"].get("repairs", ()))
 
 
 def reject_row(source: str, index: int, reason: str, detail: str, rid: str | None = None) -> dict:
@@ -279,9 +295,8 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
             if detect_shape(obj) is None and len(lists) == 1:
                 yield from ((i, r, None) for i, r in enumerate(lists[0]))
                 return
-    for i, line in enumerate(text.splitlines()):
-        if not line.strip():
-            continue
+    for n, line in split_lines(text):
+        i = n - 1
         try:
             yield i, json.loads(line), None
         except (ValueError, RecursionError) as e:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import StageError, UsageError
 from ..folders import manifest_stage
+from ..jsonl import dumps, split_byte_lines
 from ..lock import LOCK_NAME
 from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
 from .config import PLAN_FIELDS, GenDataConfig
@@ -30,11 +31,6 @@ TRANSIENT_REASONS = ("endpoint_error", "bad_response")
 
 def shard_name(k: int) -> str:
     return f"shard-{k:05d}.jsonl"
-
-
-def dumps(obj) -> str:
-    """One JSONL line: text kept as written (non-ASCII unescaped), keys in their order."""
-    return json.dumps(obj, ensure_ascii=False, sort_keys=False)
 
 
 def recorded_plan(recorded: dict) -> dict:
@@ -99,7 +95,7 @@ def read_journal(path: Path) -> dict[int, dict]:
     data = path.read_bytes()
     good_end = data.rfind(b"\n") + 1
     entries = {}
-    for line in data[:good_end].splitlines():
+    for line in split_byte_lines(data[:good_end]):
         try:
             e = json.loads(line)
         except json.JSONDecodeError:

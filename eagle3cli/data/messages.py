@@ -171,3 +171,45 @@ def check_conversation(messages: list[dict]) -> None:
         prev = "call" if r == "assistant" and m.get("tool_calls") else ("answer" if r == "assistant" else r)
     if prev in ("call", "tool"):
         raise BadRecord("wrong_role_order", "the conversation ends inside a tool call (no final answer)")
+
+
+def _plain_turn(m) -> bool:
+    """A user/assistant turn of text only (no tool calls, no reasoning): safe to join with a neighbour."""
+    return (
+        isinstance(m, dict)
+        and m.get("role") in ("user", "assistant")
+        and isinstance(m.get("content"), str)
+        and bool(m["content"].strip())
+        and not m.get("tool_calls")
+        and not m.get("reasoning_content")
+    )
+
+
+def repair_roles(messages: list[dict]) -> tuple[list[dict], list[str]]:
+    """The turn-order repairs chat-data pipelines make before rejecting a conversation, and which
+    were made: `dropped_leading_assistant` (assistant turns before the first user turn, e.g. a
+    ShareGPT export that starts with the bot's greeting) and `merged_user_turns` /
+    `merged_assistant_turns` (two text turns of one role in a row, joined by a blank line: a reply
+    split in two by the exporter). About a third of ShareGPT V3 is rejected without them.
+    Prompt-only conversations (no assistant turn, e.g. MT-bench's two questions) are left as they
+    are: each user turn is a question to answer in order."""
+    if not isinstance(messages, list) or not any(
+        isinstance(m, dict) and m.get("role") == "assistant" for m in messages
+    ):
+        return messages, []
+    lead = 1 if messages and isinstance(messages[0], dict) and messages[0].get("role") == "system" else 0
+    body, repairs = list(messages[lead:]), []
+    first_user = next((i for i, m in enumerate(body) if isinstance(m, dict) and m.get("role") == "user"), None)
+    if first_user and all(_plain_turn(m) and m["role"] == "assistant" for m in body[:first_user]):
+        body = body[first_user:]
+        repairs.append("dropped_leading_assistant")
+    out: list[dict] = []
+    for m in body:
+        if out and _plain_turn(m) and _plain_turn(out[-1]) and out[-1]["role"] == m["role"]:
+            out[-1] = {**out[-1], "content": out[-1]["content"] + "\n\n" + m["content"]}
+            kind = f"merged_{m['role']}_turns"
+            if kind not in repairs:
+                repairs.append(kind)
+        else:
+            out.append(m)
+    return (messages[:lead] + out, repairs) if repairs else (messages, [])

@@ -9,7 +9,6 @@ exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -20,6 +19,7 @@ from typing import Any
 from ..config import config_dict
 from ..console import console, log, print_table, progress, warn
 from ..errors import IncompleteError, UsageError
+from ..jsonl import dumps, read_records
 from ..lock import locked_stage
 from ..manifest import (
     MANIFEST,
@@ -42,7 +42,6 @@ from .journal import (
     TRANSIENT_REASONS,
     Journal,
     check_folder,
-    dumps,
     finish_shard,
     read_journal,
     shard_name,
@@ -302,11 +301,10 @@ def reopen_damaged(out: Path, manifest: dict, plan: list[dict], shard_size: int,
     shard_of = {p["id"]: i // shard_size for i, p in enumerate(plan)}
     per_shard: dict[int, list[str]] = {k: [] for k in range(n_shards)}
     if rejects_ok:
-        lines = [ln for ln in (out / REJECTS).read_text(encoding="utf-8").split("\n") if ln.strip()]
-        for line in lines[n_read_rejects:]:  # finalize writes the read rejects first, then by shard
-            k = shard_of.get(json.loads(line).get("id"))
+        for r in read_records(out / REJECTS)[n_read_rejects:]:  # finalize writes the read rejects first
+            k = shard_of.get(r.get("id"))
             if k is not None:
-                per_shard[k].append(line + "\n")
+                per_shard[k].append(dumps(r) + "\n")
     prog_dir = out / PROGRESS
     for k in range(n_shards):
         if k not in bad:
@@ -401,11 +399,11 @@ def finalize(
     gen_rejects, shards, records = [], [], []
     for k in shard_ids:
         p = out / shard_name(k)
-        recs = [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        recs = read_records(p)
         records += recs
         shards.append(shard_record(p, records=len(recs)))
         rp = out / PROGRESS / f"rejects-{k:05d}.jsonl"
-        gen_rejects += [json.loads(line) for line in rp.read_text(encoding="utf-8").splitlines() if line.strip()]
+        gen_rejects += read_records(rp)
     all_rejects = read_rejects + gen_rejects
     atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
     if not records:  # a manifest over nothing would only move the failure to cache ("no trainable samples")
@@ -417,6 +415,8 @@ def finalize(
     counts = {
         "rows_read": sum(r.rows for r in results),
         "valid": sum(len(r.records) for r in results),
+        "repaired_by_kind": dict(sum((r.repair_counts for r in results), Counter()).most_common()),
+        "repaired_written": sum(1 for r in records if r["meta"].get("repairs")),
         "planned": len(plan),
         "written": len(records),
         "regenerated": 0 if cfg.no_regenerate else len(records),

@@ -29,7 +29,7 @@ from safetensors.torch import save_file
 from ..errors import UsageError
 from ..folders import claim_output
 from ..manifest import atomic_write, atomic_write_json, read_json, shard_record, write_manifest
-from .draft import Eagle3Draft
+from .draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
@@ -138,23 +138,6 @@ def load_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = Non
     return load_any_head(head_dir, target_model, dtype)[0]
 
 
-def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
-    _copy_embeddings(draft, target_model.get_input_embeddings().weight)
-
-
-def _copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
-    if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
-        raise UsageError(
-            f"the target's embeddings are {tuple(emb.shape)}, the head expects "
-            f"{tuple(draft.embed_tokens.weight.shape)} (vocab_size, hidden_size)",
-            "the target model the head was trained for",
-            "check --target; the head's config.json `eagle3.target` names it",
-        )
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
-    draft.embed_tokens.weight.requires_grad_(False)
-
-
 @torch.no_grad()
 def init_draft_from_weights(
     draft: Eagle3Draft,
@@ -171,7 +154,7 @@ def init_draft_from_weights(
 
     `norm_offset`: Gemma-style norms scale by (1 + w) and store w; the draft's Llama RMSNorm
     scales by its weight, so it gets w + 1 (`model.target.final_norm_offset`)."""
-    _copy_embeddings(draft, embed)
+    copy_embeddings(draft, embed)
     d2t = d2t.to(torch.long).cpu()
     if t2d is None:
         t2d = torch.zeros(draft.config.vocab_size, dtype=torch.bool)

@@ -419,7 +419,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
-    from .draft import Eagle3Draft
+    from .draft import Eagle3Draft, copy_target_embeddings
     from .headcheck import refuse_nonfinite
 
     draft = Eagle3Draft(draft_config(spec))
@@ -458,8 +458,6 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     state["d2t"], state["t2d"] = d2t, tensors["t2d"].to(torch.bool)
     draft.load_state_dict({**state, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
     if target_model is not None:
-        from .export import copy_target_embeddings
-
         copy_target_embeddings(draft, target_model)
     return draft.eval()
 

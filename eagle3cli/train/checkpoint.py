@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from ..errors import StageError
+from ..jsonl import split_byte_lines
 from ..manifest import atomic_write_bytes
 
 CKPT_DIR = "checkpoints"
@@ -221,7 +222,7 @@ def read_metrics(metrics_path: Path) -> list[dict]:
     if not metrics_path.exists():
         return []
     out = []
-    for line in metrics_path.read_bytes().splitlines():
+    for line in split_byte_lines(metrics_path.read_bytes()):
         try:
             m = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError):

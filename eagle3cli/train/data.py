@@ -7,13 +7,13 @@ length-bucketed, token-budget batch plan for (seed, epoch), so the position in a
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import torch
 
 from ..errors import UsageError
+from ..jsonl import read_records
 
 
 def plan_epoch(
@@ -105,8 +105,7 @@ def read_conversations(data_dir: Path) -> list[dict]:
     m = read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
     records = []
     for s in m["shards"]:
-        with open(contained(data_dir, s["file"]), encoding="utf-8") as f:
-            records += [json.loads(line) for line in f if line.strip()]
+        records += read_records(contained(data_dir, s["file"]))
     return records
 
 

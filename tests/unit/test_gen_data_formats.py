@@ -109,11 +109,17 @@ def test_every_bad_record_kind_is_rejected_with_its_reason(tmp_path):
         {
             "messages": [
                 {"role": "user", "content": "a"},
-                {"role": "assistant", "content": "b"},
+                {"role": "system", "content": "b"},
                 {"role": "assistant", "content": "c"},
             ]
+        },  # wrong_role_order: a system turn after the start is not repaired
+        {
+            "messages": [
+                {"role": "user", "content": "a"},
+                {"role": "tool", "content": "r"},
+                {"role": "assistant", "content": "b"},
+            ]
         },  # wrong_role_order
-        {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "b"}]},  # wrong_role_order
     ]
     res = _read(_jsonl(tmp_path / "bad.jsonl", rows))
     assert len(res.records) == 1
@@ -263,3 +269,36 @@ def test_config_errors_are_reported_together(tmp_path, capsys):
     assert "add --backend openai" in " ".join(capsys.readouterr().err.split())
     assert main(["gen-data", "--backend", "vllm"]) == 2
     assert "'vllm' is not one of" in " ".join(capsys.readouterr().err.split())
+
+
+def test_turn_order_repairs_keep_the_conversation_and_are_counted(tmp_path):
+    sg = [
+        {
+            "conversations": [
+                {"from": "gpt", "value": "Hi!"},
+                {"from": "human", "value": "q"},
+                {"from": "gpt", "value": "a"},
+            ]
+        }
+    ]
+    msgs = [
+        {
+            "messages": [
+                {"role": "user", "content": "u1"},
+                {"role": "user", "content": "u2"},
+                {"role": "assistant", "content": "a1"},
+                {"role": "assistant", "content": "a2"},
+            ]
+        }
+    ]
+    (a,) = _read(_jsonl(tmp_path / "sg.jsonl", sg)).records
+    assert a["messages"] == [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert a["meta"]["repairs"] == ["dropped_leading_assistant"]
+    res = _read(_jsonl(tmp_path / "msgs.jsonl", msgs))
+    (b,) = res.records
+    assert b["messages"] == [{"role": "user", "content": "u1\n\nu2"}, {"role": "assistant", "content": "a1\n\na2"}]
+    assert b["meta"]["repairs"] == ["merged_user_turns", "merged_assistant_turns"]
+    assert res.repair_counts == {"merged_user_turns": 1, "merged_assistant_turns": 1}
+    # prompt-only (MT-bench's two questions, answered in order): not merged
+    (c,) = _read(_jsonl(tmp_path / "mt.jsonl", [{"turns": ["first", "second"]}])).records
+    assert [m["role"] for m in c["messages"]] == ["user", "user"] and "repairs" not in c["meta"]

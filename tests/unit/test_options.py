@@ -3,7 +3,7 @@
 For every field of every stage config: the flag exists under its name, its help is the field's
 docstring, its default is the field's default, its choices are the field's Literal values, a
 value given on the command line reaches the config, and the same key in a recipe loads. Every
-recipe in recipes/ loads through the command line its header shows.
+recipe in recipes/ (and benchmarks/) loads through the command line its header shows.
 """
 
 from __future__ import annotations
@@ -201,7 +201,8 @@ def _header_commands(path: Path) -> list[list[str]]:
     return [shlex.split(m)[1:] for m in re.findall(r"eagle3 [a-z-]+ [^\n]*", text) if f"--recipe {rel}" in m]
 
 
-RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if _header_commands(p))
+# the recipes, and the benchmarks' own (benchmarks/tiny/train.yaml)
+RECIPES = sorted(p for d in ("recipes", "benchmarks") for p in (REPO / d).rglob("*.yaml") if _header_commands(p))
 
 
 def test_every_eagle3_recipe_is_checked():
@@ -209,7 +210,7 @@ def test_every_eagle3_recipe_is_checked():
     assert len(RECIPES) >= 11 and {"gen-data.yaml", "cache.yaml", "train.yaml", "eval.yaml"} <= named
 
 
-@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(REPO / "recipes")))
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: str(p.relative_to(REPO)))
 def test_every_recipe_loads_through_the_command_in_its_header(path, parse, monkeypatch):
     monkeypatch.chdir(REPO)
     for argv in _header_commands(path):

@@ -239,7 +239,13 @@ def test_when_every_row_is_rejected_the_reasons_are_said_and_written(tmp_path, t
         tmp_path / "bad.jsonl",
         [
             {"messages": [{"role": "system", "content": "only a system turn"}]},
-            {"messages": [{"role": "assistant", "content": "a"}, {"role": "user", "content": "u"}]},
+            {
+                "messages": [
+                    {"role": "user", "content": "u"},
+                    {"role": "system", "content": "s"},
+                    {"role": "assistant", "content": "a"},
+                ]
+            },
         ],
     )
     out = tmp_path / "data"

@@ -1,7 +1,7 @@
 """fp32 vs bf16 for the SmolLM2 target on this CPU: speed of the forwards each stage runs, and
 how far bf16 moves the output (greedy agreement, logit error). Ratios from interleaved repeats.
 
-    .venv/bin/python recipes/smollm2-135m/dtype_bench.py [--target models/smollm2-135m] [--threads 1]
+    .venv/bin/python benchmarks/smollm2/dtype_bench.py [--target models/smollm2-135m] [--threads 1]
 """
 
 from __future__ import annotations

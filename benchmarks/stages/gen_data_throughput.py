@@ -1,6 +1,6 @@
 """Regeneration throughput: the batched hf backend vs per-sample `model.generate`, same prompts.
 
-    .venv/bin/python recipes/bench/gen_data_throughput.py [--target models/tiny-target] [--num-prompts 64] [--threads 1]
+    .venv/bin/python benchmarks/stages/gen_data_throughput.py [--target models/tiny-target] [--num-prompts 64] [--threads 1]
 
 Prints one JSON object: conversations/s and generated tok/s for both, their ratio (goal >= 3x),
 and how many greedy texts agree (batching must not change text). Both sides generate greedily

@@ -1,10 +1,10 @@
 """`make bench`: the EAGLE-3 paper's claims at small scale, and the toolkit's own figures.
 
-    .venv/bin/python recipes/bench/run_bench.py [--out runs/bench] [--samples 300] [--quick]
+    .venv/bin/python benchmarks/tiny/run_bench.py [--out runs/bench] [--samples 300] [--quick]
 
 Everything runs through the real `eagle3` commands on the committed tiny target (CPU), in run
 folders under --out, so an interrupted bench resumes (each stage resumes from its manifest).
-Claims, each from heads trained with the same recipe (recipes/bench/train.yaml):
+Claims, each from heads trained with the same recipe (benchmarks/tiny/train.yaml):
   1. TTT keeps acceptance flat: --ttt-steps 7 vs --ttt-steps 1, alpha_1..alpha_8.
   2. Multi-layer fusion beats the top layer: aux [2, 6, 9] vs top-only [11].
   3. More data keeps helping: 1x, 2x, 4x regenerated conversations, same epochs (steps/sample).
@@ -21,39 +21,17 @@ import argparse
 import json
 import os
 import platform
-import shlex
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-E3 = [sys.executable, "-m", "eagle3cli"]
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import E3, REPO, Recorder, last_json  # noqa: E402
+
 PY = sys.executable
-COMMANDS: list[str] = []
-SECONDS: dict[str, float] = {}
-
-
-def sh(args: list[str], capture: bool = False) -> str:
-    """Run one command from the repo root, echo it, remember it for the results page."""
-    shown = " ".join(shlex.quote(str(a)) for a in args).replace(sys.executable, ".venv/bin/python")
-    shown = shown.replace(".venv/bin/python -m eagle3cli", "eagle3").replace(f"{REPO}/", "")
-    COMMANDS.append(shown)
-    print(f"\n$ {shown}", flush=True)
-    t0 = time.time()
-    r = subprocess.run([str(a) for a in args], cwd=REPO, text=True, stdout=subprocess.PIPE if capture else None)
-    SECONDS[shown] = time.time() - t0
-    print(f"  ({SECONDS[shown]:.0f}s, exit {r.returncode})", flush=True)
-    if r.returncode != 0:
-        raise SystemExit(f"bench step failed (exit {r.returncode}): {shown}")
-    return r.stdout if capture else ""
-
-
-def last_json(text: str) -> dict:
-    """The helper scripts print one JSON object (possibly pretty-printed) at the end."""
-    start = text.rfind("\n{")
-    return json.loads(text[start + 1 if start >= 0 else text.find("{") :])
+REC = Recorder()  # every command run, and its seconds, for the results page
+COMMANDS, SECONDS, sh = REC.commands, REC.seconds, REC.sh
 
 
 def chain_stats(report_path: Path) -> dict:
@@ -94,7 +72,7 @@ def main() -> None:
     n1, n4 = args.samples, 4 * args.samples
     t_start = time.time()
     gen_recipe, cache_recipe = "recipes/tiny/gen-data.yaml", "recipes/tiny/cache.yaml"
-    train_recipe = "recipes/bench/train.yaml"
+    train_recipe = "benchmarks/tiny/train.yaml"
 
     # ---- data: the target's own answers (4x) and the original GSM8K answers, same prompts
     sh([*E3, "gen-data", "--recipe", gen_recipe, "--run", out / "regen", "--num-samples", n4])
@@ -242,9 +220,9 @@ def main() -> None:
     # ---- toolkit figures (each script prints one JSON object)
     quick = ["--num-prompts", "8"] if args.quick else []
     scripts = {
-        "gen_data": [PY, "recipes/bench/gen_data_throughput.py", "--threads", "1", *quick],
-        "cache": [PY, "recipes/bench/cache_bytes.py", *(["--num-samples", "16"] if args.quick else [])],
-        "train": [PY, "recipes/bench/train_speed.py"],
+        "gen_data": [PY, "benchmarks/stages/gen_data_throughput.py", "--threads", "1", *quick],
+        "cache": [PY, "benchmarks/stages/cache_bytes.py", *(["--num-samples", "16"] if args.quick else [])],
+        "train": [PY, "benchmarks/stages/train_speed.py"],
     }
     tool = {}
     for name, cmd in scripts.items():
@@ -277,7 +255,7 @@ def main() -> None:
         "work_minutes": round(sum(durations.get(c, 0.0) for c in COMMANDS) / 60, 1),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n")
-    sh([PY, "recipes/bench/report.py", "--results", out / "results.json", "--out", args.results_md])
+    sh([PY, "benchmarks/tiny/report.py", "--results", out / "results.json", "--out", args.results_md])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Every figure is read from what the stages wrote (manifests, training metrics, eval report.json):
 nothing here measures or assumes. Called by run_bench.py; also runs alone:
 
-    .venv/bin/python recipes/smollm2-135m/report.py --out runs/smollm2
+    .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
 """
 
 from __future__ import annotations
@@ -11,10 +11,20 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+# The eval folders of a run (eval-<name>), in the order run_bench.py runs them; both modules read
+# this one tuple (run_bench.py imports this module, never the other way round).
+EVAL_NAMES = (
+    "mt_bench",
+    "mt_bench_both_turns",
+    "gsm8k",
+    "humaneval",
+    "sharegpt_heldout",
+    "mt_bench_t1",
+    "ttt1_mt_bench",
+)
 BAR = {"tau": 3.0, "speedup_vs_generate": 2.0, "train_tok_s": 300.0}
 CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
     "make smollm2",
@@ -132,7 +142,7 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
     lines = [
         "# SmolLM2-135M-Instruct on ShareGPT: an EAGLE-3 head end to end, on 2 CPU cores",
         "",
-        "Written by `make bench-smollm2` (recipes/smollm2-135m/run_bench.py, report.py) from the run folder",
+        "Written by `make bench-smollm2` (benchmarks/smollm2/run_bench.py, report.py) from the run folder",
         f"`{out.relative_to(REPO) if out.is_relative_to(REPO) else out}`: every figure is read from what the",
         "stages wrote (manifests, training metrics, eval reports). Machine: "
         f"{results.get('machine', {}).get('cpu_cores', '?')} CPU cores, no GPU, shared and noisy: read speeds as ratios",
@@ -320,7 +330,7 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
     lines += _table(["stage", "tokens", "wall time", "tok/s", "bytes/token", "peak RSS"], cost)
     speed = results.get("train_speed") or {}
     if speed:
-        lines += ["", "recipes/bench/train_speed.py at this shape (batch 4 x 1024, 2 threads):"]
+        lines += ["", "benchmarks/stages/train_speed.py at this shape (batch 4 x 1024, 2 threads):"]
         for k, v in speed.items():
             lines.append(f"- {k}: {v.get('tok_per_s', v)} tok/s")
 
@@ -433,9 +443,6 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     a = ap.parse_args()
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from run_bench import EVAL_NAMES
-
     results = _json(a.out / "results.json") or {"steps": _json(a.out / "bench-steps.json") or {}}
     write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md)
 

@@ -1,6 +1,6 @@
 """Training speed of the draft head at a fixed shape: tokens/s and peak memory.
 
-    .venv/bin/python recipes/bench/train_speed.py [--hidden 128] [--batch 4] [--seq 512] [--ttt-steps 7]
+    .venv/bin/python benchmarks/stages/train_speed.py [--hidden 128] [--batch 4] [--seq 512] [--ttt-steps 7]
 
 The shape defaults to the tiny target's (H=128, vocab 4096, draft vocab 2048, 3 aux layers).
 Each timed step is a full optimizer step of `eagle3 train`: teacher from last hidden states,

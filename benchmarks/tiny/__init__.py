@@ -1,0 +1,1 @@
+"""The tiny-target bench behind `make bench` and docs/results.md."""
