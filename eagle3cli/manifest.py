@@ -129,6 +129,14 @@ def shard_record(path: Path, **extra: Any) -> dict:
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path), **extra}
 
 
+def folder_fingerprint(manifest: Mapping[str, Any]) -> str:
+    """The identity of a finished stage folder's content: every file its manifest lists, by name and
+    sha256. Another run's cache (or data) put in the same place has another fingerprint."""
+    files = [*(manifest.get("shards") or []), *(manifest.get("files") or [])]
+    pairs = sorted((str(f.get("file")), str(f.get("sha256"))) for f in files if isinstance(f, dict))
+    return sha256_text(json.dumps(pairs))[:16]
+
+
 def contained(folder: Path, name: str) -> Path:
     """`folder/name`, refusing a name that leaves the folder (absolute, `..`, a link out of it):
     a manifest is data, and must not make a stage read or delete files elsewhere."""

@@ -76,6 +76,7 @@ def save_checkpoint(tr: Trainer) -> None:
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
         "metrics": tr.last_metrics,
+        "input_fingerprint": tr.source.fingerprint,  # the cache (or data) these weights were trained on
     }
     if tr.deepspeed:
         tr.model.save_checkpoint(str(tr.train_dir / "deepspeed"), tag=tag)  # collective: every rank
@@ -332,6 +333,7 @@ def finish(tr: Trainer) -> Path:
                 input=source
                 | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
                 head=str(tr.head_dir),
+                input_fingerprint=tr.source.fingerprint,
                 export_self_check_max_abs_diff=diff,
                 world_size=tr.world,
                 **summary,

@@ -5,12 +5,14 @@ removed by every stage, zero kept records refused."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 from head_fixtures import make_head
-from train_fixtures import write_data
+from train_fixtures import make_run, write_data
 
 from eagle3cli.cli import main
+from eagle3cli.manifest import folder_fingerprint
 
 
 @pytest.fixture(autouse=True)
@@ -129,3 +131,37 @@ def test_gen_data_regenerates_exactly_a_lost_or_damaged_shard(tmp_path, tiny_tar
     for key in ("shards", "counts", "rejects", "inputs"):
         assert again[key] == manifest[key], key
     assert main(args) == 0 and "already complete" in err(capsys)
+
+
+# ---------------------------------------------------------------- 5. train resumes only on its own cache
+TRAIN_FAST = ["--token-budget", "640", "--max-length", "160", "--ttt-steps", "2", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def two_caches(tmp_path_factory, tiny_target_dir):
+    base = tmp_path_factory.mktemp("two-caches")
+    return make_run(base / "a", tiny_target_dir, n=24), make_run(base / "b", tiny_target_dir, n=20)
+
+
+def test_train_refuses_to_resume_on_another_cache(tmp_path, two_caches, capsys):
+    a, b = two_caches
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(a / "cache", run / "cache")
+    args = ["train", "--run", str(run), *TRAIN_FAST, "--save-every", "2"]
+    assert main([*args, "--max-steps", "2"]) == 0
+    capsys.readouterr()
+    head = snapshot(run / "head")
+    shutil.rmtree(run / "cache")
+    shutil.copytree(b / "cache", run / "cache")  # another run's cache where this run's was
+    for steps in ("4", "2"):  # a mid-run resume, and a finished run (which kept its old head)
+        assert main([*args, "--max-steps", steps]) == 2
+        text = err(capsys)
+        old = json.loads((run / "train" / "manifest.json").read_text())["input_fingerprint"]
+        assert "trained on another cache" in text and old in text and "--no-resume" in text
+        assert folder_fingerprint(json.loads((run / "cache" / "manifest.json").read_text())) in text
+    assert snapshot(run / "head") == head
+    shutil.rmtree(run / "cache")
+    shutil.copytree(a / "cache", run / "cache")  # its own cache back: it resumes
+    assert main([*args, "--max-steps", "4"]) == 0
+    assert "resumed from step-0000002" in capsys.readouterr().err.replace("\n", " ")
