@@ -24,11 +24,10 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import UsageError
 from ..folders import claim_output
-from ..manifest import atomic_write, atomic_write_json, read_json, shard_record, write_manifest
+from ..manifest import atomic_write_json, atomic_write_tensors, read_json, shard_record, write_manifest
 from .draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
@@ -101,7 +100,7 @@ def save_head(
         # the engine tables (model.engines) decide by the target's class; later exports may lack the target
         extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
-    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
     write_manifest(
         out_dir,
@@ -303,7 +302,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
         cfg = _speculators_config(cfg, num_speculative_tokens)
-    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,

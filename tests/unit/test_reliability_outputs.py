@@ -5,14 +5,16 @@ removed by every stage, zero kept records refused."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
+from disk_fixtures import fill, small_disk
 from head_fixtures import make_head
 from train_fixtures import make_run, write_data
 
 from eagle3cli.cli import main
-from eagle3cli.manifest import folder_fingerprint
+from eagle3cli.manifest import folder_fingerprint, verify_shards
 
 
 @pytest.fixture(autouse=True)
@@ -165,3 +167,73 @@ def test_train_refuses_to_resume_on_another_cache(tmp_path, two_caches, capsys):
     shutil.copytree(a / "cache", run / "cache")  # its own cache back: it resumes
     assert main([*args, "--max-steps", "4"]) == 0
     assert "resumed from step-0000002" in capsys.readouterr().err.replace("\n", " ")
+
+
+# ---------------------------------------------------------------- 6. tensors through our own atomic writer
+@pytest.fixture
+def disk(tmp_path):
+    with small_disk(tmp_path / "disk", "9m") as d:
+        yield d
+
+
+def no_temps(folder) -> list[str]:
+    """Leftovers of any writer: ours (.NAME.HOST.PID.XXXX.tmp) or a library's (.tmpXXXXXX)."""
+    return [p.name for p in folder.iterdir() if p.name.endswith(".tmp") or p.name.startswith((".tmp", "tmp"))]
+
+
+def test_a_full_disk_while_caching_exits_2_naming_the_shard_and_the_rerun_completes(
+    disk, tiny_target_dir, monkeypatch, capsys
+):
+    import eagle3cli.cache.run as cache_run
+
+    run = disk / "run"
+    write_data(run, tiny_target_dir, 6)
+    args = ["cache", "--run", str(run), "--max-length", "96", "--draft-vocab-size", "64", "--shard-tokens", "200"]
+    real_check, ballast = cache_run._check_disk, []
+
+    def then_another_job_fills_the_disk(cfg, out, *a):
+        real_check(cfg, out, *a)  # the estimate fits...
+        ballast.append(fill(disk, 150_000))  # ...then another job takes the space: room for 1 shard (~100 KB)
+
+    monkeypatch.setattr(cache_run, "_check_disk", then_another_job_fills_the_disk)
+    old = os.umask(0o022)
+    try:
+        assert main(args) == 2
+        text = err(capsys)
+        assert "no space left writing" in text and "cache/shard-00001.safetensors" in text and "resumes" in text
+        cache = run / "cache"
+        assert (cache / "shard-00000.safetensors").exists() and not no_temps(cache)
+        for name in ("vocab.safetensors", "index.safetensors", "shard-00000.safetensors"):
+            assert (cache / name).stat().st_mode & 0o777 == 0o644, name  # safetensors' own writer: 0600
+        ballast[0].unlink()
+        monkeypatch.setattr(cache_run, "_check_disk", real_check)
+        assert main(args) == 0
+        err(capsys)
+    finally:
+        os.umask(old)
+    man = json.loads((cache / "manifest.json").read_text())
+    assert len(man["shards"]) == 3 and not verify_shards(cache, man["shards"]) and not no_temps(cache)
+    assert main(["cache", "--verify", str(cache), "--target", str(tiny_target_dir)]) == 0
+
+
+def test_a_full_disk_at_export_exits_2_naming_the_file_and_leaves_no_temp(disk, tiny_target_dir, tmp_path, capsys):
+    head = make_head(tiny_target_dir, tmp_path / "head")
+    size = (head / "model.safetensors").stat().st_size
+    ballast = fill(disk, size // 2)
+    out = disk / "exp"
+    assert main(["export", "--head", str(head), "--format", "speculators", "--out", str(out)]) == 2
+    text = err(capsys)
+    assert f"no space left writing {out / 'model.safetensors'}" in text
+    assert not (out / "manifest.json").exists() and not no_temps(out)
+    ballast.unlink()
+    old = os.umask(0o027)
+    try:
+        import eagle3cli.manifest as man
+
+        man._UMASK = None
+        assert main(["export", "--head", str(head), "--format", "speculators", "--out", str(out)]) == 0
+    finally:
+        os.umask(old)
+        man._UMASK = None
+    assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o640
+    capsys.readouterr()
