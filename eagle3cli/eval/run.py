@@ -16,7 +16,7 @@ from ..errors import UsageError
 from ..extras import plotting
 from ..folders import claim_output
 from ..lock import locked_stage
-from ..manifest import atomic_write_json, write_manifest
+from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
 from .config import EvalConfig
 from .decoder import SpeculativeDecoder, plain_decode
 from .lanes import decode_lanes, split_turns
@@ -119,6 +119,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     head, out = _paths(cfg)
     heads = [("--head", head)] if head is not None else []
     claim_output(out, "eval", EVAL_FILES, [*heads, *(("--compare", Path(c)) for c in cfg.compare)])
+    remove_dead_temps(out)  # a report or plot cut by a kill
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
 

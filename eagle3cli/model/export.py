@@ -27,7 +27,14 @@ import torch
 
 from ..errors import UsageError
 from ..folders import claim_output
-from ..manifest import atomic_write_json, atomic_write_tensors, read_json, shard_record, write_manifest
+from ..manifest import (
+    atomic_write_json,
+    atomic_write_tensors,
+    read_json,
+    remove_dead_temps,
+    shard_record,
+    write_manifest,
+)
 from .draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
@@ -277,6 +284,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     # validates names, shapes and aux layer fields before anything is written
     draft, spec = load_any_head(head_dir)
     claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
+    remove_dead_temps(out_dir)  # an export cut by a kill
     for notice in spec.notices:
         from ..console import warn
 

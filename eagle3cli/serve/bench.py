@@ -25,7 +25,7 @@ from ..console import log, print_table, progress, warn
 from ..errors import UsageError
 from ..extras import plotting
 from ..folders import claim_output
-from ..manifest import atomic_write, atomic_write_json, write_manifest
+from ..manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
 from .config import BenchConfig
 
 DEFAULT_PROMPTS = "mt_bench"
@@ -287,6 +287,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
     assert cfg.spec_url is not None  # validate() requires --spec-url
     claim_output(Path(cfg.out), "serve-bench", ("bench.json", "bench.png"))
+    remove_dead_temps(Path(cfg.out))
     prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
     if cfg.base_url:

@@ -21,7 +21,7 @@ from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
 from ..lock import stage_lock
-from ..manifest import atomic_write_json, read_json, sha256_file, verify_shards, write_manifest
+from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
 from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from . import checkpoint as ckpt
@@ -349,6 +349,8 @@ def run_train(cfg: TrainConfig) -> Path:
     if os.environ.get("RANK", "0") != "0":
         return _run_train(cfg)
     with stage_lock(cfg.run_dir / "train", "train"):
+        for d in (cfg.run_dir / "train", cfg.run_dir / "train" / ckpt.CKPT_DIR, cfg.run_dir / "head"):
+            remove_dead_temps(d)  # a checkpoint or head export cut by a kill: a full-size hidden file each
         return _run_train(cfg)
 
 

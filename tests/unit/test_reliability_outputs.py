@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 
 import pytest
 from disk_fixtures import fill, small_disk
 from head_fixtures import make_head
-from train_fixtures import make_run, write_data
+from train_fixtures import REPO, make_run, write_data
 
 from eagle3cli.cli import main
 from eagle3cli.manifest import folder_fingerprint, verify_shards
@@ -236,4 +240,61 @@ def test_a_full_disk_at_export_exits_2_naming_the_file_and_leaves_no_temp(disk, 
         os.umask(old)
         man._UMASK = None
     assert (out / "model.safetensors").stat().st_mode & 0o777 == 0o640
+    capsys.readouterr()
+
+
+# ---------------------------------------------------------------- 7. dead temps removed by every stage
+CUT = """
+import sys, time
+from pathlib import Path
+from eagle3cli.manifest import atomic_write
+def write(tmp):
+    tmp.write_bytes(b"x" * 100_000)
+    print("writing", flush=True)
+    time.sleep(300)
+atomic_write(Path(sys.argv[1]), write)
+"""
+
+
+def killed_write(path) -> str:
+    """Start a real atomic write of `path` and kill -9 it half way; returns the temp it leaves."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    before = set(os.listdir(path.parent))
+    env = {k: v for k, v in os.environ.items()} | {"PYTHONPATH": str(REPO)}
+    p = subprocess.Popen([sys.executable, "-c", CUT, str(path)], stdout=subprocess.PIPE, env=env)
+    assert p.stdout.readline().strip() == b"writing"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    (left,) = set(os.listdir(path.parent)) - before
+    return left
+
+
+def test_every_stage_removes_the_temps_of_killed_writes(tmp_path, two_caches, tiny_target_dir, capsys):
+    a, _ = two_caches
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copytree(a / "cache", run / "cache")
+    args = ["train", "--run", str(run), *TRAIN_FAST, "--save-every", "2"]
+    assert main([*args, "--max-steps", "2"]) == 0
+    dead = {
+        run / "train" / "checkpoints": killed_write(run / "train" / "checkpoints" / "step-0000004.safetensors"),
+        run / "train": killed_write(run / "train" / "metrics.jsonl"),
+        run / "head": killed_write(run / "head" / "model.safetensors"),
+    }
+    live = run / "head" / f".model.safetensors.{socket.gethostname()}.{os.getpid()}.abcd.tmp"
+    live.write_bytes(b"a live writer's")  # this process is alive: its temp is not ours to remove
+    assert main([*args, "--max-steps", "4"]) == 0
+    for folder, name in dead.items():
+        assert not (folder / name).exists(), name
+    assert live.exists()
+    exp = tmp_path / "exp"
+    assert main(["export", "--head", str(run / "head"), "--format", "sglang", "--out", str(exp)]) == 0
+    left = killed_write(exp / "model.safetensors")
+    assert main(["export", "--head", str(run / "head"), "--format", "sglang", "--out", str(exp)]) == 0
+    assert not (exp / left).exists()
+    ev = tmp_path / "eval"
+    left = killed_write(ev / "report.json")
+    eval_args = ["eval", "--head", str(exp), "--target", str(tiny_target_dir), "--out", str(ev)]
+    assert main([*eval_args, "--num-prompts", "1", "--max-new-tokens", "4", "--depth", "2"]) == 0
+    assert not (ev / left).exists()
     capsys.readouterr()
