@@ -13,7 +13,7 @@ import torch
 from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
-from ..extras import plotting
+from ..extras import draw_plot
 from ..folders import claim_output
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
@@ -277,10 +277,10 @@ def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None
     from .report import plot, print_report
 
     out.mkdir(parents=True, exist_ok=True)
-    if plotting():
-        plot(out / "acceptance.png", report, f"{cfg.bench}, {report['units']} prompts, T={cfg.temperature}")
-    atomic_write_json(out / "report.json", report)
+    atomic_write_json(out / "report.json", report)  # first: a plot that fails must not cost the numbers
     print_report(report)
+    title = f"{cfg.bench}, {report['units']} prompts, T={cfg.temperature}"
+    drawn = draw_plot(out / "acceptance.png", lambda: plot(out / "acceptance.png", report, title))
     plain = report["baselines"]["plain"]
     write_manifest(
         out,
@@ -289,6 +289,6 @@ def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None
         target=ident.as_dict(),
         heads=[spec.summary() for _, _, spec in heads],
         counts={"prompts": report["num_prompts"], "units": report["units"], "plain_tokens": plain["tokens"]},
-        files=["report.json", "acceptance.png"],
+        files=["report.json", *(["acceptance.png"] if drawn else [])],
     )
-    log(f"eval: wrote {out / 'report.json'} and {out / 'acceptance.png'}")
+    log(f"eval: wrote {out / 'report.json'}" + (f" and {out / 'acceptance.png'}" if drawn else ""))

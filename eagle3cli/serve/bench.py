@@ -23,7 +23,7 @@ import httpx
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..errors import UsageError
-from ..extras import plotting
+from ..extras import draw_plot
 from ..folders import claim_output
 from ..manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
 from .config import BenchConfig
@@ -362,8 +362,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         "prompts": len(prompts),
     }
     atomic_write_json(out / "bench.json", report)
-    if plotting():
-        plot(levels, sp, out / "bench.png")
+    drawn = draw_plot(out / "bench.png", lambda: plot(levels, sp, out / "bench.png"))
     write_manifest(
         out,
         "serve-bench",
@@ -371,5 +370,5 @@ def run_bench(cfg: BenchConfig) -> Path:
         counts={"requests": sum(r.requests for r in levels), "failed": failed},
         stops_paying_at=cross,
     )
-    log(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    log(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if drawn else ""))
     return out

@@ -1,0 +1,90 @@
+"""Issue 24, weak cases: a clear message (exit 2) instead of a traceback or a wrong hint, and late
+failures that no longer cost the results already computed."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+from head_fixtures import make_head
+from train_fixtures import REPO
+
+from eagle3cli.cli import main
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")
+
+
+def err(capsys) -> str:
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "Traceback" not in text
+    return text
+
+
+# ---------------------------------------------------------------- recipes
+def dry_run(tiny_target_dir, recipe) -> list[str]:
+    return ["gen-data", "--recipe", str(recipe), "--target", str(tiny_target_dir), "--input", "gsm8k", "--dry-run"]
+
+
+def test_a_key_given_twice_in_a_recipe_is_refused(tmp_path, tiny_target_dir, capsys):
+    r = tmp_path / "r.yaml"
+    r.write_text("gen_data:\n  seed: 1\n  max_new_tokens: 8\n  seed: 2\n")
+    assert main(dry_run(tiny_target_dir, r)) == 2
+    assert "key 'seed' is given twice (line 2 and line 4)" in err(capsys)
+    r.write_text("gen_data:\n  seed: 1\ncache:\n  max_length: 64\n")  # one key per section is fine
+    assert main(dry_run(tiny_target_dir, r)) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("kind", ["binary", "utf-16", "folder"])
+def test_a_recipe_that_is_not_yaml_text_is_named(tmp_path, tiny_target_dir, capsys, kind):
+    r = tmp_path / "r.yaml"
+    if kind == "binary":
+        r.write_bytes(bytes(range(256)) * 4)
+    elif kind == "utf-16":
+        r.write_text("gen_data:\n  seed: 1\n", encoding="utf-16")
+    else:
+        r.mkdir()
+    assert main(dry_run(tiny_target_dir, r)) == 2
+    text = err(capsys)
+    assert ("is a folder" in text) if kind == "folder" else ("is not UTF-8 text" in text)
+    assert "in the way" not in text  # not the run-folder message
+
+
+# ---------------------------------------------------------------- the stand-in server
+def test_the_stand_in_server_on_a_port_in_use_exits_2_before_loading_the_model(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        # a model folder that does not exist: the port is checked first, so this never gets to load it
+        cmd = [sys.executable, "-m", "eagle3cli.data.http_server", "--model", str(tmp_path / "nothing")]
+        r = subprocess.run([*cmd, "--port", str(port)], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"cannot listen on 127.0.0.1:{port}: Address already in use" in r.stderr and "--port" in r.stderr
+
+
+# ---------------------------------------------------------------- eval writes its report first
+@pytest.mark.parametrize("failure", ["blocked-png", "no-matplotlib"])
+def test_eval_keeps_its_report_when_the_plot_fails(tmp_path, tiny_target_dir, capsys, monkeypatch, failure):
+    head = make_head(tiny_target_dir, tmp_path / "head")
+    out = tmp_path / "eval"
+    if failure == "blocked-png":
+        (out / "acceptance.png").mkdir(parents=True)  # something in the way of the plot
+    else:  # matplotlib failing to import (as under a memory limit) after decoding finished
+        monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    args = ["eval", "--head", str(head), "--target", str(tiny_target_dir), "--out", str(out)]
+    assert main([*args, "--num-prompts", "1", "--max-new-tokens", "4", "--depth", "2"]) == 0
+    text = err(capsys)
+    assert "no plot at" in text and "the numbers are in the JSON report" in text
+    report = json.loads((out / "report.json").read_text())
+    assert report["num_prompts"] == 1 and report["heads"]
+    assert json.loads((out / "manifest.json").read_text())["files"] == ["report.json"]
