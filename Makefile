@@ -28,11 +28,16 @@ $(STAMP): pyproject.toml
 # the parser tests skip and say why.
 SGLANG_STAMP := $(VENV)/.sglang-cpu
 sglang-cpu: $(SGLANG_STAMP)
+# pip's output goes to $(VENV)/sglang-cpu.log: it lists ~57 "sglang requires X, which is not
+# installed" lines, expected for a --no-deps install of the parser only.
 $(SGLANG_STAMP): $(STAMP)
-	-$(BIN)/pip install -q --no-deps "sglang>=0.5,<0.6" && \
-	 $(BIN)/pip install -q orjson pybase64 requests triton starlette msgspec pyzmq ipython aiohttp && \
-	 $(BIN)/python -c "from sglang.srt.server_args import ServerArgs" && touch $(SGLANG_STAMP)
-	@test -f $(SGLANG_STAMP) || echo "sglang parser not importable here: serve parser tests will skip"
+	@-( $(BIN)/pip install -q --no-deps "sglang>=0.5,<0.6" && \
+	    $(BIN)/pip install -q orjson pybase64 requests triton starlette msgspec pyzmq ipython aiohttp && \
+	    $(BIN)/python -c "from sglang.srt.server_args import ServerArgs" ) > $(VENV)/sglang-cpu.log 2>&1 && \
+	  touch $(SGLANG_STAMP)
+	@if test -f $(SGLANG_STAMP); then \
+	  echo "sglang-cpu: installed sglang's argument parser only (--no-deps; its missing-dependency warnings are expected, see $(VENV)/sglang-cpu.log)"; \
+	else echo "sglang-cpu: sglang's parser is not importable here ($(VENV)/sglang-cpu.log): the serve parser tests will skip"; fi
 
 # The fast tier (< 5 minutes on an idle 2-core machine); slow tests (DeepSpeed launches, kill -9
 # resumes, chi-square sampling, whole chains per target family) run in test-all, which CI runs.

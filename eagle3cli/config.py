@@ -28,11 +28,21 @@ C = TypeVar("C", bound="DataclassInstance")  # a stage config: a (frozen) datacl
 STAGE_SECTIONS = ("gen_data", "cache", "train", "eval", "serve", "serve_bench", "export")
 
 
-def flag(default: Any, *names: str, argument: str | None = None) -> Any:
+def flag(default: Any, *names: str, argument: str | None = None, required: bool = False) -> Any:
     """A config field whose flag is not plainly `--field-name`: other `names` (an alias, a short
-    name, a lone `--dry-run` or a `--x/--no-y` pair), or a positional `argument` (its metavar).
+    name, a lone `--dry-run` or a `--x/--no-y` pair), a positional `argument` (its metavar), or one
+    the stage cannot run without (`required`: given as a flag or in the recipe; --help marks it).
     eagle3cli/options.py turns fields into flags."""
-    return dataclasses.field(default=default, metadata={"flags": names, "argument": argument})
+    return dataclasses.field(default=default, metadata={"flags": names, "argument": argument, "required": required})
+
+
+# The value that clears an optional setting from the command line (`--max-steps none` undoes a
+# recipe's `max_steps: 60`): a flag left out never overrides the recipe, so it needs a spelling.
+NONE_VALUE = "none"
+
+
+def _is_optional(tp: Any) -> bool:
+    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in typing.get_args(tp)
 
 
 def choices(tp: Any) -> tuple[str, ...]:
@@ -91,6 +101,13 @@ def load_recipe(path: Path | None, section: str) -> dict:
     if not isinstance(data, dict):
         raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
     if is_sectioned(data, path):
+        if section not in data:
+            have = ", ".join(f"{k}:" for k in data)
+            raise UsageError(
+                f"recipe {path} has no `{section}:` section (it has {have})",
+                f"a recipe for this stage: a `{section}:` section, or flat keys",
+                f"use the recipe written for this stage, e.g. recipes/tiny/{section.replace('_', '-')}.yaml",
+            )
         data = data.get(section) or {}
     return {k.replace("-", "_"): v for k, v in data.items()}
 
@@ -149,8 +166,12 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
             f"keys among: {', '.join(sorted(fields))}",
             "fix the recipe (typos are not ignored)",
         )
-    data.update({k: v for k, v in overrides.items() if v is not None})
     hints = typing.get_type_hints(cls)
+    for k, v in overrides.items():
+        if isinstance(v, (str, Path)) and str(v).lower() == NONE_VALUE and k in hints and _is_optional(hints[k]):
+            data[k] = None  # spelled out on the command line: clears the recipe's value
+        elif v is not None:
+            data[k] = v
     kwargs = {k: _coerce(v, hints[k]) for k, v in data.items() if k in fields}
     cfg = cls(**kwargs)
     errors = type_errors(cfg)

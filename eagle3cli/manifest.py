@@ -310,8 +310,21 @@ def write_manifest(folder: Path, stage: str, **fields: Any) -> Path:
     return path
 
 
+STAGE_FOLDERS = ("data", "cache", "train", "head", "eval")
+
+
+def for_run(next_step: str, folder) -> str:
+    """`next_step` with its `runs/NAME` placeholder replaced by the run folder that `folder` belongs
+    to (runs/a/data, runs/a/head-sglang, runs/a/eval-gsm8k -> runs/a); unchanged for other folders."""
+    p = Path(folder)
+    if not any(p.name == s or p.name.startswith(f"{s}-") for s in STAGE_FOLDERS) or str(p.parent) in ("", "."):
+        return next_step
+    return next_step.replace("runs/NAME", str(p.parent))
+
+
 def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
     """Read a previous stage's manifest, or explain which command makes it."""
+    produced_by = for_run(produced_by, folder)
     path = Path(folder) / MANIFEST
     if not Path(folder).exists():
         raise UsageError(f"{folder} does not exist", f"a folder written by `eagle3 {stage}`", produced_by)

@@ -27,7 +27,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from .config import build_config, choices
+from .config import NONE_VALUE, build_config, choices
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -78,13 +78,47 @@ def _tuple_item(tp: Any) -> Any:
     return None
 
 
+def _optional_number(tp: Any) -> bool:
+    args = typing.get_args(tp)
+    return type(None) in args and any(a in (int, float) for a in args)
+
+
 def _cli_type(tp: Any) -> Any:
     """The type the parser reads: a repeatable flag for a tuple of strings, one comma-separated
-    string for a tuple of numbers ("2,6,9"; build_config splits it)."""
+    string for a tuple of numbers ("2,6,9"; build_config splits it), and text for an optional
+    number (so that `none` can clear it; build_config converts and checks the number)."""
     item = _tuple_item(tp)
     if item is None:
-        return tp
+        return str | None if _optional_number(tp) else tp
     return list[str] if item is str else str | None
+
+
+# Placeholders in --help: what kind of value a flag takes (`--target DIR`, `--num-samples N`).
+_FOLDER_FIELDS = {"target", "run", "out", "data", "cache", "head", "from_eval", "engine_python", "verify"}
+
+
+def metavar(name: str, tp: Any) -> str:
+    """'DIR', 'FILE', 'N', 'X', 'TEXT', 'N,N,...' or the choices, with '|none' where the value may be cleared."""
+    cs = choices(tp)
+    item = _tuple_item(tp)
+    base = next((a for a in (tp, *typing.get_args(tp)) if a is not type(None) and typing.get_origin(a) is None), str)
+    if cs:
+        mv = "|".join(cs)
+    elif item is not None:
+        mv = "N,N,..." if item in (int, float) else "TEXT"
+    elif name in _FOLDER_FIELDS:
+        mv = "DIR"
+    elif base is Path:
+        mv = "PATH"
+    elif base is int:
+        mv = "N"
+    elif base is float:
+        mv = "X"
+    else:
+        mv = "TEXT"
+    # paths are left plain (a folder is rarely cleared; `none` still works): the help stays readable
+    optional = type(None) in typing.get_args(tp) and item is None and mv not in ("DIR", "PATH")
+    return f"{mv}|{NONE_VALUE}" if optional else mv
 
 
 def _cli_default(f: dataclasses.Field, tp: Any) -> Any:
@@ -101,7 +135,8 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
     params = []
     for f in dataclasses.fields(cls):
         tp = hints[f.name]
-        help_text = escape(docs.get(f.name, ""))
+        required = "[required: here or in the recipe] " if f.metadata.get("required") else ""
+        help_text = escape(required + docs.get(f.name, ""))
         if f.metadata.get("argument"):
             info = typer.Argument(None, metavar=f.metadata["argument"], help=help_text, show_default=False)
         else:
@@ -110,7 +145,7 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
                 default,
                 *flag_names(f),
                 help=help_text,
-                metavar="|".join(choices(tp)),  # choices, or nothing: no type tags in --help
+                metavar=None if isinstance(default, bool) else metavar(f.name, tp),
                 show_default=default not in (None, [], ""),
             )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=_cli_type(tp)))

@@ -21,8 +21,12 @@ def register(app: typer.Typer) -> None:
     @stage_command(app, "cache", CacheConfig, "cache", epilog=EPILOG)
     def cache(
         flags: Flags[CacheConfig],
-        verify: Path = typer.Option(None, help="Verify a finished cache folder (checksums, target match) and exit."),
-        merge: Path = typer.Option(None, help="Write the manifest of a cache built with --shard i/N and exit."),
+        verify: Path = typer.Option(
+            None, metavar="DIR", help="Verify a finished cache folder (checksums, target match) and exit."
+        ),
+        merge: Path = typer.Option(
+            None, metavar="DIR", help="Write the manifest of a cache built with --shard i/N and exit."
+        ),
     ) -> None:
         """Tokenise data with the target's chat template (assistant loss masks), build the draft vocab,
         and cache the target's aux + final hidden states as sharded, checksummed safetensors.

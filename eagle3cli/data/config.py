@@ -37,9 +37,9 @@ PLAN_FIELDS = (
 
 @dataclass(frozen=True)
 class GenDataConfig:
-    target: str | None = None
+    target: str | None = flag(None, required=True)
     """Target model folder (its tokenizer and chat template render prompts; the hf backend also generates with it)."""
-    inputs: tuple[str, ...] = flag((), "--input", "-i")
+    inputs: tuple[str, ...] = flag((), "--input", "-i", required=True)
     """A named source (gsm8k, sharegpt, ultrachat, mt_bench, humaneval, sharegpt_sample; NAME:SPLIT), a file,
     or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT. Repeat for a mixture."""
     run: Path | None = None

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..errors import UsageError
-from ..manifest import read_json_object
+from ..manifest import for_run, read_json_object
 
 if TYPE_CHECKING:
     from .draft import Eagle3Draft
@@ -253,7 +253,7 @@ def head_file(head_dir: Path, name: str) -> Path:
         raise UsageError(
             f"{path} does not exist",
             "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
-            "eagle3 train --run runs/NAME   (exports runs/NAME/head)",
+            for_run("eagle3 train --run runs/NAME   (exports runs/NAME/head)", head_dir),
         )
     return path
 

@@ -18,9 +18,9 @@ Api = Literal["generate", "openai"]
 
 @dataclass(frozen=True)
 class ServeConfig:
-    target: Path | None = None
+    target: Path | None = flag(None, required=True)
     """The target model folder the head was trained for."""
-    head: Path | None = None
+    head: Path | None = flag(None, required=True)
     """The exported head folder (runs/NAME/head)."""
     engine: Engine = "sglang"
     """The engine to launch."""
@@ -64,7 +64,7 @@ class ServeConfig:
 
 @dataclass(frozen=True)
 class BenchConfig:
-    spec_url: str | None = None
+    spec_url: str | None = flag(None, required=True)
     """Base URL of the speculative server (e.g. http://127.0.0.1:30000)."""
     base_url: str | None = None
     """Base URL of the same target served without speculation (for the speed-up column)."""

@@ -147,12 +147,14 @@ def _check_vocab_map(weights: Path, canon: dict, draft_vocab: int | None, t_voca
         )
     elif len(torch.unique(target_ids)) != draft_vocab:
         problems.append(error("d2t maps several draft ids to the same target id", REEXPORT))
-    elif draft_vocab < t_vocab and not bool(d2t.any()):
+    if t2d is None and not problems and draft_vocab < t_vocab and not bool(d2t.any()):
+        # all zeros is a valid map when the data used only ids 0..N-1 (a small target's data); only
+        # t2d can confirm it, and without one this is also what a head exported without d2t holds
         problems.append(
             warning(
-                "d2t is all zeros: the draft vocab is exactly target ids 0..N-1, which is what a "
-                "missing d2t looks like",
-                "check the draft-vocab step of `eagle3 cache`",
+                "d2t is all zeros and there is no t2d to confirm it: the draft vocab is target ids "
+                "0..N-1, which is also what a missing d2t looks like",
+                "check the draft-vocab step of `eagle3 cache` (its vocab.json lists the chosen ids)",
             )
         )
     if t2d is not None and not problems:

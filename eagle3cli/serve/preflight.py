@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..manifest import model_fingerprint, read_json_object
+from ..manifest import for_run, model_fingerprint, read_json_object
 from ..model.engines import target_support
 from ..model.heads import (
     HEAD_ARCH,
@@ -41,6 +41,7 @@ from .problems import Problem, error, warning
 def read_config(folder: Path, role: str, next_step: str) -> dict:
     """config.json of a model folder (text_config of multimodal targets), or a UsageError."""
     path = Path(folder) / "config.json"
+    next_step = for_run(next_step, folder)
     if not Path(folder).is_dir():
         raise UsageError(f"{role} folder {folder} does not exist", "a local model folder with config.json", next_step)
     if not path.exists():

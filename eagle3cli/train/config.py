@@ -17,7 +17,7 @@ TrainDtype = Literal["auto", "fp32", "bf16"]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    run: Path | None = None
+    run: Path | None = flag(None, required=True)
     """Run folder: reads runs/NAME/cache (or data/ with --online), writes train/ and head/."""
     cache: Path | None = None
     """Cache folder (default RUN/cache)."""
@@ -154,11 +154,11 @@ ExportFormat = Literal["sglang", "vllm", "speculators"]
 
 @dataclass(frozen=True)
 class ExportConfig:
-    head: Path | None = None
+    head: Path | None = flag(None, required=True)
     """An exported head folder (RUN/head), or a head of any layout eval reads."""
     format: ExportFormat = "sglang"
     """The layout to write: sglang, vllm (both load eagle3's own names) or speculators (vLLM's speculators)."""
-    out: Path | None = None
+    out: Path | None = flag(None, required=True)
     """Output folder (a new one; not the head folder)."""
     num_speculative_tokens: int = 7
     """speculators: the proposal length written in its config."""

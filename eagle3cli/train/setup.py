@@ -323,7 +323,17 @@ def compiled_loss(device: torch.device):
             "g++ or clang++ installed",
             "apt install g++   (or train without --compile)",
         )
-    return compiled_ttt_loss()
+    loss = compiled_ttt_loss()
+    first = [True]
+
+    def announced(*args, **kw):
+        # the first call compiles, and nothing advances meanwhile: say so before it starts
+        if first[0]:
+            first[0] = False
+            console.log("compiling the TTT step (first batch shape, can take minutes; later shapes reuse it)")
+        return loss(*args, **kw)
+
+    return announced
 
 
 def resume(tr: Trainer) -> None:

@@ -70,13 +70,17 @@ def test_flag_help_default_and_choices_come_from_the_field(cmd, spec):
     for f, tp in _fields(cls):
         assert docs.get(f.name), f"{cls.__name__}.{f.name} has no docstring: it is the --help text"
         p = _param(cmd, f.name)
-        assert p.help == options.escape(docs[f.name]), f.name
+        required = "[required: here or in the recipe] " if f.metadata.get("required") else ""
+        assert p.help == options.escape(required + docs[f.name]), f.name
         if f.metadata.get("argument"):
             continue
         names = {n for spec in options.flag_names(f) for n in spec.split("/")}
         assert names == {*p.opts, *p.secondary_opts}, f.name
         assert p.default == options._cli_default(f, tp), f.name
-        assert p.metavar == "|".join(choices(tp)), f.name
+        if isinstance(f.default, bool):
+            assert not p.metavar, f.name
+        else:  # the value's kind, the choices first where the type has them
+            assert p.metavar == options.metavar(f.name, tp) and p.metavar.startswith("|".join(choices(tp))), f.name
 
 
 @pytest.mark.parametrize("cmd", [s[0] for s in STAGES])

@@ -201,13 +201,27 @@ def test_d2t_wrong_dtype(head, tiny_target_dir):
     only_error(pf.check_head(head, tiny_target_dir), "int64")
 
 
-def test_d2t_all_zero_is_a_warning(head, tiny_target_dir):
+def test_d2t_all_zero_with_a_matching_t2d_is_fine(head, tiny_target_dir):
+    # the demo's own head: its data used only ids below the draft vocab size, so d2t is all zeros
     vocab = int(__import__("json").loads((tiny_target_dir / "config.json").read_text())["vocab_size"])
     t2d = torch.zeros(vocab, dtype=torch.bool)
     t2d[:256] = True
     edit_tensors(head, replace={"d2t": torch.zeros(256, dtype=torch.long), "t2d": t2d})
+    assert pf.check_head(head, tiny_target_dir) == []
+
+
+def test_d2t_all_zero_without_t2d_is_a_warning(head, tiny_target_dir):
+    edit_tensors(head, replace={"d2t": torch.zeros(256, dtype=torch.long)}, drop=("t2d",))
     problems = pf.check_head(head, tiny_target_dir)
     assert errors(problems) == [] and any("all zeros" in p.what for p in problems)
+
+
+def test_d2t_all_zero_with_a_t2d_of_other_ids_is_an_error(head, tiny_target_dir):
+    vocab = int(__import__("json").loads((tiny_target_dir / "config.json").read_text())["vocab_size"])
+    t2d = torch.zeros(vocab, dtype=torch.bool)
+    t2d[vocab - 256 :] = True
+    edit_tensors(head, replace={"d2t": torch.zeros(256, dtype=torch.long), "t2d": t2d})
+    only_error(pf.check_head(head, tiny_target_dir), "t2d disagrees")
 
 
 def test_t2d_disagrees_with_d2t(head, tiny_target_dir):
