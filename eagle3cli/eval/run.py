@@ -117,8 +117,8 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
     head, out = _paths(cfg)
-    heads = [("--head", head)] if head is not None else []
-    claim_output(out, "eval", EVAL_FILES, [*heads, *(("--compare", Path(c)) for c in cfg.compare)])
+    read = [("--head", head)] if head is not None else []
+    claim_output(out, "eval", EVAL_FILES, [*read, *(("--compare", Path(c)) for c in cfg.compare)])
     remove_dead_temps(out)  # a report or plot cut by a kill
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
