@@ -11,7 +11,9 @@ turn. The message schema (reasoning, tool calls) and its checks are in `messages
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -239,6 +241,7 @@ class ReadResult:
     rejects: list[dict] = field(default_factory=list)
     rows: int = 0
     other_split: int = 0  # rows that belong to another split of the source (not rejects)
+    sha256: str | None = None  # of the file's bytes as read (None: an HF dataset)
 
     @property
     def reject_counts(self) -> Counter:
@@ -264,8 +267,10 @@ def reject_row(source: str, index: int, reason: str, detail: str, rid: str | Non
 RowError = tuple[str, str]  # (reject reason, detail)
 
 
-def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]]:
-    """(row index, parsed row or None, (reason, detail) when the row cannot be parsed)."""
+def _iter_raw_rows(spec: Source, info: dict | None = None) -> Iterator[tuple[int, object, RowError | None]]:
+    """(row index, parsed row or None, (reason, detail) when the row cannot be parsed). `info` gets the
+    sha256 of the bytes read (a pipe such as `<(cat f)` cannot be read twice) and the first bytes."""
+    info = {} if info is None else info
     if spec.path is None:
         yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
         return
@@ -273,14 +278,16 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
     if path.suffix == ".parquet":
         yield from ((i, r, None) for i, r in enumerate(_load_parquet(path)))
         return
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
-            # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
-            # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
-            text = f.read().decode("utf-8-sig", errors="surrogateescape")
-    except OSError as e:  # e.g. a .gz file that is not gzip
+        raw = path.read_bytes()
+        info["sha256"], info["head"] = hashlib.sha256(raw).hexdigest(), raw[:64]
+        data = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    except (OSError, EOFError, zlib.error) as e:  # e.g. a .gz file that is not gzip
         raise UsageError(f"--input {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
+    # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
+    # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
+    text = data.decode("utf-8-sig", errors="surrogateescape")
+    info["text_head"] = text[:200]
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array (ShareGPT dumps), read element by element
         yield from _iter_json_array(text)
@@ -408,13 +415,33 @@ def _load_hf(spec: Source):
 SNIFF_ROWS = 50
 
 
+def sniff(info: dict, lines: int) -> str:
+    """What a file with no JSON rows holds instead, from its first bytes (for the error message)."""
+    head, text = info.get("head") or b"", info.get("text_head") or ""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head[1:8:2] == b"\0\0\0\0" or head[0:8:2] == b"\0\0\0\0":
+        return "UTF-16 text, not UTF-8: convert it with `iconv -f UTF-16 -t UTF-8 FILE > FILE.jsonl`"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip-compressed data in a file whose name does not end in .gz: rename it to NAME.gz"
+    if head[:4] == b"PAR1":
+        return "Parquet data in a file whose name does not end in .parquet: rename it"
+    if text.lstrip().startswith("{") and lines > 1:
+        return (
+            "JSON objects spread over several lines (pretty-printed): JSON lines need one object per line, "
+            "convert with `jq -c . FILE > FILE.jsonl`"
+        )
+    if not text.strip():
+        return "an empty file"
+    return f"no JSON rows ({lines} line(s) that are not JSON)"
+
+
 def read_input(spec: Source) -> ReadResult:
     """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError.
     Rows of another split of a named source (ShareGPT's held-out conversations) are skipped."""
     source = spec.label
     rows = []
     other_split = 0
-    for index, row, err in _iter_raw_rows(spec):
+    info: dict = {}
+    for index, row, err in _iter_raw_rows(spec, info):
         if err is None and spec.keep is not None and not spec.keep(row):
             other_split += 1
             continue
@@ -426,7 +453,9 @@ def read_input(spec: Source) -> ReadResult:
     if not shapes:
         seen = sorted({k for r in parsed[:5] if isinstance(r, dict) for k in r})[:12]
         what = (
-            f"keys {seen}" if seen else ("no JSON rows" if not parsed else f"rows of type {type(parsed[0]).__name__}")
+            f"keys {seen}"
+            if seen
+            else (sniff(info, len(rows)) if not parsed else f"rows of type {type(parsed[0]).__name__}")
         )
         raise UsageError(
             f"--input {spec.spec}: not in any known format (found {what})",
@@ -434,7 +463,7 @@ def read_input(spec: Source) -> ReadResult:
             'convert the file to one of these shapes, e.g. JSONL with {"messages": [{"role", "content"}]}',
         )
     shape = shapes.most_common(1)[0][0]
-    result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split)
+    result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split, sha256=info.get("sha256"))
     first_row: dict[str, int] = {}  # record id -> the row that used it first
     for index, row, err in rows:
         if err is not None:

@@ -53,6 +53,27 @@ from .regen import Conversation, Sampling, template_kwargs_for
 # ---------------------------------------------------------------- inputs and plan
 def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict]]:
     specs = [parse_input_spec(s) for s in cfg.inputs]
+    by_label: dict[str, list[str]] = {}
+    for sp in specs:
+        by_label.setdefault(sp.label, []).append(sp.spec)
+    twice = {k: v for k, v in by_label.items() if len(v) > 1}
+    if twice:  # record ids are LABEL:ROW: two files named train.jsonl would both give train:0
+        k, v = next(iter(twice.items()))
+        raise UsageError(
+            f"{len(v)} inputs are named {k!r} ({', '.join(v)}): their record ids would collide ({k}:0 twice)",
+            "inputs with distinct names (a file's name without its suffix names its records)",
+            "rename or link one of the files under another name (ln -s a/train.jsonl a-train.jsonl)",
+        )
+    if cfg.out_dir is not None and not cfg.dry_run:
+        out = Path(cfg.out_dir).resolve()
+        inside = [sp.spec for sp in specs if sp.path is not None and out in sp.path.resolve().parents]
+        if inside:
+            raise UsageError(
+                f"the output folder {cfg.out_dir} holds this run's input {inside[0]}: gen-data never writes "
+                "into the folder of its own input",
+                "an output folder apart from the inputs",
+                "move the input out of it, or give gen-data another --out (or --run runs/NAME)",
+            )
     results = [read_input(s) for s in specs]
     if cfg.max_turns is not None:
         for r in results:
@@ -77,8 +98,8 @@ def input_fingerprints(results: list[ReadResult]) -> list[dict]:
         }
         if r.other_split:
             d["other_split"] = r.other_split  # e.g. ShareGPT's held-out conversations, left for eval
-        if r.spec.path is not None:
-            d["sha256"] = sha256_file(r.spec.path)
+        if r.spec.path is not None:  # the bytes that were read: a pipe (<(cat f)) is empty by now
+            d["sha256"] = r.sha256 or sha256_file(r.spec.path)
         out.append(d)
     return out
 

@@ -20,7 +20,10 @@ def _records(bench: str, num_prompts: int | None) -> list[dict]:
         spec = parse_input_spec(bench, default_split="test")
     except UsageError as e:
         raise UsageError(f"--bench: {e.what.removeprefix('--input ')}", e.expected, e.next_step) from e
-    result = read_input(spec)
+    try:
+        result = read_input(spec)
+    except UsageError as e:  # the reader speaks of gen-data's --input
+        raise UsageError(f"--bench {e.what.removeprefix('--input ')}", e.expected, e.next_step) from e
     if result.rejects:
         counts = ", ".join(f"{k} {v}" for k, v in result.reject_counts.most_common())
         warn(f"--bench {bench}: {len(result.rejects)} unusable rows skipped ({counts})")

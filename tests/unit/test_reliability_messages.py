@@ -88,3 +88,94 @@ def test_eval_keeps_its_report_when_the_plot_fails(tmp_path, tiny_target_dir, ca
     report = json.loads((out / "report.json").read_text())
     assert report["num_prompts"] == 1 and report["heads"]
     assert json.loads((out / "manifest.json").read_text())["files"] == ["report.json"]
+
+
+# ---------------------------------------------------------------- inputs: say what was found
+@pytest.mark.parametrize(
+    "kind, needle",
+    [
+        ("utf-16", "UTF-16 text, not UTF-8"),
+        ("gzip-no-suffix", "gzip-compressed data in a file whose name does not end in .gz"),
+        ("pretty-printed", "JSON objects spread over several lines (pretty-printed)"),
+        ("empty", "found an empty file"),
+    ],
+)
+def test_an_unreadable_input_says_what_it_holds(tmp_path, kind, needle):
+    import gzip
+
+    from eagle3cli.data.formats import parse_input_spec, read_input
+    from eagle3cli.errors import UsageError
+
+    rows = [{"prompt": "one"}, {"prompt": "two"}]
+    p = tmp_path / "in.jsonl"
+    if kind == "utf-16":
+        p.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-16")
+    elif kind == "gzip-no-suffix":
+        p.write_bytes(gzip.compress("".join(json.dumps(r) + "\n" for r in rows).encode()))
+    elif kind == "pretty-printed":
+        p.write_text("".join(json.dumps(r, indent=2) + "\n" for r in rows))
+    else:
+        p.write_text("")
+    with pytest.raises(UsageError) as e:
+        read_input(parse_input_spec(str(p)))
+    assert needle in e.value.what and "no JSON rows" not in e.value.what
+
+
+def test_eval_and_serve_bench_name_their_own_flag_for_an_unreadable_bench(tmp_path, tiny_target_dir, capsys):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    head = make_head(tiny_target_dir, tmp_path / "head")
+    assert main(["eval", "--head", str(head), "--target", str(tiny_target_dir), "--bench", str(empty)]) == 2
+    text = err(capsys)
+    assert f"--bench {empty}" in text and "--input" not in text
+    args = ["serve-bench", "--spec-url", "http://127.0.0.1:9", "--api", "openai", "--prompts", str(empty)]
+    assert main([*args, "--out", str(tmp_path / "bench")]) == 2
+    text = err(capsys)
+    assert f"--prompts {empty}" in text and "--input" not in text and "--bench" not in text
+
+
+def test_gen_data_inputs_that_would_collide_or_be_overwritten_are_refused(tmp_path, tiny_target_dir, capsys):
+    for d in ("a", "b"):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "train.jsonl").write_text(json.dumps({"prompt": f"from {d}"}) + "\n")
+    args = ["gen-data", "--target", str(tiny_target_dir), "--no-regenerate"]
+    two = ["--input", str(tmp_path / "a" / "train.jsonl"), "--input", str(tmp_path / "b" / "train.jsonl")]
+    assert main([*args, *two, "--out", str(tmp_path / "out")]) == 2
+    assert "2 inputs are named 'train'" in err(capsys)
+    # an input inside the output folder: refused, and no advice to delete that folder
+    src = tmp_path / "a" / "train.jsonl"
+    assert main([*args, "--input", str(src), "--out", str(tmp_path / "a")]) == 2
+    text = err(capsys)
+    assert "holds this run's input" in text and "delete" not in text
+    assert src.exists()
+    # a folder holding someone else's files: named, and not advised for deletion either
+    assert main([*args, "--input", str(src), "--out", str(tmp_path / "b")]) == 2
+    text = err(capsys)
+    assert "it holds train.jsonl" in text and "delete" not in text
+
+
+def test_gen_data_records_the_hash_of_the_bytes_it_read_from_a_pipe(tmp_path, tiny_target_dir, capsys):
+    import hashlib
+
+    src = tmp_path / "in.jsonl"
+    src.write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": "a"}]})
+            + "\n"
+            for i in range(3)
+        )
+    )
+    out = tmp_path / "data"
+    script = (
+        "import sys; from eagle3cli.cli import main; "
+        f"sys.exit(main(['gen-data', '--target', {str(tiny_target_dir)!r}, '--no-regenerate', "
+        f"'--input', sys.argv[1], '--out', {str(out)!r}]))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(
+        ["bash", "-c", f'"$0" -c "$1" <(cat {src})', sys.executable, script], env=env, capture_output=True
+    )
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["inputs"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
+    assert m["inputs"][0]["sha256"] != hashlib.sha256(b"").hexdigest()
