@@ -19,8 +19,10 @@ through its own retries (a dead server ends the run in seconds, with everything 
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
+import os
 import time
 from typing import Any
 
@@ -150,6 +152,9 @@ class OpenAIBackend:
             except httpx.TimeoutException as e:
                 last = f"timeout after {self.timeout_s:g}s at {shown} ({type(e).__name__})"
             except httpx.TransportError as e:  # connect refused, reset, DNS...
+                local = _local_limit(e)
+                if local is not None:  # our process ran out of descriptors: not the endpoint's fault
+                    raise local from e
                 last = f"{type(e).__name__} at {shown}: {e}"
             else:
                 if r.status_code == 200:
@@ -204,6 +209,18 @@ class OpenAIBackend:
             reasoning or None,
             calls,
         )
+
+
+def _local_limit(e: BaseException) -> OSError | None:
+    """The OSError behind a transport error when it is this machine's limit on open files (EMFILE,
+    ENFILE), which a retry or another endpoint cannot fix."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno in (errno.EMFILE, errno.ENFILE):
+            return OSError(e.errno, os.strerror(e.errno))
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return None
 
 
 def request_messages(messages: list[dict]) -> list[dict]:

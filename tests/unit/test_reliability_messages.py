@@ -179,3 +179,41 @@ def test_gen_data_records_the_hash_of_the_bytes_it_read_from_a_pipe(tmp_path, ti
     m = json.loads((out / "manifest.json").read_text())
     assert m["inputs"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
     assert m["inputs"][0]["sha256"] != hashlib.sha256(b"").hexdigest()
+
+
+# ---------------------------------------------------------------- our limits are not the endpoint's fault
+EMFILE = """
+import json, os, resource, sys
+from http_fixtures import FixedAnswerServer
+from eagle3cli.cli import main
+from eagle3cli.model.target import load_tokenizer
+target, src, out = sys.argv[1:4]
+srv = FixedAnswerServer("fine")
+load_tokenizer(target)  # (files it opens later are closed again; connections stay open)
+n = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (n + 12, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+sys.exit(main(["gen-data", "--target", target, "--input", src, "--out", out, "--backend", "openai",
+               "--endpoint", srv.url, "--concurrency", "32", "--max-new-tokens", "2", "--retries", "0"]))
+"""
+
+
+def test_running_out_of_file_descriptors_is_not_blamed_on_the_endpoint(tmp_path, tiny_target_dir):
+    src = tmp_path / "in.jsonl"
+    src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"q {i}"}) + "\n" for i in range(40)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "COLUMNS": "1000"}
+    cmd = [sys.executable, "-c", EMFILE, str(tiny_target_dir), str(src), str(tmp_path / "out")]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    text = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 2 and "Traceback" not in text, text[-2000:]
+    assert "too many open files" in text and "ulimit -n" in text and "pending" not in text
+
+
+def test_gen_data_rerun_on_a_damaged_manifest_says_so(tmp_path, tiny_target_dir, capsys):
+    src = tmp_path / "in.jsonl"
+    src.write_text(json.dumps({"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}))
+    out = tmp_path / "data"
+    args = ["gen-data", "--target", str(tiny_target_dir), "--no-regenerate", "--input", str(src), "--out", str(out)]
+    assert main(args) == 0
+    (out / "manifest.json").write_text('{"stage": "gen-data", "schema')  # cut short
+    assert main(args) == 2
+    assert "or a damaged one" in err(capsys)

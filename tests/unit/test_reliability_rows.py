@@ -4,11 +4,10 @@ text; a run that keeps nothing is an error, not a manifest over nothing."""
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from http_fixtures import FixedAnswerServer
 
 from eagle3cli.cli import main
 from eagle3cli.data.formats import parse_input_spec, read_input
@@ -72,43 +71,6 @@ def test_gen_data_completes_over_a_file_with_rows_beyond_the_limits(tmp_path, ti
     err(capsys)
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 1 and m["counts"]["skipped_by_reason"] == {"malformed_json": 2}
-
-
-# ---------------------------------------------------------------- a server that answers what it is told
-class FixedAnswerServer:
-    """An OpenAI-compatible endpoint (real HTTP) that answers every chat request with `content`,
-    as a misbehaving inference server would."""
-
-    def __init__(self, content: str):
-        raw = '{"choices": [{"index": 0, "message": {"role": "assistant", "content": %s}, "finish_reason": "stop"}],'
-        body = (raw % json.dumps(content) + '"usage": {"prompt_tokens": 3, "completion_tokens": 2}}').encode()
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                self.rfile.read(int(self.headers.get("Content-Length") or 0))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                data = b'{"data": [{"id": "fixed"}]}'
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *a):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 def openai_gen(target, src: Path, out: Path, url: str, *extra: str) -> list[str]:
