@@ -217,3 +217,26 @@ def test_gen_data_rerun_on_a_damaged_manifest_says_so(tmp_path, tiny_target_dir,
     (out / "manifest.json").write_text('{"stage": "gen-data", "schema')  # cut short
     assert main(args) == 2
     assert "or a damaged one" in err(capsys)
+
+
+def test_a_target_changed_in_place_is_not_answered_with_pass_the_same_target(tmp_path, tiny_target_dir, capsys):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    target = tmp_path / "target"
+    shutil.copytree(tiny_target_dir, target)
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"prompt": "hi"}\n{"prompt": "there"}\n')
+    run = tmp_path / "run"
+    gen = ["gen-data", "--target", str(target), "--input", str(src), "--run", str(run), "--max-new-tokens", "2"]
+    assert main(gen) == 0
+    (weights,) = target.glob("*.safetensors")
+    t = load_file(str(weights))
+    t["lm_head.weight"] = t["lm_head.weight"] * 1.05  # retrained in place
+    save_file(t, str(weights), metadata={"format": "pt"})
+    capsys.readouterr()
+    assert main(["cache", "--run", str(run), "--max-length", "64", "--draft-vocab-size", "64"]) == 2
+    text = err(capsys)
+    assert f"the target at {target} changed since the data was generated" in text
+    assert f"--input {src} --run runs/NEW" in text and "(--target)" not in text
