@@ -139,3 +139,17 @@ def test_a_run_that_keeps_nothing_exits_2_with_the_reasons(tmp_path, tiny_target
     for bad in ("0", "-5"):
         assert main([*args, "--out", str(tmp_path / "d3"), "--max-prompt-tokens", bad]) == 2
         assert f"--max-prompt-tokens must be an integer >= 1, got {bad}" in err(capsys)
+
+
+def test_a_huge_prompt_is_rejected_by_its_size_before_it_is_tokenised(tmp_path, tiny_target_dir, capsys):
+    src = tmp_path / "in.jsonl"
+    rows = [{"id": "huge", "prompt": "word " * 2_000_000}, {"id": "fine", "prompt": "a short question?"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "data"
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out)]
+    assert main([*args, "--max-new-tokens", "2", "--max-prompt-tokens", "64"]) == 0
+    err(capsys)
+    (reject,) = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
+    assert reject["id"] == "in:huge" and reject["reason"] == "prompt_too_long"
+    assert "10,000,0" in reject["detail"] and "characters" in reject["detail"]  # its size, not a token count
+    assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 1
