@@ -298,3 +298,20 @@ def test_every_stage_removes_the_temps_of_killed_writes(tmp_path, two_caches, ti
     assert main([*eval_args, "--num-prompts", "1", "--max-new-tokens", "4", "--depth", "2"]) == 0
     assert not (ev / left).exists()
     capsys.readouterr()
+
+
+def test_cache_verify_names_the_temps_of_killed_writes_and_a_rerun_removes_them(
+    tmp_path, two_caches, tiny_target_dir, capsys
+):
+    a, _ = two_caches
+    run = tmp_path / "run"
+    shutil.copytree(a / "data", run / "data")
+    shutil.copytree(a / "cache", run / "cache")
+    left = killed_write(run / "cache" / "shard-00009.safetensors")
+    assert main(["cache", "--verify", str(run / "cache"), "--target", str(tiny_target_dir)]) == 0
+    text = err(capsys)
+    assert "1 file(s)" in text and "not part of the cache" in text and left in text
+    args = ["cache", "--run", str(run), "--target", str(tiny_target_dir), "--draft-vocab-size", "512"]
+    assert main([*args, "--max-length", "160"]) == 0
+    assert not (run / "cache" / left).exists()
+    capsys.readouterr()
