@@ -237,3 +237,16 @@ def type_errors(cfg: Any) -> list[str]:
 def config_dict(cfg: Any) -> dict:
     """JSON-friendly dict of a config (for manifests), with credentials in URLs masked."""
     return {k: redact(str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(cfg).items()}
+
+
+def parse_shard(spec: str | None) -> tuple[int, int]:
+    """'i/N' -> (i, N); None -> (0, 1), the whole cache in one process."""
+    if spec is None:
+        return 0, 1
+    try:
+        i, n = (int(x) for x in spec.split("/"))
+    except ValueError:
+        raise ValueError("expected i/N, e.g. 0/4") from None
+    if not (n >= 1 and 0 <= i < n):
+        raise ValueError("expected 0 <= i < N")
+    return i, n

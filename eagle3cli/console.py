@@ -52,7 +52,7 @@ class _RateColumn(ProgressColumn):
         if elapsed <= 0:
             return Text("")
         unit = task.fields.get("unit", "it")
-        parts = [f"{(task.completed - task.fields.get('start', 0)) / elapsed:,.2f} {unit}/s"]
+        parts = [f"{(task.completed - task.fields.get('session_start', 0)) / elapsed:,.2f} {unit}/s"]
         tokens = task.fields.get("tokens", 0)
         if tokens:
             parts.append(f"{tokens / elapsed:,.0f} tok/s")
@@ -142,7 +142,9 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
         transient=False,
     )
     with prog:
-        task_id = prog.add_task(description, total=total, completed=completed, unit=unit, tokens=0, start=completed)
+        task_id = prog.add_task(
+            description, total=total, completed=completed, unit=unit, tokens=0, session_start=completed
+        )
         yield StageProgress(prog, task_id, completed)
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from ..config import parse_shard
+
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
 TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
@@ -82,16 +84,3 @@ class CacheConfig:
             return Path(self.out)
         assert self.run is not None, "validate() requires --run or --out"
         return Path(self.run) / "cache"
-
-
-def parse_shard(spec: str | None) -> tuple[int, int]:
-    """'i/N' -> (i, N); None -> (0, 1), the whole cache in one process."""
-    if spec is None:
-        return 0, 1
-    try:
-        i, n = (int(x) for x in spec.split("/"))
-    except ValueError:
-        raise ValueError("expected i/N, e.g. 0/4") from None
-    if not (n >= 1 and 0 <= i < n):
-        raise ValueError("expected 0 <= i < N")
-    return i, n

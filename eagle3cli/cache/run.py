@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from ..config import parse_shard
 from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import UsageError
 from ..folders import claim_output
@@ -34,7 +35,7 @@ from ..model.target import (
     target_identity,
     validate_aux_layer_ids,
 )
-from .config import STORAGES, CacheConfig, parse_shard
+from .config import STORAGES, CacheConfig
 from .masks import check_template
 from .plan import (
     PLAN_FILE,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..config import flag
+from ..config import flag, parse_shard
 
 Backend = Literal["hf", "openai"]
 Thinking = Literal["default", "on", "off", "mix"]
@@ -95,6 +95,9 @@ class GenDataConfig:
     per record."""
     dry_run: bool = flag(False, "--dry-run")
     """Show what would be read and one rendered prompt; write nothing."""
+    shard: str | None = None
+    """i/N: regenerate only output shards k with k % N == i (N processes, e.g. one per core, sharing one
+    --out; the last to finish writes the manifest)."""
     finish_early: bool = flag(False, "--finish-early")
     """End an unfinished run with the shards it finished: write the manifest over them and stop (the rest
     of the plan is not generated; conversations in unfinished shards are dropped). For a run you cannot
@@ -116,6 +119,13 @@ class GenDataConfig:
             errors.append("--backend openai needs --endpoint URL (repeatable), e.g. --endpoint http://127.0.0.1:30000")
         if self.backend == "hf" and self.endpoints:
             errors.append("--endpoint is used by the openai backend: add --backend openai (or drop --endpoint)")
+        if self.shard is not None:
+            try:
+                parse_shard(self.shard)
+            except ValueError as e:
+                errors.append(f"--shard {self.shard!r}: {e}")
+            if self.finish_early:
+                errors.append("--finish-early ends the whole run: give it without --shard")
         for name in ("concurrency", "batch_size", "shard_size", "max_new_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

@@ -88,8 +88,12 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
             )
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
-    own = (".gitkeep", PROGRESS, LOCK_NAME, REJECTS)
-    foreign = sorted(p.name for p in out.iterdir() if p.name not in own) if out.is_dir() else []
+    ours = (".gitkeep", PROGRESS, REJECTS)  # and locks: .lock, .lock.shard-i-of-N of --shard processes
+    foreign = (
+        sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(LOCK_NAME))
+        if out.is_dir()
+        else []
+    )
     if foreign:
         raise UsageError(
             f"{out} exists and is not a gen-data folder (it holds {', '.join(foreign[:6])})",

@@ -16,15 +16,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from ..config import config_dict
+from ..config import config_dict, parse_shard
 from ..console import console, log, print_table, progress, warn
 from ..errors import IncompleteError, UsageError
 from ..jsonl import dumps, read_records
-from ..lock import locked_stage
+from ..lock import LOCK_NAME, locked_stage
 from ..manifest import (
     MANIFEST,
     atomic_write_json,
     atomic_write_text,
+    remove_dead_temps,
     sha256_file,
     sha256_text,
     shard_record,
@@ -206,7 +207,13 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
 
 
 # ---------------------------------------------------------------- the stage
-@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir)
+def _lock_name(cfg: GenDataConfig) -> str:
+    """`--shard i/N` processes share the folder by design: one lock per slice of the shards."""
+    i, n = parse_shard(cfg.shard)
+    return LOCK_NAME if n == 1 else f"{LOCK_NAME}.shard-{i}-of-{n}"
+
+
+@locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir, _lock_name)
 def run_gen_data(cfg: GenDataConfig) -> Path:
     results, plan, read_rejects = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)
@@ -236,15 +243,17 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         return out
     prog_dir = out / PROGRESS
     prog_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob(".*.tmp"), *prog_dir.glob(".*.tmp")]:  # atomic writes cut by a kill
-        stale.unlink(missing_ok=True)
+    for d in (out, prog_dir):  # atomic writes cut by a kill (a live --shard sibling's temps are kept)
+        remove_dead_temps(d)
     atomic_write_json(
         prog_dir / STATE,
         {"target": identity.as_dict(), "plan_config": pcfg, "plan_ids_hash": plan_ids_hash, "planned": len(plan)},
     )
 
     n_shards = (len(plan) + cfg.shard_size - 1) // cfg.shard_size
+    rank, world = parse_shard(cfg.shard)
     todo = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
+    mine = [k for k in todo if k % world == rank]  # this process's slice (all of them without --shard)
     already = sum(min(cfg.shard_size, len(plan) - k * cfg.shard_size) for k in range(n_shards) if k not in todo)
     journals = {k: read_journal(prog_dir / f"shard-{k:05d}.journal.jsonl") for k in todo}
     already += sum(len(j) for j in journals.values())
@@ -257,7 +266,7 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     t0 = time.time()
     left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
     with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
-        for k in todo:
+        for k in mine:
             lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
             entries = journals[k]
             down = getattr(backend, "unavailable", None)
@@ -299,6 +308,13 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         session_tokens = bar.tokens
     if left:
         raise pending_error(cfg, out, left, len(plan))
+    others = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
+    if others:  # --shard: the other slices are still running; the last process to finish finalizes
+        log(
+            f"shard slice {rank}/{world} done; {len(others)} shard(s) of other slices are not finished yet: the last "
+            f"`--shard i/{world}` process to finish writes the manifest (or rerun without --shard once they are done)"
+        )
+        return out
     elapsed = time.time() - t0
     return finalize(
         cfg, out, identity, results, plan, read_rejects, list(range(n_shards)), elapsed, backend, session_tokens

@@ -13,6 +13,10 @@ from ..config import flag
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
+Optimizer = Literal["adamw", "muon"]
+Loss = Literal["ce", "tv"]
+LmHead = Literal["target", "frozen", "fresh"]
+Init = Literal["random", "soft", "pass-top"]
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,23 @@ class TrainConfig:
     """Training-time-test unroll depth K (1 = no TTT, the paper's ablation)."""
     step_weight: float = 0.8
     """Loss weight of TTT step k is step_weight**k."""
+    optimizer: Optimizer = "adamw"
+    """adamw, or muon (torch.optim.Muon on the 2-D weights of fc and the decoder layer, with its
+    learning rate matched to AdamW's RMS so one --lr serves both; AdamW on norms and lm_head)."""
+    loss: Loss = "ce"
+    """Per-step loss against the target's distribution over the draft vocab: ce (soft cross-entropy),
+    or tv (total variation 0.5*|p - q|_1: 1 - TV is the acceptance probability of a sampled token)."""
+    lm_head: LmHead = "target"
+    """The head's lm_head: target (the target's rows of the draft vocab, trained), frozen (those
+    rows, not trained), or fresh (random)."""
+    init: Init = "random"
+    """fc and the decoder layer: random; soft (random, with the output norm scaled so a random hidden
+    state's logits spread 0.3: the first loss starts near ln(draft vocab), not far above it); or
+    pass-top (soft, and fc passes the top aux feature through while the layer's output projections
+    start at zero: step 0 starts as the target's own read-out of that layer)."""
+    feature_noise: float = 0.0
+    """Gaussian noise on the aux features, as a fraction of each token's feature RMS (0.05 in
+    speculators' small-data defaults): the draft learns to tolerate its own imperfect states."""
     aux_layers: str = "cache"
     """Which aux layers: cache (whatever the cache holds), default [2, L//2, L-3], top [L-1], or ids 2,4,5
     (must match the cache)."""
@@ -66,6 +87,14 @@ class TrainConfig:
     """Optimizer steps per checkpoint (must be a multiple of --log-every for exact resume)."""
     keep_checkpoints: int = 2
     """Checkpoints kept besides the best one."""
+    heldout_samples: int = 32
+    """Cached conversations held out of training for the learning curve (at most a tenth of the
+    cache; 0 trains on everything and draws no curve)."""
+    heldout_every: int = 50
+    """Optimizer steps between held-out acceptance measurements (and one at the end): chain tau and
+    alpha_k at --heldout-depth, in metrics.jsonl and RUN/train/learning_curve.png."""
+    heldout_depth: int = 8
+    """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`)."""
     resume: bool = True
     """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
     device: str | None = None
@@ -97,6 +126,12 @@ class TrainConfig:
         e = []
         if self.run is None:
             e.append("--run is required (the run folder, e.g. runs/demo)")
+        if not 0.0 <= self.feature_noise <= 1.0:
+            e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
+        if self.optimizer == "muon" and self.deepspeed is not None:
+            e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
+        if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
+            e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:
             e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
         for name in (

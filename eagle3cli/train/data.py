@@ -18,16 +18,24 @@ from ..manifest import folder_fingerprint, read_json
 
 
 def plan_epoch(
-    lengths: list[int], token_budget: int, seed: int, epoch: int, max_batch_size: int = 256, bucket_factor: int = 50
+    lengths: list[int],
+    token_budget: int,
+    seed: int,
+    epoch: int,
+    max_batch_size: int = 256,
+    bucket_factor: int = 50,
+    exclude: list[int] | None = None,
 ) -> list[list[int]]:
-    """Batches of sample indices with (batch size x longest length) <= token_budget.
+    """Batches of sample indices with (batch size x longest length) <= token_budget; the indices
+    in `exclude` (held-out samples) are in none of them.
 
     Samples are shuffled, then sorted by length within chunks of `bucket_factor` batches' worth of
     samples (length bucketing keeps padding low without a fixed length order), cut into batches,
     and the batches shuffled. Deterministic in (seed, epoch).
     """
     rng = random.Random(seed * 1_000_003 + epoch)
-    order = list(range(len(lengths)))
+    skip = set(exclude or ())
+    order = [i for i in range(len(lengths)) if i not in skip]
     rng.shuffle(order)
     mean = max(1, sum(lengths) // max(1, len(lengths)))
     chunk = max(1, bucket_factor * max(1, token_budget // mean))

@@ -27,6 +27,7 @@ from ..model.headcheck import nonfinite_tensors
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import plan_epoch
+from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, setup
 from .ttt import (
     Teacher,
@@ -73,6 +74,7 @@ def save_checkpoint(tr: Trainer) -> None:
         "batch_pos": tr.batch_pos,
         "best": tr.best,
         "tokens_seen": tr.tokens_seen,
+        "train_seconds": tr.train_seconds,
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
         "metrics": tr.last_metrics,
@@ -145,12 +147,24 @@ def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list
     )
 
 
+def with_noise(aux: torch.Tensor, scale: float, width: int) -> torch.Tensor:
+    """aux + N(0, (scale * rms)^2), the RMS taken per token and per aux layer (each `width` wide:
+    the layers' scales differ by orders of magnitude). Drawn from torch's global RNG, which
+    checkpoints save, so a resumed run draws the same noise."""
+    parts = aux.unflatten(-1, (-1, width))
+    rms = parts.float().pow(2).mean(-1, keepdim=True).sqrt()
+    noisy = parts + (torch.randn_like(parts, dtype=torch.float32) * rms * scale).to(parts.dtype)
+    return noisy.flatten(-2)
+
+
 def micro_step(tr: Trainer, indices: list[int], interval: Interval) -> None:
     batch = {k: v.to(tr.device) for k, v in tr.source.batch(indices, tr.cfg.max_length).items()}
     teacher = teacher_for(tr, batch)
     batch["aux_hidden"] = batch["aux_hidden"].to(tr.draft.fc.weight.dtype)
+    if tr.cfg.feature_noise > 0:
+        batch["aux_hidden"] = with_noise(batch["aux_hidden"], tr.cfg.feature_noise, tr.draft.config.target_hidden_size)
     with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
-        out = tr.loss_fn(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight)
+        out = tr.loss_fn(tr.model, batch, teacher, tr.cfg.ttt_steps, tr.cfg.step_weight, tr.cfg.loss)
     stop_if_nonfinite(tr, out.loss, "the loss", indices)
     if tr.deepspeed:
         tr.model.backward(out.loss)  # the engine scales by its gradient_accumulation_steps
@@ -182,7 +196,36 @@ def optimizer_step(tr: Trainer, interval: Interval) -> None:
     interval.steps += 1
 
 
-def log_interval(tr: Trainer, iv: Interval) -> dict:
+def measure_heldout(tr: Trainer) -> dict:
+    """The learning curve's next point (train/heldout.py), and its PNG redrawn."""
+    h = heldout_acceptance(tr, tr.heldout, tr.cfg.heldout_depth, teacher_for)
+    point = {
+        "heldout_tau": h["tau"],
+        "heldout_alpha_k": h["alpha_k"],
+        "heldout_samples": h["samples"],
+        "heldout_anchors": h["anchors"],
+        "depth": tr.cfg.heldout_depth,
+    }
+    return point
+
+
+def learning_curve(tr: Trainer) -> list[dict]:
+    """[{tokens, steps, seconds, heldout_tau, heldout_alpha_k}] from metrics.jsonl."""
+    return [
+        {
+            "tokens": m["tokens_seen"],
+            "steps": m["step"],
+            "seconds": m.get("train_seconds", 0.0),
+            "heldout_tau": m["heldout_tau"],
+            "heldout_alpha_k": m.get("heldout_alpha_k"),
+            "depth": m.get("heldout_depth", 8),
+        }
+        for m in ckpt.read_metrics(tr.train_dir / "metrics.jsonl")
+        if "heldout_tau" in m
+    ]
+
+
+def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
     assert iv.sums is not None and iv.step_loss is not None, "an interval logs after its micro-steps"
     sums, step_loss = iv.sums.clone(), iv.step_loss.clone()
     extra = torch.tensor([iv.loss, iv.micro, iv.tokens, iv.grad_norm], dtype=torch.float64)
@@ -201,6 +244,7 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
     acc = accuracies(sums[0], sums[1])
     elapsed = max(1e-9, time.time() - iv.started)
     tr.tokens_seen += int(tokens)
+    tr.train_seconds += elapsed
     m = {
         "step": tr.step,
         "epoch": tr.epoch,
@@ -214,7 +258,11 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
         "tokens": int(tokens),
         "tok_per_s": round(tokens / elapsed, 1),
         "tokens_seen": tr.tokens_seen,
+        "train_seconds": round(tr.train_seconds, 2),
     }
+    if heldout:
+        point = measure_heldout(tr)
+        m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in point.items()})
     tr.last_metrics = m
     if tr.rank == 0:
         try:
@@ -234,6 +282,17 @@ def log_interval(tr: Trainer, iv: Interval) -> dict:
             f"acc0 {acc[0]:.3f}{last} accept_len {m['sim_accept_len']:.3f} "
             f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
         )
+        if heldout:
+            a = " ".join(f"{x:.2f}" for x in m["heldout_alpha_k"])
+            console.log(
+                f"  held-out ({m['heldout_samples']} conversations): tau {m['heldout_tau']:.3f} at depth "
+                f"{m['heldout_depth']} (alpha_k {a}) after {tr.tokens_seen:,} tokens, {tr.train_seconds:,.0f} s"
+            )
+            plot_curve(
+                tr.train_dir / "learning_curve.png",
+                learning_curve(tr),
+                f"learning curve: {tr.run_dir.name} (held-out chain tau)",
+            )
     return m
 
 
@@ -251,7 +310,7 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size)
+    plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout)
     with console.progress("train", total=tr.total_steps, unit="step", completed=tr.step) as bar:
         while tr.step < tr.total_steps:
             mine = next_step_batches(tr, plan)
@@ -259,7 +318,9 @@ def fit(tr: Trainer) -> None:
                 if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None:
                     break
                 tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size)
+                plan = plan_epoch(
+                    tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout
+                )
                 continue
             before = iv.tokens
             for indices in mine:
@@ -267,13 +328,14 @@ def fit(tr: Trainer) -> None:
             tr.batch_pos += tr.world * cfg.grad_accum
             optimizer_step(tr, iv)
             bar.advance(1, tokens=iv.tokens - before)
-            if tr.step % cfg.log_every == 0 or tr.step == tr.total_steps:
-                log_interval(tr, iv)
+            measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or tr.step == tr.total_steps)
+            if tr.step % cfg.log_every == 0 or tr.step == tr.total_steps or measure:
+                log_interval(tr, iv, heldout=measure)
                 iv = Interval()
             if tr.step % cfg.save_every == 0:
                 save_checkpoint(tr)
     if iv.steps:
-        log_interval(tr, iv)
+        log_interval(tr, iv, heldout=bool(tr.heldout))
     tr.stopped = (
         f"reached {tr.total_steps} optimizer steps" if tr.step >= tr.total_steps else f"finished {cfg.epochs} epoch(s)"
     )

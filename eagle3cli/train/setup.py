@@ -8,6 +8,7 @@ when its settings differ from this command's).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
@@ -40,6 +41,8 @@ from ..model.target import (
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import CacheSource, OnlineSource, plan_epoch
+from .heldout import heldout_indices
+from .optim import apply_init, build_optimizer
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
@@ -106,8 +109,8 @@ class Trainer:
     source: CacheSource | OnlineSource
     draft: Eagle3Draft
     model: Any  # the draft, or the DeepSpeed engine wrapping it (deepspeed ships no types)
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
+    optimizer: Any  # torch.optim.AdamW, or train.optim.OptimizerPair with --optimizer muon
+    scheduler: Any  # LambdaLR, or train.optim.SchedulerPair
     lm_head: torch.Tensor | None
     device: torch.device
     autocast: torch.dtype | None
@@ -126,6 +129,8 @@ class Trainer:
     tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
+    heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
+    train_seconds: float = 0.0  # wall time of training steps over every session (held-out passes excluded)
 
 
 def _cosine(total: int, warmup: int, floor: float):
@@ -222,20 +227,20 @@ def setup(cfg: TrainConfig) -> Trainer:
         source.t2d,
         norm_offset=final_norm_offset(tcfg),
     )
+    apply_init(draft, cfg.init, cfg.lm_head)
     draft.to(device)
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
     per_step = world * cfg.grad_accum
-    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size))
+    heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
+    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size, exclude=heldout))
     if n_batches < per_step:
         raise UsageError(
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
             "more data, a smaller --token-budget or --grad-accum",
         )
     total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+    optimizer, sched = build_optimizer(
+        draft, cfg.optimizer, cfg.lr, cfg.weight_decay, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
     )
     autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
     model = draft
@@ -264,6 +269,7 @@ def setup(cfg: TrainConfig) -> Trainer:
         use_ds,
     )
     tr.logit_spec = logit_spec(tcfg)
+    tr.heldout = heldout
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)
     resume(tr)
@@ -308,6 +314,8 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "master_addr",
         "master_port",
         "device",
+        "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
+        "heldout_depth",
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
     ):
         d.pop(k, None)
@@ -346,7 +354,10 @@ def resume(tr: Trainer) -> None:
             metrics.unlink(missing_ok=True)
         return
     state = ckpt.load(path)
-    old, new = config_key(state["config"]), config_key(tr.cfg)
+    # a checkpoint written before a setting existed ran with that setting's default
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
+    new = config_key(tr.cfg)
+    old = {**{k: defaults[k] for k in new if k in defaults}, **config_key(state["config"])}
     if old != new:
         diff = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
         raise UsageError(
@@ -376,6 +387,7 @@ def resume(tr: Trainer) -> None:
     ckpt.set_rng_state(state["rng"])
     tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
     tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
+    tr.train_seconds = float(state.get("train_seconds", 0.0))
     tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.step)

@@ -175,11 +175,26 @@ def soft_cross_entropy(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Ten
     return _SoftCrossEntropy.apply(logits, p)
 
 
-def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step_weight: float = 0.8) -> TTTOutput:
+def total_variation(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed total variation 0.5*|p - softmax(logits)|_1, argmax per row). Speculative sampling
+    accepts a drafted token with probability 1 - TV(p, q), so this loss is the acceptance the
+    draft gives up, not a proxy for it."""
+    q = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    return 0.5 * (p.to(q.dtype) - q).abs().sum(), logits.detach().argmax(-1)
+
+
+STEP_LOSSES = {"ce": soft_cross_entropy, "tv": total_variation}
+
+
+def ttt_loss(
+    hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step_weight: float = 0.8, kind: str = "ce"
+) -> TTTOutput:
     """The TTT loss over the K hidden states `hiddens` (from `Eagle3Draft.ttt_unroll`).
 
-    Each step's loss is normalised by its own anchor count; steps weigh `step_weight**k`.
+    Each step's loss (`kind`: soft cross-entropy or total variation) is normalised by its own
+    anchor count; steps weigh `step_weight**k`.
     """
+    step_loss = STEP_LOSSES[kind]
     hiddens = list(hiddens)
     masks = step_masks(loss_mask, teacher.valid, len(hiddens))
     losses, correct, count, chain_correct, chain_count = [], [], [], [], []
@@ -190,7 +205,7 @@ def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step
         # Logits only on counted anchors: the [N, draft_vocab] head is most of the cost.
         p = teacher.probs[_shift(teacher.row, 1 + k, -1)[m]]
         target_arg = _shift(teacher.argmax, 1 + k, 0)[m]
-        ce, arg = soft_cross_entropy(logits_fn(h[m]), p)
+        ce, arg = step_loss(logits_fn(h[m]), p)
         n = m.sum()
         step = ce / n.clamp(min=1)
         total = step * step_weight**k if total is None else total + step * step_weight**k
@@ -214,10 +229,12 @@ def ttt_loss(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor, step
     )
 
 
-def draft_ttt_loss(draft, batch: dict, teacher: Teacher, steps: int, step_weight: float = 0.8) -> TTTOutput:
+def draft_ttt_loss(
+    draft, batch: dict, teacher: Teacher, steps: int, step_weight: float = 0.8, kind: str = "ce"
+) -> TTTOutput:
     """Unroll the draft K steps over a padded batch and score it (the training objective)."""
     hiddens = list(draft.ttt_unroll(batch["input_ids"], batch["aux_hidden"], steps))
-    return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight)
+    return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight, kind)
 
 
 def _unroll(draft, input_ids: torch.Tensor, aux_hidden: torch.Tensor, steps: int) -> tuple[torch.Tensor, ...]:
@@ -231,9 +248,9 @@ def compiled_ttt_loss(backend: str = "inductor"):
     it is one large matmul plus an already fused cross-entropy."""
     unroll = torch.compile(_unroll, dynamic=True, backend=backend)
 
-    def loss(draft, batch: dict, teacher: Teacher, steps: int, step_weight: float = 0.8) -> TTTOutput:
+    def loss(draft, batch: dict, teacher: Teacher, steps: int, step_weight: float = 0.8, kind: str = "ce") -> TTTOutput:
         hiddens = unroll(draft, batch["input_ids"], batch["aux_hidden"], steps)
-        return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight)
+        return ttt_loss(hiddens, draft.logits, teacher, batch["loss_mask"], step_weight, kind)
 
     return loss
 

@@ -148,3 +148,21 @@ def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "<|im_start|>user" in captured.err and "mt-bench" in captured.out
     assert not out.exists()
+
+
+def test_shard_slices_in_two_processes_equal_one_run(tiny_target_dir, tmp_path, capsys):
+    """--shard 0/2 and 1/2 (one per core) write the shards of one run; the last one writes the manifest."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    assert main(_args(tiny_target_dir, one)) == 0
+    assert main([*_args(tiny_target_dir, two), "--shard", "1/2"]) == 0
+    assert not (two / "manifest.json").exists() and sorted(p.name for p in two.glob("shard-*.jsonl")) == [
+        "shard-00001.jsonl"
+    ]
+    assert "the last `--shard i/2` process to finish writes the manifest" in " ".join(capsys.readouterr().err.split())
+    assert main([*_args(tiny_target_dir, two), "--shard", "0/2"]) == 0
+    assert _folder_bytes(one).keys() == _folder_bytes(two).keys()
+    for name, data in _folder_bytes(one).items():
+        if name.startswith("shard-"):
+            assert _folder_bytes(two)[name] == data, name
+    m1, m2 = (json.loads((d / "manifest.json").read_text()) for d in (one, two))
+    assert m1["counts"] == m2["counts"] and m1["shards"] == m2["shards"]

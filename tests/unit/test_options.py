@@ -145,6 +145,7 @@ SAMPLES = {
     ("train", "log_every"): (["--log-every", "20"], 20),
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
+    ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
     ("eval", "endpoint"): (["--endpoint", "http://e:1"], "http://e:1"),
     ("eval", "sweep_tree"): (["--sweep-tree", "3,2,4"], ("3,2,4",)),
     ("serve-bench", "spec_url"): (["--spec-url", "http://s:1"], "http://s:1"),

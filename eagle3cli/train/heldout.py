@@ -1,0 +1,114 @@
+"""The learning curve: acceptance on held-out conversations while the head trains.
+
+Every `--heldout-every` steps the draft is unrolled `--heldout-depth` steps (the TTT unroll, no
+decoding) over cached conversations the training plan never contains, and scored as a greedy
+chain would be: draft token k is accepted when it equals the target's argmax and tokens 0..k-1
+were accepted. A position whose target argmax is outside the draft vocab is a rejection (a real
+decoder cannot draft it), not a skipped anchor as in the training loss. When the data is the
+target's own greedy text (gen-data at temperature 0), the tokens the unroll reads after an
+accepted prefix are exactly what a chain decoder would feed, so this estimates `eagle3 eval`'s
+greedy chain tau without a single target forward.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+from .data import plan_epoch
+from .ttt import Teacher, _shift
+
+
+def heldout_indices(n_samples: int, wanted: int) -> list[int]:
+    """`wanted` sample indices spread evenly over the cache (at most a tenth of it), the same for
+    every run on this cache; [] when the cache is too small to spare any."""
+    k = min(wanted, n_samples // 10)
+    return sorted({(j * n_samples) // k for j in range(k)}) if k > 0 else []
+
+
+def chain_counts(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """([D] anchors whose draft tokens 0..k all match the target's argmax, [D] anchors whose
+    tokens 0..k are all assistant tokens) over the D unrolled steps `hiddens`."""
+    ok = inside = None
+    accepted, counted = [], []
+    for k, h in enumerate(hiddens):
+        m = _shift(loss_mask, 2 + k, False)  # token t+2+k is an assistant token
+        valid = _shift(teacher.valid, 1 + k, False)
+        target = _shift(teacher.argmax, 1 + k, 0)
+        hit = torch.zeros_like(m)
+        sel = m & valid
+        if bool(sel.any()):
+            hit[sel] = logits_fn(h[sel]).argmax(-1) == target[sel]
+        inside = m if inside is None else inside & m
+        ok = hit if ok is None else ok & hit
+        accepted.append((ok & inside).sum())
+        counted.append(inside.sum())
+    return torch.stack(accepted).double(), torch.stack(counted).double()
+
+
+def chain_summary(accepted: torch.Tensor, counted: torch.Tensor) -> dict:
+    """tau = 1 + sum_k P(tokens 0..k accepted); alpha_k = P(k accepted | 0..k-1 accepted)."""
+    p = [float(a / c) if c > 0 else 0.0 for a, c in zip(accepted, counted, strict=True)]
+    alpha = [p[0]] + [p[k] / p[k - 1] if p[k - 1] > 0 else 0.0 for k in range(1, len(p))]
+    tau = 1.0 + sum(p)
+    if not math.isfinite(tau):
+        raise ValueError(f"held-out tau is {tau}")
+    return {"tau": round(tau, 4), "alpha_k": [round(a, 4) for a in alpha], "p_accept_k": [round(x, 4) for x in p]}
+
+
+@torch.no_grad()
+def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
+    """The chain summary of the draft on the held-out samples (every rank computes all of it:
+    under ZeRO-3 each rank must run the same forwards)."""
+    lengths = [tr.source.lengths[i] for i in indices]
+    batches = plan_epoch(lengths, tr.cfg.token_budget, 0, 0, tr.cfg.max_batch_size)
+    draft = tr.model
+    # module calls (not bare .weight): under ZeRO-3 they gather the partitioned norm and lm_head
+    inner = getattr(draft, "module", draft)
+
+    def logits(h: torch.Tensor) -> torch.Tensor:
+        return inner.lm_head(inner.norm(h))
+
+    accepted: torch.Tensor | None = None
+    counted: torch.Tensor | None = None
+    for b in batches:
+        batch = {k: v.to(tr.device) for k, v in tr.source.batch([indices[i] for i in b], tr.cfg.max_length).items()}
+        teacher = teacher_for(tr, batch)
+        aux = batch["aux_hidden"].to(inner.fc.weight.dtype)
+        with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
+            hiddens = inner.ttt_unroll(batch["input_ids"], aux, depth)
+            a, c = chain_counts(hiddens, logits, teacher, batch["loss_mask"])
+        accepted = a if accepted is None else accepted + a
+        counted = c if counted is None else counted + c
+    assert accepted is not None and counted is not None
+    out = chain_summary(accepted, counted)
+    out["samples"], out["anchors"] = len(indices), int(counted[0])
+    return out
+
+
+def plot_curve(path: Path, points: list[dict], title: str) -> None:
+    """tau on held-out conversations against training tokens and against training wall time."""
+    from ..extras import plotting
+
+    if not points or not plotting():
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ..manifest import atomic_write
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    taus = [p["heldout_tau"] for p in points]
+    for ax, key, label in ((axes[0], "tokens", "training tokens"), (axes[1], "seconds", "training wall time (s)")):
+        ax.plot([p[key] for p in points], taus, marker="o")
+        ax.set_xlabel(label)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel(f"held-out tau (chain, depth {points[-1].get('depth', 8)})")
+    fig.suptitle(title)
+    fig.tight_layout()
+    atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))
+    plt.close(fig)

@@ -1,0 +1,121 @@
+"""The recipe choices the anchors offer, each an option of `eagle3 train`: Muon (and its exact
+resume), the total-variation loss, a frozen or fresh lm_head, the pass-top init, feature noise."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import pytest
+import torch
+from train_fixtures import make_run, metrics
+
+from eagle3cli.config import build_config
+from eagle3cli.train.config import TrainConfig
+from eagle3cli.train.loop import fit, setup, with_noise
+from eagle3cli.train.optim import OptimizerPair
+from eagle3cli.train.ttt import soft_cross_entropy, total_variation
+
+SMALL = dict(token_budget=640, max_length=160, ttt_steps=2, heldout_samples=0, log_every=1)
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_target_dir):
+    return make_run(tmp_path_factory.mktemp("opts") / "base", tiny_target_dir, n=24)
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory, trained_target_dir):
+    # the committed trained target: its middle layers say something about its next token
+    return make_run(tmp_path_factory.mktemp("opts") / "trained", trained_target_dir, n=24)
+
+
+def _copy(base, tmp_path, name="run"):
+    d = tmp_path / name
+    d.mkdir()
+    for sub in ("data", "cache"):
+        shutil.copytree(base / sub, d / sub)
+    return d
+
+
+def _cfg(run, **kw):
+    return build_config(TrainConfig, None, "train", run=run, **{**SMALL, **kw})
+
+
+def test_muon_on_matrices_adamw_on_the_rest_and_an_exact_resume(tmp_path, base_run):
+    straight = _copy(base_run, tmp_path, "straight")
+    tr = setup(_cfg(straight, optimizer="muon", max_steps=4, save_every=2))
+    assert isinstance(tr.optimizer, OptimizerPair)
+    muon_params = {id(p) for g in tr.optimizer.muon.param_groups for p in g["params"]}
+    for n, p in tr.draft.named_parameters():
+        if p.requires_grad:
+            assert (id(p) in muon_params) == (p.ndim == 2 and not n.startswith("lm_head")), n
+    before = tr.draft.fc.weight.detach().clone()
+    fit(tr)
+    assert not torch.equal(before, tr.draft.fc.weight)
+
+    resumed = _copy(base_run, tmp_path, "resumed")
+    first = setup(_cfg(resumed, optimizer="muon", max_steps=4, save_every=2))
+    first.total_steps = 2  # stop after the step-2 checkpoint, as a kill after it would
+    fit(first)
+    second = setup(_cfg(resumed, optimizer="muon", max_steps=4, save_every=2))
+    assert second.step == 2
+    fit(second)
+    assert [(m["step"], m["loss"]) for m in metrics(resumed)] == [(m["step"], m["loss"]) for m in metrics(straight)]
+
+
+def test_total_variation_is_half_the_l1_distance_and_its_gradient_flows():
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]])
+    z = torch.tensor([[0.0, 0.0, 0.0], [10.0, 0.0, 0.0]], requires_grad=True)
+    tv, arg = total_variation(z, p)
+    q = torch.softmax(z.detach(), -1)
+    assert tv.item() == pytest.approx(0.5 * (p - q).abs().sum().item())
+    assert arg.tolist() == [0, 0]
+    tv.backward()
+    assert z.grad is not None and z.grad.abs().sum() > 0
+    ce, _ = soft_cross_entropy(z.detach(), p)  # the default loss is unchanged
+    assert ce.item() == pytest.approx(-(p * torch.log_softmax(z.detach(), -1)).sum().item(), rel=1e-5)
+
+
+def test_tv_loss_trains(tmp_path, base_run):
+    run = _copy(base_run, tmp_path)
+    fit(setup(_cfg(run, loss="tv", max_steps=2, save_every=2)))
+    losses = [m["loss"] for m in metrics(run)]
+    assert len(losses) == 2 and all(0 < x <= 2.0 for x in losses)  # TV of each step is at most 1
+
+
+def test_lm_head_frozen_keeps_the_target_rows_and_fresh_replaces_them(tmp_path, base_run):
+    frozen = setup(_cfg(_copy(base_run, tmp_path, "frozen"), lm_head="frozen", max_steps=2, save_every=2))
+    rows = frozen.draft.lm_head.weight.detach().clone()
+    fit(frozen)
+    assert not frozen.draft.lm_head.weight.requires_grad and torch.equal(rows, frozen.draft.lm_head.weight)
+    target_rows = setup(_cfg(_copy(base_run, tmp_path, "target"), max_steps=2)).draft.lm_head.weight
+    fresh = setup(_cfg(_copy(base_run, tmp_path, "fresh"), lm_head="fresh", max_steps=2)).draft.lm_head.weight
+    assert torch.equal(rows, target_rows) and not torch.equal(fresh, target_rows)
+
+
+def test_soft_and_pass_top_inits_start_near_or_below_ln_draft_vocab(tmp_path, trained_run):
+    first = {}
+    for init in ("random", "soft", "pass-top"):
+        run = _copy(trained_run, tmp_path, init)
+        tr = setup(_cfg(run, init=init, max_steps=1, save_every=1, lr=1e-12))
+        if init == "pass-top":  # step 0 is the target's read-out of its top aux layer
+            top = tr.draft.fc.weight[:, -tr.draft.fc.weight.shape[0] :]
+            assert torch.equal(top, torch.eye(top.shape[0])) and not tr.draft.midlayer.mlp.down_proj.weight.any()
+        fit(tr)
+        first[init] = metrics(run)[0]["loss_k"][0]
+    ln_v = math.log(len(tr.source.d2t))
+    assert first["random"] > ln_v  # the confident wrong logits the soft inits avoid
+    assert first["soft"] < min(first["random"], ln_v + 0.25), (first, ln_v)  # near: its hidden is not random
+    assert first["pass-top"] < ln_v, (first, ln_v)
+
+
+def test_feature_noise_is_relative_per_layer_and_reproducible():
+    torch.manual_seed(0)
+    aux = torch.cat([torch.randn(2, 5, 8) * 100, torch.randn(2, 5, 8) * 0.01], -1)  # two layers, 8 wide
+    torch.manual_seed(1)
+    a = with_noise(aux, 0.05, 8)
+    torch.manual_seed(1)
+    assert torch.equal(a, with_noise(aux, 0.05, 8))
+    rel = (a - aux).unflatten(-1, (2, 8)).pow(2).mean(-1).sqrt() / aux.unflatten(-1, (2, 8)).pow(2).mean(-1).sqrt()
+    assert 0.02 < rel.mean().item() < 0.08  # 5% of each layer's own scale, not of the larger one
