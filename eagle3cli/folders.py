@@ -18,6 +18,7 @@ from .manifest import MANIFEST
 
 # Files any stage leaves in its folder: its lock(s), temps of atomic writes, a placeholder.
 COMMON = (".lock", ".lock.*", ".*.tmp", ".gitkeep", MANIFEST)
+EXAMPLES = {"export": "runs/NAME/head-speculators", "serve-bench": "runs/NAME/bench"}  # else runs/NAME/STAGE
 
 
 def manifest_stage(folder: Path) -> str | None:
@@ -53,7 +54,8 @@ def claim_output(
     (`inputs`: (what, path) pairs) or lies inside one, that holds another stage's manifest or a
     manifest eagle3 did not write, or that holds files matching none of `own` (the stage's names)."""
     out = Path(out)
-    nxt = f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. runs/NAME/{stage})"
+    example = EXAMPLES.get(stage, f"runs/NAME/{stage}")
+    nxt = f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. {example})"
     for what, p in inputs:
         if p is not None and _same_or_inside(out, Path(p)):
             raise UsageError(
