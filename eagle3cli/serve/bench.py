@@ -65,10 +65,7 @@ def load_prompts(spec: str | Path | None) -> list[list[dict]]:
     MT-bench), read exactly as eval and gen-data read them."""
     from ..eval.prompts import load_prompts as load_bench
 
-    try:
-        return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
-    except UsageError as e:  # the reader speaks of eval's --bench
-        raise UsageError(e.what.replace("--bench", "--prompts", 1), e.expected, e.next_step) from e
+    return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30, flag="--prompts")]
 
 
 def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | None) -> list:
