@@ -61,6 +61,11 @@ class TrainConfig:
     """Tokens per sample; longer samples are cut."""
     epochs: int = 1
     """Passes over the data."""
+    time_budget_s: float | None = None
+    """Train for this many CPU seconds (core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour;
+    held-out passes and checkpoints excluded, summed over resumed sessions) instead of a number of
+    steps; the warmup and cosine schedule run over the budget. Compares recipes per core-hour,
+    and a machine shared with other jobs does not shorten a run."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4
@@ -77,6 +82,9 @@ class TrainConfig:
     """Micro-batches per optimizer step."""
     token_budget: int = 4096
     """Padded tokens per micro-batch (batch size x longest sample)."""
+    max_attention: int = 4_194_304
+    """Bound of batch size x longest length^2 per micro-batch (attention memory of the TTT steps
+    grows with T^2): the default, 2048^2, takes one 2048-token sample or four of 1024."""
     max_batch_size: int = 64
     """Samples per micro-batch at most."""
     seed: int = 0
@@ -130,6 +138,8 @@ class TrainConfig:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:
             e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
             e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:

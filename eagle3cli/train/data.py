@@ -25,9 +25,13 @@ def plan_epoch(
     max_batch_size: int = 256,
     bucket_factor: int = 50,
     exclude: list[int] | None = None,
+    max_attention: int | None = None,
 ) -> list[list[int]]:
-    """Batches of sample indices with (batch size x longest length) <= token_budget; the indices
-    in `exclude` (held-out samples) are in none of them.
+    """Batches of sample indices with (batch size x longest length) <= token_budget and, with
+    `max_attention`, (batch size x longest length^2) <= max_attention: each TTT step keeps
+    attention weights of B x heads x T^2 for the backward pass, which a token budget alone lets
+    grow with T (a SmolLM2 run at T=2048 peaked at 15 GB). The indices in `exclude` (held-out
+    samples) are in none of the batches.
 
     Samples are shuffled, then sorted by length within chunks of `bucket_factor` batches' worth of
     samples (length bucketing keeps padding low without a fixed length order), cut into batches,
@@ -45,7 +49,8 @@ def plan_epoch(
         cur: list[int] = []
         for i in part:
             longest = lengths[cur[0]] if cur else lengths[i]
-            if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch_size):
+            over_attention = max_attention is not None and (len(cur) + 1) * longest * longest > max_attention
+            if cur and ((len(cur) + 1) * longest > token_budget or len(cur) >= max_batch_size or over_attention):
                 batches.append(cur)
                 cur = []
             cur.append(i)
@@ -53,6 +58,19 @@ def plan_epoch(
             batches.append(cur)
     rng.shuffle(batches)
     return batches
+
+
+def plan_for(cfg, lengths: list[int], epoch: int, exclude: list[int] | None = None, seed: int | None = None):
+    """`plan_epoch` with a TrainConfig's batch limits (token budget, attention bound, batch size)."""
+    return plan_epoch(
+        lengths,
+        cfg.token_budget,
+        cfg.seed if seed is None else seed,
+        epoch,
+        cfg.max_batch_size,
+        exclude=exclude,
+        max_attention=cfg.max_attention,
+    )
 
 
 def collate(samples: list[dict], max_length: int | None = None) -> dict[str, torch.Tensor]:

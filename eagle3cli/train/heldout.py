@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from .data import plan_epoch
+from .data import plan_for
 from .ttt import Teacher, _shift
 
 
@@ -63,7 +63,7 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     """The chain summary of the draft on the held-out samples (every rank computes all of it:
     under ZeRO-3 each rank must run the same forwards)."""
     lengths = [tr.source.lengths[i] for i in indices]
-    batches = plan_epoch(lengths, tr.cfg.token_budget, 0, 0, tr.cfg.max_batch_size)
+    batches = plan_for(tr.cfg, lengths, 0, seed=0)
     draft = tr.model
     # module calls (not bare .weight): under ZeRO-3 they gather the partitioned norm and lm_head
     inner = getattr(draft, "module", draft)

@@ -26,7 +26,7 @@ from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import plan_epoch
+from .data import plan_for
 from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, setup
 from .ttt import (
@@ -75,6 +75,7 @@ def save_checkpoint(tr: Trainer) -> None:
         "best": tr.best,
         "tokens_seen": tr.tokens_seen,
         "train_seconds": tr.train_seconds,
+        "train_cpu_seconds": tr.clock.cpu_seconds,
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
         "metrics": tr.last_metrics,
@@ -216,6 +217,7 @@ def learning_curve(tr: Trainer) -> list[dict]:
             "tokens": m["tokens_seen"],
             "steps": m["step"],
             "seconds": m.get("train_seconds", 0.0),
+            "cpu_seconds": m.get("train_cpu_seconds", 0.0),
             "heldout_tau": m["heldout_tau"],
             "heldout_alpha_k": m.get("heldout_alpha_k"),
             "depth": m.get("heldout_depth", 8),
@@ -244,7 +246,6 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
     acc = accuracies(sums[0], sums[1])
     elapsed = max(1e-9, time.time() - iv.started)
     tr.tokens_seen += int(tokens)
-    tr.train_seconds += elapsed
     m = {
         "step": tr.step,
         "epoch": tr.epoch,
@@ -259,6 +260,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "tok_per_s": round(tokens / elapsed, 1),
         "tokens_seen": tr.tokens_seen,
         "train_seconds": round(tr.train_seconds, 2),
+        "train_cpu_seconds": round(tr.clock.cpu_seconds, 2),
     }
     if heldout:
         point = measure_heldout(tr)
@@ -278,7 +280,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
             tr.tb.flush()
         last = f" acc{len(acc) - 1} {acc[-1]:.3f}" if len(acc) > 1 else ""  # (--ttt-steps 1: one step)
         console.log(
-            f"step {tr.step}/{tr.total_steps} ep {tr.epoch} loss {m['loss']:.4f} "
+            f"step {tr.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.epoch} loss {m['loss']:.4f} "
             f"acc0 {acc[0]:.3f}{last} accept_len {m['sim_accept_len']:.3f} "
             f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
         )
@@ -310,35 +312,42 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_epoch(tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout)
-    with console.progress("train", total=tr.total_steps, unit="step", completed=tr.step) as bar:
-        while tr.step < tr.total_steps:
+    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
+    total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
+    with console.progress("train", total=total, unit="step", completed=tr.step) as bar:
+        while tr.step < tr.total_steps and not tr.out_of_time():
             mine = next_step_batches(tr, plan)
             if mine is None:
-                if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None:
+                if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
                     break
                 tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_epoch(
-                    tr.source.lengths, cfg.token_budget, cfg.seed, tr.epoch, cfg.max_batch_size, exclude=tr.heldout
-                )
+                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
                 continue
-            before = iv.tokens
+            before, started, cpu = iv.tokens, time.time(), time.process_time()
+            compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's
             for indices in mine:
                 micro_step(tr, indices, iv)
             tr.batch_pos += tr.world * cfg.grad_accum
             optimizer_step(tr, iv)
+            if not compiling:
+                tr.clock.seconds += time.time() - started
+                tr.clock.cpu_seconds += time.process_time() - cpu
             bar.advance(1, tokens=iv.tokens - before)
-            measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or tr.step == tr.total_steps)
-            if tr.step % cfg.log_every == 0 or tr.step == tr.total_steps or measure:
+            last = tr.step == tr.total_steps or tr.out_of_time()
+            measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or last)
+            if tr.step % cfg.log_every == 0 or last or measure:
                 log_interval(tr, iv, heldout=measure)
                 iv = Interval()
             if tr.step % cfg.save_every == 0:
                 save_checkpoint(tr)
     if iv.steps:
         log_interval(tr, iv, heldout=bool(tr.heldout))
-    tr.stopped = (
-        f"reached {tr.total_steps} optimizer steps" if tr.step >= tr.total_steps else f"finished {cfg.epochs} epoch(s)"
-    )
+    if tr.out_of_time():
+        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.step} steps"
+    elif tr.step >= tr.total_steps:
+        tr.stopped = f"reached {tr.total_steps} optimizer steps"
+    else:
+        tr.stopped = f"finished {cfg.epochs} epoch(s)"
     if tr.step % cfg.save_every:
         save_checkpoint(tr)
 
@@ -446,7 +455,7 @@ def _leave_process_group() -> None:
 def finished(tr: Trainer) -> bool:
     """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
     lists (so it is not rewritten, and its final metrics stay as they were)."""
-    if tr.step < tr.total_steps or not (tr.train_dir / "manifest.json").is_file():
+    if (tr.step < tr.total_steps and not tr.out_of_time()) or not (tr.train_dir / "manifest.json").is_file():
         return False
     try:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")

@@ -40,7 +40,7 @@ from ..model.target import (
 )
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import CacheSource, OnlineSource, plan_epoch
+from .data import CacheSource, OnlineSource, plan_for
 from .heldout import heldout_indices
 from .optim import apply_init, build_optimizer
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
@@ -130,7 +130,36 @@ class Trainer:
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
     heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
-    train_seconds: float = 0.0  # wall time of training steps over every session (held-out passes excluded)
+    clock: Clock = field(default_factory=lambda: Clock())  # training wall time over every session
+
+    @property
+    def train_seconds(self) -> float:
+        return self.clock.seconds
+
+    def out_of_time(self) -> bool:
+        return self.cfg.time_budget_s is not None and self.clock.cpu_seconds >= self.cfg.time_budget_s
+
+
+class Clock:
+    """Training time so far, wall and CPU (this process's core-seconds: what a busy shared machine
+    does not inflate), shared by the loop (which advances it) and a time-budget schedule."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.cpu_seconds = 0.0
+
+
+def _time_cosine(budget: float, warmup_ratio: float, floor: float, clock: Clock):
+    """`_cosine` over the fraction of a time budget spent rather than over steps."""
+
+    def f(_step: int) -> float:
+        p = min(1.0, clock.cpu_seconds / budget)
+        if p < warmup_ratio:
+            return max(p / warmup_ratio, 0.01)
+        q = (p - warmup_ratio) / max(1e-9, 1 - warmup_ratio)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * q))
+
+    return f
 
 
 def _cosine(total: int, warmup: int, floor: float):
@@ -232,16 +261,20 @@ def setup(cfg: TrainConfig) -> Trainer:
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     per_step = world * cfg.grad_accum
     heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
-    n_batches = len(plan_epoch(source.lengths, cfg.token_budget, cfg.seed, 0, cfg.max_batch_size, exclude=heldout))
+    n_batches = len(plan_for(cfg, source.lengths, 0, exclude=heldout))
     if n_batches < per_step:
         raise UsageError(
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
             "more data, a smaller --token-budget or --grad-accum",
         )
-    total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
-    optimizer, sched = build_optimizer(
-        draft, cfg.optimizer, cfg.lr, cfg.weight_decay, _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
-    )
+    clock = Clock()
+    if cfg.time_budget_s is not None:  # the budget ends the run; --max-steps (if given) caps it
+        total = cfg.max_steps or 10**9
+        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, clock)
+    else:
+        total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
+        schedule = _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
+    optimizer, sched = build_optimizer(draft, cfg.optimizer, cfg.lr, cfg.weight_decay, schedule)
     autocast = torch.bfloat16 if pick_dtype(device, cfg.dtype) == torch.bfloat16 else None
     model = draft
     if use_ds:
@@ -270,6 +303,7 @@ def setup(cfg: TrainConfig) -> Trainer:
     )
     tr.logit_spec = logit_spec(tcfg)
     tr.heldout = heldout
+    tr.clock = clock
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)
     resume(tr)
@@ -332,15 +366,15 @@ def compiled_loss(device: torch.device):
             "apt install g++   (or train without --compile)",
         )
     loss = compiled_ttt_loss()
-    first = [True]
 
     def announced(*args, **kw):
         # the first call compiles, and nothing advances meanwhile: say so before it starts
-        if first[0]:
-            first[0] = False
+        if announced.compiles_next:
+            announced.compiles_next = False
             console.log("compiling the TTT step (first batch shape, can take minutes; later shapes reuse it)")
         return loss(*args, **kw)
 
+    announced.compiles_next = True  # type: ignore[attr-defined]  # fit() leaves that step off the clock
     return announced
 
 
@@ -387,7 +421,8 @@ def resume(tr: Trainer) -> None:
     ckpt.set_rng_state(state["rng"])
     tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
     tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
-    tr.train_seconds = float(state.get("train_seconds", 0.0))
+    tr.clock.seconds = float(state.get("train_seconds", 0.0))
+    tr.clock.cpu_seconds = float(state.get("train_cpu_seconds", 0.0))
     tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.step)

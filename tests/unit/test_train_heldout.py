@@ -99,3 +99,14 @@ def test_training_writes_the_learning_curve(tmp_path, base_run):
     assert points[0]["tokens_seen"] < points[-1]["tokens_seen"]
     png = run / "train" / "learning_curve.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_batches_bound_attention_memory_by_length_squared():
+    lengths = [2048] * 4 + [1024] * 8 + [256] * 64
+    plan = plan_epoch(lengths, 8192, 0, 0, max_attention=2048 * 2048)
+    for b in plan:
+        longest = max(lengths[i] for i in b)
+        assert len(b) * longest <= 8192 and len(b) * longest**2 <= 2048 * 2048
+    sizes = {lengths[b[0]]: len(b) for b in plan if len({lengths[i] for i in b}) == 1}
+    assert sizes[2048] == 1 and sizes[1024] == 4  # the token budget alone would take 4 and 8
+    assert sorted(i for b in plan for i in b) == list(range(len(lengths)))

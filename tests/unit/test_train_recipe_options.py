@@ -119,3 +119,16 @@ def test_feature_noise_is_relative_per_layer_and_reproducible():
     assert torch.equal(a, with_noise(aux, 0.05, 8))
     rel = (a - aux).unflatten(-1, (2, 8)).pow(2).mean(-1).sqrt() / aux.unflatten(-1, (2, 8)).pow(2).mean(-1).sqrt()
     assert 0.02 < rel.mean().item() < 0.08  # 5% of each layer's own scale, not of the larger one
+
+
+def test_a_time_budget_ends_training_and_runs_the_schedule_over_it(tmp_path, base_run):
+    run = _copy(base_run, tmp_path)
+    tr = setup(_cfg(run, time_budget_s=3.0, save_every=1000))
+    fit(tr)
+    m = metrics(run)
+    assert tr.clock.cpu_seconds >= 3.0 and m[-1]["train_cpu_seconds"] >= 3.0 and "time budget" in tr.stopped
+    assert len(m) >= 3 and m[-1]["lr"] < max(x["lr"] for x in m)  # warmed up, then decayed over the budget
+    again = setup(_cfg(run, time_budget_s=3.0, save_every=1000))  # a rerun: the budget is spent
+    steps = again.step
+    fit(again)
+    assert again.step == steps

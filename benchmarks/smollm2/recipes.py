@@ -1,0 +1,166 @@
+"""The recipe choices the anchors offer, side by side, at one fixed CPU budget (issue 22).
+
+    .venv/bin/python benchmarks/smollm2/recipes.py --cache runs/smollm2/cache [--budget-s 600] \
+        [--only baseline,k3,muon] [--eval-prompts 20] [--out runs/smollm2-recipes]
+
+Every row is `eagle3 train --recipe recipes/smollm2-135m/train.yaml` with a few flags changed and
+`--time-budget-s B`: the same number of CPU seconds of training on one thread (core-seconds;
+the step that compiles the TTT unroll is not counted), on the same cache, with the same held-out
+conversations. Rows report the held-out chain tau at depth 8 at the end of the budget (the
+learning curve, from the TTT unroll) and, with --eval-prompts N, `eagle3 eval`'s greedy chain tau
+on the first N MT-bench questions (fp32 target). Each run resumes where it stopped; a finished
+row is not rerun. Writes OUT/recipes.json and prints the table (docs/train.md holds it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import E3, REPO, Recorder  # noqa: E402
+
+RECIPE = REPO / "recipes" / "smollm2-135m" / "train.yaml"
+TARGET = REPO / "models" / "smollm2-135m"
+
+# name -> (what it changes, flags over the recipe). The recipe's own row is "baseline".
+ROWS: dict[str, tuple[str, list[str]]] = {
+    "baseline": ("today's recipe: K=7, 0.8^k, 8k tokens/step, AdamW lr 1e-3, CE, target lm_head", []),
+    "tok2k": ("2k tokens per step (lr 1e-3)", ["--token-budget", "2048"]),
+    "tok1k": ("1k tokens per step (lr 5e-4)", ["--token-budget", "1024", "--lr", "5e-4"]),
+    "k1": ("TTT K=1", ["--ttt-steps", "1"]),
+    "k3": ("TTT K=3", ["--ttt-steps", "3"]),
+    "k5": ("TTT K=5", ["--ttt-steps", "5"]),
+    "k3_w1": ("TTT K=3, equal step weights", ["--ttt-steps", "3", "--step-weight", "1.0"]),
+    "muon": ("Muon on 2-D weights (AdamW on the rest)", ["--optimizer", "muon"]),
+    "head_frozen": ("target lm_head rows frozen", ["--lm-head", "frozen"]),
+    "head_fresh": ("fresh lm_head", ["--lm-head", "fresh"]),
+    "init_soft": ("soft init (first loss near ln V)", ["--init", "soft"]),
+    "init_pass_top": ("pass-top init", ["--init", "pass-top"]),
+    "loss_tv": ("total-variation loss", ["--loss", "tv"]),
+    "noise": ("feature noise 0.05", ["--feature-noise", "0.05"]),
+}
+
+
+def train_args(cache: Path, run: Path, budget: float, flags: list[str]) -> list:
+    return [
+        *E3,
+        "train",
+        "--recipe",
+        RECIPE,
+        "--run",
+        run,
+        "--cache",
+        cache,
+        "--time-budget-s",
+        str(budget),
+        "--max-steps",
+        "none",
+        "--save-every",
+        "10",
+        "--log-every",
+        "5",
+        "--heldout-every",
+        "20",
+        *flags,
+    ]
+
+
+def heldout(run: Path) -> dict:
+    lines = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().split("\n") if x.strip()]
+    points = [m for m in lines if "heldout_tau" in m]
+    last = points[-1]
+    return {
+        "heldout_tau": last["heldout_tau"],
+        "heldout_alpha_k": last["heldout_alpha_k"],
+        "steps": last["step"],
+        "tokens": last["tokens_seen"],
+        "cpu_seconds": last.get("train_cpu_seconds"),
+        "first_loss": lines[0]["loss_k"][0],
+        "curve": [
+            {
+                "tokens": m["tokens_seen"],
+                "steps": m["step"],
+                "seconds": m.get("train_seconds"),
+                "heldout_tau": m["heldout_tau"],
+            }
+            for m in points
+        ],
+    }
+
+
+def eval_tau(rec: Recorder, run: Path, prompts: int) -> float | None:
+    out = run / "eval-mt_bench"
+    if not (out / "report.json").exists():
+        rec.sh(
+            [
+                *E3,
+                "eval",
+                "--run",
+                run,
+                "--out",
+                out,
+                "--target",
+                TARGET,
+                "--bench",
+                "mt_bench",
+                "--num-prompts",
+                str(prompts),
+                "--max-new-tokens",
+                "64",
+                "--depth",
+                "8",
+                "--mode",
+                "chain",
+                "--dtype",
+                "fp32",
+                "--threads",
+                "1",
+                "--no-generate-baseline",
+            ]
+        )
+    heads = json.loads((out / "report.json").read_text())["heads"]
+    return float(next(iter(heads.values()))["chain"]["acceptance"]["tau"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", type=Path, required=True)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2-recipes")
+    ap.add_argument("--budget-s", type=float, default=600.0, help="CPU seconds of training per row")
+    ap.add_argument("--only", default=",".join(ROWS), help="comma-separated row names")
+    ap.add_argument("--eval-prompts", type=int, default=0, help="MT-bench prompts for eval tau (0: skip)")
+    args = ap.parse_args()
+    rec, results = Recorder(), {}
+    path = args.out / "recipes.json"
+    if path.exists():
+        results = json.loads(path.read_text()).get("rows", {})
+    for name in args.only.split(","):
+        what, flags = ROWS[name]
+        run = args.out / name
+        rec.sh(train_args(args.cache, run, args.budget_s, flags), env={"OMP_NUM_THREADS": "1"})
+        row = {"what": what, "flags": " ".join(flags), **heldout(run)}
+        if args.eval_prompts:
+            row["eval_tau"] = eval_tau(rec, run, args.eval_prompts)
+        results[name] = row
+        args.out.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            json.dumps({"budget_cpu_s": args.budget_s, "cache": str(args.cache), "rows": results}, indent=1)
+        )
+    base = results.get("baseline", {}).get("heldout_tau")
+    print(f"\nbudget {args.budget_s:.0f} CPU s per row; held-out chain tau at depth 8")
+    print("| row | change | first loss | steps | tokens | held-out tau | vs baseline | eval tau (MT-bench) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        rel = f"{r['heldout_tau'] / base:.2f}x" if base else "-"
+        ev = f"{r['eval_tau']:.3f}" if r.get("eval_tau") else "-"
+        print(
+            f"| {name} | {r['what']} | {r['first_loss']:.2f} | {r['steps']} | {r['tokens']:,} | "
+            f"{r['heldout_tau']:.3f} | {rel} | {ev} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
