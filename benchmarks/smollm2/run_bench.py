@@ -28,6 +28,7 @@ from benchmarks.smollm2.report import EVAL_NAMES, write_report  # noqa: E402
 HERE = Path(__file__).resolve().parent
 RECIPES = REPO / "recipes" / "smollm2-135m"  # the YAML recipes and prepare_target.py this bench runs
 TARGET = REPO / "models" / "smollm2-135m"
+CORPUS = REPO / "corpora" / "smollm2-135m-sharegpt"  # gen-data's output, committed as it grows
 REC = Recorder()
 
 
@@ -110,8 +111,20 @@ def main() -> None:
     one_thread = {"OMP_NUM_THREADS": "1"}
     # ---- the target, the data, the cache
     step("prepare_target", [sys.executable, RECIPES / "prepare_target.py"])
-    if not done(out / "data" / "manifest.json"):
-        step("gen_data", [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out], env=one_thread)
+    # The regenerated conversations live in git (corpora/): they take CPU hours and a working session
+    # ends after 3, so every session continues the same folder; the run folder links to it.
+    data = out / "data"
+    if not data.exists():
+        out.mkdir(parents=True, exist_ok=True)
+        data.symlink_to(CORPUS.resolve())
+    if not done(data / "manifest.json"):
+        # one process per core, each its slice of the shards (--shard i/2); the last writes the manifest
+        cmd = [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for f in [
+                pool.submit(step, f"gen_data_{i}", [*cmd, "--shard", f"{i}/2"], False, one_thread) for i in (0, 1)
+            ]:
+                f.result()
     if not done(out / "vocab_coverage.json"):
         text = step("vocab_coverage", [sys.executable, HERE / "vocab_coverage.py", "--run", out], capture=True)
         (out / "vocab_coverage.json").write_text(json.dumps(last_json(text), indent=2) + "\n")
