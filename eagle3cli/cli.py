@@ -105,6 +105,13 @@ def os_error(e: OSError) -> UsageError | None:
             "free space on that filesystem",
             f"free space (df -h {os.path.dirname(str(where)) or '.'}) or choose another --run/--out, {rerun}",
         )
+    if e.errno in (errno.EMFILE, errno.ENFILE):
+        return UsageError(
+            f"too many open files ({e.strerror}): this process reached its limit of open files"
+            + (f" at {e.filename}" if e.filename else ""),
+            "a limit on open files above the connections and files the stage holds",
+            f"raise the limit (ulimit -n 65536) or lower --concurrency, {rerun}",
+        )
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return UsageError(
             f"cannot write {where}: {e.strerror}",

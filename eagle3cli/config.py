@@ -52,6 +52,29 @@ def choices(tp: Any) -> tuple[str, ...]:
     return next((c for c in map(choices, typing.get_args(tp)) if c), ())
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """safe_load that refuses a key given twice in one mapping: YAML keeps the last silently, so
+    `lr: 1e-4` ... `lr: 3e-4` would run with a value the reader of the file may not see."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                dup = key in seen
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if dup:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key {key!r} is given twice (line {seen[key] + 1} and line {key_node.start_mark.line + 1})",
+                    key_node.start_mark,
+                )
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_recipe(path: Path | None, section: str) -> dict:
     """The keys for one stage from a recipe file (flat, or the stage's own section)."""
     if path is None:
@@ -59,8 +82,20 @@ def load_recipe(path: Path | None, section: str) -> dict:
     path = Path(path)
     if not path.exists():
         raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    if path.is_dir():
+        raise UsageError(
+            f"recipe {path} is a folder", "a YAML file, e.g. recipes/tiny/gen-data.yaml", f"ls {path}   (pick a file)"
+        )
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        text = path.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"recipe {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
+            "a YAML file in UTF-8",
+            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
+        ) from e
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
     except yaml.YAMLError as e:
         raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
     if not isinstance(data, dict):

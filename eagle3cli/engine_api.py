@@ -14,9 +14,11 @@ difference between "the server is down" (retry later) and "the request is bad" (
 from __future__ import annotations
 
 import asyncio
+import errno
 import itertools
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -173,6 +175,9 @@ class EngineClient:
                 f"timeout after {timeout or self.timeout_s:g}s at {shown} ({type(e).__name__})", True
             ) from e
         except httpx.HTTPError as e:  # connect refused, reset, DNS...
+            local = _local_limit(e)
+            if local is not None:  # our process ran out of descriptors: not the endpoint's fault
+                raise local from e
             raise Unreachable(f"{type(e).__name__} at {shown}: {e}") from e
         return Reply(r.status_code, r.text, time.perf_counter() - t0)
 
@@ -228,6 +233,19 @@ class EngineClient:
         except Unreachable:
             return None
         return spec_counters(r.text) if r.status == 200 else None
+
+
+def _local_limit(e: BaseException) -> OSError | None:
+    """The OSError behind a transport error when it is this machine's limit on open files (EMFILE,
+    ENFILE), which a retry or another endpoint cannot fix (the CLI names the limit and exits 2)."""
+    seen = set()
+    cur: BaseException | None = e
+    while cur is not None and id(cur) not in seen:
+        seen.add(id(cur))
+        if isinstance(cur, OSError) and cur.errno in (errno.EMFILE, errno.ENFILE):
+            return OSError(cur.errno, os.strerror(cur.errno))
+        cur = cur.__cause__ or cur.__context__
+    return None
 
 
 def is_healthy(url: str, timeout_s: float = 2.0) -> bool:

@@ -51,3 +51,19 @@ def plotting() -> bool:
 
     warn(f"matplotlib is not installed: no PNG plot (the numbers are in the JSON report); {install_hint('matplotlib')}")
     return False
+
+
+def draw_plot(path, draw) -> bool:
+    """Run `draw()` (which writes the PNG at `path`) when matplotlib is here; a plot that cannot be
+    drawn (matplotlib failing to import under a memory limit, a blocked or unwritable path) is a
+    warning, never the end of a stage whose numbers are already written. True when drawn."""
+    if not plotting():
+        return False
+    try:
+        draw()
+    except (ImportError, OSError, MemoryError, RuntimeError, ValueError) as e:
+        from .console import warn
+
+        warn(f"no plot at {path} ({type(e).__name__}: {e}); the numbers are in the JSON report")
+        return False
+    return True

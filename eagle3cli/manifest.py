@@ -62,8 +62,10 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a write() or fsync() error names no file
+            raise OSError(e.errno, e.strerror, str(path)) from e
         raise
 
 
@@ -85,6 +87,16 @@ def remove_dead_temps(folder: Path) -> None:
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     atomic_write(path, lambda tmp: tmp.write_bytes(data))
+
+
+def atomic_write_tensors(path: Path, tensors: Mapping[str, Any], metadata: Mapping[str, str] | None = None) -> None:
+    """A safetensors file through `atomic_write`: the bytes are built in memory and written to our
+    temp file. (safetensors' own `save_file` writes through a temp file of its own: mode 0600 whatever
+    the umask, a name no resume recognises, and a full disk raised as SafetensorError, not OSError.)"""
+    from safetensors.torch import save
+
+    data = save(dict(tensors), metadata=dict(metadata) if metadata is not None else None)
+    atomic_write_bytes(path, data)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -127,6 +139,14 @@ def shard_record(path: Path, **extra: Any) -> dict:
     """What a manifest stores per shard: name, bytes, sha256 (+ caller's counts)."""
     path = Path(path)
     return {"file": path.name, "bytes": path.stat().st_size, "sha256": sha256_file(path), **extra}
+
+
+def folder_fingerprint(manifest: Mapping[str, Any]) -> str:
+    """The identity of a finished stage folder's content: every file its manifest lists, by name and
+    sha256. Another run's cache (or data) put in the same place has another fingerprint."""
+    files = [*(manifest.get("shards") or []), *(manifest.get("files") or [])]
+    pairs = sorted((str(f.get("file")), str(f.get("sha256"))) for f in files if isinstance(f, dict))
+    return sha256_text(json.dumps(pairs))[:16]
 
 
 def contained(folder: Path, name: str) -> Path:

@@ -16,17 +16,21 @@ from .errors import UsageError
 Prompt = tuple[str, list[dict]]  # (id, messages)
 
 
-def _records(bench: str, num_prompts: int | None) -> list[dict]:
+def _records(bench: str, num_prompts: int | None, flag: str = "--bench") -> list[dict]:
+    """The bench's records; messages name `flag` (serve-bench reads its --prompts through here)."""
     try:
         spec = parse_input_spec(bench, default_split="test")
     except UsageError as e:
-        raise UsageError(f"--bench: {e.what.removeprefix('--input ')}", e.expected, e.next_step) from e
-    result = read_input(spec)
+        raise UsageError(f"{flag}: {e.what.removeprefix('--input ')}", e.expected, e.next_step) from e
+    try:
+        result = read_input(spec)
+    except UsageError as e:  # the reader speaks of gen-data's --input
+        raise UsageError(f"{flag} {e.what.removeprefix('--input ')}", e.expected, e.next_step) from e
     if result.rejects:
         counts = ", ".join(f"{k} {v}" for k, v in result.reject_counts.most_common())
-        warn(f"--bench {bench}: {len(result.rejects)} unusable rows skipped ({counts})")
+        warn(f"{flag} {bench}: {len(result.rejects)} unusable rows skipped ({counts})")
     if not result.records:
-        raise UsageError(f"--bench {bench} has no usable prompts", "rows with at least one user turn")
+        raise UsageError(f"{flag} {bench} has no usable prompts", "rows with at least one user turn")
     return result.records[:num_prompts]
 
 
@@ -34,10 +38,10 @@ def _without_answers(messages: list[dict]) -> list[dict]:
     return [m for m in messages if m["role"] != "assistant"]
 
 
-def load_prompts(bench: str, num_prompts: int) -> list[Prompt]:
+def load_prompts(bench: str, num_prompts: int, flag: str = "--bench") -> list[Prompt]:
     """[(id, messages)] for the first `num_prompts` prompts: system turn (if any) + first user turn."""
     out = []
-    for r in _records(bench, num_prompts):
+    for r in _records(bench, num_prompts, flag):
         msgs = _without_answers(r["messages"])
         first_user = next(i for i, m in enumerate(msgs) if m["role"] == "user")
         out.append((r["id"], msgs[: first_user + 1]))

@@ -88,7 +88,8 @@ def check_data(cfg: CacheConfig) -> dict:
         raise StageError(
             f"data folder {data_dir} is damaged:\n  " + "\n  ".join(problems),
             "data shards whose size and sha256 match its manifest",
-            f"regenerate it: {GEN_DATA_CMD}",
+            f"rerun the gen-data command that wrote it ({GEN_DATA_CMD}): it regenerates exactly the missing or "
+            "damaged shards",
         )
     return m
 
@@ -98,12 +99,20 @@ def check_target_matches_data(data_manifest: dict, ident, data_dir: Path) -> Non
     if data_manifest.get("regenerated") is False:
         # Original answers were kept: no model wrote them, but tokenizer and template still matter.
         expected.pop("fingerprint", None)
-    check_matches(
-        f"data folder {data_dir}",
-        data_manifest.get("target") or {},
-        expected,
-        "cache with the target the data was made with (--target), or regenerate the data: " + GEN_DATA_CMD,
-    )
+    recorded = data_manifest.get("target") or {}
+    nxt = "cache with the target the data was made with (--target), or regenerate the data: " + GEN_DATA_CMD
+    same_place = recorded.get("path") and str(recorded.get("path")) == str(ident.as_dict().get("path"))
+    if same_place and recorded.get("fingerprint") not in (None, expected.get("fingerprint")):
+        # passing --target would name the same, changed folder: say what changed instead
+        inputs = (
+            " ".join(f"--input {i}" for i in (data_manifest.get("config") or {}).get("inputs") or []) or "--input FILE"
+        )
+        nxt = (
+            f"the target at {recorded['path']} changed since the data was generated (its files differ): put the "
+            f"original files back, or regenerate the data with it into a new run: eagle3 gen-data --target "
+            f"{recorded['path']} {inputs} --run runs/NEW"
+        )
+    check_matches(f"data folder {data_dir}", recorded, expected, nxt)
 
 
 # ------------------------------------------------------------------ plan

@@ -24,6 +24,7 @@ import torch
 from ..config import parse_shard
 from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import UsageError
+from ..folders import claim_output
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.target import (
@@ -52,6 +53,9 @@ from .reader import INDEX_FILE, VOCAB_FILE
 from .storage import bf16_layout_bytes, bytes_per_token
 from .writer import save_atomic, shard_metadata, shard_tensors
 
+# What a cache folder holds (besides manifest, locks and temps): plan, vocab, index, shards, records.
+CACHE_FILES = (PLAN_FILE, VOCAB_FILE, INDEX_FILE, "shard-*.safetensors", ".shard-*.json", ".verified.json")
+
 
 def _lock_name(cfg: CacheConfig) -> str:
     """`--shard i/N` processes share the folder by design: one lock per shard slice."""
@@ -62,6 +66,7 @@ def _lock_name(cfg: CacheConfig) -> str:
 @locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
 def run_cache(cfg: CacheConfig) -> Path:
     out = cfg.out_dir
+    claim_output(out, "cache", CACHE_FILES, [("--data", cfg.data_dir)])
     data_manifest = check_data(cfg)
     target_path, tok, ident = _target(cfg, data_manifest)
     aux_ids = _aux_ids(cfg, ident.num_hidden_layers)

@@ -26,6 +26,16 @@ def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
     return None
 
 
+def stray_files(cache_dir: Path) -> list[str]:
+    """Files a finished cache does not list: temps of killed writes (ours, or a library's) and
+    anything else put there."""
+    from ..folders import foreign_files
+    from .run import CACHE_FILES
+
+    temps = sorted(p.name for p in cache_dir.glob(".*.tmp") if p.is_file())
+    return temps + foreign_files(cache_dir, CACHE_FILES)
+
+
 def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     """Checksums, shard structure, and the manifest against the target; StageError on any problem."""
     cache_dir = Path(cache_dir)
@@ -95,7 +105,18 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
             "a consistent draft vocab",
             f"rebuild: {rebuild}",
         )
+    stray = stray_files(cache_dir)
+    if stray:
+        from ..console import human_bytes, warn
+
+        size = sum((cache_dir / n).stat().st_size for n in stray)
+        warn(
+            f"{len(stray)} file(s) in {cache_dir} are not part of the cache ({human_bytes(size)}), e.g. temps of "
+            f"killed writes: {', '.join(stray[:6])}; a rerun of the cache command removes its own dead temps, "
+            f"or: rm {' '.join(str(cache_dir / n) for n in stray[:6])}"
+        )
     return {
+        "stray files": len(stray),
         "cache": str(cache_dir),
         "shards": len(m["shards"]),
         "samples": m["counts"]["samples"],

@@ -15,9 +15,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import save_file
 
-from ..manifest import atomic_write
+from ..manifest import atomic_write_tensors
 from ..model.target import capture_features, target_logits
 from .storage import encode, id_dtype
 
@@ -96,7 +95,7 @@ def shard_tensors(
 
 def save_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> None:
     """A safetensors file that exists whole or not at all."""
-    atomic_write(path, lambda tmp: save_file(tensors, str(tmp), metadata=metadata))
+    atomic_write_tensors(path, tensors, metadata)
 
 
 def shard_metadata(samples: list[Sample], storage: str) -> dict[str, str]:

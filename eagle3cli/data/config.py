@@ -130,6 +130,13 @@ class GenDataConfig:
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 errors.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if self.max_prompt_tokens is not None and (
+            not isinstance(self.max_prompt_tokens, int) or self.max_prompt_tokens < 1
+        ):  # 0 used to mean "no limit" and -5 rejected everything: both silently
+            errors.append(
+                f"--max-prompt-tokens must be an integer >= 1, got {self.max_prompt_tokens!r} "
+                "(leave it out for the default: context length - max-new-tokens)"
+            )
         if self.max_turns is not None and (not isinstance(self.max_turns, int) or self.max_turns < 1):
             errors.append(f"--max-turns must be an integer >= 1, got {self.max_turns!r}")
         if self.num_samples is not None and (not isinstance(self.num_samples, int) or self.num_samples < 1):

@@ -11,7 +11,9 @@ turn. The message schema (reasoning, tool calls) and its checks are in `messages
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -239,6 +241,7 @@ class ReadResult:
     rejects: list[dict] = field(default_factory=list)
     rows: int = 0
     other_split: int = 0  # rows that belong to another split of the source (not rejects)
+    sha256: str | None = None  # of the file's bytes as read (None: an HF dataset)
 
     @property
     def reject_counts(self) -> Counter:
@@ -264,8 +267,10 @@ def reject_row(source: str, index: int, reason: str, detail: str, rid: str | Non
 RowError = tuple[str, str]  # (reject reason, detail)
 
 
-def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]]:
-    """(row index, parsed row or None, (reason, detail) when the row cannot be parsed)."""
+def _iter_raw_rows(spec: Source, info: dict | None = None) -> Iterator[tuple[int, object, RowError | None]]:
+    """(row index, parsed row or None, (reason, detail) when the row cannot be parsed). `info` gets the
+    sha256 of the bytes read (a pipe such as `<(cat f)` cannot be read twice) and the first bytes."""
+    info = {} if info is None else info
     if spec.path is None:
         yield from ((i, r, None) for i, r in enumerate(_load_hf(spec)))
         return
@@ -273,14 +278,16 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
     if path.suffix == ".parquet":
         yield from ((i, r, None) for i, r in enumerate(_load_parquet(path)))
         return
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
-            # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
-            # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
-            text = f.read().decode("utf-8-sig", errors="surrogateescape")
-    except OSError as e:  # e.g. a .gz file that is not gzip
+        raw = path.read_bytes()
+        info["sha256"], info["head"] = hashlib.sha256(raw).hexdigest(), raw[:64]
+        data = gzip.decompress(raw) if path.suffix == ".gz" else raw
+    except (OSError, EOFError, zlib.error) as e:  # e.g. a .gz file that is not gzip
         raise UsageError(f"--input {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
+    # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
+    # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
+    text = data.decode("utf-8-sig", errors="surrogateescape")
+    info["text_head"] = text[:200]
     stripped = text.lstrip()
     if stripped.startswith("["):  # a JSON array (ShareGPT dumps), read element by element
         yield from _iter_json_array(text)
@@ -288,7 +295,7 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
     if stripped.startswith("{") and not path.suffix == ".jsonl":  # one JSON object holding a list?
         try:
             obj = json.loads(text)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):
             obj = None
         if isinstance(obj, dict):
             lists = [v for v in obj.values() if isinstance(v, list) and v and isinstance(v[0], dict)]
@@ -299,8 +306,42 @@ def _iter_raw_rows(spec: Source) -> Iterator[tuple[int, object, RowError | None]
         i = n - 1
         try:
             yield i, json.loads(line), None
-        except json.JSONDecodeError as e:
-            yield i, None, ("malformed_json", f"line {i + 1}: {e.msg}")
+        except (ValueError, RecursionError) as e:
+            yield i, None, ("malformed_json", f"line {i + 1}: {json_problem(e)}")
+
+
+def json_problem(e: Exception) -> str:
+    """What is wrong with a row Python's json cannot take: bad syntax, or valid JSON beyond its limits
+    (nesting deeper than the recursion limit, an integer of more than 4300 digits)."""
+    if isinstance(e, json.JSONDecodeError):
+        return e.msg
+    if isinstance(e, RecursionError):
+        return "nested too deeply to read (over ~1000 levels)"
+    return str(e).split(";")[0][:200]
+
+
+def value_end(text: str, pos: int) -> int | None:
+    """The end of the JSON value starting at `pos`, found by brackets and strings alone (no parsing,
+    no recursion); None when the text ends first."""
+    n, i, depth = len(text), pos, 0
+    while i < n:
+        c = text[i]
+        if c == '"':
+            i += 1
+            while i < n and text[i] != '"':
+                i += 2 if text[i] == "\\" else 1
+            if i >= n:
+                return None
+        elif c in "[{":
+            depth += 1
+        elif c in "]}":
+            depth -= 1
+        elif depth == 0 and c in ", \t\r\n":
+            return i  # the end of a number or literal
+        i += 1
+        if depth == 0 and c in ']}"':
+            return i
+    return None if depth else n
 
 
 def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]:
@@ -322,12 +363,20 @@ def _iter_json_array(text: str) -> Iterator[tuple[int, object, RowError | None]]
 
     pos, i = skip_ws(text.index("[") + 1), 0
     while pos < n and text[pos] != "]":
+        item: tuple[int, object, RowError | None]
         try:
             row, end = decoder.raw_decode(text, pos)
+            item = (i, row, None)
         except json.JSONDecodeError as e:
             yield cut(i, pos, f"cut off or malformed ({e.msg})")
             return
-        yield i, row, None
+        except (ValueError, RecursionError) as e:  # valid JSON beyond Python's limits: that element alone
+            found = value_end(text, pos)
+            if found is None:
+                yield cut(i, pos, f"cut off or malformed ({json_problem(e)})")
+                return
+            end, item = found, (i, None, ("malformed_json", f"element {i}: {json_problem(e)}"))
+        yield item
         i, pos = i + 1, skip_ws(end)
         if pos < n and text[pos] == ",":
             pos = skip_ws(pos + 1)
@@ -366,13 +415,33 @@ def _load_hf(spec: Source):
 SNIFF_ROWS = 50
 
 
+def sniff(info: dict, lines: int) -> str:
+    """What a file with no JSON rows holds instead, from its first bytes (for the error message)."""
+    head, text = info.get("head") or b"", info.get("text_head") or ""
+    if head[:2] in (b"\xff\xfe", b"\xfe\xff") or head[1:8:2] == b"\0\0\0\0" or head[0:8:2] == b"\0\0\0\0":
+        return "UTF-16 text, not UTF-8: convert it with `iconv -f UTF-16 -t UTF-8 FILE > FILE.jsonl`"
+    if head[:2] == b"\x1f\x8b":
+        return "gzip-compressed data in a file whose name does not end in .gz: rename it to NAME.gz"
+    if head[:4] == b"PAR1":
+        return "Parquet data in a file whose name does not end in .parquet: rename it"
+    if text.lstrip().startswith("{") and lines > 1:
+        return (
+            "JSON objects spread over several lines (pretty-printed): JSON lines need one object per line, "
+            "convert with `jq -c . FILE > FILE.jsonl`"
+        )
+    if not text.strip():
+        return "an empty file"
+    return f"no JSON rows ({lines} line(s) that are not JSON)"
+
+
 def read_input(spec: Source) -> ReadResult:
     """All rows of one input, normalised; bad rows are rejects. Unknown file shape -> UsageError.
     Rows of another split of a named source (ShareGPT's held-out conversations) are skipped."""
     source = spec.label
     rows = []
     other_split = 0
-    for index, row, err in _iter_raw_rows(spec):
+    info: dict = {}
+    for index, row, err in _iter_raw_rows(spec, info):
         if err is None and spec.keep is not None and not spec.keep(row):
             other_split += 1
             continue
@@ -384,7 +453,9 @@ def read_input(spec: Source) -> ReadResult:
     if not shapes:
         seen = sorted({k for r in parsed[:5] if isinstance(r, dict) for k in r})[:12]
         what = (
-            f"keys {seen}" if seen else ("no JSON rows" if not parsed else f"rows of type {type(parsed[0]).__name__}")
+            f"keys {seen}"
+            if seen
+            else (sniff(info, len(rows)) if not parsed else f"rows of type {type(parsed[0]).__name__}")
         )
         raise UsageError(
             f"--input {spec.spec}: not in any known format (found {what})",
@@ -392,7 +463,7 @@ def read_input(spec: Source) -> ReadResult:
             'convert the file to one of these shapes, e.g. JSONL with {"messages": [{"role", "content"}]}',
         )
     shape = shapes.most_common(1)[0][0]
-    result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split)
+    result = ReadResult(spec, shape, [], rows=len(rows), other_split=other_split, sha256=info.get("sha256"))
     first_row: dict[str, int] = {}  # record id -> the row that used it first
     for index, row, err in rows:
         if err is not None:
@@ -404,9 +475,11 @@ def read_input(spec: Source) -> ReadResult:
                 raise BadRecord("duplicate_id", f"id {rec['id']!r} is already used by row {first_row[rec['id']]}")
             first_row[rec["id"]] = index
             result.records.append(rec)
-        except BadRecord as e:
+        except (BadRecord, ValueError, TypeError, RecursionError, AttributeError, KeyError) as e:
+            # any failure on one row costs that row (a tool call's arguments nested 5000 deep...)
+            reason, detail = (e.reason, e.detail) if isinstance(e, BadRecord) else ("malformed_row", json_problem(e))
             rid = row.get("id") if isinstance(row, dict) and isinstance(row.get("id"), str) else None
-            result.rejects.append(reject_row(source, index, e.reason, e.detail, rid))
+            result.rejects.append(reject_row(source, index, reason, detail, rid))
     return result
 
 

@@ -66,6 +66,7 @@ class HFBackend:
         self.pad_id = int(pad if pad is not None else min(self.stop_ids))
         limit = getattr(model.config, "max_position_embeddings", None)
         self.max_prompt_tokens = max_prompt_tokens or (limit - sampling.max_new_tokens if limit else None)
+        self._max_chars: int | None = None
 
     # -------------------------------------------------------------- one batch of prompts
     @torch.no_grad()
@@ -144,6 +145,14 @@ class HFBackend:
             results.update(zip(chunk, self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])))
         return [results[i] for i in range(len(prompts))]
 
+    def max_prompt_chars(self) -> int:
+        """Characters that --max-prompt-tokens tokens can hold at most, with a margin of 2: no token
+        of this vocabulary stands for more characters than its longest entry has."""
+        if self._max_chars is None:
+            longest = max((len(t) for t in self.tokenizer.get_vocab()), default=1)
+            self._max_chars = 2 * int(self.max_prompt_tokens or 0) * max(longest, 1)
+        return self._max_chars
+
     # -------------------------------------------------------------- conversations
     def regenerate(self, convs: list[Conversation], on_done: OnDone) -> None:
         """Turn by turn across all conversations: round r answers every conversation's r-th user
@@ -154,10 +163,19 @@ class HFBackend:
             for c in active:
                 msgs = c.history()
                 try:
-                    p = encode_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs)
+                    text = render_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs)
                 except TemplateRefusal as e:  # e.g. Gemma-2's "System role not supported": this record only
                     c.fail(TemplateRefusal.reason, f"turn {c.turn}: {e.message}")
                     continue
+                if self.max_prompt_tokens and len(text) > self.max_prompt_chars():
+                    # by size first: tokenising a 50 MB row to learn it is too long took 8 GB
+                    c.fail(
+                        "prompt_too_long",
+                        f"turn {c.turn} prompt has {len(text):,} characters, more than {self.max_prompt_tokens} "
+                        "tokens can hold",
+                    )
+                    continue
+                p = self.tokenizer(text, add_special_tokens=False).input_ids  # the template writes any BOS
                 if self.max_prompt_tokens and len(p) > self.max_prompt_tokens:
                     c.fail(
                         "prompt_too_long", f"turn {c.turn} prompt has {len(p)} tokens, limit {self.max_prompt_tokens}"

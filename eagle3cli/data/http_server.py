@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import threading
 import time
 import uuid
@@ -205,6 +206,19 @@ class ModelServer:
             self.httpd.server_close()
 
 
+def _bind(host: str, port: int, handler=BaseHTTPRequestHandler) -> ThreadingHTTPServer:
+    """The listening server, or exit 2 with what is wrong (a port in use, an address not here)."""
+    try:
+        return ThreadingHTTPServer((host, port), handler)
+    except OSError as e:
+        print(
+            f"error: cannot listen on {host}:{port}: {e.strerror}\n"
+            f"next: pick another --port (or stop what holds it: ss -ltnp 'sport = :{port}')",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(
         prog="python -m eagle3cli.data.http_server",
@@ -224,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
     from ..model.target import load_target
 
+    _bind(a.host, a.port).server_close()  # a port in use is said before the model loads, not after
     model, tok, path = load_target(a.model, device=a.device)
     srv = ModelServer(
         model,
@@ -235,7 +250,7 @@ def main(argv: list[str] | None = None) -> None:
         a.max_new_tokens,
         bad_first=a.bad_first,
     )
-    srv.httpd = ThreadingHTTPServer((a.host, a.port), srv.handler())
+    srv.httpd = _bind(a.host, a.port, srv.handler())
     srv.httpd.daemon_threads = True
     print(f"serving {path} at http://{a.host}:{srv.httpd.server_address[1]}", flush=True)
     try:

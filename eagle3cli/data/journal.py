@@ -16,6 +16,7 @@ import os
 from pathlib import Path
 
 from ..errors import StageError, UsageError
+from ..folders import manifest_stage
 from ..jsonl import dumps, split_byte_lines
 from ..lock import LOCK_NAME
 from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
@@ -51,12 +52,17 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
     """Refuse a folder made with another target or other plan settings; returns an existing
     finished manifest (nothing to do) or None."""
     nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
+    other = "choose a new folder for gen-data (--run runs/OTHER or --out NEW); that one is not gen-data's to change"
     if (out / MANIFEST).exists():
-        m = read_json(out / MANIFEST)
-        if m.get("stage") != "gen-data":
-            raise UsageError(
-                f"{out} holds the output of stage '{m.get('stage')}', not gen-data", "a gen-data folder", nxt
+        stage = manifest_stage(out)
+        if stage != "gen-data":
+            what = (
+                f"the output of `eagle3 {stage}`" if stage else f"a {MANIFEST} eagle3 did not write (or a damaged one)"
             )
+            raise UsageError(
+                f"{out} holds {what}, not gen-data's", "a new or empty folder, or a gen-data folder", other
+            )
+        m = read_json(out / MANIFEST)
         check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
         old = recorded_plan(m.get("config", {}))
         if old != pcfg:
@@ -83,8 +89,17 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
         return None
     # (a `progress/` without state.json is a run killed before it wrote its first byte of state)
     ours = (".gitkeep", PROGRESS, REJECTS)  # and locks: .lock, .lock.shard-i-of-N of --shard processes
-    if out.exists() and any(p.name not in ours and not p.name.startswith(LOCK_NAME) for p in out.iterdir()):
-        raise UsageError(f"{out} exists and is not a gen-data folder", "an empty or new folder", nxt)
+    foreign = (
+        sorted(p.name for p in out.iterdir() if p.name not in ours and not p.name.startswith(LOCK_NAME))
+        if out.is_dir()
+        else []
+    )
+    if foreign:
+        raise UsageError(
+            f"{out} exists and is not a gen-data folder (it holds {', '.join(foreign[:6])})",
+            "an empty or new folder",
+            other,
+        )
     return None
 
 

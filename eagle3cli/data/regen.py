@@ -4,6 +4,7 @@ that regenerates assistant turns in order, each conditioned on the *regenerated*
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,15 @@ def template_kwargs_for(seed: int, record_id: str, thinking: str, efforts: tuple
     if efforts:
         kw["reasoning_effort"] = efforts[turn_seed(seed, record_id, -2) % len(efforts)]
     return kw
+
+
+def _utf8(*parts: object) -> bool:
+    """Whether generated text (and tool calls) can be written as UTF-8."""
+    try:
+        json.dumps(parts, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -118,6 +128,11 @@ class Conversation:
             return
         if not out.text.strip() and not out.tool_calls:
             self.reject = ("empty_generation", f"turn {self.turn} generated no text")
+            return
+        if not _utf8(out.text, out.reasoning, out.tool_calls):
+            # a lone surrogate ("\ud800" is valid JSON from a server) cannot be written as UTF-8:
+            # the journal would fail on every rerun. Checked as inputs are.
+            self.reject = ("invalid_unicode", f"turn {self.turn}: the generated answer holds a lone surrogate")
             return
         slot = self.slots[self.turn]
         answer: dict[str, Any] = {"role": "assistant", "content": out.text}

@@ -25,9 +25,11 @@ from ..manifest import (
     MANIFEST,
     atomic_write_json,
     atomic_write_text,
+    remove_dead_temps,
     sha256_file,
     sha256_text,
     shard_record,
+    verify_shards,
     write_manifest,
 )
 from ..model.chat import TemplateRefusal, render
@@ -52,6 +54,27 @@ from .regen import Conversation, Sampling, template_kwargs_for
 # ---------------------------------------------------------------- inputs and plan
 def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict]]:
     specs = [parse_input_spec(s) for s in cfg.inputs]
+    by_label: dict[str, list[str]] = {}
+    for sp in specs:
+        by_label.setdefault(sp.label, []).append(sp.spec)
+    twice = {k: v for k, v in by_label.items() if len(v) > 1}
+    if twice:  # record ids are LABEL:ROW: two files named train.jsonl would both give train:0
+        k, v = next(iter(twice.items()))
+        raise UsageError(
+            f"{len(v)} inputs are named {k!r} ({', '.join(v)}): their record ids would collide ({k}:0 twice)",
+            "inputs with distinct names (a file's name without its suffix names its records)",
+            "rename or link one of the files under another name (ln -s a/train.jsonl a-train.jsonl)",
+        )
+    if cfg.out_dir is not None and not cfg.dry_run:
+        out = Path(cfg.out_dir).resolve()
+        inside = [sp.spec for sp in specs if sp.path is not None and out in sp.path.resolve().parents]
+        if inside:
+            raise UsageError(
+                f"the output folder {cfg.out_dir} holds this run's input {inside[0]}: gen-data never writes "
+                "into the folder of its own input",
+                "an output folder apart from the inputs",
+                "move the input out of it, or give gen-data another --out (or --run runs/NAME)",
+            )
     results = [read_input(s) for s in specs]
     if cfg.max_turns is not None:
         for r in results:
@@ -76,8 +99,8 @@ def input_fingerprints(results: list[ReadResult]) -> list[dict]:
         }
         if r.other_split:
             d["other_split"] = r.other_split  # e.g. ShareGPT's held-out conversations, left for eval
-        if r.spec.path is not None:
-            d["sha256"] = sha256_file(r.spec.path)
+        if r.spec.path is not None:  # the bytes that were read: a pipe (<(cat f)) is empty by now
+            d["sha256"] = r.sha256 or sha256_file(r.spec.path)
         out.append(d)
     return out
 
@@ -204,6 +227,11 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     done = check_folder(out, identity, pcfg, plan_ids_hash)
+    if done is not None and not done.get("finished_early"):
+        damaged = reopen_damaged(out, done, plan, cfg.shard_size, len(read_rejects))
+        if damaged:
+            warn(f"{out}: {', '.join(damaged)} missing or damaged; regenerating exactly those (the plan is the same)")
+            done = None
     if done is not None:
         log(f"{out} is already complete ({done['counts']['written']} conversations); nothing to do")
         old = sum(v for k, v in (done["counts"].get("skipped_by_reason") or {}).items() if k in TRANSIENT_REASONS)
@@ -215,8 +243,8 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         return out
     prog_dir = out / PROGRESS
     prog_dir.mkdir(parents=True, exist_ok=True)
-    for stale in [*out.glob(".*.tmp"), *prog_dir.glob(".*.tmp")]:  # atomic writes cut by a kill
-        stale.unlink(missing_ok=True)
+    for d in (out, prog_dir):  # atomic writes cut by a kill (a live --shard sibling's temps are kept)
+        remove_dead_temps(d)
     atomic_write_json(
         prog_dir / STATE,
         {"target": identity.as_dict(), "plan_config": pcfg, "plan_ids_hash": plan_ids_hash, "planned": len(plan)},
@@ -293,6 +321,37 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     )
 
 
+def reopen_damaged(out: Path, manifest: dict, plan: list[dict], shard_size: int, n_read_rejects: int) -> list[str]:
+    """A finished folder whose shards no longer match its manifest (a shard deleted, cut or edited)
+    is reopened: the good shards stay, their generation rejects go back to `progress/`, the bad
+    ones are removed and the manifest last, so the run regenerates exactly those (and a kill
+    during this leaves the manifest, and the same repair next time). Returns the bad names."""
+    n_shards = (len(plan) + shard_size - 1) // shard_size
+    listed = {s.get("file"): s for s in manifest.get("shards") or [] if isinstance(s, dict)}
+    bad = [k for k in range(n_shards) if shard_name(k) not in listed or verify_shards(out, [listed[shard_name(k)]])]
+    rej = manifest.get("rejects") or {}
+    rejects_ok = (out / REJECTS).is_file() and rej.get("sha256") in (None, sha256_file(out / REJECTS))
+    if not bad and rejects_ok:
+        return []
+    if not rejects_ok:  # which shard each generation reject belonged to is lost with the file
+        bad = list(range(n_shards))
+    shard_of = {p["id"]: i // shard_size for i, p in enumerate(plan)}
+    per_shard: dict[int, list[str]] = {k: [] for k in range(n_shards)}
+    if rejects_ok:
+        for r in read_records(out / REJECTS)[n_read_rejects:]:  # finalize writes the read rejects first
+            k = shard_of.get(r.get("id"))
+            if k is not None:
+                per_shard[k].append(dumps(r) + "\n")
+    prog_dir = out / PROGRESS
+    for k in range(n_shards):
+        if k not in bad:
+            atomic_write_text(prog_dir / f"rejects-{k:05d}.jsonl", "".join(per_shard[k]))
+    for k in bad:
+        (out / shard_name(k)).unlink(missing_ok=True)
+    (out / MANIFEST).unlink()
+    return [shard_name(k) for k in bad] if rejects_ok else [f"{REJECTS} (so every shard is regenerated)"]
+
+
 def finish_early(cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals) -> Path:
     """--finish-early: the manifest over the finished shards of an unfinished run; the rest of the plan
     (including conversations done in unfinished shards) is left out, and the manifest says how much."""
@@ -341,6 +400,26 @@ def no_usable_records(cfg: GenDataConfig, out: Path | None, results, read_reject
     )
 
 
+def nothing_kept(out: Path, rejects: list[dict]) -> UsageError:
+    """Every planned conversation was rejected while generating (prompts too long, empty answers)."""
+    by_reason = Counter(r["reason"] for r in rejects).most_common()
+    counts = ", ".join(f"{k}: {v}" for k, v in by_reason) or "none"
+    hint = {
+        "prompt_too_long": "raise --max-prompt-tokens (or leave it out), or use shorter prompts",
+        "empty_generation": "check that the endpoint answers with text (send it one request by hand)",
+        "truncated": "raise --max-new-tokens, or keep truncated turns (leave out --drop-truncated)",
+    }
+    first = (
+        hint.get(by_reason[0][0], "fix the inputs or settings the reasons name") if by_reason else "check the inputs"
+    )
+    return UsageError(
+        f"gen-data kept no conversation ({len(rejects)} rejected: {counts}); no manifest is written. "
+        f"Each reject with its reason is in {out / REJECTS}",
+        "at least one conversation kept",
+        f"{first}; then rerun (the same folder is fine)",
+    )
+
+
 def finalize(
     cfg,
     out: Path,
@@ -364,6 +443,11 @@ def finalize(
         gen_rejects += read_records(rp)
     all_rejects = read_rejects + gen_rejects
     atomic_write_text(out / REJECTS, "".join(dumps(r) + "\n" for r in all_rejects))
+    if not records:  # a manifest over nothing would only move the failure to cache ("no trainable samples")
+        for k in shard_ids:  # empty shards and journals: a rerun with other settings may use the folder
+            (out / shard_name(k)).unlink(missing_ok=True)
+        shutil.rmtree(out / PROGRESS, ignore_errors=True)
+        raise nothing_kept(out, all_rejects)
     turns = [t for r in records for t in r["meta"]["turns"]]
     counts = {
         "rows_read": sum(r.rows for r in results),

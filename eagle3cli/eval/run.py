@@ -13,9 +13,10 @@ import torch
 from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
-from ..extras import plotting
+from ..extras import draw_plot
+from ..folders import claim_output
 from ..lock import locked_stage
-from ..manifest import atomic_write_json, write_manifest
+from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
 from ..prompts import load_conversations, render
 from .config import EvalConfig
 from .decoder import SpeculativeDecoder, plain_decode
@@ -26,6 +27,9 @@ from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, sp
 if TYPE_CHECKING:
     from ..model.draft import Eagle3Draft
     from ..model.heads import HeadSpec
+
+
+EVAL_FILES = ("report.json", "acceptance.png")
 
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
@@ -112,6 +116,10 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def run_eval(cfg: EvalConfig) -> Path:
+    head, out = _paths(cfg)
+    read = [("--head", head)] if head is not None else []
+    claim_output(out, "eval", EVAL_FILES, [*read, *(("--compare", Path(c)) for c in cfg.compare)])
+    remove_dead_temps(out)  # a report or plot cut by a kill
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval
 
@@ -120,7 +128,6 @@ def run_eval(cfg: EvalConfig) -> Path:
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    head, out = _paths(cfg)
     assert head is not None  # validate(): --head or --run when there is no --endpoint
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
@@ -270,10 +277,10 @@ def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None
     from .report import plot, print_report
 
     out.mkdir(parents=True, exist_ok=True)
-    if plotting():
-        plot(out / "acceptance.png", report, f"{cfg.bench}, {report['units']} prompts, T={cfg.temperature}")
-    atomic_write_json(out / "report.json", report)
+    atomic_write_json(out / "report.json", report)  # first: a plot that fails must not cost the numbers
     print_report(report)
+    title = f"{cfg.bench}, {report['units']} prompts, T={cfg.temperature}"
+    drawn = draw_plot(out / "acceptance.png", lambda: plot(out / "acceptance.png", report, title))
     plain = report["baselines"]["plain"]
     write_manifest(
         out,
@@ -282,6 +289,6 @@ def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None
         target=ident.as_dict(),
         heads=[spec.summary() for _, _, spec in heads],
         counts={"prompts": report["num_prompts"], "units": report["units"], "plain_tokens": plain["tokens"]},
-        files=["report.json", "acceptance.png"],
+        files=["report.json", *(["acceptance.png"] if drawn else [])],
     )
-    log(f"eval: wrote {out / 'report.json'} and {out / 'acceptance.png'}")
+    log(f"eval: wrote {out / 'report.json'}" + (f" and {out / 'acceptance.png'}" if drawn else ""))

@@ -24,10 +24,17 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ..errors import UsageError
-from ..manifest import atomic_write, atomic_write_json, read_json, shard_record, write_manifest
+from ..folders import claim_output
+from ..manifest import (
+    atomic_write_json,
+    atomic_write_tensors,
+    read_json,
+    remove_dead_temps,
+    shard_record,
+    write_manifest,
+)
 from .draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
@@ -35,6 +42,7 @@ __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "loa
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
+EXPORT_FILES = (HEAD_WEIGHTS, "config.json")  # what an export folder holds besides its manifest
 
 
 def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
@@ -99,7 +107,7 @@ def save_head(
         # the engine tables (model.engines) decide by the target's class; later exports may lack the target
         extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
-    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
     write_manifest(
         out_dir,
@@ -275,10 +283,8 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     # validates names, shapes and aux layer fields before anything is written
     draft, spec = load_any_head(head_dir)
-    if out_dir.resolve() == head_dir.resolve():
-        raise UsageError(
-            "--out is the head folder itself", "a new folder", "eagle3 export ... --out runs/NAME/head-FMT"
-        )
+    claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
+    remove_dead_temps(out_dir)  # an export cut by a kill
     for notice in spec.notices:
         from ..console import warn
 
@@ -304,7 +310,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
         cfg = _speculators_config(cfg, num_speculative_tokens)
-    atomic_write(out_dir / HEAD_WEIGHTS, lambda tmp: save_file(tensors, str(tmp), metadata={"format": "pt"}))
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,

@@ -76,7 +76,7 @@ def _greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
 
 
 def _write_folder(model, tok, out: Path, dtype: torch.dtype, source: dict) -> None:
-    from safetensors.torch import save_file
+    from ..manifest import atomic_write_tensors
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -84,7 +84,9 @@ def _write_folder(model, tok, out: Path, dtype: torch.dtype, source: dict) -> No
     state = model.state_dict()
     if getattr(model.config, "tie_word_embeddings", False):
         state.pop("lm_head.weight", None)  # tied: transformers re-ties it from embed_tokens on load
-    save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(tmp / "model.safetensors"), {"format": "pt"})
+    atomic_write_tensors(
+        tmp / "model.safetensors", {k: v.to(dtype).contiguous() for k, v in state.items()}, {"format": "pt"}
+    )
     cfg = model.config.to_dict()
     cfg.pop("quantization_config", None)
     cfg.pop("_name_or_path", None)

@@ -23,8 +23,9 @@ from ..config import config_dict
 from ..console import log, print_table, progress, warn
 from ..engine_api import EngineClient, Unreachable, chat_body, generate_body
 from ..errors import UsageError
-from ..extras import plotting
-from ..manifest import atomic_write, atomic_write_json, write_manifest
+from ..extras import draw_plot
+from ..folders import claim_output
+from ..manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
 from .config import BenchConfig
 
 DEFAULT_PROMPTS = "mt_bench"
@@ -66,7 +67,7 @@ def load_prompts(spec: str | Path | None) -> list[list[dict]]:
     MT-bench), read exactly as eval and gen-data read them."""
     from ..prompts import load_prompts as load_bench
 
-    return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30)]
+    return [msgs for _, msgs in load_bench(str(spec or DEFAULT_PROMPTS), num_prompts=1 << 30, flag="--prompts")]
 
 
 def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | None) -> list:
@@ -258,6 +259,8 @@ def _fmt(v, digits=3):
 def run_bench(cfg: BenchConfig) -> Path:
     """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
     assert cfg.spec_url is not None  # validate() requires --spec-url
+    claim_output(Path(cfg.out), "serve-bench", ("bench.json", "bench.png"))
+    remove_dead_temps(Path(cfg.out))
     prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
     if cfg.base_url:
@@ -332,8 +335,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         "prompts": len(prompts),
     }
     atomic_write_json(out / "bench.json", report)
-    if plotting():
-        plot(levels, sp, out / "bench.png")
+    drawn = draw_plot(out / "bench.png", lambda: plot(levels, sp, out / "bench.png"))
     write_manifest(
         out,
         "serve-bench",
@@ -341,5 +343,5 @@ def run_bench(cfg: BenchConfig) -> Path:
         counts={"requests": sum(r.requests for r in levels), "failed": failed},
         stops_paying_at=cross,
     )
-    log(f"wrote {out / 'bench.json'} and {out / 'bench.png'}")
+    log(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if drawn else ""))
     return out

@@ -178,6 +178,47 @@ def vllm_cpu_command(target: Path | str, head: Path | str, spec: SpecNumbers, py
 
 ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command, "vllm-cpu": vllm_cpu_command}
 
+# The engine flags serve sets itself (checked by preflight), with serve's own flag for each. Given
+# again after `--` they would win (argparse keeps the last), unchecked: another model, head or port.
+OWNED_FLAGS = {
+    "sglang": {
+        "--model-path": "--target",
+        "--model": "--target",
+        "--speculative-algorithm": "(serve sets EAGLE3)",
+        "--speculative-draft-model-path": "--head",
+        "--speculative-draft-model": "--head",
+        "--speculative-num-steps": "--steps",
+        "--speculative-eagle-topk": "--topk",
+        "--speculative-num-draft-tokens": "--draft-tokens",
+        "--host": "--host",
+        "--port": "--port",
+    },
+    "vllm": {
+        "--model": "--target",
+        "--speculative-config": "--head and --steps",
+        "-sc": "--head and --steps",
+        "--host": "--host",
+        "--port": "--port",
+    },
+}
+
+
+def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
+    """Extra engine arguments that set what serve already sets (and has checked) are refused."""
+    owned = OWNED_FLAGS.get(engine, {})
+    problems = []
+    for a in extra:
+        name = a.split("=", 1)[0]
+        if name in owned:
+            problems.append(
+                error(
+                    f"`{a}` after `--` sets what eagle3 serve sets itself (and checks): the engine would take "
+                    "the last value, unchecked",
+                    f"use serve's own flag {owned[name]} instead, and drop {name} after `--`",
+                )
+            )
+    return problems
+
 
 def build_command(
     engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None

@@ -9,6 +9,7 @@ from ..errors import UsageError
 from ..model.target import resolve_model_path
 from .commands import (
     build_command,
+    check_extra_args,
     check_spec_flags,
     check_spec_numbers,
     format_command,
@@ -35,7 +36,8 @@ def serve_problems(cfg: ServeConfig, spec, engine_python: str | None = None, cpu
     """Every preflight check for this config (machine checks only when really launching)."""
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
-    problems = check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
+    problems = check_extra_args(cfg.engine, cfg.extra_args)
+    problems += check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     if not cfg.dry_run:
         problems += check_engine_installed(cfg.engine, engine_python)

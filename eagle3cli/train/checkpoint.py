@@ -27,7 +27,7 @@ import torch
 
 from ..errors import StageError
 from ..jsonl import split_byte_lines
-from ..manifest import atomic_write_bytes
+from ..manifest import atomic_write_bytes, atomic_write_tensors
 
 CKPT_DIR = "checkpoints"
 SUFFIX = ".safetensors"
@@ -118,14 +118,11 @@ def ckpt_name(step: int) -> str:
 
 def save(train_dir: Path, step: int, state: dict, is_best: bool, keep: int) -> Path:
     """Write checkpoint `step`, point `last` (and `best` if asked) at it, prune old ones."""
-    from safetensors.torch import save as st_save
-
     d = Path(train_dir) / CKPT_DIR
     d.mkdir(parents=True, exist_ok=True)
     name = ckpt_name(step) + SUFFIX
     tensors, skeleton = pack(state)
-    data = st_save(tensors, metadata={"format": FORMAT, "state": json.dumps(skeleton)})
-    atomic_write_bytes(d / name, data)
+    atomic_write_tensors(d / name, tensors, {"format": FORMAT, "state": json.dumps(skeleton)})
     _link(name, d / "last")
     if is_best:
         _link(name, d / "best")

@@ -14,6 +14,7 @@ import torch
 
 from ..errors import UsageError
 from ..jsonl import read_records
+from ..manifest import folder_fingerprint, read_json
 
 
 def plan_epoch(
@@ -109,6 +110,7 @@ class CacheSource:
         self.aux_layer_ids = tuple(self.reader.aux_layer_ids)
         self.target = self.reader.target
         self.teacher = self.reader.teacher
+        self.fingerprint = folder_fingerprint(self.reader.manifest)  # a resume checks it is the same cache
         if not self.lengths:
             raise UsageError(
                 f"cache {cache_dir} holds no samples",
@@ -154,6 +156,7 @@ class OnlineSource:
         from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
+        self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))
         self.samples: list[tuple[list[int], list[bool]]] = []
         for r in read_conversations(data_dir):
             # exactly the cache's samples: per-turn reasoning samples, cut turns, template refusals skipped

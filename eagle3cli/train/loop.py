@@ -21,7 +21,7 @@ from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
 from ..lock import stage_lock
-from ..manifest import atomic_write_json, read_json, sha256_file, verify_shards, write_manifest
+from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
 from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from . import checkpoint as ckpt
@@ -79,6 +79,7 @@ def save_checkpoint(tr: Trainer) -> None:
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
         "metrics": tr.last_metrics,
+        "input_fingerprint": tr.source.fingerprint,  # the cache (or data) these weights were trained on
     }
     if tr.deepspeed:
         tr.model.save_checkpoint(str(tr.train_dir / "deepspeed"), tag=tag)  # collective: every rank
@@ -403,6 +404,7 @@ def finish(tr: Trainer) -> Path:
                 input=source
                 | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
                 head=str(tr.head_dir),
+                input_fingerprint=tr.source.fingerprint,
                 export_self_check_max_abs_diff=diff,
                 world_size=tr.world,
                 **summary,
@@ -418,6 +420,8 @@ def run_train(cfg: TrainConfig) -> Path:
     if os.environ.get("RANK", "0") != "0":
         return _run_train(cfg)
     with stage_lock(cfg.run_dir / "train", "train"):
+        for d in (cfg.run_dir / "train", cfg.run_dir / "train" / ckpt.CKPT_DIR, cfg.run_dir / "head"):
+            remove_dead_temps(d)  # a checkpoint or head export cut by a kill: a full-size hidden file each
         return _run_train(cfg)
 
 

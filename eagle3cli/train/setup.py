@@ -401,6 +401,17 @@ def resume(tr: Trainer) -> None:
             "rerun with the checkpoint's values above to continue it (progress is kept), or train into another "
             f"run folder; --no-resume discards the checkpoints in {path.parent}",
         )
+    trained_on, now = state.get("input_fingerprint"), tr.source.fingerprint
+    if trained_on is not None and trained_on != now:  # (checkpoints of older versions do not record it)
+        kind = "data" if tr.cfg.online else "cache"
+        where = (tr.cfg.data or tr.run_dir / "data") if tr.cfg.online else (tr.cfg.cache or tr.run_dir / "cache")
+        raise UsageError(
+            f"{path} was trained on another {kind}: the checkpoint records {kind} fingerprint {trained_on}, "
+            f"{where} now has {now} (its files were replaced or rebuilt)",
+            f"the {kind} this run was trained on",
+            f"put that {kind} back to continue, train on this one in another run folder (--run runs/OTHER "
+            f"--{kind} {where}), or start over here: eagle3 train --run {tr.run_dir} --no-resume",
+        )
     if tr.deepspeed:
         ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:

@@ -223,24 +223,23 @@ def test_base_endpoint_needs_endpoint(tiny_target_dir, capsys):
     assert "--base-endpoint needs --endpoint" in " ".join(capsys.readouterr().err.split())
 
 
-def test_one_module_speaks_http_and_serve_does_not_import_eval():
-    """Every HTTP request goes through engine_api (the stand-in *server* is not a client), and
-    serve-bench reads prompts from eagle3cli/prompts.py, not through eval."""
+def test_one_module_speaks_http():
+    """Every HTTP request the package sends goes through engine_api (the stand-in *server* in
+    data/http_server.py uses the standard library's server, not a client). That serve does not
+    import eval is tests/unit/test_imports.py's."""
     import ast
     from pathlib import Path
 
     import eagle3cli
 
     root = Path(eagle3cli.__file__).parent
-    http_users, serve_to_eval = [], []
+    clients = ("httpx", "requests", "aiohttp", "openai", "urllib3", "http.client", "urllib.request")
+    users = set()
     for path in root.rglob("*.py"):
-        rel = path.relative_to(root).as_posix()
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
-            if isinstance(node, ast.ImportFrom):
-                names = [("." * node.level) + (node.module or "")]
-            if any(n.split(".")[0] in ("httpx", "requests", "aiohttp", "openai", "urllib3") for n in names):
-                http_users.append(rel)
-            if rel.startswith("serve/") and any(n.startswith(("..eval", "eagle3cli.eval")) for n in names):
-                serve_to_eval.append(rel)
-    assert sorted(set(http_users)) == ["engine_api.py"] and serve_to_eval == []
+            if isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            if any(n == c or n.startswith(c + ".") for n in names for c in clients):
+                users.add(path.relative_to(root).as_posix())
+    assert users == {"engine_api.py"}

@@ -7,8 +7,6 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("eagle3cli", "benchmarks")
 
@@ -98,8 +96,19 @@ def test_no_import_circles_in_the_package_or_the_benchmarks():
     assert cycles(graph) == [], "modules that import each other (directly or around a loop)"
 
 
-@pytest.mark.xfail(strict=False, reason="serve/bench.py still reads prompts through eval (issue 25 item 3)")
 def test_serve_does_not_import_eval():
     graph = import_graph(REPO, ("eagle3cli",))
     bad = {m: sorted(t for t in ts if t.startswith("eagle3cli.eval")) for m, ts in graph.items()}
     assert {m: ts for m, ts in bad.items() if m.startswith("eagle3cli.serve") and ts} == {}
+
+
+def test_recipes_hold_data_and_short_scripts_only():
+    """recipes/ is what a user copies and edits: YAML plus the short scripts a header says to run;
+    programs (benchmarks, the tiny target's trainer) live in benchmarks/ and tools/."""
+    repo = Path(__file__).resolve().parents[2]
+    long = {
+        str(p.relative_to(repo)): n
+        for p in (repo / "recipes").rglob("*.py")
+        if (n := len(p.read_text(encoding="utf-8").split("\n"))) > 100
+    }
+    assert not long, long

@@ -235,3 +235,26 @@ def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
     recipe.write_text("serve:\n  steps: 2\n  topc: 1\n")
     assert main(["serve", "--recipe", str(recipe), "--dry-run"]) == 2
     assert "unknown key(s) for serve: topc" in " ".join(capsys.readouterr().err.split())
+
+
+@pytest.mark.parametrize(
+    "engine, extra, own",
+    [
+        ("sglang", ["--model-path", "other"], "--target"),
+        ("sglang", ["--speculative-num-steps=9"], "--steps"),
+        ("sglang", ["--port", "31999"], "--port"),
+        ("sglang", ["--speculative-draft-model-path", "/tmp/other-head"], "--head"),
+        ("vllm", ["--speculative-config", "{}"], "--head and --steps"),
+    ],
+)
+def test_engine_args_after_dashes_cannot_override_what_serve_checked(head, tiny_target_dir, capsys, engine, extra, own):
+    """Issue 24: SGLang takes the last value, so `-- --model-path other` served another model unchecked."""
+    args = ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", engine, "--dry-run"]
+    if engine == "vllm":
+        args += ["--steps", "3", "--topk", "1", "--draft-tokens", "4"]
+    code = main([*args, "--", *extra])
+    cap = capsys.readouterr()
+    text = " ".join(cap.err.split())
+    assert code == 2 and "preflight passed" not in text
+    assert f"use serve's own flag {own} instead" in text and extra[0].split("=")[0] in text
+    assert "--model-path" not in cap.out  # no command is printed

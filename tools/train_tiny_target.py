@@ -5,7 +5,7 @@ BPE tokenizer with a ChatML chat template, and a deep, narrow Llama (12 layers) 
 chat-formatted GSM8K train conversations, the ShareGPT-format sample conversations, and
 Python standard-library source. Deterministic for a given seed and thread count.
 
-    .venv/bin/python recipes/tiny-target/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
+    .venv/bin/python tools/train_tiny_target.py --config recipes/tiny-target/tiny-target.yaml
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import yaml
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 SYSTEM_PROMPT = "You are a helpful assistant. Solve the problem step by step."
 # ChatML, as Qwen uses it: the assistant turn ends with <|im_end|>, which is also EOS.

@@ -1,0 +1,90 @@
+"""Which folder a stage may write into: a new or empty one, or one it wrote itself; never another
+stage's, a user's, or its own input.
+
+One wrong flag (`eagle3 cache --data runs/a/data --out runs/a/data`) used to replace a gen-data
+manifest with a cache manifest, after which the data could only be regenerated from scratch. Each
+writing stage calls `claim_output` before it writes anything; the check reads names only.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from .errors import UsageError
+from .manifest import MANIFEST
+
+# Files any stage leaves in its folder: its lock(s), temps of atomic writes, a placeholder.
+COMMON = (".lock", ".lock.*", ".*.tmp", ".gitkeep", MANIFEST)
+EXAMPLES = {"export": "runs/NAME/head-speculators", "serve-bench": "runs/NAME/bench"}  # else runs/NAME/STAGE
+
+
+def manifest_stage(folder: Path) -> str | None:
+    """The stage an eagle3 manifest in `folder` names; "" for a manifest.json eagle3 did not write;
+    None where there is none."""
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        return None
+    try:
+        m = json.loads(path.read_bytes())
+    except (OSError, ValueError):
+        return ""
+    if not isinstance(m, dict) or "schema_version" not in m or not isinstance(m.get("stage"), str):
+        return ""
+    return m["stage"]
+
+
+def _same_or_inside(a: Path, b: Path) -> bool:
+    a, b = a.resolve(), b.resolve()
+    return a == b or b in a.parents
+
+
+def foreign_files(folder: Path, own: Iterable[str]) -> list[str]:
+    """Names in `folder` that match none of the stage's own patterns (sorted)."""
+    pats = (*COMMON, *own)
+    return sorted(p.name for p in Path(folder).iterdir() if not any(fnmatch.fnmatchcase(p.name, q) for q in pats))
+
+
+def claim_output(
+    out: Path, stage: str, own: Iterable[str], inputs: Iterable[tuple[str, Path]] = (), flag: str = "--out"
+) -> None:
+    """Refuse (exit 2, naming what is there) an output folder that is one of the stage's inputs
+    (`inputs`: (what, path) pairs) or lies inside one, that holds another stage's manifest or a
+    manifest eagle3 did not write, or that holds files matching none of `own` (the stage's names)."""
+    out = Path(out)
+    example = EXAMPLES.get(stage, f"runs/NAME/{stage}")
+    nxt = f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. {example})"
+    for what, p in inputs:
+        if p is not None and _same_or_inside(out, Path(p)):
+            raise UsageError(
+                f"{flag} {out} is {'inside ' if out.resolve() != Path(p).resolve() else ''}this stage's input "
+                f"({what} {p}): `eagle3 {stage}` never writes into its own input folder",
+                "an output folder apart from the inputs",
+                nxt,
+            )
+    if not out.is_dir():
+        return
+    st = manifest_stage(out)
+    if st == "":
+        raise UsageError(
+            f"{out / MANIFEST} is not a manifest eagle3 wrote; `eagle3 {stage}` would overwrite it",
+            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            nxt,
+        )
+    if st is not None and st != stage:
+        raise UsageError(
+            f"{out} holds the output of `eagle3 {st}` ({out / MANIFEST} names stage '{st}'); "
+            f"`eagle3 {stage}` would overwrite it",
+            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            nxt,
+        )
+    foreign = foreign_files(out, own)
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" (+{len(foreign) - 8} more)" if len(foreign) > 8 else "")
+        raise UsageError(
+            f"{out} holds files `eagle3 {stage}` did not write: {shown}",
+            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            nxt,
+        )
