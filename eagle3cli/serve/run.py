@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+
 from rich.markup import escape
 
 from ..console import log, out, warn
 from ..errors import UsageError
 from ..model.target import resolve_model_path
 from .commands import (
+    VLLM_API_MODULE,
     build_command,
     check_extra_args,
     check_spec_flags,
@@ -29,6 +33,7 @@ from .machine import (
 )
 from .preflight import check_head
 from .problems import Problem, raise_if_errors
+from .vllm_check import validate_vllm_argv
 from .vllm_cpu import cpu_launch
 
 
@@ -80,8 +85,18 @@ def run_serve(cfg: ServeConfig) -> int:
                 "fix the flags after `--`; see python -m sglang.launch_server --help",
             )
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
+    elif engine_python or importlib.util.find_spec("vllm") is not None:
+        spec_cfg = {"method": "eagle3", "model": str(cfg.head), "num_speculative_tokens": spec.steps}
+        check = validate_vllm_argv(argv, engine_python or sys.executable, spec_cfg, cfg.host, cfg.port)
+        if check.available and not check.ok:
+            raise UsageError(
+                check.message,
+                "flags this vLLM version accepts",
+                f"fix the flags after `--`; see {engine_python or 'python'} -m {VLLM_API_MODULE} --help",
+            )
+        (log if check.ok else warn)(f"command check: {escape(check.message)}")
     else:
-        warn("vLLM's parser is not checked here (only SGLang's is importable without a GPU)")
+        warn("vLLM's parser is not checked here: vLLM is not installed here (make vllm-cpu, or --engine-python)")
     if cfg.dry_run:
         log("preflight passed; --dry-run: the command is printed, nothing is started")
         out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)

