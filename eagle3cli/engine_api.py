@@ -226,6 +226,14 @@ class EngineClient:
                 return sum(vals) / len(vals)
         return None
 
+    async def is_vllm(self, base: str) -> bool:
+        """vLLM answers `/metrics` with its `vllm:` counters (SGLang and the stand-in do not)."""
+        try:
+            r = await self.get(base, "/metrics", timeout=10.0)
+        except Unreachable:
+            return False
+        return r.status == 200 and "vllm:" in r.text
+
     async def spec_counters(self, base: str) -> SpecCounters | None:
         """vLLM's speculative-decoding counters from `/metrics` (None: no such counters there)."""
         try:

@@ -73,14 +73,6 @@ async def _sglang_prompt(client: EngineClient, url: str, ids: list[int], cfg: Ev
 
 
 # ---------------------------------------------------------------- vLLM
-async def is_vllm(client: EngineClient, url: str) -> bool:
-    try:
-        r = await client.get(url, "/metrics", timeout=10.0)
-    except Unreachable:
-        return False
-    return r.status == 200 and "vllm:" in r.text
-
-
 async def _completion(client: EngineClient, url: str, model: str, body: dict) -> dict:
     try:
         r = await client.post(url, "/v1/completions", {**body, "model": model})
@@ -213,7 +205,7 @@ def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
     prompts = [(pid, render(tok, msgs)) for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts)]
 
     async def measure(client: EngineClient) -> dict:
-        if await is_vllm(client, endpoint):
+        if await client.is_vllm(endpoint):
             return await _vllm_report(client, endpoint, prompts, cfg, _stop_ids(tok, target_dir))
         rows = [{"prompt": pid, **await _sglang_prompt(client, endpoint, ids, cfg)} for pid, ids in prompts]
         return _sglang_report(endpoint, rows, cfg)
@@ -288,7 +280,7 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
     }
     table = [["speculative", len(rows), toks, _f(acc["tau"]), _f(report["tokens_per_s_sequential"], 1), "", ""]]
     if cfg.base_endpoint:
-        if not await is_vllm(client, cfg.base_endpoint):
+        if not await client.is_vllm(cfg.base_endpoint):
             raise UsageError(
                 f"--base-endpoint {cfg.base_endpoint} is not a vLLM server (no vllm: counters on /metrics)",
                 "the same target served by vLLM without --speculative-config",

@@ -272,6 +272,12 @@ def run_bench(cfg: BenchConfig) -> Path:
         async with EngineClient(timeout_s=10.0) as client:
             for label, url in servers:
                 await _check_reachable(client, label, url)
+                if cfg.api == "generate" and await client.is_vllm(url):
+                    raise UsageError(
+                        f"the {label} server at {url} is vLLM, which has no SGLang /generate",
+                        "--api openai for vLLM (its spec-decode counters give the accept length)",
+                        "eagle3 serve-bench --api openai ...",
+                    )
         levels = []
         for c in cfg.concurrency:
             for label, url in servers:

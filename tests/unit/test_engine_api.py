@@ -119,7 +119,9 @@ class FakeVllm:
                 self.wfile.write(data)
 
             def do_GET(self):  # noqa: N802
-                if self.path == "/metrics":
+                if self.path == "/health":
+                    self._send(200, "{}")
+                elif self.path == "/metrics":
                     self._send(200, outer.metrics(), "text/plain")
                 elif self.path == "/v1/models":
                     self._send(200, json.dumps({"data": [{"id": "served"}]}))
@@ -138,7 +140,7 @@ class FakeVllm:
                     c[2] += accept * rounds
                     for k in range(accept):
                         c[3][k] += rounds
-                ids = [(sum(body["prompt"]) + j) % 97 for j in range(n)]
+                ids = [(sum(body.get("prompt") or [len(body.get("messages", []))]) + j) % 97 for j in range(n)]
                 choice = {"text": "x", "token_ids": ids, "finish_reason": "length"}
                 self._send(200, json.dumps({"choices": [choice], "usage": {"completion_tokens": n}}))
 
@@ -216,6 +218,22 @@ def test_eval_endpoint_sampling_check_on_the_engine(fake_vllm, prompts_file, tin
     seeds_spec = {b["seed"] for b in spec.bodies if b["max_tokens"] == 8}
     seeds_plain = {b["seed"] for b in plain.bodies if b["max_tokens"] == 8}
     assert len(seeds_spec) == 30 and not seeds_spec & seeds_plain
+
+
+def test_serve_bench_reads_vllm_counters_per_level(fake_vllm, prompts_file, tiny_target_dir, tmp_path, capsys):
+    spec, plain = fake_vllm
+    common = ["serve-bench", "--spec-url", spec.url, "--base-url", plain.url, "--prompts", str(prompts_file),
+              "--concurrency", "1,2", "--requests", "4", "--max-tokens", "12"]  # fmt: skip
+    assert main([*common, "--target", str(tiny_target_dir), "--out", str(tmp_path / "g")]) == 2  # --api generate
+    assert "--api openai" in " ".join(capsys.readouterr().err.split())
+    assert main([*common, "--api", "openai", "--out", str(tmp_path / "b")]) == 0
+    levels = json.loads((tmp_path / "b" / "bench.json").read_text())["levels"]
+    for lv in levels:
+        if lv["server"] == "speculative":  # 4 requests x 4 rounds, 2 of 3 drafts accepted each round
+            assert lv["server_accept_length"] == pytest.approx(3.0)
+            assert lv["engine_per_position"] == pytest.approx([1.0, 1.0, 0.0])
+        else:
+            assert lv["server_accept_length"] is None and lv["engine_per_position"] is None
 
 
 def test_base_endpoint_needs_endpoint(tiny_target_dir, capsys):
