@@ -55,6 +55,15 @@ def engine_args(argv: list[str]) -> list[str]:
     return argv[argv.index("serve") + 1 :] if "serve" in argv else argv[1:]
 
 
+def differences(parsed: dict, spec_cfg: dict, host: str, port: int) -> list[str]:
+    """What vLLM parsed that is not what we meant (a later flag after `--` wins in argparse)."""
+    got = parsed.get("speculative_config") or {}
+    wrong = [f"speculative_config.{k}={got.get(k)!r} (meant {v!r})" for k, v in spec_cfg.items() if got.get(k) != v]
+    return wrong + [
+        f"{k}={parsed.get(k)!r} (meant {v!r})" for k, v in (("host", host), ("port", port)) if parsed.get(k) != v
+    ]
+
+
 def validate_vllm_argv(argv: list[str], python: str, spec_cfg: dict, host: str, port: int) -> ParserCheck:
     """Parse `argv` with the vLLM installed for `python`; compare what it parsed with what we meant."""
     try:
@@ -68,9 +77,7 @@ def validate_vllm_argv(argv: list[str], python: str, spec_cfg: dict, host: str, 
             (ln for ln in reversed(r.stderr.splitlines()) if "error:" in ln), f"exit {found.get('code')}"
         )
         return ParserCheck(True, False, f"vLLM {version} rejects the command: {why.strip()}", version)
-    got = found.get("speculative_config") or {}
-    wrong = [f"speculative_config.{k}={got.get(k)!r} (meant {v!r})" for k, v in spec_cfg.items() if got.get(k) != v]
-    wrong += [f"{k}={found.get(k)!r} (meant {v!r})" for k, v in (("host", host), ("port", port)) if found.get(k) != v]
+    wrong = differences(found, spec_cfg, host, port)
     if wrong:
         return ParserCheck(True, False, f"vLLM {version} parses the command differently: {', '.join(wrong)}", version)
     return ParserCheck(True, True, f"parsed by vLLM {version}'s own argument parser", version)

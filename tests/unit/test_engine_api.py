@@ -279,23 +279,26 @@ def test_doctor_reports_vllm_cpu_without_requiring_it(monkeypatch, tmp_path):
 
 
 def test_vllm_argv_is_checked_by_vllms_own_parser():
-    """In the engine's environment (`make vllm-cpu`); skipped where it is not installed."""
+    """In the engine's environment (`make vllm-cpu`); skipped where it is not installed. The slow
+    tests see serve's launch parsed ("command check: parsed by vLLM")."""
     from pathlib import Path
 
     from eagle3cli.serve.machine import VLLM_CPU_VENV
-    from eagle3cli.serve.vllm_check import engine_args, validate_vllm_argv
+    from eagle3cli.serve.vllm_check import differences, engine_args, validate_vllm_argv
 
     spec = SpecNumbers(3, 1, 4, "f")
     argv = build_command("vllm-cpu", "T", "H", spec, "127.0.0.1", 8000, ["--dtype", "float32"], "/p/python")
     assert engine_args(argv)[:2] == ["--model", "T"]
     assert engine_args(["/v/vllm", "serve", "T", "--port", "1"]) == ["T", "--port", "1"]
+    meant = {"method": "eagle3", "model": "H", "num_speculative_tokens": 3}
+    parsed = {"speculative_config": dict(meant), "host": "127.0.0.1", "port": 8000}
+    assert differences(parsed, meant, "127.0.0.1", 8000) == []
+    assert differences({**parsed, "port": 9}, {**meant, "num_speculative_tokens": 5}, "127.0.0.1", 8000) == [
+        "speculative_config.num_speculative_tokens=3 (meant 5)",
+        "port=9 (meant 8000)",
+    ]
     python = Path(__file__).resolve().parents[2] / VLLM_CPU_VENV / "bin" / "python"
     if not python.is_file():
         pytest.skip(f"vLLM's parser lives in {python} (make vllm-cpu)")
-    meant = {"method": "eagle3", "model": "H", "num_speculative_tokens": 3}
-    ok = validate_vllm_argv(argv, str(python), meant, "127.0.0.1", 8000)
-    assert ok.available and ok.ok, ok.message
     bad = validate_vllm_argv([*argv, "--dtype", "flaot32"], str(python), meant, "127.0.0.1", 8000)
-    assert bad.available and not bad.ok and "flaot32" in bad.message
-    moved = validate_vllm_argv(argv, str(python), {**meant, "num_speculative_tokens": 5}, "127.0.0.1", 8000)
-    assert not moved.ok and "num_speculative_tokens=3 (meant 5)" in moved.message
+    assert bad.available and not bad.ok and "flaot32" in bad.message and "0.32" in bad.message
