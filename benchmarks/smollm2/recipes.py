@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
+from benchmarks.smollm2.run_bench import eval_cmd  # noqa: E402
 
 RECIPE = REPO / "recipes" / "smollm2-135m" / "train.yaml"
-TARGET = REPO / "models" / "smollm2-135m"
 
 # name -> (what it changes, flags over the recipe). The recipe's own row is "baseline".
 ROWS: dict[str, tuple[str, list[str]]] = {
@@ -94,33 +94,8 @@ def heldout(run: Path) -> dict:
 def eval_tau(rec: Recorder, run: Path, prompts: int) -> float | None:
     out = run / "eval-mt_bench"
     if not (out / "report.json").exists():
-        rec.sh(
-            [
-                *E3,
-                "eval",
-                "--run",
-                run,
-                "--out",
-                out,
-                "--target",
-                TARGET,
-                "--bench",
-                "mt_bench",
-                "--num-prompts",
-                str(prompts),
-                "--max-new-tokens",
-                "64",
-                "--depth",
-                "8",
-                "--mode",
-                "chain",
-                "--dtype",
-                "fp32",
-                "--threads",
-                "1",
-                "--no-generate-baseline",
-            ]
-        )
+        opts = argparse.Namespace(max_new_tokens=64, threads=1)
+        rec.sh(eval_cmd(run, out, "mt_bench", prompts, opts, "--mode", "chain", "--no-generate-baseline"))
     heads = json.loads((out / "report.json").read_text())["heads"]
     return float(next(iter(heads.values()))["chain"]["acceptance"]["tau"])
 

@@ -266,7 +266,10 @@ def speculators_support(head_cfg: dict):
     return target_support("vllm", (head_cfg.get("eagle3") or {}).get("target_architectures"))
 
 
-def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7) -> Path:
+EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7, dtype: str = "keep") -> Path:
     """Write a head of any layout (eagle3, SGLang, vLLM, speculators) in another engine's layout.
 
     sglang and vllm: eagle3's own layout (both engines load it; vLLM maps `midlayer.` to
@@ -307,6 +310,9 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)
     tensors = head_state_dict(draft)
+    if dtype != "keep":  # floating weights only: d2t (int64) and t2d (bool) are maps
+        tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}
+        cfg["torch_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
         cfg = _speculators_config(cfg, num_speculative_tokens)

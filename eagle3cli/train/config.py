@@ -195,6 +195,7 @@ class TrainConfig:
 
 
 ExportFormat = Literal["sglang", "vllm", "speculators"]
+ExportDtype = Literal["keep", "bf16", "fp16", "fp32"]
 
 
 @dataclass(frozen=True)
@@ -207,6 +208,9 @@ class ExportConfig:
     """Output folder (a new one; not the head folder)."""
     num_speculative_tokens: int = 7
     """speculators: the proposal length written in its config."""
+    dtype: ExportDtype = "keep"
+    """Weights as trained (keep), or cast to bf16 / fp16 / fp32 (bf16 halves a head trained in fp32;
+    engines run it in their own dtype anyway). d2t and t2d keep their integer and bool types."""
 
     def validate(self) -> list[str]:
         e = []

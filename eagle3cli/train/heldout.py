@@ -28,11 +28,12 @@ def heldout_indices(n_samples: int, wanted: int) -> list[int]:
     return sorted({(j * n_samples) // k for j in range(k)}) if k > 0 else []
 
 
-def chain_counts(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """([D] anchors whose draft tokens 0..k all match the target's argmax, [D] anchors whose
-    tokens 0..k are all assistant tokens) over the D unrolled steps `hiddens`."""
-    ok = inside = None
-    accepted, counted = [], []
+def accept_lengths(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> torch.Tensor:
+    """[B, T] accepted draft tokens of a round anchored at t (the target has just produced token
+    t+1; draft token k predicts x[t+2+k]): the leading steps whose argmax equals the target's and
+    whose token is still part of the answer (a chain is never accepted past its end)."""
+    ok: torch.Tensor | None = None
+    length = torch.zeros(loss_mask.shape, dtype=torch.long, device=loss_mask.device)
     for k, h in enumerate(hiddens):
         m = _shift(loss_mask, 2 + k, False)  # token t+2+k is an assistant token
         valid = _shift(teacher.valid, 1 + k, False)
@@ -41,15 +42,38 @@ def chain_counts(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) 
         sel = m & valid
         if bool(sel.any()):
             hit[sel] = logits_fn(h[sel]).argmax(-1) == target[sel]
-        inside = m if inside is None else inside & m
         ok = hit if ok is None else ok & hit
-        accepted.append((ok & inside).sum())
-        counted.append(inside.sum())
-    return torch.stack(accepted).double(), torch.stack(counted).double()
+        length += ok.long()
+    return length
+
+
+def walk_rounds(length: torch.Tensor, loss_mask: torch.Tensor, depth: int) -> tuple[torch.Tensor, int]:
+    """([depth] rounds that accepted at least k+1 tokens, rounds) of a greedy chain decoder over
+    each answer: a round anchored at t accepts length[t] tokens, the target adds one, and the next
+    round is anchored at t + length[t] + 1; the answer's first token comes from the prompt's pass.
+    Rounds start where the last one failed, as a decoder's do, which is harder than an average
+    position: scoring every position alike overstates tau."""
+    accepted = torch.zeros(depth, dtype=torch.float64)
+    rounds = 0
+    lens, mask = length.tolist(), loss_mask.tolist()
+    for row_len, row_mask in zip(lens, mask, strict=True):
+        n = len(row_mask)
+        for s in range(1, n):
+            if not row_mask[s] or row_mask[s - 1]:
+                continue  # not the first token of an answer
+            t = s - 1
+            while t + 2 < n and row_mask[t + 2]:
+                got = row_len[t]
+                rounds += 1
+                if got:
+                    accepted[:got] += 1
+                t += got + 1
+    return accepted, rounds
 
 
 def chain_summary(accepted: torch.Tensor, counted: torch.Tensor) -> dict:
-    """tau = 1 + sum_k P(tokens 0..k accepted); alpha_k = P(k accepted | 0..k-1 accepted)."""
+    """tau = 1 + sum_k P(tokens 0..k accepted) (tokens per target pass); alpha_k = P(k accepted |
+    0..k-1 accepted), as `eagle3 eval` reports them."""
     p = [float(a / c) if c > 0 else 0.0 for a, c in zip(accepted, counted, strict=True)]
     alpha = [p[0]] + [p[k] / p[k - 1] if p[k - 1] > 0 else 0.0 for k in range(1, len(p))]
     tau = 1.0 + sum(p)
@@ -71,20 +95,19 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     def logits(h: torch.Tensor) -> torch.Tensor:
         return inner.lm_head(inner.norm(h))
 
-    accepted: torch.Tensor | None = None
-    counted: torch.Tensor | None = None
+    accepted = torch.zeros(depth, dtype=torch.float64)
+    rounds = 0
     for b in batches:
         batch = {k: v.to(tr.device) for k, v in tr.source.batch([indices[i] for i in b], tr.cfg.max_length).items()}
         teacher = teacher_for(tr, batch)
         aux = batch["aux_hidden"].to(inner.fc.weight.dtype)
         with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):
             hiddens = inner.ttt_unroll(batch["input_ids"], aux, depth)
-            a, c = chain_counts(hiddens, logits, teacher, batch["loss_mask"])
-        accepted = a if accepted is None else accepted + a
-        counted = c if counted is None else counted + c
-    assert accepted is not None and counted is not None
-    out = chain_summary(accepted, counted)
-    out["samples"], out["anchors"] = len(indices), int(counted[0])
+            length = accept_lengths(hiddens, logits, teacher, batch["loss_mask"])
+        a, r = walk_rounds(length.cpu(), batch["loss_mask"].cpu(), depth)
+        accepted, rounds = accepted + a, rounds + r
+    out = chain_summary(accepted, torch.full((depth,), float(rounds), dtype=torch.float64))
+    out["samples"], out["anchors"] = len(indices), rounds
     return out
 
 

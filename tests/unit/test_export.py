@@ -154,6 +154,22 @@ def test_export_formats(tmp_path, target):
     assert "layers.0.self_attn.q_proj.weight" in names and not any(n.startswith("midlayer.") for n in names)
 
 
+def test_export_in_bf16_halves_the_weights_and_keeps_the_maps(tmp_path, target):
+    draft = trained_like_draft(target)
+    head = save_head(draft, tmp_path / "head")
+    out = export_head(head, "sglang", tmp_path / "bf16", dtype="bf16")
+    full, half = load_file(str(head / "model.safetensors")), load_file(str(out / "model.safetensors"))
+    assert half["d2t"].dtype == torch.int64 and half["t2d"].dtype == torch.bool
+    assert torch.equal(half["d2t"], full["d2t"]) and torch.equal(half["t2d"], full["t2d"])
+    for name, t in full.items():
+        if t.is_floating_point():
+            assert half[name].dtype == torch.bfloat16 and torch.equal(half[name], t.to(torch.bfloat16)), name
+    assert (out / "model.safetensors").stat().st_size < 0.6 * (head / "model.safetensors").stat().st_size
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    loaded = load_head(out, target)  # a bf16 head loads like any other
+    assert loaded.fc.weight.shape == draft.fc.weight.shape
+
+
 def test_export_cli(tmp_path, target, capsys):
     head = save_head(trained_like_draft(target), tmp_path / "head")
     assert main(["export", "--head", str(head), "--format", "vllm", "--out", str(tmp_path / "v")]) == 0

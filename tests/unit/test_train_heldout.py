@@ -12,7 +12,7 @@ from train_fixtures import make_run, metrics
 from eagle3cli.config import build_config
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.data import plan_epoch
-from eagle3cli.train.heldout import chain_counts, chain_summary, heldout_indices
+from eagle3cli.train.heldout import accept_lengths, chain_summary, heldout_indices, walk_rounds
 from eagle3cli.train.loop import finish, fit, setup
 from eagle3cli.train.ttt import Teacher
 
@@ -25,31 +25,39 @@ def _one_hot(ids: torch.Tensor, v: int = 4) -> torch.Tensor:
     return torch.nn.functional.one_hot(ids, v).float()
 
 
-def test_chain_counts_stop_at_the_first_miss_and_an_out_of_vocab_target_is_a_miss():
-    # one sequence of 6 tokens, all assistant tokens; target argmax per position (rows 1.. are read)
+def _lengths(steps, argmax, valid, loss_mask):
+    return accept_lengths(steps, lambda h: h, _teacher(argmax, valid), loss_mask)
+
+
+def test_accept_lengths_stop_at_the_first_miss_and_at_the_end_of_the_answer():
+    # position 0 is the prompt, 1..5 the answer; the target's argmax per row (row r predicts x[r+1])
     argmax = torch.tensor([[0, 1, 2, 3, 0, 1]])
-    valid = torch.tensor([[True, True, True, False, True, True]])
-    loss_mask = torch.ones(1, 6, dtype=torch.bool)
-    # step k at anchor t is scored against argmax[t+1+k]; make the draft right everywhere
+    valid = torch.tensor([[True, True, True, False, True, True]])  # row 3: outside the draft vocab
+    loss_mask = torch.tensor([[False, True, True, True, True, True]])
+    # a draft that is right wherever it can be: step k at anchor t answers argmax[t+1+k]
     steps = [_one_hot(torch.nn.functional.pad(argmax[:, 1 + k :], (0, 1 + k))) for k in range(3)]
-    acc, cnt = chain_counts(steps, lambda h: h, _teacher(argmax, valid), loss_mask)
-    # anchors: step k needs token t+2+k inside the sequence -> t <= 3-k; step 0 counts t=0..3
-    assert cnt.tolist() == [4, 3, 2]
-    # row 3 is out of the draft vocab: anchor t=2 misses at step 0, t=1 at step 1, t=0 at step 2
-    assert acc.tolist() == [3, 1, 0]
-    s = chain_summary(acc, cnt)
-    assert s["p_accept_k"] == [0.75, pytest.approx(1 / 3, abs=1e-4), 0.0]
-    assert s["tau"] == pytest.approx(1 + 0.75 + 1 / 3, abs=1e-3)
-    assert s["alpha_k"][0] == 0.75 and s["alpha_k"][1] == pytest.approx(0.4444, abs=1e-3)
+    length = _lengths(steps, argmax, valid, loss_mask)
+    # t=0: rows 1, 2 right, row 3 cannot be drafted -> 2; t=1 -> 1; t=2 -> 0; t=3: row 4 right,
+    # then the answer ends -> 1
+    assert length[0, :4].tolist() == [2, 1, 0, 1]
+    accepted, rounds = walk_rounds(length, loss_mask, 3)
+    # rounds: anchored at 0 (accepts 2, the target adds x[4]), then at 3 (accepts 1: the last token)
+    assert rounds == 2 and accepted.tolist() == [2, 1, 0]
+    s = chain_summary(accepted, torch.full((3,), float(rounds)))
+    assert s["p_accept_k"] == [1.0, 0.5, 0.0] and s["tau"] == pytest.approx(2.5)  # 5 tokens, 2 passes
+    assert s["alpha_k"] == [1.0, 0.5, 0.0]
 
 
-def test_a_wrong_draft_token_ends_the_chain():
+def test_a_wrong_draft_token_ends_the_round():
     argmax = torch.tensor([[0, 1, 2, 3, 0, 1]])
     valid = torch.ones(1, 6, dtype=torch.bool)
+    loss_mask = torch.tensor([[False, True, True, True, True, True]])
     steps = [_one_hot(torch.nn.functional.pad(argmax[:, 1 + k :], (0, 1 + k))) for k in range(2)]
     steps[0][0, 0] = _one_hot(torch.tensor(3))  # anchor 0 drafts a wrong first token
-    acc, cnt = chain_counts(steps, lambda h: h, _teacher(argmax, valid), torch.ones(1, 6, dtype=torch.bool))
-    assert acc.tolist() == [3, 2] and cnt.tolist() == [4, 3]  # anchor 0 stays out at step 1 too
+    length = _lengths(steps, argmax, valid, loss_mask)
+    assert length[0, :4].tolist() == [0, 2, 2, 1]  # step 1 of anchor 0 does not count after a miss
+    accepted, rounds = walk_rounds(length, loss_mask, 2)
+    assert rounds == 2 and accepted.tolist() == [1, 1]  # anchored at 0 (none), then at 1 (two)
 
 
 def test_heldout_indices_are_spread_deterministic_and_never_planned():
