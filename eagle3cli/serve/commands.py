@@ -42,6 +42,9 @@ class SpecNumbers:
 # What SGLang chooses for Llama-family targets when EAGLE/EAGLE3 is given no numbers
 # (`auto_choose_speculative_params`): 5 steps, topk 4, 8 verified tokens.
 SGLANG_DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's defaults for Llama targets")
+# vLLM's EAGLE-3 drafts a chain of num_speculative_tokens; 3 was the fastest on this CPU with the
+# demo head in fp32 and bf16 (docs/serve.md). An eval report's recommendation beats either default.
+VLLM_DEFAULTS = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="a 3-token chain (vLLM drafts chains)")
 
 
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
@@ -70,8 +73,11 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
     return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
 
 
-def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None) -> SpecNumbers:
-    """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else defaults."""
+def resolve_spec(
+    steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None, engine: str = "sglang"
+) -> SpecNumbers:
+    """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else the
+    engine's defaults."""
     if steps is not None and topk is not None and draft_tokens is not None:
         if from_eval is not None:
             raise UsageError(
@@ -82,7 +88,7 @@ def resolve_spec(steps: int | None, topk: int | None, draft_tokens: int | None, 
         return SpecNumbers(steps, topk, draft_tokens, source="flags")
     if from_eval is not None:
         return spec_from_eval(from_eval)
-    return SGLANG_DEFAULTS
+    return VLLM_DEFAULTS if engine == "vllm" else SGLANG_DEFAULTS
 
 
 # ---------------------------------------------------------------- speculation numbers

@@ -55,7 +55,7 @@ def run_serve(cfg: ServeConfig) -> int:
     """Returns the process exit code: 0 for a dry run, else the engine's."""
     flag_problems = check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
     raise_if_errors(flag_problems, "eagle3 serve --help")
-    spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval)
+    spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval, cfg.engine)
     engine_python = cfg.engine_python or default_engine_python(cfg.engine)
     build = vllm_build(engine_python) if cfg.engine == "vllm" and engine_python else None
     cpu_build = build is not None and build.cpu

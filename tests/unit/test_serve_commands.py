@@ -216,10 +216,15 @@ def test_dry_run_vllm(head, tiny_target_dir, capsys):
 
 
 def test_dry_run_vllm_refuses_a_tree(head, tiny_target_dir, capsys):
+    args = ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"]
+    code = main([*args, "--steps", "5", "--topk", "4", "--draft-tokens", "8"])  # SGLang's default tree
+    assert code == 2 and "drafts a chain" in " ".join(capsys.readouterr().err.split())
+
+
+def test_vllm_without_numbers_drafts_its_default_chain(head, tiny_target_dir, capsys):
     code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"])
-    assert code == 2 and "drafts a chain" in " ".join(
-        capsys.readouterr().err.split()
-    )  # SGLang's default topk 4 is a tree
+    out = " ".join(capsys.readouterr().out.split())
+    assert code == 0 and '"num_speculative_tokens": 3' in out
 
 
 def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
