@@ -107,12 +107,16 @@ def main() -> None:
     ap.add_argument("--budget-s", type=float, default=600.0, help="CPU seconds of training per row")
     ap.add_argument("--only", default=",".join(ROWS), help="comma-separated row names")
     ap.add_argument("--eval-prompts", type=int, default=0, help="MT-bench prompts for eval tau (0: skip)")
+    ap.add_argument("--also", type=Path, nargs="*", default=[], help="other --out folders whose rows join the table")
+    ap.add_argument("--table", action="store_true", help="print the table of what is measured; train nothing")
     args = ap.parse_args()
     rec, results = Recorder(), {}
     path = args.out / "recipes.json"
     if path.exists():
         results = json.loads(path.read_text()).get("rows", {})
-    for name in args.only.split(","):
+        if args.table:
+            args.budget_s = json.loads(path.read_text())["budget_cpu_s"]
+    for name in [] if args.table else args.only.split(","):
         what, flags = ROWS[name]
         run = args.out / name
         rec.sh(train_args(args.cache, run, args.budget_s, flags), env={"OMP_NUM_THREADS": "1"})
@@ -124,6 +128,8 @@ def main() -> None:
         path.write_text(
             json.dumps({"budget_cpu_s": args.budget_s, "cache": str(args.cache), "rows": results}, indent=1)
         )
+    for other in args.also:
+        results.update(json.loads((other / "recipes.json").read_text()).get("rows", {}))
     base = results.get("baseline", {}).get("heldout_tau")
     print(f"\nbudget {args.budget_s:.0f} CPU s per row; held-out chain tau at depth 8")
     print("| row | change | first loss | steps | tokens | held-out tau | vs baseline | eval tau (MT-bench) |")
