@@ -111,6 +111,10 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     return out
 
 
+def _short(x: float, _pos=None) -> str:
+    return f"{x / 1e6:.1f}M" if abs(x) >= 1e6 else f"{x / 1e3:.0f}k" if abs(x) >= 1e3 else f"{x:.0f}"
+
+
 def plot_curve(path: Path, points: list[dict], title: str) -> None:
     """tau on held-out conversations against training tokens and against training wall time."""
     from ..extras import plotting
@@ -121,6 +125,7 @@ def plot_curve(path: Path, points: list[dict], title: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
     from ..manifest import atomic_write
 
@@ -129,6 +134,8 @@ def plot_curve(path: Path, points: list[dict], title: str) -> None:
     for ax, key, label in ((axes[0], "tokens", "training tokens"), (axes[1], "seconds", "training wall time (s)")):
         ax.plot([p[key] for p in points], taus, marker="o")
         ax.set_xlabel(label)
+        if key == "tokens":  # 1.2M, 300k: raw counts crowd the axis
+            ax.xaxis.set_major_formatter(FuncFormatter(_short))
         ax.grid(alpha=0.3)
     axes[0].set_ylabel(f"held-out tau (chain, depth {points[-1].get('depth', 8)})")
     fig.suptitle(title)
