@@ -35,7 +35,7 @@ def main() -> None:
     cfg = build_config(TrainConfig, None, "train", **{**known, "heldout_depth": report["depth"]})
     tr = setup(cfg)  # resumes: the final checkpoint
     point = measure_heldout(tr)
-    alpha = [round(d["alpha"], 4) for d in chain["per_depth"]]
+    alpha = [None if d["alpha"] is None else round(d["alpha"], 4) for d in chain["per_depth"]]
     print(
         json.dumps(
             {
