@@ -41,6 +41,15 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "init_pass_top": ("pass-top init", ["--init", "pass-top"]),
     "loss_tv": ("total-variation loss", ["--loss", "tv"]),
     "noise": ("feature noise 0.05", ["--feature-noise", "0.05"]),
+    # the screen's winners together
+    "k1_tok1k": (
+        "TTT K=1 and 1k tokens per step (lr 5e-4)",
+        ["--ttt-steps", "1", "--token-budget", "1024", "--lr", "5e-4"],
+    ),
+    "k3_tok1k": (
+        "TTT K=3 and 1k tokens per step (lr 5e-4)",
+        ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4"],
+    ),
 }
 
 
