@@ -10,22 +10,11 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
 from head_fixtures import make_head
 from train_fixtures import REPO
 
 from eagle3cli.cli import main
-
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")
-
-
-def err(capsys) -> str:
-    cap = capsys.readouterr()
-    text = " ".join((cap.out + cap.err).split())
-    assert "Traceback" not in text
-    return text
 
 
 # ---------------------------------------------------------------- recipes

@@ -7,23 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
 from http_fixtures import FixedAnswerServer
 
 from eagle3cli.cli import main
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.prompts import load_prompts
-
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")
-
-
-def err(capsys) -> str:
-    cap = capsys.readouterr()
-    text = " ".join((cap.out + cap.err).split())
-    assert "Traceback" not in text
-    return text
 
 
 def conv(user: str, rid: str) -> dict:
