@@ -405,6 +405,11 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
         },
         "bar": BAR,
     }
+    # measurements this report does not make (the recipe rows, learning curves, held-out vs eval of
+    # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
+    if json_path.exists():
+        earlier = json.loads(json_path.read_text())
+        machine.update({k: v for k, v in earlier.items() if k not in machine})
     json_path.write_text(json.dumps(machine, indent=2) + "\n")
     print(f"wrote {md_path} and {json_path}")
 
