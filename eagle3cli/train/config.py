@@ -138,6 +138,8 @@ class TrainConfig:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:
             e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
+        if self.max_attention < 1:
+            e.append(f"--max-attention {self.max_attention}: expected batch x length^2 >= 1, e.g. 4194304 (2048^2)")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:

@@ -132,3 +132,20 @@ def test_a_time_budget_ends_training_and_runs_the_schedule_over_it(tmp_path, bas
     steps = again.step
     fit(again)
     assert again.step == steps
+
+
+@pytest.mark.parametrize(
+    "flag, value, said",
+    [
+        ("--max-attention", "0", "--max-attention 0"),
+        ("--time-budget-s", "0", "--time-budget-s 0.0"),
+        ("--feature-noise", "2", "--feature-noise 2.0"),
+        ("--heldout-every", "0", "--heldout-every >= 1"),
+    ],
+)
+def test_bad_values_of_the_new_options_exit_2_before_anything_runs(tmp_path, capsys, flag, value, said):
+    from eagle3cli.cli import main
+
+    run = tmp_path / "run"
+    assert main(["train", "--run", str(run), flag, value]) == 2
+    assert said in " ".join(capsys.readouterr().err.split()) and not run.exists()
