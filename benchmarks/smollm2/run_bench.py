@@ -63,15 +63,52 @@ def eval_cmd(run: Path, out: Path, bench: str, prompts: int, args, *extra) -> li
         # fp32: a bf16 target is not batch-invariant (a 9-token verification pass and a 1-token step
         # round differently), so bf16 speculative output drifts from bf16 plain decoding at near-ties
         # (25 of 40 MT-bench answers differed in a bf16 run); fp32 is the exactness check
-        "--dtype",
-        "fp32",
+        *([] if "--dtype" in extra else ["--dtype", "fp32"]),
         *extra,
     ]
 
 
-def ttt1_train_cmd(out: Path, ttt1: Path) -> list:
-    """The TTT ablation: the same recipe, cache and steps with one unrolled step."""
-    return [*E3, "train", "--recipe", recipe("train"), "--run", ttt1, "--cache", out / "cache", "--ttt-steps", 1]
+def train_cmd(out: Path, run: Path, budget_s: float, *extra) -> list:
+    """The SmolLM2 recipe for a CPU-time budget (core-seconds; its cosine runs over the budget).
+    Held-out points and checkpoints every 200 steps: a 1k-token step takes ~1.3 s on one thread."""
+    return [
+        *E3,
+        "train",
+        "--recipe",
+        recipe("train"),
+        "--run",
+        run,
+        "--cache",
+        out / "cache",
+        "--time-budget-s",
+        budget_s,
+        "--heldout-every",
+        200,
+        "--save-every",
+        200,
+        *extra,
+    ]
+
+
+def ttt1_train_cmd(out: Path, ttt1: Path, budget_s: float) -> list:
+    """The TTT ablation: the same recipe, cache and CPU budget with one unrolled step."""
+    return train_cmd(out, ttt1, budget_s, "--ttt-steps", 1)
+
+
+def before_cmd(out: Path, hour: Path, budget_s: float) -> list:
+    """The recipe as it was before issue 22 (recipes.py's baseline row), same cache and budget."""
+    return [
+        sys.executable,
+        HERE / "recipes.py",
+        "--cache",
+        out / "cache",
+        "--budget-s",
+        budget_s,
+        "--only",
+        "baseline",
+        "--out",
+        hour,
+    ]
 
 
 def main() -> None:
@@ -83,6 +120,8 @@ def main() -> None:
     ap.add_argument("--sampling-prompts", type=int, default=20, help="T=1.0 subset (MT-bench first turns)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per eval")
     ap.add_argument("--jobs", type=int, default=2, help="evals (and the TTT-1 head) run this many at a time")
+    ap.add_argument("--train-budget-s", type=float, default=3600.0, help="CPU seconds of training per head")
+    ap.add_argument("--sweep-prompts", type=int, default=16, help="MT-bench first turns of eval --sweep")
     ap.add_argument("--skip-train-speed", action="store_true", help="no before/after train_speed.py runs")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     args = ap.parse_args()
@@ -129,7 +168,12 @@ def main() -> None:
         text = step("vocab_coverage", [sys.executable, HERE / "vocab_coverage.py", "--run", out], capture=True)
         (out / "vocab_coverage.json").write_text(json.dumps(last_json(text), indent=2) + "\n")
     if not done(out / "cache" / "manifest.json"):
-        step("cache", [*E3, "cache", "--recipe", recipe("cache"), "--run", out])
+        # one process per core again (--shard i/2), then the manifest of both halves
+        cmd = [*E3, "cache", "--recipe", recipe("cache"), "--run", out]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for f in [pool.submit(step, f"cache_{i}", [*cmd, "--shard", f"{i}/2"], False, one_thread) for i in (0, 1)]:
+                f.result()
+        step("cache_merge", [*E3, "cache", "--merge", out / "cache"])
 
     # ---- training speed at the real shape, before/after the lean loss (a benchmark, not a test)
     speed = {}
@@ -145,15 +189,27 @@ def main() -> None:
         if done(path):
             speed[name] = json.loads(path.read_text())
 
-    # ---- heads: TTT K=7, then (beside the evals) the no-TTT ablation on the same cache and steps
+    # ---- heads: the recipe for --train-budget-s CPU seconds on one thread, and beside it (the other
+    # core) the recipe as it was before issue 22 for the same budget on the same cache: one row each
+    # of the one-core-hour comparison. The TTT K=1 ablation gets the same budget (equal compute).
+    hour = out.with_name(out.name + "-hour")
+    jobs = []
     if not done(out / "train" / "manifest.json"):
-        step("train", [*E3, "train", "--recipe", recipe("train"), "--run", out], env=one_thread)
+        jobs.append(("train", train_cmd(out, out, args.train_budget_s)))
+    if not done(hour / "recipes.json"):
+        jobs.append(("train_before_issue22", before_cmd(out, hour, args.train_budget_s)))
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for f in [pool.submit(step, name, cmd, False, one_thread) for name, cmd in jobs]:
+            f.result()
     ttt1 = out.with_name(out.name + "-ttt1")
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
     n = args.eval_prompts
+    sweep = ["--sweep", "--sweep-prompts", args.sweep_prompts]
     evals = {
-        "mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "both"]),
+        "mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "both", *sweep]),
+        # speed in bf16 (exactness is checked in fp32, see eval_cmd): the sweep's best configuration
+        "mt_bench_bf16": (out, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
         "mt_bench_both_turns": (out, "mt_bench", n, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
         "gsm8k": (out, "gsm8k", n, ["--mode", "both"]),
         "humaneval": (out, "humaneval", n, ["--mode", "both"]),
@@ -172,7 +228,7 @@ def main() -> None:
     def run_eval(name: str) -> None:
         run, bench, prompts, extra = evals[name]
         if name.startswith("ttt1") and not done(ttt1 / "train" / "manifest.json"):
-            step("train_ttt1", ttt1_train_cmd(out, ttt1), env=one_thread)
+            step("train_ttt1", ttt1_train_cmd(out, ttt1, args.train_budget_s), env=one_thread)
         dest = out / f"eval-{name}"
         if not done(dest / "report.json"):
             step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra), env=one_thread)
@@ -190,9 +246,14 @@ def main() -> None:
         "invocation": " ".join([".venv/bin/python benchmarks/smollm2/run_bench.py", *sys.argv[1:]]),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    planned = [REC.show(ttt1_train_cmd(out, ttt1))]  # every command of the figures, run now or earlier
+    planned = [
+        REC.show(c) for c in (train_cmd(out, out, args.train_budget_s), before_cmd(out, hour, args.train_budget_s))
+    ]
+    planned.append(
+        REC.show(ttt1_train_cmd(out, ttt1, args.train_budget_s))
+    )  # every command of the figures, run now or earlier
     planned += [REC.show(eval_cmd(run, out / f"eval-{k}", b, p, args, *x)) for k, (run, b, p, x) in evals.items()]
-    write_report(out, ttt1, evals, results, planned, args.results_md)
+    write_report(out, ttt1, evals, results, planned, args.results_md, hour)
 
 
 if __name__ == "__main__":

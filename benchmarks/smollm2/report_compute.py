@@ -1,0 +1,256 @@
+"""The acceptance-per-compute part of docs/results-smollm2.{md,json} (issue 22): the bars, the
+learning curve of the published run, the one-core-hour comparison with the recipe as it was, and
+`eval --sweep` in fp32 and bf16. Pure reading of run folders, like report.py, which calls it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+BARS = {"mt_bench_tau": 2.5, "sweep_fp32": 1.1, "sweep_bf16": 1.5, "one_core_hour_ratio": 1.3}
+
+
+def _lines(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    return [json.loads(x) for x in path.read_text().split("\n") if x.strip()]
+
+
+def heldout_curve(run: Path) -> list[dict]:
+    """The held-out points of RUN/train/metrics.jsonl: chain tau at depth 8 on conversations the
+    run never trains on, against tokens, steps and seconds of training (wall and CPU)."""
+    return [
+        {
+            "tokens": m["tokens_seen"],
+            "steps": m["step"],
+            "seconds": m.get("train_seconds"),
+            "cpu_seconds": m.get("train_cpu_seconds"),
+            "heldout_tau": m["heldout_tau"],
+            "heldout_alpha_k": m.get("heldout_alpha_k"),
+        }
+        for m in _lines(run / "train" / "metrics.jsonl")
+        if "heldout_tau" in m
+    ]
+
+
+def projection(curve: list[dict], goal: float) -> dict | None:
+    """A straight line of tau against log2(tokens) through the second half of the curve, and the
+    tokens at which it would reach `goal`. An extrapolation: real curves flatten, so read it as
+    a lower bound on the data and compute a goal needs."""
+    pts = [(math.log2(p["tokens"]), p["heldout_tau"]) for p in curve if p["tokens"] > 0]
+    pts = pts[len(pts) // 2 :]
+    if len(pts) < 3:
+        return None
+    n = len(pts)
+    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
+    out = {"tau_per_doubling_of_tokens": round(slope, 4), "fit_points": n, "goal_tau": goal}
+    if slope > 0:
+        last = curve[-1]
+        need = 2 ** (mx + (goal - my) / slope)
+        out["tokens_for_goal"] = round(need)
+        if last.get("cpu_seconds"):  # at this run's training rate
+            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
+    return out
+
+
+def one_core_hour(out: Path, hour: Path) -> dict | None:
+    """The chosen recipe (the published run, OUT/train) against the recipe before issue 22
+    (benchmarks/smollm2/recipes.py's baseline row in HOUR), the same CPU budget and cache."""
+    rows = (json.loads((hour / "recipes.json").read_text()) if (hour / "recipes.json").exists() else {}).get("rows", {})
+    before, chosen = rows.get("baseline"), heldout_curve(out)
+    manifest = out / "train" / "manifest.json"
+    if not before or not chosen or not manifest.exists():
+        return None
+    cfg = json.loads(manifest.read_text()).get("config", {})
+    last = chosen[-1]
+    return {
+        "budget_cpu_s": cfg.get("time_budget_s"),
+        "chosen": {"heldout_tau": last["heldout_tau"], "steps": last["steps"], "tokens": last["tokens"]},
+        "before": {k: before[k] for k in ("heldout_tau", "steps", "tokens", "what")},
+        "ratio": round(last["heldout_tau"] / before["heldout_tau"], 3),
+    }
+
+
+def sweep_summary(report: dict | None) -> dict | None:
+    """The fastest measured configuration of an eval's --sweep and what it recommended."""
+    sw = (report or {}).get("sweep")
+    if not sw:
+        return None
+    best = max(sw["configurations"], key=lambda r: r["speedup"])
+    return {
+        "best": best["name"],
+        "speedup_vs_plain": best["speedup"],
+        "speedup_interval": best["speedup_interval"],
+        "tau": best["tau"],
+        "greedy_mismatches": best["greedy_mismatches"],
+        "recommended": sw["recommended"],
+        "prompts": len(sw["prompts"]),
+        "max_new_tokens": sw["max_new_tokens"],
+        "dtype": report.get("dtype") or (report.get("target") or {}).get("dtype"),
+        "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
+    }
+
+
+def _fx(x) -> str:
+    return "-" if x is None else f"{x:.2f}x"
+
+
+def sections(out: Path, hour: Path, reports: dict, rows: list[dict]) -> tuple[list[str], dict]:
+    """Markdown lines and JSON keys: bars, learning curve, one core-hour, sweep."""
+    curve = heldout_curve(out)
+    proj = projection(curve, BARS["mt_bench_tau"])
+    hour_row = one_core_hour(out, hour)
+    sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
+    mt = next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+
+    def met(ok) -> str:
+        return "yes" if ok else "**no**"
+
+    tau = mt and mt["tau"]
+    bar = [
+        [
+            f"MT-bench ({mt['prompts'] if mt else 80} first turns), chain d8, greedy, fp32: tau",
+            f">= {BARS['mt_bench_tau']}",
+            "-" if tau is None else f"{tau:.3f}",
+            met(tau and tau >= BARS["mt_bench_tau"]),
+        ],
+        [
+            "the same: greedy mismatches",
+            "0",
+            "-" if not mt else f"{mt['greedy_mismatches']}/{mt['prompts']}",
+            met(mt and mt["greedy_mismatches"] == 0),
+        ],
+    ]
+    for dt in ("fp32", "bf16"):
+        s, goal = sweep[dt], BARS[f"sweep_{dt}"]
+        bar.append(
+            [
+                f"`eval --sweep` best configuration, {dt}, vs plain decoding",
+                f">= {goal}x",
+                "-" if not s else f"{_fx(s['speedup_vs_plain'])} ({s['best']})",
+                met(s and s["speedup_vs_plain"] >= goal),
+            ]
+        )
+    bar.append(
+        [
+            "held-out tau at one core-hour, chosen recipe / recipe before",
+            f">= {BARS['one_core_hour_ratio']}x",
+            "-" if not hour_row else _fx(hour_row["ratio"]),
+            met(hour_row and hour_row["ratio"] >= BARS["one_core_hour_ratio"]),
+        ]
+    )
+    lines = ["## Issue 22's bars (acceptance per unit of compute)", ""]
+    lines += md_table(["criterion", "bar", "measured", "met"], bar)
+
+    if curve:
+        last = curve[-1]
+        lines += [
+            "",
+            "## Learning curve of the published head",
+            "",
+            f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {out.name}'s held-out",
+            f"conversations), every {_every(out)} steps; `{out.name}/train/learning_curve.png` plots it against tokens "
+            "and time.",
+            "",
+        ]
+        step = max(1, len(curve) // 12)
+        shown = curve[::step] + ([last] if curve[::step][-1] is not last else [])
+        lines += md_table(
+            ["steps", "tokens", "CPU s", "held-out tau"],
+            [[p["steps"], f"{p['tokens']:,}", f"{p['cpu_seconds']:.0f}", f"{p['heldout_tau']:.3f}"] for p in shown],
+        )
+        if proj:
+            lines += [
+                "",
+                f"Projection: over the second half of the curve tau grows {proj['tau_per_doubling_of_tokens']:.3f} per "
+                "doubling of training tokens. A straight line in log tokens would reach tau "
+                f"{BARS['mt_bench_tau']} after ~{proj.get('tokens_for_goal', float('nan')):,.0f} tokens"
+                + (
+                    f" (~{proj['cpu_hours_for_goal']:,.0f} core-hours at this run's rate)"
+                    if "cpu_hours_for_goal" in proj
+                    else ""
+                )
+                + "; curves flatten, so this is the least it would take, and more distinct data than one corpus "
+                "of ~3k conversations would be needed well before then.",
+            ]
+    if hour_row:
+        c, b = hour_row["chosen"], hour_row["before"]
+        lines += [
+            "",
+            f"## One core-hour each ({hour_row['budget_cpu_s']:.0f} CPU s, one thread, the same cache)",
+            "",
+        ]
+        lines += md_table(
+            ["recipe", "steps", "tokens", "held-out tau", "ratio"],
+            [
+                [f"before issue 22: {b['what']}", b["steps"], f"{b['tokens']:,}", f"{b['heldout_tau']:.3f}", "1.00x"],
+                [
+                    "chosen: recipes/smollm2-135m/train.yaml",
+                    c["steps"],
+                    f"{c['tokens']:,}",
+                    f"{c['heldout_tau']:.3f}",
+                    _fx(hour_row["ratio"]),
+                ],
+            ],
+        )
+    if any(sweep.values()):
+        lines += ["", "## `eval --sweep` on MT-bench: measured speed of each configuration", ""]
+        names = next(s for s in sweep.values() if s)["configurations"]
+        lines += md_table(
+            ["configuration", *[f"{dt} tau / speedup" for dt in sweep]],
+            [
+                [
+                    name,
+                    *[
+                        "-"
+                        if not s or name not in s["configurations"]
+                        else f"{s['configurations'][name]['tau']:.2f} / {s['configurations'][name]['speedup']:.2f}x"
+                        for s in sweep.values()
+                    ],
+                ]
+                for name in names
+            ],
+        )
+        for dt, s in sweep.items():
+            if s:
+                lines.append(
+                    f"- {dt}: best {s['best']} {_fx(s['speedup_vs_plain'])} [90%: {s['speedup_interval'][0]:.2f}, "
+                    f"{s['speedup_interval'][1]:.2f}] over {s['prompts']} prompts x {s['max_new_tokens']} tokens; "
+                    f"greedy mismatches {s['greedy_mismatches']}/{s['prompts']}"
+                )
+    data = {
+        "learning_curve": [
+            {k: p[k] for k in ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau")} for p in curve
+        ],
+        "learning_curve_projection": proj,
+        "one_core_hour": hour_row,
+        "sweep": sweep,
+        "bar_issue22": {
+            "mt_bench_tau_ge_2.5": {"measured": tau, "met": bool(tau and tau >= BARS["mt_bench_tau"])},
+            "sweep_fp32_ge_1.1x": _bar(sweep["fp32"], BARS["sweep_fp32"]),
+            "sweep_bf16_ge_1.5x": _bar(sweep["bf16"], BARS["sweep_bf16"]),
+            "one_core_hour_ge_1.3x": {
+                "measured": hour_row and hour_row["ratio"],
+                "met": bool(hour_row and hour_row["ratio"] >= BARS["one_core_hour_ratio"]),
+            },
+        },
+    }
+    return lines, data
+
+
+def _every(run: Path):
+    m = run / "train" / "manifest.json"
+    return (json.loads(m.read_text()).get("config") or {}).get("heldout_every", "?") if m.exists() else "?"
+
+
+def _bar(s: dict | None, goal: float) -> dict:
+    return {"measured": s and s["speedup_vs_plain"], "met": bool(s and s["speedup_vs_plain"] >= goal)}
+
+
+def md_table(head: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
