@@ -24,6 +24,7 @@ from benchmarks.smollm2.report_compute import sections  # noqa: E402
 EVAL_NAMES = (
     "mt_bench",
     "mt_bench_bf16",
+    "mt_bench_tree",
     "mt_bench_both_turns",
     "gsm8k",
     "humaneval",

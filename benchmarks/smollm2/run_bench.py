@@ -121,7 +121,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads per eval")
     ap.add_argument("--jobs", type=int, default=2, help="evals (and the TTT-1 head) run this many at a time")
     ap.add_argument("--train-budget-s", type=float, default=3600.0, help="CPU seconds of training per head")
-    ap.add_argument("--sweep-prompts", type=int, default=16, help="MT-bench first turns of eval --sweep")
+    ap.add_argument("--sweep-prompts", type=int, default=8, help="MT-bench first turns of eval --sweep")
     ap.add_argument("--skip-train-speed", action="store_true", help="no before/after train_speed.py runs")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     args = ap.parse_args()
@@ -205,11 +205,13 @@ def main() -> None:
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
     n = args.eval_prompts
-    sweep = ["--sweep", "--sweep-prompts", args.sweep_prompts]
+    # the sweep: every chain depth 1..8 and two trees, timed interleaved on the first MT-bench prompts
+    sweep = ["--sweep", "--sweep-prompts", args.sweep_prompts, "--sweep-repeats", 2]
     evals = {
-        "mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "both", *sweep]),
+        "mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline", *sweep]),
         # speed in bf16 (exactness is checked in fp32, see eval_cmd): the sweep's best configuration
         "mt_bench_bf16": (out, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
+        "mt_bench_tree": (out, "mt_bench", n, ["--mode", "tree", "--no-generate-baseline"]),
         "mt_bench_both_turns": (out, "mt_bench", n, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
         "gsm8k": (out, "gsm8k", n, ["--mode", "both"]),
         "humaneval": (out, "humaneval", n, ["--mode", "both"]),
