@@ -16,8 +16,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.smollm2.report_compute import kept_sections, sections  # noqa: E402
 from benchmarks.smollm2.report_compute import md_table as _table  # noqa: E402
-from benchmarks.smollm2.report_compute import sections  # noqa: E402
 
 # The eval folders of a run (eval-<name>), in the order run_bench.py runs them; both modules read
 # this one tuple (run_bench.py imports this module, never the other way round).
@@ -352,8 +352,11 @@ def write_report(
         if c not in lines:
             lines.append(c)
     lines += ["```", ""]
-    md_path.write_text("\n".join(lines))
     json_path = md_path.with_suffix(".json")
+    earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
+    at = lines.index("## Acceptance and speed by bench (depth 8)")
+    lines[at:at] = [*kept_sections(earlier)[1:], ""]
+    md_path.write_text("\n".join(lines))
     machine = {
         "rows": [
             {
@@ -385,8 +388,7 @@ def write_report(
     }
     # measurements this report does not make (the recipe rows, learning curves, held-out vs eval of
     # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
-    if json_path.exists():
-        earlier = json.loads(json_path.read_text())
+    if earlier:
         machine.update({k: v for k, v in earlier.items() if k not in machine and k not in SUPERSEDED})
     json_path.write_text(json.dumps(machine, indent=2) + "\n")
     print(f"wrote {md_path} and {json_path}")

@@ -242,6 +242,51 @@ def sections(out: Path, hour: Path, reports: dict, rows: list[dict]) -> tuple[li
     return lines, data
 
 
+def kept_sections(earlier: dict) -> list[str]:
+    """The recipe rows (benchmarks/smollm2/recipes.py at a short budget) and the held-out vs eval
+    agreement (benchmarks/stages/heldout_vs_eval.py) kept in the JSON from earlier runs."""
+    lines = []
+    rows = earlier.get("recipes") or {}
+    rows = rows.get("rows", rows)
+    if rows:
+        base = (rows.get("baseline") or {}).get("heldout_tau")
+        budget = {round(r.get("cpu_seconds") or 0, -2) for r in rows.values()}
+        lines += [
+            "",
+            f"## Recipe choices at one short budget (~{max(budget):.0f} CPU s each, one thread, one cache)",
+            "",
+            "From benchmarks/smollm2/recipes.py; what each row says is in [train.md](train.md).",
+            "",
+        ]
+        lines += md_table(
+            ["row", "change", "first loss", "steps", "tokens", "held-out tau", "vs baseline", "MT-bench eval tau"],
+            [
+                [
+                    name,
+                    r["what"],
+                    f"{r['first_loss']:.2f}",
+                    r["steps"],
+                    f"{r['tokens']:,}",
+                    f"{r['heldout_tau']:.3f}",
+                    _fx(r["heldout_tau"] / base) if base else "-",
+                    f"{r['eval_mt_bench']['tau']:.3f}" if r.get("eval_mt_bench") else "-",
+                ]
+                for name, r in rows.items()
+            ],
+        )
+    agree = earlier.get("heldout_vs_eval") or {}
+    if agree:
+        lines += ["", "## The learning curve's estimate against `eagle3 eval` on the same head", ""]
+        lines += md_table(
+            ["head", "held-out tau (training)", "eval tau", "eval", "ratio"],
+            [
+                [k, f"{v['heldout_tau']:.3f}", f"{v['eval_tau']:.3f}", v["eval"], f"{v['ratio']:.3f}"]
+                for k, v in agree.items()
+            ],
+        )
+    return lines
+
+
 def _every(run: Path):
     m = run / "train" / "manifest.json"
     return (json.loads(m.read_text()).get("config") or {}).get("heldout_every", "?") if m.exists() else "?"
