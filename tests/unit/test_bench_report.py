@@ -1,0 +1,76 @@
+"""The bench report's arithmetic (benchmarks/smollm2/report_compute.py) on hand-made run folders:
+the learning-curve projection, the one-core-hour ratio and the sweep's best configuration."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks.smollm2.report_compute import heldout_curve, one_core_hour, projection, sections, sweep_summary
+
+
+def _run(tmp_path, name, taus, budget=3600.0):
+    run = tmp_path / name
+    (run / "train").mkdir(parents=True)
+    lines = [json.dumps({"step": 5, "loss": 9.0, "tokens_seen": 10})]  # an interval with no held-out point
+    for i, tau in enumerate(taus, 1):
+        point = {"step": 200 * i, "tokens_seen": 1000 * 2**i, "train_cpu_seconds": 100.0 * 2**i}
+        lines.append(json.dumps(point | {"train_seconds": 110.0 * 2**i, "heldout_tau": tau}))
+    (run / "train" / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    cfg = {"time_budget_s": budget, "heldout_every": 200, "ttt_steps": 3}
+    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg}))
+    return run
+
+
+def test_curve_keeps_only_heldout_points_and_projection_follows_the_line(tmp_path):
+    run = _run(tmp_path, "r", [1.0 + 0.1 * i for i in range(1, 9)])  # +0.1 per doubling of tokens
+    curve = heldout_curve(run)
+    assert [p["steps"] for p in curve] == [200 * i for i in range(1, 9)]
+    proj = projection(curve, goal=2.5)
+    assert proj["tau_per_doubling_of_tokens"] == pytest.approx(0.1)
+    # tau = 1 + 0.1 * log2(tokens / 1000): 2.5 at 2**15 * 1000 tokens
+    assert proj["tokens_for_goal"] == pytest.approx(1000 * 2**15, rel=1e-6)
+    # at the run's own rate (1000 tokens per 100 CPU s)
+    assert proj["cpu_hours_for_goal"] == pytest.approx(round(2**15 * 100 / 3600, 1))
+
+
+def test_a_flat_or_short_curve_projects_nothing(tmp_path):
+    flat = heldout_curve(_run(tmp_path, "flat", [1.2] * 6))
+    assert "tokens_for_goal" not in projection(flat, 2.5)
+    assert projection(heldout_curve(_run(tmp_path, "short", [1.1, 1.2])), 2.5) is None
+
+
+def test_one_core_hour_ratio_is_chosen_over_before(tmp_path):
+    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
+    hour = tmp_path / "smollm2-hour"
+    hour.mkdir()
+    before = {"what": "old", "heldout_tau": 1.25, "steps": 180, "tokens": 1_400_000}
+    (hour / "recipes.json").write_text(json.dumps({"rows": {"baseline": before}}))
+    row = one_core_hour(out, hour)
+    assert row["ratio"] == pytest.approx(1.6 / 1.25, abs=1e-3)
+    assert row["budget_cpu_s"] == 3600.0
+    assert one_core_hour(out, tmp_path / "missing") is None
+
+
+def test_sweep_summary_names_the_fastest_configuration_and_bars_follow(tmp_path):
+    configs = [
+        {"name": f"chain d={d}", "mode": "chain", "tau": 1 + 0.1 * d, "speedup": s, "speedup_interval": [s - 0.1, s]}
+        for d, s in ((1, 1.12), (2, 1.18), (3, 0.95))
+    ]
+    for c in configs:
+        c["greedy_mismatches"] = 0
+    report = {"dtype": "fp32", "sweep": {"configurations": configs, "prompts": ["a", "b"], "max_new_tokens": 64}}
+    report["sweep"]["recommended"] = {"mode": "chain", "steps": 2}
+    s = sweep_summary(report)
+    assert (s["best"], s["speedup_vs_plain"], s["prompts"]) == ("chain d=2", 1.18, 2)
+    assert sweep_summary({"heads": {}}) is None
+    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
+    rows = [{"eval": "mt_bench", "decoder": "chain", "tau": 2.6, "prompts": 80, "greedy_mismatches": 0}]
+    lines, data = sections(out, tmp_path / "no-hour", {"mt_bench": report}, rows)
+    bars = data["bar_issue22"]
+    assert bars["mt_bench_tau_ge_2.5"]["met"] and bars["sweep_fp32_ge_1.1x"]["met"]
+    assert not bars["sweep_bf16_ge_1.5x"]["met"] and not bars["one_core_hour_ge_1.3x"]["met"]
+    assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
+    assert any("chain d=2" in line for line in lines)
