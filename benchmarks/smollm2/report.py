@@ -426,7 +426,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     a = ap.parse_args()
-    results = _json(a.out / "results.json") or {"steps": _json(a.out / "bench-steps.json") or {}}
+    results = _json(a.out / "results.json") or {
+        "steps": _json(a.out / "bench-steps.json") or {},
+        "machine": {"cpu_cores": __import__("os").cpu_count()},  # a bench stopped before it wrote results.json
+    }
     write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md)
 
 
