@@ -148,6 +148,13 @@ def main() -> None:
         return text
 
     one_thread = {"OMP_NUM_THREADS": "1"}
+
+    def both_cores(jobs: list[tuple[str, list]]) -> None:
+        """(name, command) pairs, one process per core, each on one thread; waits for all."""
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            for f in [pool.submit(step, name, cmd, False, one_thread) for name, cmd in jobs]:
+                f.result()
+
     # ---- the target, the data, the cache
     step("prepare_target", [sys.executable, RECIPES / "prepare_target.py"])
     # The regenerated conversations live in git (corpora/): they take CPU hours and a working session
@@ -158,21 +165,23 @@ def main() -> None:
         data.symlink_to(CORPUS.resolve())
     if not done(data / "manifest.json"):
         # one process per core, each its slice of the shards (--shard i/2); the last writes the manifest
-        cmd = [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out]
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for f in [
-                pool.submit(step, f"gen_data_{i}", [*cmd, "--shard", f"{i}/2"], False, one_thread) for i in (0, 1)
-            ]:
-                f.result()
+        both_cores(
+            [
+                (f"gen_data_{i}", [*E3, "gen-data", "--recipe", recipe("gen-data"), "--run", out, "--shard", f"{i}/2"])
+                for i in (0, 1)
+            ]
+        )
     if not done(out / "vocab_coverage.json"):
         text = step("vocab_coverage", [sys.executable, HERE / "vocab_coverage.py", "--run", out], capture=True)
         (out / "vocab_coverage.json").write_text(json.dumps(last_json(text), indent=2) + "\n")
     if not done(out / "cache" / "manifest.json"):
         # one process per core again (--shard i/2), then the manifest of both halves
-        cmd = [*E3, "cache", "--recipe", recipe("cache"), "--run", out]
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            for f in [pool.submit(step, f"cache_{i}", [*cmd, "--shard", f"{i}/2"], False, one_thread) for i in (0, 1)]:
-                f.result()
+        both_cores(
+            [
+                (f"cache_{i}", [*E3, "cache", "--recipe", recipe("cache"), "--run", out, "--shard", f"{i}/2"])
+                for i in (0, 1)
+            ]
+        )
         step("cache_merge", [*E3, "cache", "--merge", out / "cache"])
 
     # ---- training speed at the real shape, before/after the lean loss (a benchmark, not a test)
@@ -198,9 +207,7 @@ def main() -> None:
         jobs.append(("train", train_cmd(out, out, args.train_budget_s)))
     if not done(hour / "recipes.json"):
         jobs.append(("train_before_issue22", before_cmd(out, hour, args.train_budget_s)))
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for f in [pool.submit(step, name, cmd, False, one_thread) for name, cmd in jobs]:
-            f.result()
+    both_cores(jobs)
     ttt1 = out.with_name(out.name + "-ttt1")
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
