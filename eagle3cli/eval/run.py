@@ -102,8 +102,10 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
 
     heads: list[tuple[str, Eagle3Draft, HeadSpec]] = []
     for h in [head, *map(Path, cfg.compare)]:
-        # on CPU the head stays fp32 whatever the target: its one-row matmuls are faster there
-        draft, spec = load_any_head(h, target, dtype=torch.float32 if target.device.type == "cpu" else target.dtype)
+        # the head takes the target's dtype, except on CPU with plain F.linear: there fp32 one-row
+        # matmuls beat bf16 ones, while oneDNN-packed bf16 ones are ~2.5x faster than fp32
+        fp32 = target.device.type == "cpu" and cfg.cpu_kernels == "torch"
+        draft, spec = load_any_head(h, target, dtype=torch.float32 if fp32 else target.dtype)
         check_head_fits(spec, target.config, ident)
         for notice in spec.notices:
             warn(notice)
@@ -112,6 +114,24 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
             label = str(h)
         heads.append((label, draft.to(target.device), spec))
     return heads
+
+
+def _cpu_kernels(cfg: EvalConfig, target, drafts: list) -> str:
+    """Pack the target's and the heads' linears for oneDNN on CPU (--cpu-kernels onednn); which
+    kernels every timed decoder then ran, for the report."""
+    from ..model.cpu_kernels import pack_linears
+
+    if target.device.type != "cpu":
+        return "device default"
+    if cfg.cpu_kernels == "torch":
+        return "torch (F.linear)"
+    n = pack_linears(target)
+    for d in drafts:  # the head's weights stay readable: its decoding cache fuses q/k/v from them
+        n += pack_linears(d, keep_weight=True)
+    if n == 0:
+        warn("--cpu-kernels onednn: this torch build has no oneDNN packed linear; plain F.linear is used")
+        return "torch (F.linear; no oneDNN)"
+    return f"onednn packed ({n} linears)"
 
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
@@ -132,6 +152,7 @@ def run_eval(cfg: EvalConfig) -> Path:
     target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
     ident = target_identity(tpath, tok, target.config)
     heads = _load_heads(cfg, head, target, ident)
+    kernels = _cpu_kernels(cfg, target, [d for _, d, _ in heads])
     eos = eos_token_ids(target, tok)
     fits = _context_check(cfg, target.config)
     convs: list[tuple[str, list[dict]]] = []
@@ -191,6 +212,7 @@ def run_eval(cfg: EvalConfig) -> Path:
         "tau_definition": TAU_NOTE,
         "speedup_interval_definition": f"{INTERVAL} of (tokens/s) / (plain tokens/s)",
         "target": ident.as_dict(),
+        "kernels": kernels,
         "heads": per_head,
         "baselines": {"plain": plain_s, "generate": gen_s},
     }

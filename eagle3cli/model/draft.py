@@ -37,6 +37,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..errors import UsageError
+from .cpu_kernels import PackedLinear, packed_or_plain
 
 
 def draft_config_from_target(
@@ -158,12 +159,12 @@ class DraftCache:
              past the committed prefix. Nothing is ever cropped or concatenated: a write
              overwrites what a rejected draft left there, and a step reads slots [0, end).
     cos, sin [max_len, d] the rope table, computed once.
-    w_qkv, w_gate_up  q/k/v and gate/up projections fused into one matmul each (copies of the
+    qkv, gate_up  q/k/v and gate/up projections fused into one matmul each (copies of the
              parameters taken at creation: make a new cache after changing the weights).
     """
 
     def __init__(self, draft: Eagle3Draft, max_len: int, batch: int = 1):
-        attn, mlp = draft.midlayer.self_attn, draft.midlayer.mlp
+        attn = draft.midlayer.self_attn
         w = draft.fc.weight
         self.max_len = int(max_len)
         self.k = torch.zeros(batch, attn.num_kv_heads, self.max_len, attn.head_dim, dtype=w.dtype, device=w.device)
@@ -172,12 +173,7 @@ class DraftCache:
         cos, sin = draft.rotary_emb(self.k, slots.unsqueeze(0))
         self.cos, self.sin = cos[0], sin[0]
         self.slots = slots
-        self.w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
-        self.b_qkv = (
-            None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
-        )
-        self.w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
-        self.b_gate_up = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+        self.qkv, self.gate_up = draft.fused_projections()
 
     def write(self, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
         end = start + k.shape[2]
@@ -209,11 +205,29 @@ class Eagle3Draft(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self._packed_fusions = None  # see fused_projections
 
     # ------------------------------------------------------------ shared pieces
     def set_vocab_maps(self, d2t: torch.Tensor, t2d: torch.Tensor) -> None:
         self.d2t.copy_(d2t.to(torch.long))
         self.t2d.copy_(t2d.to(torch.bool))
+
+    def fused_projections(self):
+        """(q/k/v, gate/up) as one matmul each for decoding. A head packed for CPU decoding
+        (`pack_linears`) is inference-only: its packed fusions are made once and reused (a
+        reorder costs ~15 ms, a draft step ~1 ms); otherwise fresh copies of the weights."""
+        if isinstance(self.fc, PackedLinear) and self._packed_fusions is not None:
+            return self._packed_fusions
+        attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
+        w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
+        b_qkv = None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+        w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        b_gate_up = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
+        packed = isinstance(self.fc, PackedLinear)
+        fused = packed_or_plain(w_qkv, b_qkv, packed), packed_or_plain(w_gate_up, b_gate_up, packed)
+        if packed:
+            self._packed_fusions = fused
+        return fused
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
@@ -224,7 +238,7 @@ class Eagle3Draft(nn.Module):
             # Training calls this outside any forward: module calls let ZeRO-3 gather the
             # partitioned norm and lm_head weights (a bare `.weight` is an empty shard there).
             return self.lm_head(self.norm(hidden))
-        return F.linear(_rms(hidden, self.norm), self.lm_head.weight)
+        return self.lm_head(_rms(hidden, self.norm))
 
     def project(self, hidden: torch.Tensor, from_target: bool) -> torch.Tensor:
         """fc over target aux features; the draft's own states pass unchanged.
@@ -271,7 +285,7 @@ class Eagle3Draft(nn.Module):
         hidden = self.project(hidden.to(self.fc.weight.dtype), from_target)
         embeds = self.embed_tokens.weight[input_ids].to(hidden.dtype)
         x = torch.cat([_rms(embeds, layer.input_layernorm), _rms(hidden, layer.hidden_norm)], dim=-1)
-        qkv = F.linear(x, cache.w_qkv, cache.b_qkv)
+        qkv = cache.qkv(x)
         qk = qkv[..., : (nh + nkv) * hd].view(b, n, nh + nkv, hd)
         if position is None:
             cos, sin = cache.cos[start:end, None], cache.sin[start:end, None]  # [n, 1, d]
@@ -297,11 +311,9 @@ class Eagle3Draft(nn.Module):
             scale=1.0 / math.sqrt(hd),
             enable_gqa=nh != nkv,
         )
-        h = hidden + F.linear(out.transpose(1, 2).reshape(b, n, nh * hd), attn.o_proj.weight, attn.o_proj.bias)
-        gate_up = F.linear(_rms(h, layer.post_attention_layernorm), cache.w_gate_up, cache.b_gate_up)
-        gate, up = gate_up.chunk(2, dim=-1)
-        down = layer.mlp.down_proj
-        return h + F.linear(layer.mlp.act_fn(gate) * up, down.weight, down.bias)
+        h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
+        gate, up = cache.gate_up(_rms(h, layer.post_attention_layernorm)).chunk(2, dim=-1)
+        return h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
     # ------------------------------------------------------------ training-time test
     def ttt_unroll(

@@ -132,11 +132,18 @@ def test_bad_inputs_exit_2(tiny_target_dir, heads, args, needle, capsys, tmp_pat
     assert needle in " ".join(capsys.readouterr().err.split())
 
 
-def test_bf16_target_keeps_the_head_in_fp32_on_cpu(tiny_target_dir, heads, prompts_file, tmp_path, monkeypatch):
-    """--dtype bf16: the target runs in bf16 (AMX verification) with the head in fp32, decoding
-    works, and the manifest records the choice."""
+@pytest.mark.parametrize("kernels, head_dtype", [("onednn", torch.bfloat16), ("torch", torch.float32)])
+def test_bf16_target_head_dtype_follows_the_cpu_kernels(
+    tiny_target_dir, heads, prompts_file, tmp_path, monkeypatch, kernels, head_dtype
+):
+    """--dtype bf16: the target runs in bf16; the head takes bf16 too with oneDNN-packed kernels
+    (their bf16 one-row matmuls are the fast ones) and stays fp32 with plain F.linear; decoding
+    works, and the manifest and report record the choices."""
     import eagle3cli.eval.run as run_module
+    from eagle3cli.model.cpu_kernels import onednn_linear_available
 
+    if kernels == "onednn" and not onednn_linear_available():
+        pytest.skip("this torch build has no oneDNN")
     seen = []
 
     class Recording(run_module.SpeculativeDecoder):
@@ -148,10 +155,12 @@ def test_bf16_target_keeps_the_head_in_fp32_on_cpu(tiny_target_dir, heads, promp
     out = tmp_path / "eval"
     args = ["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--bench", str(prompts_file)]
     args += ["--num-prompts", "1", "--max-new-tokens", "8", "--depth", "2", "--dtype", "bf16", "--out", str(out)]
-    assert main(args) == 0
-    assert seen and set(seen) == {(torch.bfloat16, torch.float32)}
-    assert json.loads((out / "manifest.json").read_text())["config"]["dtype"] == "bf16"
+    assert main([*args, "--cpu-kernels", kernels]) == 0
+    assert seen and set(seen) == {(torch.bfloat16, head_dtype)}
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["config"]["dtype"] == "bf16" and manifest["config"]["cpu_kernels"] == kernels
     rep = json.loads((out / "report.json").read_text())
+    assert rep["kernels"].startswith(kernels)
     (stats,) = [h["chain"] for h in rep["heads"].values()]
     assert stats["acceptance"]["tau"] >= 1.0
 
