@@ -14,12 +14,16 @@ import os
 import types
 import typing
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import yaml
 
 from .errors import UsageError
 from .urls import redact
+
+# CPU matmul kernels of the inference stages (eval, gen-data's hf backend, cache): see
+# eagle3cli/model/cpu_kernels.py for why oneDNN-packed weights are the default.
+CpuKernels = Literal["onednn", "torch"]
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/stages/round_cost.py --target models/tiny-target [--head runs/demo/head]
         [--dtype fp32 --dtype bf16] [--depths 1,2,4,8] [--tree-depths 2,4,8] [--prompts 2]
-        [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--out FILE.json]
+        [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--cpu-kernels onednn|torch]
+        [--out FILE.json]
 
 Prints one JSON object (also written to --out):
   parts[dtype]   ms per call, and in target-token times, of the pieces of a round: target passes
@@ -37,6 +38,7 @@ import torch
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_logits, plain_decode
 from eagle3cli.eval.target_kv import TargetKV
+from eagle3cli.model.cpu_kernels import pack_linears
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import load_head
 from eagle3cli.model.target import default_aux_layer_ids, load_target
@@ -70,7 +72,8 @@ def draft_step_bytes(head) -> int:
 
 
 @torch.inference_mode()
-def measure_parts(target, head, repeats: int, context: int = 200) -> dict:
+def measure_parts(target, head, repeats: int, share: float, context: int = 200) -> dict:
+    """share: the draft step's weight bytes over a target token's (counted before any packing)."""
     dev = target.device
     kv = TargetKV(target, context + 32)
     cache = head.new_cache(context + 32)
@@ -97,7 +100,6 @@ def measure_parts(target, head, repeats: int, context: int = 200) -> dict:
                 f()
             times[k].append((time.process_time() - t) / 3)
     unit = statistics.median(times["target_pass_1"])
-    share = draft_step_bytes(head) / target_bytes_per_token(target)
     out = {
         k: {"ms": round(statistics.median(v) * 1e3, 3), "target_tokens": round(statistics.median(v) / unit, 3)}
         for k, v in times.items()
@@ -199,6 +201,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--parts-repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cpu-kernels", choices=["onednn", "torch"], default="onednn", help="as eagle3 eval --cpu-kernels")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
@@ -211,9 +214,13 @@ def main() -> None:
     if a.head:
         trained = load_head(a.head, target_model=first).float().eval()
         heads["trained"] = (trained, tuple(trained.config.aux_layer_ids))
+    shares = {dt: draft_step_bytes(heads["random"][0]) / target_bytes_per_token(targets[dt]) for dt in dtypes}
+    if a.cpu_kernels == "onednn":  # what eval does by default; the heads stay fp32 (shared by every dtype)
+        for model in [*targets.values(), *(h for h, _ in heads.values())]:
+            pack_linears(model, keep_weight=isinstance(model, Eagle3Draft))
     prompts = [render(tok, msgs) for _, msgs in load_prompts("gsm8k", a.prompts)]
     vs = variants([int(x) for x in a.depths.split(",") if x], [int(x) for x in a.tree_depths.split(",") if x], a.topk)
-    parts = {dt: measure_parts(targets[dt], heads["random"][0], a.parts_repeats) for dt in dtypes}
+    parts = {dt: measure_parts(targets[dt], heads["random"][0], a.parts_repeats, shares[dt]) for dt in dtypes}
     profiles: dict = {}
     for dt in dtypes:
         for hname, (head, aux) in heads.items():
@@ -297,6 +304,7 @@ def main() -> None:
     report = {
         "target": a.target,
         "threads": a.threads,
+        "cpu_kernels": a.cpu_kernels,
         "prompts": len(prompts),
         "max_new_tokens": a.max_new_tokens,
         "repeats": a.repeats,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
-from ..config import parse_shard
+from ..config import CpuKernels, parse_shard
 
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
@@ -49,6 +49,9 @@ class CacheConfig:
     """cpu, cuda, cuda:1 (default: cuda if available)."""
     dtype: TargetDtype = "auto"
     """Target weights; auto = bf16 on GPU, fp32 on CPU."""
+    cpu_kernels: CpuKernels = "onednn"
+    """On CPU: onednn = the target's weights reordered once for oneDNN (fp32 forwards of 256 rows:
+    matmuls ~2.4x faster than F.linear on an AVX-512 EPYC); torch = plain F.linear."""
 
     def validate(self) -> list[str]:
         errs = []

@@ -27,6 +27,7 @@ from ..errors import UsageError
 from ..folders import claim_output
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
+from ..model.cpu_kernels import pack_for_inference
 from ..model.target import (
     default_aux_layer_ids,
     load_target,
@@ -160,6 +161,7 @@ def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: Cach
     """Run the target over each shard left, write it atomically, then its done record."""
     out = cfg.out_dir
     model, _tok, _ = load_target(target_path, cfg.device, cfg.dtype)
+    log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     size = {j: cp.ranges[j][1] - cp.ranges[j][0] for j in mine}
     done_samples = sum(n for j, n in size.items() if j not in todo)

@@ -77,7 +77,7 @@ def shard_tensors(
             len(aux_layer_ids),
             vocab_size=vocab_size,
             # the target's own logits (Gemma-2 softcaps them): the teacher is its real distribution
-            logits_fn=lambda h: target_logits(model, h.to(model.lm_head.weight.dtype)),
+            logits_fn=lambda h: target_logits(model, h.to(model.dtype)),
             topk=topk,
         )
         start = 0

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from ..config import flag, parse_shard
+from ..config import CpuKernels, flag, parse_shard
 
 Backend = Literal["hf", "openai"]
 Thinking = Literal["default", "on", "off", "mix"]
@@ -87,6 +87,9 @@ class GenDataConfig:
     """cpu, cuda, cuda:1 ... (hf backend; default: cuda if available)."""
     dtype: TargetDtype = "auto"
     """Target weights (hf backend); auto = bf16 on GPU, fp32 on CPU."""
+    cpu_kernels: CpuKernels = "onednn"
+    """hf backend on CPU: onednn = the target's weights reordered once for oneDNN (fp32 batches of
+    32 rows: matmuls ~3x faster than F.linear on an AVX-512 EPYC); torch = plain F.linear."""
     thinking: Thinking = "default"
     """Reasoning models: on | off (the template's enable_thinking), mix (half the records each, by seed),
     default (the template's)."""

@@ -155,11 +155,13 @@ def make_backend(cfg: GenDataConfig, tokenizer):
             os.environ.get("OPENAI_API_KEY"),
             tokenizer=tokenizer,
         )
+    from ..model.cpu_kernels import pack_for_inference
     from ..model.target import load_target
     from .hf import HFBackend
 
     assert cfg.target is not None  # validate() requires --target
     model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    log(f"gen-data: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
     return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
 
 

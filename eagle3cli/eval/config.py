@@ -9,10 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
+from ..config import CpuKernels
+
 Mode = Literal["chain", "tree", "both"]
 Turns = Literal["first", "all"]
 EvalDtype = Literal["auto", "fp32", "bf16"]
-CpuKernels = Literal["onednn", "torch"]
 
 
 @dataclass(frozen=True)

@@ -119,19 +119,14 @@ def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, E
 def _cpu_kernels(cfg: EvalConfig, target, drafts: list) -> str:
     """Pack the target's and the heads' linears for oneDNN on CPU (--cpu-kernels onednn); which
     kernels every timed decoder then ran, for the report."""
-    from ..model.cpu_kernels import pack_linears
+    from ..model.cpu_kernels import pack_for_inference
 
-    if target.device.type != "cpu":
-        return "device default"
-    if cfg.cpu_kernels == "torch":
-        return "torch (F.linear)"
-    n = pack_linears(target)
+    kernels = pack_for_inference(target, cfg.cpu_kernels)
     for d in drafts:  # the head's weights stay readable: its decoding cache fuses q/k/v from them
-        n += pack_linears(d, keep_weight=True)
-    if n == 0:
+        pack_for_inference(d, cfg.cpu_kernels, keep_weight=True)
+    if "no oneDNN" in kernels:
         warn("--cpu-kernels onednn: this torch build has no oneDNN packed linear; plain F.linear is used")
-        return "torch (F.linear; no oneDNN)"
-    return f"onednn packed ({n} linears)"
+    return kernels
 
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])

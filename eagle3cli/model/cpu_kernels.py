@@ -8,8 +8,9 @@ oneDNN's blocked layout, 17 ms and 18 ms. Verifying d drafted tokens then costs 
 plain step costs, which is the premise of speculative decoding. Plain decoding gets the same
 kernels (same packed model), so speedups stay like for like.
 
-The packed kernel is also row-invariant: row i of an n-row product equals the same row computed
-alone (checked by `tests/unit/test_cpu_kernels.py`), which keeps greedy verification exact.
+On the machine measured the packed fp32 kernel is also row-invariant: row i of an n-row product is
+bit-equal to the row computed alone (MKL's is not), so a verification pass scores each drafted
+token as a one-token step would. Exactness never rests on it: eval compares outputs.
 
 Inference only: a packed weight has no gradient. `pack_linears` replaces modules in place.
 """
@@ -75,6 +76,11 @@ def pack_linears(model: nn.Module, keep_weight: bool = False) -> int:
     """
     if not onednn_linear_available():
         return 0
+    # a matrix shared with another module (a tied lm_head is the input embedding) stays readable:
+    # keeping it costs nothing, and transformers reads `lm_head.weight`
+    shared = {
+        id(p) for name, m in model.named_modules() for p in m.parameters(recurse=False) if type(m) is not nn.Linear
+    }
     todo = [
         (parent, name, child)
         for parent in model.modules()
@@ -82,9 +88,22 @@ def pack_linears(model: nn.Module, keep_weight: bool = False) -> int:
         if type(child) is nn.Linear and packable(child.weight)
     ]
     for parent, name, child in todo:
-        setattr(parent, name, PackedLinear(child.weight, child.bias, keep_weight=keep_weight))
+        keep = keep_weight or id(child.weight) in shared
+        setattr(parent, name, PackedLinear(child.weight, child.bias, keep_weight=keep))
     return len(todo)
 
 
 def is_packed(module: nn.Module) -> bool:
     return any(isinstance(m, PackedLinear) for m in module.modules())
+
+
+def pack_for_inference(model: nn.Module, kernels: str, keep_weight: bool = False) -> str:
+    """Apply a stage's --cpu-kernels choice to a loaded model; says what its matmuls run on
+    (for logs, reports and manifests)."""
+    dev = next(model.parameters()).device
+    if dev.type != "cpu":
+        return "device default"
+    if kernels == "torch":
+        return "torch (F.linear)"
+    n = pack_linears(model, keep_weight=keep_weight)
+    return f"onednn packed ({n} linears)" if n else "torch (F.linear; no oneDNN in this build)"

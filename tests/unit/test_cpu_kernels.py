@@ -30,14 +30,14 @@ def test_packed_linear_matches_f_linear(dtype, bias):
 
 
 def test_rows_do_not_depend_on_their_neighbours():
-    """Row i of an n-row product is bit-equal to row i computed alone: a verification pass over
-    n drafted tokens scores each one as a one-token step would (fp32)."""
+    """Row i of an n-row product equals row i computed alone, to fp32 rounding (bit-equal on the
+    AVX-512 machine measured; kernels may block rows differently on other CPUs)."""
     torch.manual_seed(1)
     packed = PackedLinear(torch.randn(1536, 576), None)
     x = torch.randn(1, 16, 576)
     alone = torch.cat([packed(x[:, i : i + 1]) for i in range(16)], dim=1)
     for n in (2, 4, 9, 16):
-        assert torch.equal(packed(x[:, :n]), alone[:, :n]), n
+        torch.testing.assert_close(packed(x[:, :n]), alone[:, :n], rtol=1e-6, atol=1e-5)
 
 
 def test_pack_linears_replaces_every_linear_and_keeps_logits(tiny_target_dir):
