@@ -31,7 +31,21 @@ EVAL_NAMES = (
     "sharegpt_heldout",
     "mt_bench_t1",
     "ttt1_mt_bench",
+    "ttt_k_mt_bench",
 )
+# evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
+# others measure the published head, in its own run folder (OUT-long once the long run is done)
+PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench")
+
+
+def eval_dir(out: Path, published: Path, name: str) -> Path:
+    """Where eval `name` writes: OUT/eval-NAME for the equal-compute pair, else PUBLISHED/eval-NAME.
+    The recipe's-K row is OUT/eval-mt_bench itself when OUT's head is the published one."""
+    if name == "ttt_k_mt_bench" and published == out:
+        return out / "eval-mt_bench"
+    return (out if name in PAIR_EVALS else published) / f"eval-{name}"
+
+
 # keys of an earlier page that the issue-22 sections replace (not carried over)
 SUPERSEDED = ("bar", "bar_2026_12_01")
 CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
@@ -93,10 +107,13 @@ def gen_data_figures(run: Path) -> dict | None:
     return {"manifest": m, "seconds_estimate": est}
 
 
-def eval_rows(out: Path, evals: dict) -> tuple[list[dict], dict]:
+def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[list[dict], dict]:
     rows, reports = [], {}
+    published = published or out
     for name in evals:
-        rep = _json(out / f"eval-{name}" / "report.json")
+        if name == "ttt_k_mt_bench" and published == out:
+            continue  # it is OUT/eval-mt_bench, read as mt_bench
+        rep = _json(eval_dir(out, published, name) / "report.json")
         if rep is None:
             continue
         reports[name] = rep
@@ -141,10 +158,20 @@ def _round(x):
 
 # ---------------------------------------------------------------- the page
 def write_report(
-    out: Path, ttt1: Path, evals: dict, results: dict, commands: list[str], md_path: Path, hour: Path | None = None
+    out: Path,
+    ttt1: Path,
+    evals: dict,
+    results: dict,
+    commands: list[str],
+    md_path: Path,
+    hour: Path | None = None,
+    published: Path | None = None,
 ) -> None:
-    rows, reports = eval_rows(out, evals)
+    """PUBLISHED: the run whose head the per-bench evals measure (OUT-long after the long run)."""
+    published = published or out
+    rows, reports = eval_rows(out, evals, published)
     train, train1 = train_figures(out), train_figures(ttt1)
+    train_long = train_figures(published) if published != out else None
     gd = gen_data_figures(out)
     cache = _json(out / "cache" / "manifest.json")
     steps = results.get("steps", {})
@@ -158,9 +185,9 @@ def write_report(
         "measured within one eval (plain, `generate` and speculative decoding timed on the same prompts).",
         "",
     ]
-    issue22, issue22_json = sections(out, hour or out.with_name(out.name + "-hour"), reports, rows)
+    issue22, issue22_json = sections(out, hour or out.with_name(out.name + "-hour"), reports, rows, published)
     lines += [*issue22, "", WHY_MISSED, ""]
-    lines += ["## Acceptance and speed by bench (depth 8)", ""]
+    lines += [f"## Acceptance and speed by bench (depth 8): the head of `{published.name}`", ""]
     lines += _table(
         [
             "eval",
@@ -238,7 +265,8 @@ def write_report(
         ]
 
     lines += ["", "## Training-time test: the recipe's K vs K=1 (same cache, same CPU budget)", ""]
-    t7 = next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+    pair = "ttt_k_mt_bench" if published != out else "mt_bench"  # the recipe's K at the same budget as K=1
+    t7 = next((r for r in rows if r["eval"] == pair and r["decoder"] == "chain"), None)
     t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
     if t1 and t7:
         n1 = t1["prompts"]
@@ -288,11 +316,12 @@ def write_report(
     for label, tf, key in (
         (f"train TTT K={_ttt_k(out)} (bf16 autocast, compiled unroll)", train, "train"),
         ("train TTT K=1", train1, "train_ttt1"),
+        (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long"),
     ):
         if tf:
             cost.append(
                 [
-                    label + ", 1 thread",
+                    label if "threads" in label else label + ", 1 thread",
                     f"{tf['tokens_seen']:,} over {tf['steps']} steps",
                     _minutes(tf["seconds"]),
                     f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: compilation)",
@@ -430,7 +459,9 @@ def main() -> None:
         "steps": _json(a.out / "bench-steps.json") or {},
         "machine": {"cpu_cores": __import__("os").cpu_count()},  # a bench stopped before it wrote results.json
     }
-    write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md)
+    long = a.out.with_name(a.out.name + "-long")
+    published = long if (long / "train" / "manifest.json").exists() else a.out
+    write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md, None, published)
 
 
 if __name__ == "__main__":

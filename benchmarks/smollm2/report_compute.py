@@ -92,6 +92,8 @@ def sweep_summary(report: dict | None) -> dict | None:
         "max_new_tokens": sw["max_new_tokens"],
         "dtype": report.get("dtype") or (report.get("target") or {}).get("dtype"),
         "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
+        "kernels": report.get("kernels", "torch (F.linear)"),  # reports before --cpu-kernels ran F.linear
+        "plain_tokens_per_s": sw.get("plain_tokens_per_s"),
     }
 
 
@@ -99,9 +101,13 @@ def _fx(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def sections(out: Path, hour: Path, reports: dict, rows: list[dict]) -> tuple[list[str], dict]:
-    """Markdown lines and JSON keys: bars, learning curve, one core-hour, sweep."""
-    curve = heldout_curve(out)
+def sections(
+    out: Path, hour: Path, reports: dict, rows: list[dict], published: Path | None = None
+) -> tuple[list[str], dict]:
+    """Markdown lines and JSON keys: bars, learning curve (of PUBLISHED, the run whose head the
+    evals measure; default OUT), one core-hour (OUT against HOUR), sweep."""
+    published = published or out
+    curve = heldout_curve(published)
     proj = projection(curve, BARS["mt_bench_tau"])
     hour_row = one_core_hour(out, hour)
     sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
@@ -152,9 +158,9 @@ def sections(out: Path, hour: Path, reports: dict, rows: list[dict]) -> tuple[li
             "",
             "## Learning curve of the published head",
             "",
-            f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {out.name}'s held-out",
-            f"conversations), every {_every(out)} steps; `{out.name}/train/learning_curve.png` plots it against tokens "
-            "and time.",
+            f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {published.name}'s held-out",
+            f"conversations), every {_every(published)} steps; `{published.name}/train/learning_curve.png` plots it "
+            f"against tokens and time. Budget: {_budget(published)}.",
             "",
         ]
         step = max(1, len(curve) // 12)
@@ -220,7 +226,8 @@ def sections(out: Path, hour: Path, reports: dict, rows: list[dict]) -> tuple[li
                 lines.append(
                     f"- {dt}: best {s['best']} {_fx(s['speedup_vs_plain'])} [90%: {s['speedup_interval'][0]:.2f}, "
                     f"{s['speedup_interval'][1]:.2f}] over {s['prompts']} prompts x {s['max_new_tokens']} tokens; "
-                    f"greedy mismatches {s['greedy_mismatches']}/{s['prompts']}"
+                    f"greedy mismatches {s['greedy_mismatches']}/{s['prompts']}; matmuls: {s['kernels']}"
+                    + (f"; plain decoding {s['plain_tokens_per_s']:.1f} tok/s" if s.get("plain_tokens_per_s") else "")
                 )
     data = {
         "learning_curve": [
@@ -285,6 +292,12 @@ def kept_sections(earlier: dict) -> list[str]:
             ],
         )
     return lines
+
+
+def _budget(run: Path) -> str:
+    cfg = (json.loads(m.read_text()) if (m := run / "train" / "manifest.json").exists() else {}).get("config", {})
+    b = cfg.get("time_budget_s")
+    return "-" if b is None else f"{b:,.0f} CPU s ({b / 3600:.1f} core-hours)"
 
 
 def _every(run: Path):

@@ -74,3 +74,42 @@ def test_sweep_summary_names_the_fastest_configuration_and_bars_follow(tmp_path)
     assert not bars["sweep_bf16_ge_1.5x"]["met"] and not bars["one_core_hour_ge_1.3x"]["met"]
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
     assert any("chain d=2" in line for line in lines)
+
+
+def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
+    """After the long run its head is the one evaluated (OUT-long/eval-*) and its curve is the
+    learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
+    from benchmarks.smollm2.report import eval_dir, eval_rows
+
+    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
+    long = _run(tmp_path, "smollm2-long", [1.3, 1.7, 1.8, 1.9], budget=9000.0)
+    assert eval_dir(out, long, "mt_bench") == long / "eval-mt_bench"
+    assert eval_dir(out, long, "ttt1_mt_bench") == out / "eval-ttt1_mt_bench"
+    assert eval_dir(out, long, "ttt_k_mt_bench") == out / "eval-ttt_k_mt_bench"
+    assert eval_dir(out, out, "ttt_k_mt_bench") == out / "eval-mt_bench"  # no long run: the same eval
+
+    def report(tau):
+        per_depth = [{"alpha": 0.5, "attempts": 10, "unconditional": 0.5}]
+        chain = {"acceptance": {"tau": tau, "per_depth": per_depth}, "lossless": {"mismatches": 0}}
+        return {
+            "bench": "mt_bench",
+            "depth": 8,
+            "num_prompts": 80,
+            "temperature": 0.0,
+            "heads": {"h": {"chain": chain}},
+        }
+
+    for folder, tau in (
+        (long / "eval-mt_bench", 1.7),
+        (out / "eval-ttt_k_mt_bench", 1.5),
+        (out / "eval-mt_bench", 1.4),
+    ):
+        folder.mkdir(parents=True)
+        (folder / "report.json").write_text(json.dumps(report(tau)))
+    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
+    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
+    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
+    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
+    lines, data = sections(out, tmp_path / "no-hour", {}, rows, long)
+    assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
+    assert any("9,000 CPU s" in line for line in lines)
