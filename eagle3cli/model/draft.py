@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..errors import UsageError
-from .cpu_kernels import PackedLinear, packed_or_plain
+from .cpu_kernels import is_packed, packed_or_plain
 
 
 def draft_config_from_target(
@@ -216,14 +216,14 @@ class Eagle3Draft(nn.Module):
         """(q/k/v, gate/up) as one matmul each for decoding. A head packed for CPU decoding
         (`pack_linears`) is inference-only: its packed fusions are made once and reused (a
         reorder costs ~15 ms, a draft step ~1 ms); otherwise fresh copies of the weights."""
-        if isinstance(self.fc, PackedLinear) and self._packed_fusions is not None:
+        if is_packed(self) and self._packed_fusions is not None:
             return self._packed_fusions
         attn, mlp = self.midlayer.self_attn, self.midlayer.mlp
         w_qkv = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])
         b_qkv = None if attn.q_proj.bias is None else torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
         w_gate_up = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
         b_gate_up = None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])
-        packed = isinstance(self.fc, PackedLinear)
+        packed = is_packed(self)
         fused = packed_or_plain(w_qkv, b_qkv, packed), packed_or_plain(w_gate_up, b_gate_up, packed)
         if packed:
             self._packed_fusions = fused

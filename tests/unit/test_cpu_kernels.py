@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
+from eagle3cli.model import cpu_kernels
 from eagle3cli.model.cpu_kernels import PackedLinear, is_packed, onednn_linear_available, pack_linears
 from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.target import default_aux_layer_ids, load_target
@@ -40,12 +41,20 @@ def test_rows_do_not_depend_on_their_neighbours():
         torch.testing.assert_close(packed(x[:, :n]), alone[:, :n], rtol=1e-6, atol=1e-5)
 
 
-def test_pack_linears_replaces_every_linear_and_keeps_logits(tiny_target_dir):
+@pytest.fixture
+def pack_everything(monkeypatch):
+    """The tiny target's matrices are all under the size worth packing: pack them anyway, so the
+    mechanics are tested on every kind of linear."""
+    monkeypatch.setattr(cpu_kernels, "MIN_PACK_ELEMENTS", 0)
+
+
+def test_pack_linears_replaces_every_linear_and_keeps_logits(tiny_target_dir, pack_everything):
     model, tok, _ = load_target(tiny_target_dir)
     ids = torch.tensor([tok("The quick brown fox")["input_ids"]])
     with torch.inference_mode():
         ref = model(input_ids=ids).logits
     n_linear = sum(type(m) is nn.Linear for m in model.modules())
+    assert not is_packed(model)
     assert pack_linears(model) == n_linear > 0
     assert is_packed(model) and not any(type(m) is nn.Linear for m in model.modules())
     assert pack_linears(model) == 0  # idempotent: nothing left to pack
@@ -53,8 +62,21 @@ def test_pack_linears_replaces_every_linear_and_keeps_logits(tiny_target_dir):
         torch.testing.assert_close(model(input_ids=ids).logits, ref, rtol=1e-4, atol=1e-4)
 
 
+def test_small_matrices_stay_plain(tiny_target_dir):
+    """A oneDNN call's overhead outweighs what a small matrix gains: only those of at least
+    MIN_PACK_ELEMENTS are packed (the tiny target: its 4096 x 128 lm_head alone)."""
+    model, _tok, _ = load_target(tiny_target_dir)
+    big = [
+        n
+        for n, m in model.named_modules()
+        if type(m) is nn.Linear and m.weight.numel() >= cpu_kernels.MIN_PACK_ELEMENTS
+    ]
+    assert pack_linears(model) == len(big) == 1
+    assert isinstance(model.lm_head, PackedLinear) and is_packed(model)
+
+
 @pytest.mark.parametrize("mode", ["chain", "tree"])
-def test_packed_speculative_decoding_is_exact(tiny_target_dir, mode):
+def test_packed_speculative_decoding_is_exact(tiny_target_dir, mode, pack_everything):
     model, tok, _ = load_target(tiny_target_dir)
     aux = default_aux_layer_ids(model.config.num_hidden_layers)
     torch.manual_seed(0)
