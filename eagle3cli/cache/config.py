@@ -50,8 +50,8 @@ class CacheConfig:
     dtype: TargetDtype = "auto"
     """Target weights; auto = bf16 on GPU, fp32 on CPU."""
     cpu_kernels: CpuKernels = "onednn"
-    """On CPU: onednn = the target's weights reordered once for oneDNN (fp32 forwards of 256 rows:
-    matmuls ~2.4x faster than F.linear on an AVX-512 EPYC); torch = plain F.linear."""
+    """On CPU: onednn = the target's big matrices reordered once for oneDNN (SmolLM2-135M forward
+    1.61x faster in fp32, the same in bf16); torch = plain F.linear."""
 
     def validate(self) -> list[str]:
         errs = []
