@@ -17,10 +17,13 @@ Inference only: a packed weight has no gradient. `pack_linears` replaces modules
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
+_PACKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models pack_linears ran on
 # A oneDNN call costs ~15-20 us more than F.linear's, which a small matrix never wins back (the
 # 128-wide tiny target decoded 0.65x as fast fully packed). From 1 MiB of fp32 weights up (SmolLM2's
 # 576x576 attention and 1536x576 MLP matrices, its lm_head) the packed layout is the faster one.
@@ -100,13 +103,13 @@ def pack_linears(model: nn.Module, keep_weight: bool = False) -> int:
     for parent, name, child in todo:
         keep = keep_weight or id(child.weight) in shared
         setattr(parent, name, PackedLinear(child.weight, child.bias, keep_weight=keep))
-    model.cpu_packed = True  # inference-only from here (a draft head then packs its fused projections)
+    _PACKED.add(model)  # inference-only from here (a draft head then packs its fused projections)
     return len(todo)
 
 
 def is_packed(module: nn.Module) -> bool:
     """Whether `pack_linears` ran on this module (small matrices may have stayed nn.Linear)."""
-    return bool(getattr(module, "cpu_packed", False))
+    return module in _PACKED
 
 
 def pack_for_inference(model: nn.Module, kernels: str, keep_weight: bool = False) -> str:
