@@ -383,7 +383,7 @@ def write_report(
     lines += ["```", ""]
     json_path = md_path.with_suffix(".json")
     earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
-    at = lines.index("## Acceptance and speed by bench (depth 8)")
+    at = next(i for i, line in enumerate(lines) if line.startswith("## Acceptance and speed by bench (depth 8)"))
     lines[at:at] = [*kept_sections(earlier)[1:], ""]
     md_path.write_text("\n".join(lines))
     machine = {
