@@ -280,7 +280,8 @@ def main() -> None:
     planned.append(
         REC.show(ttt1_train_cmd(out, ttt1, args.train_budget_s))
     )  # every command of the figures, run now or earlier
-    planned.insert(1, REC.show(train_cmd(out, long, args.long_budget_s)))
+    if args.long_budget_s > 0:
+        planned.insert(1, REC.show(train_cmd(out, long, args.long_budget_s)))
     planned += [
         REC.show(eval_cmd(run, eval_dir(out, published, k), b, p, args, *x)) for k, (run, b, p, x) in evals.items()
     ]
