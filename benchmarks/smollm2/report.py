@@ -16,7 +16,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report_compute import kept_sections, sections  # noqa: E402
+from benchmarks.smollm2.report_compute import heldout_curve, kept_sections, sections, sweep_summary  # noqa: E402
 from benchmarks.smollm2.report_compute import md_table as _table  # noqa: E402
 
 # The eval folders of a run (eval-<name>), in the order run_bench.py runs them; both modules read
@@ -32,10 +32,12 @@ EVAL_NAMES = (
     "mt_bench_t1",
     "ttt1_mt_bench",
     "ttt_k_mt_bench",
+    "ttt1_sweep_fp32",
+    "ttt1_sweep_bf16",
 )
 # evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
 # others measure the published head, in its own run folder (OUT-long once the long run is done)
-PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench")
+PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32", "ttt1_sweep_bf16")
 
 
 def eval_dir(out: Path, published: Path, name: str) -> Path:
@@ -278,6 +280,7 @@ def write_report(
             ],
         )
         lines += ["", TTT_NOTE]
+        lines += ["", *ttt_serving(out, ttt1, published, reports, t7, t1)]
     for label, tf in ((f"K={_ttt_k(out)}", train), ("K=1", train1)):
         if tf:
             lines.append(
@@ -433,6 +436,45 @@ def _iv(iv) -> str:
 
 def _cell(x) -> str:
     return "-" if x is None else f"{x:.2f}"
+
+
+def ttt_serving(out: Path, ttt1: Path, published: Path, reports: dict, tk: dict, t1: dict) -> list[str]:
+    """The two equal-compute heads as a server would pick them: held-out tau at the budget's end,
+    MT-bench tau at depth 1 and 8, and each one's fastest measured sweep configuration."""
+
+    def best(rep) -> str:
+        s = sweep_summary(rep)
+        return "-" if not s else f"{s['speedup_vs_plain']:.2f}x ({s['best']})"
+
+    def heldout(run: Path) -> str:
+        c = heldout_curve(run)
+        return "-" if not c else f"{c[-1]['heldout_tau']:.3f}"
+
+    def d1(row: dict) -> str:
+        est = row.get("tau_by_depth_estimate") or []
+        return _f(est[1], 3) if len(est) > 1 else "-"
+
+    same = published == out  # OUT's sweeps are then the recipe's-K head at the same budget
+    k_fp32, k_bf16 = (reports.get("mt_bench"), reports.get("mt_bench_bf16")) if same else (None, None)
+    lines = [
+        "Serving them (sweeps: 8 MT-bench prompts x 64 tokens, best measured configuration vs plain decoding):",
+        "",
+    ]
+    lines += _table(
+        ["head", "held-out tau (d8)", "MT-bench tau d=1", "MT-bench tau d=8", "best sweep fp32", "best sweep bf16"],
+        [
+            [f"TTT K={_ttt_k(out)}", heldout(out), d1(tk), _f(tk["tau"], 3), best(k_fp32), best(k_bf16)],
+            [
+                "TTT K=1",
+                heldout(ttt1),
+                d1(t1),
+                _f(t1["tau"], 3),
+                best(reports.get("ttt1_sweep_fp32")),
+                best(reports.get("ttt1_sweep_bf16")),
+            ],
+        ],
+    )
+    return lines
 
 
 def _peak(steps: dict, name: str) -> str:

@@ -248,13 +248,25 @@ def main() -> None:
         # the paper's claim at equal compute: K=1 against the recipe's K, both --train-budget-s (OUT/train)
         "ttt1_mt_bench": (ttt1, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
         "ttt_k_mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
+        # the K=1 head served: its own sweeps (depth 1 is where it leads)
+        "ttt1_sweep_fp32": (
+            ttt1,
+            "mt_bench",
+            args.sweep_prompts,
+            ["--mode", "chain", "--no-generate-baseline", *sweep],
+        ),
+        "ttt1_sweep_bf16": (ttt1, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
     }
     assert tuple(evals) == EVAL_NAMES
 
+    ttt1_lock = threading.Lock()
+
     def run_eval(name: str) -> None:
         run, bench, prompts, extra = evals[name]
-        if name.startswith("ttt1") and not done(ttt1 / "train" / "manifest.json"):
-            step("train_ttt1", ttt1_train_cmd(out, ttt1, args.train_budget_s), env=one_thread)
+        if name.startswith("ttt1"):
+            with ttt1_lock:  # three evals need the K=1 head; the first to get here trains it
+                if not done(ttt1 / "train" / "manifest.json"):
+                    step("train_ttt1", ttt1_train_cmd(out, ttt1, args.train_budget_s), env=one_thread)
         dest = eval_dir(out, published, name)
         if name == "ttt_k_mt_bench" and done(eval_dir(out, out, "mt_bench") / "report.json"):
             return  # OUT's head was the published one: its MT-bench eval is this one
