@@ -149,6 +149,39 @@ def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[li
     return rows, reports
 
 
+def eval_command(manifest: dict, folder: Path | None = None) -> str:
+    """The `eagle3 eval` command an eval folder was made by, from the config its manifest records
+    (flags that differ from EvalConfig's defaults, in field order); --out is FOLDER when given
+    (where the report is now, should the folder have been renamed since)."""
+    from dataclasses import fields
+
+    from eagle3cli.eval.config import EvalConfig
+
+    cfg, default, parts = dict(manifest.get("config", {})), EvalConfig(), ["eagle3 eval"]
+    if folder is not None:
+        cfg["out"] = str(folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder)
+    for f in fields(EvalConfig):
+        v, d = cfg.get(f.name, getattr(default, f.name)), getattr(default, f.name)
+        if isinstance(d, tuple):
+            v = tuple(v)
+        flag = "--" + f.name.replace("_", "-")
+        if v == d or (v is None and d is None):
+            continue
+        if isinstance(d, bool):
+            parts.append(flag if v else "--no-" + f.name.replace("_", "-"))
+        elif isinstance(v, tuple):
+            parts += [f"{flag} {x}" for x in v]
+        else:
+            parts.append(f"{flag} {v}")
+    return " ".join(parts)
+
+
+def eval_commands(out: Path, published: Path, evals) -> list[str]:
+    """The command behind every eval on the page, read back from its folder."""
+    folders = [eval_dir(out, published, name) for name in evals]
+    return [eval_command(m, f) for f in folders if (m := _json(f / "manifest.json"))]
+
+
 def _ttt_k(run: Path):
     m = _json(run / "train" / "manifest.json") or {}
     return (m.get("config") or {}).get("ttt_steps", "?")
@@ -380,7 +413,10 @@ def write_report(
             "",
         ]
     lines += ["```", *CHAIN]
-    for c in [st["command"] for st in steps.values()] + commands:
+    done_evals = eval_commands(out, published, evals)
+    for c in (
+        [st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")] + commands + done_evals
+    ):
         if c not in lines:
             lines.append(c)
     lines += ["```", ""]
@@ -484,8 +520,10 @@ def _peak(steps: dict, name: str) -> str:
 
 WHY_MISSED = """Where the compute goes on this machine: 2 CPU cores in 3-hour sessions share data
 generation (~30 conversations a minute on both cores), caching (~460 tokens/s a core) and training
-(~800 tokens/s a core for the chosen recipe); a depth-d fp32 round costs more than one plain
-step, so a chain pays only above a tau that the sweep measures per depth (docs/eval.md)."""
+(~800 tokens/s a core for the chosen recipe). With oneDNN-packed weights (eval's default,
+docs/eval.md) a depth-1 fp32 round costs about 1.1 plain steps, so today's heads pay at depth 1
+only; each deeper draft token must be accepted often enough to pay for its draft step, which the
+sweep measures per depth."""
 
 TTT_NOTE = """The paper's claim is that unrolling the draft's own predictions in training (K>1) keeps
 acceptance flat across depth, where a head trained on the target's features only (K=1) decays

@@ -113,3 +113,15 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     lines, data = sections(out, tmp_path / "no-hour", {}, rows, long)
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
     assert any("9,000 CPU s" in line for line in lines)
+
+
+def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
+    from benchmarks.smollm2.report import eval_command
+
+    cfg = {"run": "runs/smollm2", "out": "elsewhere", "bench": "mt_bench", "num_prompts": 80, "depth": 8}
+    cfg |= {"generate_baseline": False, "sweep": True, "sweep_tree": ["5,4,8", "8,4,16"], "dtype": "fp32"}
+    cmd = eval_command({"config": cfg}, tmp_path / "eval-mt_bench")
+    assert cmd.startswith("eagle3 eval --run runs/smollm2 --out ")
+    assert f"--out {tmp_path / 'eval-mt_bench'} " in cmd  # where the report is now
+    assert "--num-prompts 80 " in cmd and "--no-generate-baseline" in cmd and "--sweep" in cmd
+    assert "--depth" not in cmd and "--sweep-tree" not in cmd  # defaults are left out
