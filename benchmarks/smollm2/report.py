@@ -313,7 +313,7 @@ def write_report(
             ],
         )
         lines += ["", TTT_NOTE]
-        lines += ["", *ttt_serving(out, ttt1, published, reports, t7, t1)]
+        lines += ["", *ttt_serving(out, ttt1, reports, t7, t1)]
     for label, tf in ((f"K={_ttt_k(out)}", train), ("K=1", train1)):
         if tf:
             lines.append(
@@ -474,7 +474,7 @@ def _cell(x) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
-def ttt_serving(out: Path, ttt1: Path, published: Path, reports: dict, tk: dict, t1: dict) -> list[str]:
+def ttt_serving(out: Path, ttt1: Path, reports: dict, tk: dict, t1: dict) -> list[str]:
     """The two equal-compute heads as a server would pick them: held-out tau at the budget's end,
     MT-bench tau at depth 1 and 8, and each one's fastest measured sweep configuration."""
 
@@ -490,8 +490,9 @@ def ttt_serving(out: Path, ttt1: Path, published: Path, reports: dict, tk: dict,
         est = row.get("tau_by_depth_estimate") or []
         return _f(est[1], 3) if len(est) > 1 else "-"
 
-    same = published == out  # OUT's sweeps are then the recipe's-K head at the same budget
-    k_fp32, k_bf16 = (reports.get("mt_bench"), reports.get("mt_bench_bf16")) if same else (None, None)
+    # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget (they stay in OUT
+    # when a long run is published)
+    k_fp32, k_bf16 = (_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16"))
     lines = [
         "Serving them (sweeps: 8 MT-bench prompts x 64 tokens, best measured configuration vs plain decoding):",
         "",
