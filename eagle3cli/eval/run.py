@@ -124,8 +124,6 @@ def _cpu_kernels(cfg: EvalConfig, target, drafts: list) -> str:
     kernels = pack_for_inference(target, cfg.cpu_kernels)
     for d in drafts:  # the head's weights stay readable: its decoding cache fuses q/k/v from them
         pack_for_inference(d, cfg.cpu_kernels, keep_weight=True)
-    if "no oneDNN" in kernels:
-        warn("--cpu-kernels onednn: this torch build has no oneDNN packed linear; plain F.linear is used")
     return kernels
 
 

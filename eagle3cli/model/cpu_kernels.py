@@ -3,8 +3,8 @@
 Why: on CPU a decoding step is memory-bound, and with its plain `F.linear` path (MKL sgemm) an
 fp32 matmul over a few rows costs far more than one row — it re-reads the weights in a layout
 made for large matrices. Measured on SmolLM2-135M (one thread, AVX-512 EPYC, fp32): the 30
-layers' matmuls took 27 ms for one token and 39 ms for four; with the weights reordered once into
-oneDNN's blocked layout, 17 ms and 18 ms. Verifying d drafted tokens then costs about what one
+layers' matmuls took 25 ms for one token and 38 ms for four; with the weights reordered once into
+oneDNN's blocked layout, 14 ms and 18 ms (docs/eval.md). Verifying d drafted tokens then costs about what one
 plain step costs, which is the premise of speculative decoding. Plain decoding gets the same
 kernels (same packed model), so speedups stay like for like.
 
@@ -120,5 +120,9 @@ def pack_for_inference(model: nn.Module, kernels: str, keep_weight: bool = False
         return "device default"
     if kernels == "torch":
         return "torch (F.linear)"
-    n = pack_linears(model, keep_weight=keep_weight)
-    return f"onednn packed ({n} linears)" if n else "torch (F.linear; no oneDNN in this build)"
+    if not onednn_linear_available():
+        from ..console import warn
+
+        warn("--cpu-kernels onednn: this torch build has no oneDNN packed linear; plain F.linear is used")
+        return "torch (F.linear; no oneDNN in this build)"
+    return f"onednn packed ({pack_linears(model, keep_weight=keep_weight)} linears)"
