@@ -57,6 +57,7 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "init_pass_top": ("pass-top init", ["--init", "pass-top"]),
     "loss_tv": ("total-variation loss", ["--loss", "tv"]),
     "noise": ("feature noise 0.05", ["--feature-noise", "0.05"]),
+    "vocab8k": ("draft vocab 8k (the cache's 8,192 most frequent tokens)", ["--draft-vocab-size", "8192"]),
     # the screen's winners together
     "k1_tok1k": (
         "TTT K=1 and 1k tokens per step (lr 5e-4)",
@@ -65,6 +66,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
     "k3_tok1k": (
         "TTT K=3 and 1k tokens per step (lr 5e-4)",
         ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4"],
+    ),
+    "k3_tok1k_vocab8k": (
+        "TTT K=3, 1k tokens per step (lr 5e-4), draft vocab 8k",
+        ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--draft-vocab-size", "8192"],
     ),
     # the recipe this table chose (recipes/smollm2-135m/train.yaml as it stands)
     "chosen": (

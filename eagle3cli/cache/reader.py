@@ -63,6 +63,8 @@ class CacheReader:
         vocab = load_file(str(self.dir / VOCAB_FILE))
         self.d2t: torch.Tensor = vocab["d2t"].to(torch.int64)
         self.t2d: torch.Tensor = vocab["t2d"].to(torch.bool)
+        # assistant-token frequencies the draft vocab was chosen from (absent in hand-made caches)
+        self.token_counts: torch.Tensor | None = vocab.get("token_counts")
         self.lengths: list[int] = load_file(str(self.dir / INDEX_FILE))["lengths"].tolist()
         self._starts = [0]
         for s in m["shards"]:

@@ -55,8 +55,10 @@ class TrainConfig:
     aux_layers: str = "cache"
     """Which aux layers: cache (whatever the cache holds), default [2, L//2, L-3], top [L-1], or ids 2,4,5
     (must match the cache)."""
-    draft_vocab_size: int = 32000
-    """Draft vocab size for --online (offline, the cache's vocab is used)."""
+    draft_vocab_size: int | None = None
+    """Draft vocab size. Offline: the cache's by default; a smaller N trains on the cache's N most
+    frequent assistant tokens (what `eagle3 cache --draft-vocab-size N` would choose): the head's
+    lm_head, most of a draft step's cost, shrinks with it. --online: 32000 by default."""
     max_length: int = 2048
     """Tokens per sample; longer samples are cut."""
     epochs: int = 1
@@ -155,11 +157,14 @@ class TrainConfig:
             "save_every",
             "epochs",
             "max_length",
-            "draft_vocab_size",
         ):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or v <= 0:
                 e.append(f"--{name.replace('_', '-')} {v!r}: expected a positive number")
+        if self.draft_vocab_size is not None and (
+            not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size <= 0
+        ):
+            e.append(f"--draft-vocab-size {self.draft_vocab_size!r}: expected a positive integer, e.g. 16384")
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps <= 0):
             e.append(f"--max-steps {self.max_steps!r}: expected a positive integer")
         if not 0 <= self.min_lr_ratio <= 1:

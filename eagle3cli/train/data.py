@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 from ..errors import UsageError
 from ..jsonl import read_records
 from ..manifest import folder_fingerprint, read_json
@@ -118,6 +119,28 @@ class CacheSource:
                 "eagle3 cache --run runs/NAME",
             )
 
+    def narrow_vocab(self, size: int) -> None:
+        """Train a smaller draft vocab than the cache's: its `size` most frequent assistant tokens,
+        chosen from the cache's own counts exactly as `eagle3 cache --draft-vocab-size size` would
+        choose them (a subset of the cache's vocab, so every teacher row is still computable)."""
+        have, counts, cache = len(self.d2t), self.reader.token_counts, self.reader.dir
+        rebuild = f"eagle3 cache --run RUN --draft-vocab-size {size}"
+        if size > have:
+            raise UsageError(
+                f"--draft-vocab-size {size} is larger than the cache's draft vocab ({have}, {cache})",
+                f"at most {have}, or a cache built with the larger vocab",
+                rebuild,
+            )
+        if size == have:
+            return
+        if counts is None:
+            raise UsageError(
+                f"cache {cache} has no token counts to choose a {size}-token draft vocab from",
+                "a cache written by `eagle3 cache` (its vocab.safetensors holds token_counts)",
+                rebuild,
+            )
+        self.d2t, self.t2d = build_mapping(select_draft_tokens(counts, size), counts.numel())
+
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         return collate([self.reader[i] for i in indices], max_length)
 
@@ -153,7 +176,6 @@ class OnlineSource:
         max_length: int,
     ):
         from ..cache.masks import TemplateRefusal, mask_data_record
-        from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
         self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))

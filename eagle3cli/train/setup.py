@@ -75,6 +75,9 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, out
 
 
+ONLINE_DRAFT_VOCAB = 32000  # --online's draft vocab when --draft-vocab-size is not given
+
+
 def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
     if choice == "cache":
         if cache_ids is None:
@@ -186,7 +189,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tcfg = target_model.config.to_dict()
         aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
-            data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size, cfg.max_length
+            data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
         )
         weights = {
             "embed": target_model.get_input_embeddings().weight.float().cpu(),
@@ -202,6 +205,8 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
                 f"eagle3 cache --run {run_dir}   (or train without one: eagle3 train --run {run_dir} --online)",
             )
         source = CacheSource(cache_dir)
+        if cfg.draft_vocab_size is not None:
+            source.narrow_vocab(cfg.draft_vocab_size)
         tpath = cfg.target or source.target.get("path")
         if not tpath or not Path(tpath).exists():
             raise UsageError(
@@ -335,6 +340,13 @@ def config_key(cfg: TrainConfig | dict) -> dict:
     for k in PATH_KEYS:
         if k in d:
             d[k] = _resolved(d[k])
+    # The vocab a run trains, whichever way it was spelled. Checkpoints from before
+    # --draft-vocab-size applied offline record the online default (32000), which an offline run
+    # ignored: it trained the cache's vocab, as None does now.
+    if d.get("online"):
+        d["draft_vocab_size"] = d.get("draft_vocab_size") or ONLINE_DRAFT_VOCAB
+    elif d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
+        d["draft_vocab_size"] = None
     for k in (
         "run",
         "resume",

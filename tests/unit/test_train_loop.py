@@ -128,7 +128,17 @@ def test_resume_with_other_settings_is_refused(run_dir, capsys):
 
 
 @pytest.mark.parametrize(
-    "case", ["missing-cache", "other-target", "aux-top", "bad-ds-key", "ds-optimizer", "draft-vocab", "bad-flag-value"]
+    "case",
+    [
+        "missing-cache",
+        "other-target",
+        "aux-top",
+        "bad-ds-key",
+        "ds-optimizer",
+        "draft-vocab",
+        "draft-vocab-cache",
+        "bad-flag-value",
+    ],
 )
 def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_target_dir, capsys):
     base = ["train", "--run", str(run_dir), *FAST]
@@ -139,6 +149,7 @@ def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_ta
         "bad-ds-key": ("invalid DeepSpeed config", ["--deepspeed", "BADJSON"]),
         "ds-optimizer": ("'optimizer' is set by", ["--deepspeed", "OPTJSON"]),
         "draft-vocab": ("larger than the target's vocab", ["--online", "--draft-vocab-size", "100000"]),
+        "draft-vocab-cache": ("larger than the cache's draft vocab (512", ["--draft-vocab-size", "1024"]),
         "bad-flag-value": ("--ttt-steps 0", ["--ttt-steps", "0"]),
     }[case]
     flags = expect[1]
@@ -272,6 +283,33 @@ def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
     head = load_head(run_dir / "head")
     assert head.config.draft_vocab_size == 300 and head.config.aux_layer_ids == [2, 2, 1]
     assert json.loads((run_dir / "train" / "manifest.json").read_text())["input"]["data"].endswith("data")
+
+
+def test_smaller_draft_vocab_from_a_cache_is_the_one_that_cache_size_would_choose(tmp_path, run_dir, tiny_target_dir):
+    from safetensors.torch import load_file
+
+    small = make_run(tmp_path / "small", tiny_target_dir, n=24, draft_vocab_size=256)
+    chosen = load_file(str(small / "cache" / "vocab.safetensors"))
+    args = ["train", "--run", str(run_dir), "--draft-vocab-size", "256", "--max-steps", "2", "--log-every", "1"]
+    assert main([*args, "--save-every", "2", *FAST]) == 0
+    head = load_head(run_dir / "head")
+    assert head.config.draft_vocab_size == 256 and head.lm_head.weight.shape[0] == 256
+    assert torch.equal(head.d2t, chosen["d2t"]) and torch.equal(head.t2d.bool(), chosen["t2d"].bool())
+    # the held-out curve scores the smaller vocab (targets outside it are rejections)
+    assert all(0 <= r["heldout_tau"] for r in metrics(run_dir) if "heldout_tau" in r)
+    # the vocab is part of the run: resuming with the cache's own vocab is refused
+    assert main(["train", "--run", str(run_dir), "--max-steps", "3", *FAST]) == 2
+
+
+def test_offline_checkpoints_recording_the_old_online_default_still_resume():
+    from eagle3cli.train.setup import config_key
+
+    old = config_key({"online": False, "draft_vocab_size": 32000, "lr": 1e-3})
+    assert old == config_key({"online": False, "draft_vocab_size": None, "lr": 1e-3})
+    assert config_key({"online": True, "draft_vocab_size": 32000}) == config_key(
+        {"online": True, "draft_vocab_size": None}
+    )
+    assert config_key({"online": False, "draft_vocab_size": 256}) != old
 
 
 def test_top_layer_ablation_trains_fc_over_one_hidden(tmp_path, tiny_target_dir):
