@@ -7,6 +7,12 @@ conversations), measures the held-out greedy-chain tau at the eval's depth with 
 estimator, and prints it beside the eval report's chain tau and alpha_k as one JSON object.
 The two see different text (cached held-out conversations of the training distribution vs the
 bench's prompts, decoded), so they agree only as far as the distributions do.
+
+`--explain` also scores the held-out conversations on two parts of their answers, to say where
+a gap comes from: the first N tokens of each answer (what an eval with --max-new-tokens N
+decodes), and the answers without their repeats (tokens whose preceding 16-gram already
+occurred earlier in the sample: a small target's greedy regeneration loops, and a draft copies
+a loop almost for free).
 """
 
 from __future__ import annotations
@@ -16,21 +22,89 @@ import json
 import sys
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root
 from eagle3cli.config import build_config  # noqa: E402
-from eagle3cli.train.config import TrainConfig  # noqa: E402
-from eagle3cli.train.loop import measure_heldout  # noqa: E402
+from eagle3cli.train.config import TrainConfig, upgrade_recorded  # noqa: E402
+from eagle3cli.train.heldout import heldout_acceptance  # noqa: E402
+from eagle3cli.train.loop import measure_heldout, teacher_for  # noqa: E402
 from eagle3cli.train.setup import setup  # noqa: E402
+
+REPEAT_NGRAM = 16
+
+
+def answer_prefix(loss_mask: torch.Tensor, n: int) -> torch.Tensor:
+    """[B, T] loss_mask keeping only the first n tokens of each assistant span."""
+    out = torch.zeros_like(loss_mask)
+    for b, row in enumerate(loss_mask.tolist()):
+        run = 0
+        for t, m in enumerate(row):
+            run = run + 1 if m else 0
+            out[b, t] = bool(m) and run <= n
+    return out
+
+
+def repeats(input_ids: torch.Tensor, n: int = REPEAT_NGRAM) -> torch.Tensor:
+    """[B, T] True at t when the n tokens ending at t already occurred, ending earlier, in the row."""
+    out = torch.zeros(input_ids.shape, dtype=torch.bool)
+    for b, row in enumerate(input_ids.tolist()):
+        seen: set[tuple[int, ...]] = set()
+        for t in range(n - 1, len(row)):
+            gram = tuple(row[t - n + 1 : t + 1])
+            out[b, t] = gram in seen
+            seen.add(gram)
+    return out
+
+
+class MaskedSource:
+    """The trainer's source with each batch's loss mask narrowed by `narrow(batch) -> mask`."""
+
+    def __init__(self, source, narrow):
+        self.source, self.narrow, self.lengths = source, narrow, source.lengths
+
+    def batch(self, indices, max_length):
+        b = self.source.batch(indices, max_length)
+        b["loss_mask"] = self.narrow(b)
+        return b
+
+
+def explain(tr, prefix: int) -> dict:
+    """Held-out tau on the whole answers, their first `prefix` tokens, and without repeats."""
+    source, depth, out = tr.source, tr.cfg.heldout_depth, {}
+    counted = {"masked": 0, "repeats": 0}
+
+    def no_repeats(b):
+        rep = repeats(b["input_ids"]) & b["loss_mask"].bool()
+        counted["masked"] += int(b["loss_mask"].sum())
+        counted["repeats"] += int(rep.sum())
+        return b["loss_mask"] & ~rep
+
+    parts = {
+        "whole answers": None,
+        f"first {prefix} tokens of each answer": lambda b: answer_prefix(b["loss_mask"], prefix),
+        "answers without repeats": no_repeats,
+    }
+    for name, narrow in parts.items():
+        tr.source = source if narrow is None else MaskedSource(source, narrow)
+        try:
+            h = heldout_acceptance(tr, tr.heldout, depth, teacher_for)
+        finally:
+            tr.source = source
+        out[name] = {"tau": h["tau"], "alpha_k": h["alpha_k"], "rounds": h["anchors"]}
+    out["repeat_share_of_answer_tokens"] = round(counted["repeats"] / max(counted["masked"], 1), 4)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--run", type=Path, required=True)
     ap.add_argument("--eval", type=Path, required=True, help="an eval folder of this run's head (report.json)")
+    ap.add_argument("--explain", action="store_true", help="also score answer prefixes and answers without repeats")
     a = ap.parse_args()
     report = json.loads((a.eval / "report.json").read_text())
     chain = next(iter(report["heads"].values()))["chain"]["acceptance"]
-    config = json.loads((a.run / "train" / "manifest.json").read_text())["config"]
+    config = upgrade_recorded(json.loads((a.run / "train" / "manifest.json").read_text())["config"])
     known = {k: v for k, v in config.items() if k in TrainConfig.__dataclass_fields__ and v is not None}
     cfg = build_config(TrainConfig, None, "train", **{**known, "heldout_depth": report["depth"]})
     tr = setup(cfg)  # resumes: the final checkpoint
@@ -52,6 +126,7 @@ def main() -> None:
                     "alpha_k": alpha,
                 },
                 "heldout_over_eval": round(point["heldout_tau"] / chain["tau"], 3),
+                **({"explain": explain(tr, report["max_new_tokens"])} if a.explain else {}),
             },
             indent=1,
         )

@@ -19,6 +19,19 @@ LmHead = Literal["target", "frozen", "fresh"]
 Init = Literal["random", "soft", "pass-top"]
 
 
+ONLINE_DRAFT_VOCAB = 32000  # --online's draft vocab when --draft-vocab-size is not given
+
+
+def upgrade_recorded(config: dict) -> dict:
+    """A config recorded by an older eagle3 (a checkpoint's, a train manifest's) as this version
+    reads it. Before --draft-vocab-size applied offline, offline runs recorded the online default
+    (32000) and ignored it, training the cache's vocab, which is what None says now."""
+    d = dict(config)
+    if not d.get("online") and d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
+        d["draft_vocab_size"] = None
+    return d
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     run: Path | None = flag(None, required=True)

@@ -39,7 +39,7 @@ from ..model.target import (
     validate_aux_layer_ids,
 )
 from . import checkpoint as ckpt
-from .config import TrainConfig
+from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
 from .heldout import heldout_indices
 from .optim import apply_init, build_optimizer
@@ -73,9 +73,6 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
                 "a Llama-style safetensors checkpoint (model.embed_tokens, lm_head, model.norm)",
             ) from e
     return cfg, out
-
-
-ONLINE_DRAFT_VOCAB = 32000  # --online's draft vocab when --draft-vocab-size is not given
 
 
 def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
@@ -340,13 +337,9 @@ def config_key(cfg: TrainConfig | dict) -> dict:
     for k in PATH_KEYS:
         if k in d:
             d[k] = _resolved(d[k])
-    # The vocab a run trains, whichever way it was spelled. Checkpoints from before
-    # --draft-vocab-size applied offline record the online default (32000), which an offline run
-    # ignored: it trained the cache's vocab, as None does now.
-    if d.get("online"):
+    d = upgrade_recorded(d)
+    if d.get("online"):  # the vocab an online run trains, whichever way it was spelled
         d["draft_vocab_size"] = d.get("draft_vocab_size") or ONLINE_DRAFT_VOCAB
-    elif d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
-        d["draft_vocab_size"] = None
     for k in (
         "run",
         "resume",
