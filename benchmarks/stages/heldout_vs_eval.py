@@ -8,9 +8,9 @@ estimator, and prints it beside the eval report's chain tau and alpha_k as one J
 The two see different text (cached held-out conversations of the training distribution vs the
 bench's prompts, decoded), so they agree only as far as the distributions do.
 
-`--explain` also scores the held-out conversations on two parts of their answers, to say where
-a gap comes from: the first N tokens of each answer (what an eval with --max-new-tokens N
-decodes), and the answers without their repeats (tokens whose preceding 16-gram already
+`--explain` also scores the held-out conversations on parts of their answers, to say where
+a gap comes from: the first N tokens of each answer and of the first answer only (what an eval
+of first turns with --max-new-tokens N decodes), and the answers without their repeats (tokens whose preceding 16-gram already
 occurred earlier in the sample: a small target's greedy regeneration loops, and a draft copies
 a loop almost for free).
 """
@@ -34,14 +34,16 @@ from eagle3cli.train.setup import setup  # noqa: E402
 REPEAT_NGRAM = 16
 
 
-def answer_prefix(loss_mask: torch.Tensor, n: int) -> torch.Tensor:
-    """[B, T] loss_mask keeping only the first n tokens of each assistant span."""
+def answer_prefix(loss_mask: torch.Tensor, n: int, answers: int | None = None) -> torch.Tensor:
+    """[B, T] loss_mask keeping only the first n tokens of each assistant span (of the first
+    `answers` spans of each row; None: all)."""
     out = torch.zeros_like(loss_mask)
     for b, row in enumerate(loss_mask.tolist()):
-        run = 0
+        run = spans = 0
         for t, m in enumerate(row):
             run = run + 1 if m else 0
-            out[b, t] = bool(m) and run <= n
+            spans += run == 1
+            out[b, t] = bool(m) and run <= n and (answers is None or spans <= answers)
     return out
 
 
@@ -83,6 +85,7 @@ def explain(tr, prefix: int) -> dict:
     parts = {
         "whole answers": None,
         f"first {prefix} tokens of each answer": lambda b: answer_prefix(b["loss_mask"], prefix),
+        f"first {prefix} tokens of the first answer": lambda b: answer_prefix(b["loss_mask"], prefix, answers=1),
         "answers without repeats": no_repeats,
     }
     for name, narrow in parts.items():

@@ -12,6 +12,8 @@ def test_answer_prefix_keeps_the_first_tokens_of_every_answer():
     got = answer_prefix(mask, 2)
     assert got.tolist() == [[False, True, True, False, False, False, True, True, False, False]]
     assert torch.equal(answer_prefix(mask, 100), mask)
+    first = answer_prefix(mask, 2, answers=1)[0].tolist()
+    assert first == [False, True, True] + [False] * 7
 
 
 def test_repeats_marks_a_loop_from_its_second_occurrence_on():
