@@ -113,6 +113,17 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     lines, data = sections(out, tmp_path / "no-hour", {}, rows, long)
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
     assert any("9,000 CPU s" in line for line in lines)
+    # the MT-bench projection runs through both heads' eval tau: OUT (8k tokens) 1.5, long (16k) 1.7
+    _, reports = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
+    lines, data = sections(out, tmp_path / "no-hour", reports, rows, long)
+    proj = data["mt_bench_projection"]
+    assert [(p["run"], p["tokens"], p["tau"]) for p in proj["points"]] == [
+        ("smollm2", 8000, 1.5),
+        ("smollm2-long", 16000, 1.7),
+    ]
+    assert proj["tau_per_doubling_of_tokens"] == pytest.approx(0.2)
+    assert proj["tokens_for_goal"] == pytest.approx(16000 * 2**4, rel=1e-6)  # 1.7 + 4 x 0.2 = 2.5
+    assert any("held-out 1.900, MT-bench 1.700 (1.12x)" in line for line in lines)
 
 
 def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
