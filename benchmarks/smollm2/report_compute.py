@@ -138,6 +138,22 @@ def sweep_summary(report: dict | None) -> dict | None:
     }
 
 
+def needs(summary: dict, goal: float) -> str:
+    """Why a sweep misses `goal`: speedup = tau / round cost (the round in plain decoding steps),
+    so at each configuration's measured round cost the goal needs tau >= goal x round."""
+    parts = []
+    for name, c in summary["configurations"].items():
+        if c["speedup"] > 0 and name.startswith("chain d=") and int(name.split("=")[1]) <= 3:
+            round_cost = c["tau"] / c["speedup"]
+            parts.append(
+                f"{name} tau {c['tau']:.2f} at a round of {round_cost:.2f} plain steps needs tau {goal * round_cost:.2f}"
+            )
+    return "; ".join(parts) + (
+        ". A configuration's speedup is its tau divided by its round's cost in plain decoding steps, so the "
+        "bar is an acceptance bar: no cheaper kernel brings a round below one plain step."
+    )
+
+
 def _fx(x) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
@@ -287,6 +303,9 @@ def sections(
                     f"greedy mismatches {s['greedy_mismatches']}/{s['prompts']}; matmuls: {s['kernels']}"
                     + (f"; plain decoding {s['plain_tokens_per_s']:.1f} tok/s" if s.get("plain_tokens_per_s") else "")
                 )
+        for dt, s in sweep.items():
+            if s and s["speedup_vs_plain"] < BARS[f"sweep_{dt}"]:
+                lines.append(f"- {dt}, what the {BARS[f'sweep_{dt}']}x bar needs: " + needs(s, BARS[f"sweep_{dt}"]))
     data = {
         "learning_curve": [
             {k: p[k] for k in ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau")} for p in curve

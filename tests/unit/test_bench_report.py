@@ -8,7 +8,14 @@ import math
 
 import pytest
 
-from benchmarks.smollm2.report_compute import heldout_curve, one_core_hour, projection, sections, sweep_summary
+from benchmarks.smollm2.report_compute import (
+    heldout_curve,
+    needs,
+    one_core_hour,
+    projection,
+    sections,
+    sweep_summary,
+)
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -74,6 +81,9 @@ def test_sweep_summary_names_the_fastest_configuration_and_bars_follow(tmp_path)
     assert not bars["sweep_bf16_ge_1.5x"]["met"] and not bars["one_core_hour_ge_1.3x"]["met"]
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
     assert any("chain d=2" in line for line in lines)
+    # a missed bar says what tau it would take at each short chain's measured round cost
+    assert "chain d=2 tau 1.20 at a round of 1.02 plain steps needs tau 1.53" in needs(s, 1.5)
+    assert not any("what the 1.5x bar needs" in line for line in lines)  # no bf16 sweep here
 
 
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
