@@ -76,6 +76,10 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         "the chosen recipe: K=3, 1k tokens per step, lr 5e-4, soft init",
         ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--init", "soft"],
     ),
+    "chosen_vocab8k": (
+        "the chosen recipe with draft vocab 8k",
+        ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--init", "soft", "--draft-vocab-size", "8192"],
+    ),
 }
 
 
