@@ -191,8 +191,8 @@ def load(path: Path) -> dict:
 
 def load_deepspeed(engine, ds_dir: Path, tag: str) -> None:
     """Restore a DeepSpeed engine from its own checkpoint (`train/deepspeed/TAG/`), unpickling with
-    torch's weights-only loader: DeepSpeed itself calls torch.load(weights_only=False), which would
-    run whatever a crafted file holds. The three DeepSpeed classes its files contain are allowed;
+    torch's weights-only loader: DeepSpeed's own loader turns the weights-only check off, which
+    would run whatever a crafted file holds. The three DeepSpeed classes its files contain are allowed;
     they are plain records (a loss-scale setting, an enum, an offset pair)."""
     import pickle
 
