@@ -124,7 +124,7 @@ class CacheSource:
         chosen from the cache's own counts exactly as `eagle3 cache --draft-vocab-size size` would
         choose them (a subset of the cache's vocab, so every teacher row is still computable)."""
         have, counts, cache = len(self.d2t), self.reader.token_counts, self.reader.dir
-        rebuild = f"eagle3 cache --run RUN --draft-vocab-size {size}"
+        rebuild = f"eagle3 cache --run {cache.parent} --draft-vocab-size {size}   (into a new run folder)"
         if size > have:
             raise UsageError(
                 f"--draft-vocab-size {size} is larger than the cache's draft vocab ({have}, {cache})",

@@ -301,6 +301,19 @@ def test_smaller_draft_vocab_from_a_cache_is_the_one_that_cache_size_would_choos
     assert main(["train", "--run", str(run_dir), "--max-steps", "3", *FAST]) == 2
 
 
+def test_a_smaller_vocab_from_an_altered_vocab_file_exits_2_and_writes_nothing(run_dir, capsys):
+    from safetensors.torch import load_file, save_file
+
+    vocab = run_dir / "cache" / "vocab.safetensors"
+    tensors = load_file(str(vocab))
+    save_file({k: v for k, v in tensors.items() if k != "token_counts"}, str(vocab))
+    assert main(["train", "--run", str(run_dir), "--draft-vocab-size", "256", "--max-steps", "1", *FAST]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    # the cache's checksums catch the altered file before any vocab is chosen from it
+    assert "is damaged: vocab.safetensors" in err and "eagle3 cache --run" in err and "Traceback" not in err
+    assert not (run_dir / "train" / "checkpoints").exists()  # nothing was trained or written
+
+
 def test_offline_checkpoints_recording_the_old_online_default_still_resume():
     from eagle3cli.train.setup import config_key
 
