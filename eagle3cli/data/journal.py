@@ -33,22 +33,41 @@ def shard_name(k: int) -> str:
     return f"shard-{k:05d}.jsonl"
 
 
+# Plan settings added since a folder was written whose default is not what that version did.
+LEGACY_PLAN = {"exclude_eval": False}
+
+
 def recorded_plan(recorded: dict) -> dict:
     """The plan settings a folder recorded, with the ones its version did not have yet (added
-    since) at their defaults: a default reproduces what that version did, so its run resumes."""
+    since) at what that version did (their default, or LEGACY_PLAN), so its run resumes."""
     out = {}
     for f in dataclasses.fields(GenDataConfig):
         if f.name not in PLAN_FIELDS:
             continue
         if f.name in recorded:
             out[f.name] = recorded[f.name]
+        elif f.name in LEGACY_PLAN:
+            out[f.name] = LEGACY_PLAN[f.name]
         else:
             default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
             out[f.name] = list(default) if isinstance(default, tuple) else default
     return out
 
 
-def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | None:
+def check_engine(out: Path, recorded: dict | None, engine, nxt: str) -> None:
+    """A corpus is never resumed on another engine or dtype (greedy texts differ between them)."""
+    old = {k: (recorded or {}).get(k) for k in ("engine", "dtype")}
+    new = engine.comparable() if engine is not None else {"engine": None, "dtype": None}
+    if old != new:
+        raise StageError(
+            f"{out} was regenerated with engine {old['engine'] or 'none'} ({old['dtype'] or 'no dtype recorded'}), "
+            f"this run would use {new['engine'] or 'none'} ({new['dtype'] or 'no dtype recorded'})",
+            "the same --engine and --dtype as the run that started the folder",
+            nxt,
+        )
+
+
+def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str, engine=None) -> dict | None:
     """Refuse a folder made with another target or other plan settings; returns an existing
     finished manifest (nothing to do) or None."""
     nxt = f"choose a new folder (--run runs/OTHER), or delete {out} to start over"
@@ -65,6 +84,7 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
         m = read_json(out / MANIFEST)
         check_matches(f"data folder {out}", m.get("target", {}), identity.comparable(), nxt)
         old = recorded_plan(m.get("config", {}))
+        check_engine(out, m.get("engine"), engine, nxt)
         if old != pcfg:
             diffs = ", ".join(f"{k}: {old[k]!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old[k] != pcfg[k])
             raise StageError(
@@ -76,6 +96,7 @@ def check_folder(out: Path, identity, pcfg: dict, plan_ids_hash: str) -> dict | 
         st = read_json(state_path)
         check_matches(f"unfinished data folder {out}", st.get("target", {}), identity.comparable(), nxt)
         old = recorded_plan(st.get("plan_config", {}))
+        check_engine(out, st.get("engine"), engine, nxt)
         if old != pcfg or st.get("plan_ids_hash") != plan_ids_hash:
             diffs = (
                 ", ".join(f"{k}: {old.get(k)!r} -> {pcfg[k]!r}" for k in PLAN_FIELDS if old.get(k) != pcfg[k])
@@ -133,6 +154,8 @@ class Journal:
         self.f.flush()
 
     def close(self) -> None:
+        if self.f.closed:  # closed when its shard completed, then again on the way out
+            return
         os.fsync(self.f.fileno())
         self.f.close()
 

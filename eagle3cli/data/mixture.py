@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Callable
 
 from .formats import ReadResult, reject_row
 
@@ -30,9 +31,12 @@ def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[in
     return [min(a, b) for a, b in zip(q, sizes)]
 
 
-def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) -> tuple[list[dict], list[dict]]:
-    """Seeded shuffle per source, global dedup by first prompt, mixture quotas, final shuffle.
-    Returns (plan, duplicate rejects). Deterministic for the same inputs and seed."""
+def build_plan(
+    results: list[ReadResult], num_samples: int | None, seed: int, reject: Callable[[dict], dict | None] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """Seeded shuffle per source, `reject` (eval prompts), global dedup by first prompt, mixture quotas,
+    final shuffle. Returns (plan, rejects). Deterministic for the same inputs and seed; `reject` runs
+    after the shuffle, so a record it drops leaves every other record where it was."""
     seen: set[str] = set()
     dup_rejects: list[dict] = []
     unique: list[list[dict]] = []
@@ -41,6 +45,10 @@ def build_plan(results: list[ReadResult], num_samples: int | None, seed: int) ->
         random.Random(f"{seed}:{si}:{res.spec.name}").shuffle(recs)
         keep = []
         for r in recs:
+            why = reject(r) if reject is not None else None
+            if why is not None:
+                dup_rejects.append(why)
+                continue
             k = first_prompt_key(r)
             if k in seen:
                 dup_rejects.append(

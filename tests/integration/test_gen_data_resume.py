@@ -28,6 +28,7 @@ def _args(target, out, *extra):
         str(GSM8K_TEST),
         "--input",
         str(MT_BENCH),
+        "--keep-eval",  # eval benches' files read as any file (gen-data refuses their prompts by default)
         "--num-samples",
         "8",
         "--max-new-tokens",
@@ -97,7 +98,8 @@ def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
 
 def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir, tmp_path, capsys):
     out = tmp_path / "data"
-    args = ["gen-data", "--input", str(GSM8K_TEST), "--num-samples", "2", "--max-new-tokens", "2", "--out", str(out)]
+    args = ["gen-data", "--input", str(GSM8K_TEST), "--keep-eval", "--num-samples", "2", "--max-new-tokens", "2"]
+    args += ["--out", str(out)]
     assert main([*args, "--target", str(tiny_target_dir)]) == 0
     before = _folder_bytes(out)
     capsys.readouterr()
@@ -120,6 +122,7 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
                 str(GSM8K_TEST),
                 "--input",
                 str(MT_BENCH),
+                "--keep-eval",
                 "--num-samples",
                 "20",
                 "--no-regenerate",
@@ -142,7 +145,19 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
 def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "dry"
     assert (
-        main(["gen-data", "--target", str(tiny_target_dir), "--input", str(MT_BENCH), "--out", str(out), "--dry-run"])
+        main(
+            [
+                "gen-data",
+                "--target",
+                str(tiny_target_dir),
+                "--input",
+                str(MT_BENCH),
+                "--keep-eval",
+                "--out",
+                str(out),
+                "--dry-run",
+            ]
+        )
         == 0
     )
     captured = capsys.readouterr()

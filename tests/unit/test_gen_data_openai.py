@@ -126,3 +126,23 @@ def test_openai_backend_leaves_failed_records_pending_and_the_rerun_completes(
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0
     assert (out / "rejects.jsonl").read_text() == ""
+
+
+def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(
+    server_factory, tiny_target_dir, tmp_path
+):
+    """Every shard's conversations go out in one stream (no drain at each shard's tail); the shards
+    written are the same bytes as a one-shard-at-a-time run of the same plan."""
+    p = tmp_path / "q.jsonl"
+    p.write_text("".join(json.dumps({"question_id": i, "turns": [f"Tell me about item {i}."]}) + "\n" for i in range(9)))
+    srv = server_factory()
+    out = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "a", [srv.url], shard_size=2, concurrency=4))
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["counts"]["written"] == 9 and len(m["shards"]) == 5
+    # requests of later shards were sent before earlier shards had all answered: at the start, four
+    # conversations (two shards' worth) were in flight together
+    assert srv.max_in_flight >= 3
+    one = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "b", [srv.url], shard_size=2, concurrency=1))
+    for k in range(5):
+        name = f"shard-{k:05d}.jsonl"
+        assert (out / name).read_bytes() == (one / name).read_bytes()

