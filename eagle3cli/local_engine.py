@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -136,9 +136,15 @@ def stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
 
 @contextlib.contextmanager
 def running(
-    argv: list[str], env: dict, log_path: Path, health_url: str, timeout_s: float = HEALTH_TIMEOUT_S
+    argv: list[str],
+    env: dict,
+    log_path: Path,
+    health_url: str,
+    timeout_s: float = HEALTH_TIMEOUT_S,
+    on_wait: Callable[[float], None] | None = None,
 ) -> Iterator[subprocess.Popen]:
-    """Start `argv` in its own process group, logging to `log_path`; yield once `health_url` answers 200."""
+    """Start `argv` in its own process group, logging to `log_path`; yield once `health_url` answers 200.
+    `on_wait(seconds)` is called every 15 s while it starts (a progress line)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as logf:
         try:
@@ -149,8 +155,12 @@ def running(
         except OSError as e:
             raise EngineStartError(f"could not start {argv[0]}: {e}") from e
         try:
-            deadline = time.monotonic() + timeout_s
+            start = time.monotonic()
+            deadline, said = start + timeout_s, start
             while not is_healthy(health_url):
+                if on_wait is not None and time.monotonic() - said >= 15:
+                    said = time.monotonic()
+                    on_wait(said - start)
                 if proc.poll() is not None:
                     raise EngineStartError(f"the engine exited with code {proc.returncode} before it was healthy")
                 if time.monotonic() > deadline:
@@ -170,7 +180,12 @@ def tail(path: Path, lines: int = 15) -> str:
 
 @contextlib.contextmanager
 def vllm_for_target(
-    target: Path, dtype: str, max_num_seqs: int, log_path: Path, python: str | None = None
+    target: Path,
+    dtype: str,
+    max_num_seqs: int,
+    log_path: Path,
+    python: str | None = None,
+    on_wait: Callable[[float], None] | None = None,
 ) -> Iterator[tuple[str, EngineInfo]]:
     """vLLM serving `target` on a free local port: yields (base URL, what it serves)."""
     py = vllm_python(python)
@@ -183,7 +198,7 @@ def vllm_for_target(
     with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as tmp:
         model = served_copy(target, Path(tmp))
         argv = vllm_argv(py, model, port, info.dtype, max_num_seqs, target.name)
-        with running(argv, env, log_path, f"http://127.0.0.1:{port}/health"):
+        with running(argv, env, log_path, f"http://127.0.0.1:{port}/health", on_wait=on_wait):
             yield f"http://127.0.0.1:{port}", info
 
 

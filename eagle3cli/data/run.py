@@ -318,7 +318,14 @@ def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> 
     log(f"gen-data: starting vLLM on {cfg.target} ({VLLM_DTYPE_NOTE}); its log: {log_path}")
     try:
         url, _info = stack.enter_context(
-            vllm_for_target(Path(cfg.target), cfg.dtype, cfg.concurrency, log_path, cfg.engine_python)
+            vllm_for_target(
+                Path(cfg.target),
+                cfg.dtype,
+                cfg.concurrency,
+                log_path,
+                cfg.engine_python,
+                on_wait=lambda s: log(f"gen-data: waiting for vLLM to become healthy ({s:.0f} s)"),
+            )
         )
     except EngineStartError as e:
         stack.close()
