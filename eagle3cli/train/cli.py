@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         cfg = flags.config()
         assert cfg.head is not None and cfg.out is not None  # validate() requires both
         path = export_head(
-            cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype
+            cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype, overwrite=cfg.overwrite
         )  # refuses targets vLLM cannot serve
         if cfg.format == "speculators":
             s = speculators_support(read_json(path / "config.json"))

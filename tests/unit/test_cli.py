@@ -63,7 +63,7 @@ def test_doctor_table():
 def test_usage_error_exits_2(monkeypatch, capsys):
     from eagle3cli import doctor
 
-    def boom(runs_dir):
+    def boom(runs_dir, *args):
         raise UsageError("the thing is wrong", "a right thing", "eagle3 doctor --help")
 
     monkeypatch.setattr(doctor, "run_doctor", boom)
