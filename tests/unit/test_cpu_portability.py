@@ -134,3 +134,17 @@ def test_doctor_does_not_import_sglangs_parser_unless_asked(monkeypatch):
     row = doctor.check_sglang()
     assert row.ok and "--check-sglang" in row.detail and imported == []
     assert doctor.check_sglang(import_parser=True).ok and imported == ["sglang.srt.server_args"]
+
+
+def test_ci_runs_the_fast_tier_as_on_an_avx2_cpu():
+    """`make test` hides AVX-512 (so CI on an AVX-512 machine proves AVX2 machines), test-all runs
+    the native fast paths, and CI runs both."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    make = (root / "Makefile").read_text()
+    recipe = {t: make.split(f"\n{t}:", 1)[1].split("\n\n", 1)[0] for t in ("test", "test-all")}
+    assert "EAGLE3_CPU_FEATURES=avx2" in recipe["test"] and '-m "not slow"' in recipe["test"]
+    assert "EAGLE3_CPU_FEATURES" not in recipe["test-all"]
+    ci = [ln.strip() for ln in (root / ".ci" / "run").read_text().splitlines()]
+    assert "make test-all" in ci and "make test" in ci and "make demo" in ci
