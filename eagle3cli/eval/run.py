@@ -63,7 +63,12 @@ def recorded_target(head: Path) -> str | None:
 
 
 def _target_ref(cfg: EvalConfig, head: Path) -> str:
+    from ..model.target import build_hint
+
     if cfg.target:
+        hint = build_hint(cfg.target)
+        if hint and not Path(cfg.target).exists():  # models/smollm2-135m before `make smollm2`
+            raise UsageError(f"--target {cfg.target} does not exist", "a model folder", hint)
         return cfg.target
     recorded = recorded_target(head)
     if not recorded:
@@ -72,8 +77,6 @@ def _target_ref(cfg: EvalConfig, head: Path) -> str:
             "--target MODEL_DIR",
             f"eagle3 eval --target models/tiny-target --head {head}",
         )
-    from ..model.target import build_hint
-
     hint = build_hint(recorded)
     if not Path(recorded).exists() and (Path(recorded).is_absolute() or hint):
         # a committed head records its target relative to the repository (models/smollm2-135m),
