@@ -136,3 +136,13 @@ def test_export_over_another_export_needs_overwrite(tiny_target_dir, tmp_path, c
     assert main(["export", "--head", str(a), "--out", str(out), "--dtype", "bf16"]) == 2
     assert main(["export", "--head", str(b), "--out", str(out), "--overwrite"]) == 0
     assert (out / "model.safetensors").read_bytes() != weights
+
+
+def test_readme_and_quickstart_give_the_same_smollm2_chain():
+    def chain(page: str) -> list[str]:
+        text = (REPO / page).read_text()
+        block = text.split("```bash\nmake smollm2 && . .venv/bin/activate\n", 1)[1].split("```", 1)[0]
+        return [" ".join(ln.split("#")[0].split()) for ln in block.splitlines() if ln.strip()]
+
+    readme = chain("README.md")
+    assert readme == chain("docs/quickstart.md") and any(ln.startswith("eagle3 train") for ln in readme)
