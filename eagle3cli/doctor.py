@@ -16,7 +16,7 @@ from pathlib import Path
 import typer
 
 from .console import out, print_table
-from .options import Command
+from .options import Command, examples
 
 
 @dataclass
@@ -212,7 +212,7 @@ def run_doctor(runs_dir: Path, check_sglang_parser: bool = False) -> list[Check]
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog="Example: eagle3 doctor --json > node.json", cls=Command)
+    @app.command(epilog=examples("eagle3 doctor", "eagle3 doctor --check-sglang --json > node.json"), cls=Command)
     def doctor(
         runs_dir: Path = typer.Option(Path("runs"), help="Where run folders go (free space is checked there)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),

@@ -5,15 +5,17 @@ from __future__ import annotations
 import typer
 
 from ..console import log
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import ExportConfig, TrainConfig
 
-TRAIN_EPILOG = (
-    "Example: eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600   |   "
-    "DeepSpeed: eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   |   "
-    "ablations: --ttt-steps 1, --aux-layers top (needs a cache built with the top layer)"
+TRAIN_EPILOG = examples(
+    "eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600",
+    "eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   # DeepSpeed",
+    "# ablations: --ttt-steps 1; --aux-layers top (a cache with the top layer)",
 )
-EXPORT_EPILOG = "Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators"
+EXPORT_EPILOG = examples(
+    ("eagle3 export --head runs/demo/head --format speculators", "--out runs/demo/head-speculators"),
+)
 
 
 def register(app: typer.Typer) -> None:
