@@ -109,7 +109,7 @@ def run_eval(cfg: EvalConfig) -> Path:
         choice = _cpu_choice(cfg)
         if choice.why != "device default (not CPU)":
             log(f"eval: CPU matmuls on {choice.why}")
-            cfg = dataclasses.replace(cfg, cpu_kernels=choice.kernels)  # type: ignore[arg-type]
+            cfg = dataclasses.replace(cfg, cpu_kernels=choice.kernels)
     return _run_eval(cfg)
 
 
