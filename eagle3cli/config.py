@@ -22,8 +22,9 @@ from .errors import UsageError
 from .urls import redact
 
 # CPU matmul kernels of the inference stages (eval, gen-data's hf backend, cache): see
-# eagle3cli/model/cpu_kernels.py for why oneDNN-packed weights are the default.
-CpuKernels = Literal["onednn", "torch"]
+# eagle3cli/model/cpu_kernels.py for why oneDNN-packed weights are preferred, and when this CPU
+# cannot run them (auto then takes torch's F.linear).
+CpuKernels = Literal["auto", "onednn", "torch"]
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance

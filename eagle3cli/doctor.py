@@ -1,8 +1,10 @@
-"""`eagle3 doctor`: what this node can run — versions, devices, DeepSpeed launcher, SGLang, vLLM's CPU build, disk."""
+"""`eagle3 doctor`: what this node can run — versions, devices, the CPU's instruction sets and the fast
+paths they allow, DeepSpeed launcher, SGLang, vLLM's CPU build, disk."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -14,7 +16,7 @@ from pathlib import Path
 import typer
 
 from .console import out, print_table
-from .options import Command
+from .options import Command, examples
 
 
 @dataclass
@@ -86,6 +88,40 @@ def check_devices() -> list[Check]:
     return rows
 
 
+def check_cpu_features() -> list[Check]:
+    """The CPU's instruction sets, and what each CPU fast path needs of them."""
+    import platform
+
+    import torch
+
+    from .cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, ONEDNN_BF16_NEEDS, describe
+    from .model.cpu_kernels import onednn_cannot_run
+
+    rows = [Check("cpu instruction sets", True, f"{platform.machine()}: {describe()}", False)]
+    why_not = onednn_cannot_run(torch.bfloat16)
+    needs = f"needs {' + '.join(ONEDNN_BF16_NEEDS)} or {ONEDNN_BF16_ALTERNATIVE}"
+    rows.append(
+        Check(
+            "oneDNN bf16",
+            why_not is None,
+            f"{needs}: --dtype bf16 runs oneDNN-packed (fp32 packs on any x86-64 CPU)"
+            if why_not is None
+            else f"{why_not}; --cpu-kernels auto runs bf16 on F.linear, fp32 stays packed "
+            f"(to test as on this CPU elsewhere: {FORCE_ENV}=avx2)",
+            False,
+        )
+    )
+    rows.append(
+        Check(
+            "llama.cpp",
+            True,
+            "builds for this CPU with -DGGML_NATIVE=ON (AVX2 is enough; it uses AVX-512 where present)",
+            False,
+        )
+    )
+    return rows
+
+
 def check_deepspeed() -> Check:
     """Can `deepspeed` launch here? The launcher binary and the accelerator it picks."""
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
@@ -102,13 +138,24 @@ def check_deepspeed() -> Check:
     return Check("deepspeed launcher", True, f"{launcher} (accelerator: {acc})")
 
 
-def check_sglang() -> Check:
-    """SGLang usable = its server-args parser imports (CPU: parser only; serving needs CUDA)."""
+def check_sglang(import_parser: bool = False) -> Check:
+    """SGLang usable = its server-args parser imports (CPU: parser only; serving needs CUDA). Importing
+    it takes ~30 s (it pulls triton and more), so by default only its presence is checked."""
     if _version("sglang") is None:
         return Check(
             "sglang parser",
             False,
             "sglang not installed (serve --dry-run still works; `make sglang-cpu` adds the parser on CPU)",
+            False,
+        )
+    if not import_parser:
+        found = importlib.util.find_spec("sglang.srt") is not None
+        return Check(
+            "sglang parser",
+            found,
+            "sglang installed (not imported: `eagle3 doctor --check-sglang` imports its parser, ~30 s)"
+            if found
+            else "sglang installed without sglang.srt (its server parser)",
             False,
         )
     try:
@@ -152,28 +199,32 @@ def check_disk(path: Path) -> Check:
     return Check("disk", free > 5, f"{free:.1f} GiB free of {u.total / 2**30:.0f} GiB at {path.resolve()}")
 
 
-def run_doctor(runs_dir: Path) -> list[Check]:
+def run_doctor(runs_dir: Path, check_sglang_parser: bool = False) -> list[Check]:
     return [
         *check_packages(),
         *check_devices(),
+        *check_cpu_features(),
         check_deepspeed(),
-        check_sglang(),
+        check_sglang(check_sglang_parser),
         check_vllm_cpu(),
         check_disk(runs_dir),
     ]
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(epilog="Example: eagle3 doctor --json > node.json", cls=Command)
+    @app.command(epilog=examples("eagle3 doctor", "eagle3 doctor --check-sglang --json > node.json"), cls=Command)
     def doctor(
         runs_dir: Path = typer.Option(Path("runs"), help="Where run folders go (free space is checked there)."),
         as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+        check_sglang_parser: bool = typer.Option(
+            False, "--check-sglang", help="Import SGLang's server-args parser (~30 s) instead of only finding it."
+        ),
     ) -> None:
         """Check this node: package versions, devices, DeepSpeed launcher, SGLang, vLLM's CPU build, free disk.
 
         Exits 1 if something required is missing; optional parts (CUDA, SGLang) only warn.
         """
-        checks = run_doctor(runs_dir)
+        checks = run_doctor(runs_dir, check_sglang_parser)
         if as_json:
             out.print_json(json.dumps([c.__dict__ for c in checks]))
         else:

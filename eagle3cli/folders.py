@@ -88,3 +88,36 @@ def claim_output(
             f"a new or empty folder, or one `eagle3 {stage}` wrote",
             nxt,
         )
+
+
+# Settings that do not change what a finished output holds: where it goes, the replace switch itself,
+# how many CPU threads computed it.
+_NOT_SETTINGS = ("out", "overwrite", "threads")
+
+
+def refuse_replacing(out: Path, stage: str, config: dict, overwrite: bool, flag: str = "--out") -> None:
+    """A finished output of `stage` in `out` (its manifest names the stage) made with other settings
+    or inputs is not replaced silently: exit 2 naming each difference, unless --overwrite. The same
+    command again may rerun (it recomputes, or resumes, what it wrote before)."""
+    path = Path(out) / MANIFEST
+    if overwrite or manifest_stage(Path(out)) != stage:
+        return
+    try:
+        old = json.loads(path.read_bytes()).get("config")
+    except (OSError, ValueError):
+        return
+    if not isinstance(old, dict):
+        return
+    new = json.loads(json.dumps(config, default=str))  # tuples -> lists, as the manifest holds them
+    diffs = [
+        f"{k.replace('_', '-')}: {old[k]!r} there, {new.get(k)!r} now"
+        for k in sorted(old)
+        if k not in _NOT_SETTINGS and k in new and old[k] != new[k]
+    ]
+    if diffs:
+        shown = "\n  ".join(diffs[:8]) + (f"\n  (+{len(diffs) - 8} more)" if len(diffs) > 8 else "")
+        raise UsageError(
+            f"{out} holds a finished `eagle3 {stage}` made with other settings; this run would replace it:\n  {shown}",
+            f"a new {flag} folder, or --overwrite to replace that output",
+            f"add {flag} NEW_FOLDER (e.g. {EXAMPLES.get(stage, f'runs/NAME/{stage}')}-2), or add --overwrite",
+        )

@@ -94,7 +94,8 @@ def _cli_type(tp: Any) -> Any:
 
 
 # Placeholders in --help: what kind of value a flag takes (`--target DIR`, `--num-samples N`).
-_FOLDER_FIELDS = {"target", "run", "out", "data", "cache", "head", "from_eval", "engine_python", "verify"}
+_FOLDER_FIELDS = {"target", "run", "out", "data", "cache", "head", "from_eval", "verify", "compare"}
+_OTHER_FIELDS = {"engine_python": "PYTHON"}  # an executable, not a folder
 
 
 def metavar(name: str, tp: Any) -> str:
@@ -104,6 +105,10 @@ def metavar(name: str, tp: Any) -> str:
     base = next((a for a in (tp, *typing.get_args(tp)) if a is not type(None) and typing.get_origin(a) is None), str)
     if cs:
         mv = "|".join(cs)
+    elif name in _OTHER_FIELDS:
+        mv = _OTHER_FIELDS[name]
+    elif name in _FOLDER_FIELDS and item is str:  # a repeatable folder flag (--compare)
+        mv = "DIR"
     elif item is not None:
         mv = "N,N,..." if item in (int, float) else "TEXT"
     elif name in _FOLDER_FIELDS:
@@ -117,7 +122,7 @@ def metavar(name: str, tp: Any) -> str:
     else:
         mv = "TEXT"
     # paths are left plain (a folder is rarely cleared; `none` still works): the help stays readable
-    optional = type(None) in typing.get_args(tp) and item is None and mv not in ("DIR", "PATH")
+    optional = type(None) in typing.get_args(tp) and item is None and mv not in ("DIR", "PATH", "PYTHON")
     return f"{mv}|{NONE_VALUE}" if optional else mv
 
 
@@ -194,6 +199,20 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
 
 
+def examples(*commands: str | tuple[str, ...]) -> str:
+    """A command's --help epilog: one example per line, as typed. A tuple is one command over several
+    lines joined with shell continuations (` \\`), so a terminal never wraps a command mid-flag
+    (typer's rich help keeps an epilog's newlines and wraps only lines wider than the terminal).
+    A line starting with `#` is a comment."""
+    lines = ["Examples:"]
+    for c in commands:
+        parts = (c,) if isinstance(c, str) else c
+        lines += [
+            ("  " if i == 0 else "      ") + p + (" \\" if i < len(parts) - 1 else "") for i, p in enumerate(parts)
+        ]
+    return "\n".join(lines)
+
+
 def recipe_help(section: str) -> str:
     return f"YAML recipe: flat, or with a section `{section}:`; flags given here override it."
 
@@ -213,7 +232,7 @@ def stage_command(app: typer.Typer, name: str, cls: type[C], section: str, **com
         recipe = inspect.Parameter(
             "recipe",
             inspect.Parameter.KEYWORD_ONLY,
-            default=typer.Option(None, help=escape(recipe_help(section))),
+            default=typer.Option(None, metavar="FILE", help=escape(recipe_help(section))),
             annotation=Path | None,
         )
         ctx = inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context)

@@ -28,7 +28,12 @@ step "4/5 eval: acceptance by depth, tau, speedup, losslessness"
 $E3 eval --recipe recipes/tiny/eval.yaml --run "$RUN" --target models/tiny-target
 
 step "5/5 serve: preflight + the exact SGLang command (dry run: SGLang serving needs a GPU)"
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('sglang') is None)"; then
+  echo "serve: sglang is not installed here (make sglang-cpu failed, see .venv/sglang-cpu.log):"
+  echo "       the command below is checked by eagle3's preflight only, not by SGLang's own parser"
+fi
 $E3 serve --target models/tiny-target --head "$RUN/head" --from-eval "$RUN/eval" --dry-run
 
 echo
-echo "done: $RUN/{data,cache,train,head,eval}; plot: $RUN/eval/acceptance.png"
+plots=$(for p in "$RUN/train/learning_curve.png" "$RUN/eval/acceptance.png"; do test -f "$p" && printf '%s ' "$p"; done)
+echo "done: $RUN/{data,cache,train,head,eval}; plots: ${plots:-none drawn}"

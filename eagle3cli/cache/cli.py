@@ -7,13 +7,14 @@ from pathlib import Path
 import typer
 
 from ..console import print_table
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import CacheConfig
 
-EPILOG = (
-    "Example: eagle3 cache --run runs/demo --storage compact --aux-layers 2,6,9  "
-    "·  eagle3 cache --verify runs/demo/cache  ·  eagle3 cache --run runs/demo --shard 0/2 (and 1/2), "
-    "then eagle3 cache --merge runs/demo/cache"
+EPILOG = examples(
+    "eagle3 cache --run runs/demo --storage compact --aux-layers 2,6,9",
+    "eagle3 cache --verify runs/demo/cache",
+    "eagle3 cache --run runs/demo --shard 0/2   # and --shard 1/2, then:",
+    "eagle3 cache --merge runs/demo/cache",
 )
 
 

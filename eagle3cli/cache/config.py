@@ -49,9 +49,10 @@ class CacheConfig:
     """cpu, cuda, cuda:1 (default: cuda if available)."""
     dtype: TargetDtype = "auto"
     """Target weights; auto = bf16 on GPU, fp32 on CPU."""
-    cpu_kernels: CpuKernels = "onednn"
+    cpu_kernels: CpuKernels = "auto"
     """On CPU: onednn = the target's big matrices reordered once for oneDNN (SmolLM2-135M forward
-    1.61x faster in fp32, the same in bf16); torch = plain F.linear."""
+    1.61x faster in fp32, the same in bf16; bf16 needs AVX-512 or AVX-NE-CONVERT); torch = plain
+    F.linear; auto = onednn where this CPU runs the dtype, else torch (the choice is logged)."""
 
     def validate(self) -> list[str]:
         errs = []

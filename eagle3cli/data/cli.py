@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import typer
 
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import GenDataConfig
 
-EPILOG = (
-    "Example: eagle3 gen-data --target models/tiny-target --input gsm8k "
-    "--num-samples 300 --run runs/demo  |  real chat data: eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml "
-    "--run runs/smollm2  |  at scale: eagle3 gen-data --recipe recipes/llama3-8b/gen-data.yaml "
-    "--backend openai --endpoint http://node1:30000 --endpoint http://node2:30000 --run runs/llama3"
+EPILOG = examples(
+    ("eagle3 gen-data --target models/tiny-target --input gsm8k", "--num-samples 300 --run runs/demo"),
+    "# real chat data:",
+    ("eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml", "--run runs/smollm2"),
+    "# at scale, against inference servers:",
+    (
+        "eagle3 gen-data --recipe recipes/llama3-8b/gen-data.yaml",
+        "--backend openai --endpoint http://node1:30000",
+        "--endpoint http://node2:30000 --run runs/llama3",
+    ),
 )
 
 

@@ -96,9 +96,10 @@ class GenDataConfig:
     """cpu, cuda, cuda:1 ... (hf backend; default: cuda if available)."""
     dtype: TargetDtype = "auto"
     """Target weights (hf backend); auto = bf16 on GPU, fp32 on CPU."""
-    cpu_kernels: CpuKernels = "onednn"
+    cpu_kernels: CpuKernels = "auto"
     """hf backend on CPU: onednn = the target's big matrices reordered once for oneDNN (SmolLM2-135M,
-    batches of 16: regeneration 1.89x faster in fp32, 1.62x in bf16, same greedy texts); torch = F.linear."""
+    batches of 16: regeneration 1.89x faster in fp32, 1.62x in bf16, same greedy texts; bf16 needs
+    AVX-512 or AVX-NE-CONVERT); torch = F.linear; auto = onednn where this CPU runs the dtype, else torch."""
     thinking: Thinking = "default"
     """Reasoning models: on | off (the template's enable_thinking), mix (half the records each, by seed),
     default (the template's)."""

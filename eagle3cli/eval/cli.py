@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import EvalConfig
 
-EPILOG = (
-    "Example: eagle3 eval --run runs/demo --target models/tiny-target --depth 8 --bench gsm8k "
-    "--num-prompts 10 --mode both --sweep"
+EPILOG = examples(
+    (
+        "eagle3 eval --run runs/demo --target models/tiny-target --depth 8",
+        "--bench gsm8k --num-prompts 10 --mode both --sweep",
+    ),
+    "eagle3 eval --run runs/demo --depth 4 --out runs/demo/eval-depth4",
 )
 
 

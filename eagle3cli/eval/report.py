@@ -54,15 +54,18 @@ def _acceptance_tables(report: dict) -> None:
                     f"{r['accepted']}/{r['attempts']}",
                     _f(r["alpha"]),
                     _f(r["unconditional"]),
-                    (_f(est[r["depth"]]) + (" (measured)" if r["depth"] == report["depth"] else " (estimate)"))
-                    if est
-                    else "-",
+                    # tau(k) by depth exists for chains only (a tree's depth is not a chain length)
+                    *(
+                        [_f(est[r["depth"]]) + (" (measured)" if r["depth"] == report["depth"] else " (estimate)")]
+                        if est
+                        else []
+                    ),
                 ]
                 for r in acc["per_depth"]
             ]
             print_table(
                 f"{label}: acceptance by depth ({mode}, {report['bench']}); {acc['alpha_definition']}",
-                ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(reach k)", "tau(k)" if est else ""],
+                ["depth k", "accepted/attempts", "alpha_k (cond.)", "P(reach k)", *(["tau(k)"] if est else [])],
                 rows,
             )
 

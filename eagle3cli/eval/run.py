@@ -4,6 +4,7 @@ a paired head comparison, and a serving configuration chosen from measured runs.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -14,7 +15,7 @@ from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
 from ..extras import draw_plot
-from ..folders import claim_output
+from ..folders import claim_output, refuse_replacing
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
 from ..prompts import load_conversations, render
@@ -34,8 +35,20 @@ EVAL_FILES = ("report.json", "acceptance.png")
 
 def _paths(cfg: EvalConfig) -> tuple[Path | None, Path]:
     head = cfg.head or (cfg.run / "head" if cfg.run else None)
-    out = cfg.out or (cfg.run / "eval" if cfg.run else (head.parent / "eval" if head else Path("eval")))
-    return head, out
+    return head, cfg.out or default_out(cfg.run, head)
+
+
+def default_out(run: Path | None, head: Path | None) -> Path:
+    """RUN/eval; a run's head (NAME/head): NAME/eval beside it; any other head folder:
+    runs/eval-HEADNAME (never inside the head's own folder's parent: a committed head lives in
+    models/, which eval must not write into)."""
+    if run is not None:
+        return run / "eval"
+    if head is None:
+        return Path("eval")
+    if head.name == "head":
+        return head.parent / "eval"
+    return Path("runs") / f"eval-{head.resolve().name}"
 
 
 def recorded_target(head: Path) -> str | None:
@@ -50,7 +63,12 @@ def recorded_target(head: Path) -> str | None:
 
 
 def _target_ref(cfg: EvalConfig, head: Path) -> str:
+    from ..model.target import build_hint
+
     if cfg.target:
+        hint = build_hint(cfg.target)
+        if hint and not Path(cfg.target).exists():  # models/smollm2-135m before `make smollm2`
+            raise UsageError(f"--target {cfg.target} does not exist", "a model folder", hint)
         return cfg.target
     recorded = recorded_target(head)
     if not recorded:
@@ -59,7 +77,40 @@ def _target_ref(cfg: EvalConfig, head: Path) -> str:
             "--target MODEL_DIR",
             f"eagle3 eval --target models/tiny-target --head {head}",
         )
+    hint = build_hint(recorded)
+    if not Path(recorded).exists() and (Path(recorded).is_absolute() or hint):
+        # a committed head records its target relative to the repository (models/smollm2-135m),
+        # which a fresh clone has not built yet
+        raise UsageError(
+            f"no --target given, and the target head {head} records ({recorded}) is not here",
+            "the target model folder the head was trained for",
+            hint or "pass --target MODEL_DIR (the target the head was trained for)",
+        )
     return recorded
+
+
+def _cpu_choice(cfg: EvalConfig):
+    """The CPU kernels for this run, chosen before anything is loaded or written: an explicit
+    onednn that the CPU cannot run for the dtype is exit 2 here."""
+    from ..model.cpu_kernels import choose_cpu_kernels
+    from ..model.target import pick_device, pick_dtype
+
+    dev = pick_device(cfg.device)
+    return choose_cpu_kernels(cfg.cpu_kernels, dev, pick_dtype(dev, cfg.dtype))
+
+
+def run_eval(cfg: EvalConfig) -> Path:
+    """Check what can be checked without loading anything (the target the head names, the CPU
+    kernels), so a bad command exits 2 before an output folder exists; then evaluate."""
+    if cfg.endpoint is None:
+        head = _paths(cfg)[0]
+        if head is not None:
+            _target_ref(cfg, head)
+        choice = _cpu_choice(cfg)
+        if choice.why != "device default (not CPU)":
+            log(f"eval: CPU matmuls on {choice.why}")
+            cfg = dataclasses.replace(cfg, cpu_kernels=choice.kernels)
+    return _run_eval(cfg)
 
 
 def check_head_fits(spec, target_cfg, ident) -> None:
@@ -128,10 +179,11 @@ def _cpu_kernels(cfg: EvalConfig, target, drafts: list) -> str:
 
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
-def run_eval(cfg: EvalConfig) -> Path:
+def _run_eval(cfg: EvalConfig) -> Path:
     head, out = _paths(cfg)
     read = [("--head", head)] if head is not None else []
     claim_output(out, "eval", EVAL_FILES, [*read, *(("--compare", Path(c)) for c in cfg.compare)])
+    refuse_replacing(out, "eval", config_dict(cfg), cfg.overwrite)
     remove_dead_temps(out)  # a report or plot cut by a kill
     if cfg.endpoint:
         from .endpoint import run_endpoint_eval

@@ -13,14 +13,24 @@ bit-equal to the row computed alone (MKL's is not), so a verification pass score
 token as a one-token step would. Exactness never rests on it: eval compares outputs.
 
 Inference only: a packed weight has no gradient. `pack_linears` replaces modules in place.
+
+Which CPUs: oneDNN's fp32 path runs on any x86-64 CPU; its bf16 path needs AVX-512 (bw, vl, dq)
+or AVX-NE-CONVERT (`eagle3cli/cpu_features.py`). `--cpu-kernels auto` (the default) packs only
+where the CPU can run the model's dtype and says which it chose; an explicit `onednn` that the CPU
+cannot run is refused before anything is loaded.
 """
 
 from __future__ import annotations
 
+import functools
 import weakref
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from ..cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, forced_level, onednn_bf16_missing
+from ..errors import UsageError
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _PACKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models pack_linears ran on
@@ -37,6 +47,65 @@ def onednn_linear_available() -> bool:
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
+
+
+@functools.lru_cache(maxsize=1)
+def _bf16_probe() -> str | None:
+    """Pack one small bf16 matrix: None when it works, else oneDNN's own error (the flags in
+    /proc/cpuinfo can be right while a hypervisor hides the instructions)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), None)
+    except RuntimeError as e:
+        return str(e).strip().splitlines()[0][:200]
+    return None
+
+
+def onednn_cannot_run(dtype: torch.dtype) -> str | None:
+    """Why oneDNN's packed linear cannot run `dtype` weights on this CPU and build; None when it can."""
+    if not onednn_linear_available():
+        return "this torch build has no oneDNN packed linear"
+    if dtype != torch.bfloat16:
+        return None
+    missing = onednn_bf16_missing()
+    if missing:
+        forced = f" ({FORCE_ENV}={forced_level()})" if forced_level() != "native" else ""
+        return (
+            f"oneDNN's bf16 linear needs {' + '.join(missing)} (or {ONEDNN_BF16_ALTERNATIVE}); "
+            f"this CPU lacks them{forced}"
+        )
+    probe = _bf16_probe()
+    return f"oneDNN's bf16 linear fails on this CPU: {probe}" if probe else None
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    kernels: str  # what runs: "onednn" or "torch"
+    why: str  # one line for the log: the choice and its reason
+
+
+def choose_cpu_kernels(
+    requested: str, device: torch.device | str, dtype: torch.dtype, flag: str = "--cpu-kernels"
+) -> KernelChoice:
+    """Resolve a stage's --cpu-kernels (auto | onednn | torch) for a target of `dtype` on `device`.
+
+    auto: oneDNN where this CPU can run the dtype, else torch's F.linear. An explicit onednn the CPU
+    cannot run is exit 2 naming the missing flags and the working choice (never a traceback from
+    inside oneDNN)."""
+    if torch.device(device).type != "cpu":
+        return KernelChoice(requested if requested != "auto" else "torch", "device default (not CPU)")
+    name = {torch.bfloat16: "bf16", torch.float32: "fp32"}.get(dtype, str(dtype))
+    if requested == "torch":
+        return KernelChoice("torch", f"torch F.linear ({flag} torch)")
+    why_not = onednn_cannot_run(dtype) if dtype in PACKABLE_DTYPES else f"oneDNN packs fp32 and bf16, not {name}"
+    if requested == "onednn" and why_not:
+        raise UsageError(
+            f"{flag} onednn with {name} weights: {why_not}",
+            f"a kernel this CPU runs for {name}: torch (plain F.linear), or auto (oneDNN where it can run)",
+            f"rerun with {flag} torch (or {flag} auto; or --dtype fp32, which oneDNN runs on any x86-64 CPU)",
+        )
+    if why_not:
+        return KernelChoice("torch", f"torch F.linear ({flag} auto: {why_not})")
+    return KernelChoice("onednn", f"oneDNN packed ({flag} {requested}, {name})")
 
 
 class PackedLinear(nn.Module):
@@ -69,7 +138,7 @@ def packable(weight: torch.Tensor) -> bool:
         weight.device.type == "cpu"
         and weight.dtype in PACKABLE_DTYPES
         and weight.numel() >= MIN_PACK_ELEMENTS
-        and onednn_linear_available()
+        and onednn_cannot_run(weight.dtype) is None
     )
 
 
@@ -84,8 +153,9 @@ def packed_or_plain(weight: torch.Tensor, bias: torch.Tensor | None, pack: bool)
 def pack_linears(model: nn.Module, keep_weight: bool = False) -> int:
     """Replace the CPU `nn.Linear`s of `model` with `PackedLinear`s; returns how many.
 
-    Left as they are: matrices under MIN_PACK_ELEMENTS, weights not fp32/bf16 on CPU, everything
-    where the build has no oneDNN (0).
+    Left as they are: matrices under MIN_PACK_ELEMENTS, weights not fp32/bf16 on CPU, weights of a
+    dtype this CPU's oneDNN cannot run (bf16 without AVX-512), everything where the build has no
+    oneDNN (0).
     """
     if not onednn_linear_available():
         return 0
@@ -113,16 +183,13 @@ def is_packed(module: nn.Module) -> bool:
 
 
 def pack_for_inference(model: nn.Module, kernels: str, keep_weight: bool = False) -> str:
-    """Apply a stage's --cpu-kernels choice to a loaded model; says what its matmuls run on
-    (for logs, reports and manifests)."""
-    dev = next(model.parameters()).device
-    if dev.type != "cpu":
+    """Apply a stage's --cpu-kernels choice (auto | onednn | torch) to a loaded model; says what its
+    matmuls run on (for logs, reports and manifests). An onednn this CPU cannot run for the model's
+    dtype is exit 2 (see `choose_cpu_kernels`)."""
+    p = next(model.parameters())
+    if p.device.type != "cpu":
         return "device default"
-    if kernels == "torch":
-        return "torch (F.linear)"
-    if not onednn_linear_available():
-        from ..console import warn
-
-        warn("--cpu-kernels onednn: this torch build has no oneDNN packed linear; plain F.linear is used")
-        return "torch (F.linear; no oneDNN in this build)"
+    choice = choose_cpu_kernels(kernels, p.device, p.dtype)
+    if choice.kernels == "torch":
+        return "torch (F.linear)" if kernels == "torch" else choice.why
     return f"onednn packed ({pack_linears(model, keep_weight=keep_weight)} linears)"

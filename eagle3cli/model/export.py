@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
-from ..folders import claim_output
+from ..folders import claim_output, refuse_replacing
 from ..manifest import (
     atomic_write_json,
     atomic_write_tensors,
@@ -37,6 +37,7 @@ from ..manifest import (
 )
 from .draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
+from .target import repo_relative
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
@@ -269,13 +270,24 @@ def speculators_support(head_cfg: dict):
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens: int = 7, dtype: str = "keep") -> Path:
+def export_head(
+    head_dir: Path,
+    fmt: str,
+    out_dir: Path,
+    num_speculative_tokens: int = 7,
+    dtype: str = "keep",
+    overwrite: bool = False,
+) -> Path:
     """Write a head of any layout (eagle3, SGLang, vLLM, speculators) in another engine's layout.
 
     sglang and vllm: eagle3's own layout (both engines load it; vLLM maps `midlayer.` to
     `layers.0.` itself), with the aux layer ids written in each engine's convention.
     speculators: `layers.0.*` names and a `speculators_model_type: eagle3` config whose
     `verifier.name_or_path` is an absolute path or a hub id, so it loads from any directory.
+    sglang and vllm record the target and the source head relative to the working directory (the
+    repository) where they lie inside it: an export may be committed, and must not name the folders
+    of the machine that wrote it. An existing export of another head or with other settings is
+    replaced only with `overwrite`.
     """
     if fmt not in EXPORT_FORMATS:
         raise UsageError(
@@ -287,6 +299,13 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     # validates names, shapes and aux layer fields before anything is written
     draft, spec = load_any_head(head_dir)
     claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
+    settings = {
+        "head": repo_relative(head_dir),
+        "format": fmt,
+        "num_speculative_tokens": num_speculative_tokens,
+        "dtype": dtype,
+    }
+    refuse_replacing(out_dir, "export", settings, overwrite)
     remove_dead_temps(out_dir)  # an export cut by a kill
     for notice in spec.notices:
         from ..console import warn
@@ -316,15 +335,29 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
         cfg = _speculators_config(cfg, num_speculative_tokens)
+    else:
+        _portable_paths(cfg)
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,
         "export",
+        config=settings,
         format=fmt,
-        source=str(head_dir.resolve()),
+        source=repo_relative(head_dir),
         source_layout=spec.layout,
         target=(cfg.get("eagle3") or {}).get("target", {}),
         shards=[shard_record(out_dir / HEAD_WEIGHTS)],
     )
     return out_dir
+
+
+def _portable_paths(cfg: dict) -> None:
+    """The target path and a converted head's source, relative to the repository (see export_head)."""
+    own = cfg.get("eagle3") or {}
+    target = own.get("target") or {}
+    if target.get("path"):
+        target["path"] = repo_relative(target["path"])
+    conv = own.get("converted_from") or {}
+    if conv.get("path"):
+        conv["path"] = repo_relative(conv["path"])

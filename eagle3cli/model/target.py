@@ -51,8 +51,21 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
         raise UsageError(
             f"target '{name_or_path}' is neither a local folder nor a reachable hub model ({type(e).__name__})",
             "a local model folder, e.g. models/tiny-target",
-            "eagle3 gen-data --target models/tiny-target ...",
+            build_hint(str(name_or_path)) or "pass a model folder that exists, e.g. --target models/tiny-target",
         ) from e
+
+
+# The targets this repository builds itself, and the command that builds each (git-ignored or
+# rebuilt: a clone may not have them yet).
+BUILT_TARGETS = {"smollm2-135m": "make smollm2", "tiny-target": "make tiny-target"}
+
+
+def build_hint(ref: str) -> str | None:
+    """`make smollm2` for a missing models/smollm2-135m (any checkout's), and so on; None otherwise."""
+    p = Path(ref)
+    if p.parent.name == "models" and p.name in BUILT_TARGETS:
+        return f"{BUILT_TARGETS[p.name]}   (builds models/{p.name} in the repository), then rerun"
+    return None
 
 
 def hub_id_of(path: Path) -> str | None:
@@ -70,17 +83,36 @@ def model_reference(path: Path) -> str:
     return hub_id_of(path) or str(Path(path).expanduser().resolve())
 
 
+def repo_relative(path: str | Path) -> str:
+    """What a published file (an export, which may be committed) records about a local path: the
+    path relative to the working directory (the repository) when it lies inside it, so no file
+    names the folder of the machine that wrote it; else as given. `resolvable_reference` finds it
+    again from the working directory or any folder above the head."""
+    p = Path(path).expanduser()
+    if not p.is_absolute() and not p.exists():
+        return str(path)  # a hub id
+    try:
+        return str(p.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(p.resolve())
+
+
 def resolvable_reference(ref: str | None, base: Path | None = None) -> str | None:
     """A recorded target reference made usable from any directory: absolute paths and hub ids are
-    kept; a relative path (older heads) is resolved against the cwd, else against `base`."""
+    kept; a relative path (a published head's, relative to its repository) is resolved against the
+    cwd, else against `base` and each folder above it."""
     if not ref:
         return None
     p = Path(ref).expanduser()
     if p.is_absolute():
         return str(p)
-    for root in (Path.cwd(), base):
-        if root is not None and (Path(root) / p / "config.json").exists():
-            return str((Path(root) / p).resolve())
+    roots = [Path.cwd()]
+    if base is not None:
+        b = Path(base).resolve()
+        roots += [b, *b.parents]
+    for root in roots:
+        if (root / p / "config.json").exists():
+            return str((root / p).resolve())
     return ref  # a hub id (org/name), or a folder that is not here
 
 

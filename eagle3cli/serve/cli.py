@@ -4,17 +4,24 @@ from __future__ import annotations
 
 import typer
 
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import BenchConfig, ServeConfig
 
-SERVE_EPILOG = (
-    "Example: eagle3 serve --target models/tiny-target --head runs/demo/head --dry-run"
-    "  |  eagle3 serve --target meta-llama/Llama-3.1-8B-Instruct --head runs/llama/head "
-    "--from-eval runs/llama/eval --port 30000 -- --mem-fraction-static 0.8"
+SERVE_EPILOG = examples(
+    "eagle3 serve --target models/tiny-target --head runs/demo/head --dry-run",
+    (
+        "eagle3 serve --target meta-llama/Llama-3.1-8B-Instruct",
+        "--head runs/llama/head --from-eval runs/llama/eval --port 30000",
+        "-- --mem-fraction-static 0.8",
+    ),
 )
-BENCH_EPILOG = (
-    "Example: eagle3 serve-bench --spec-url http://127.0.0.1:30000 --base-url http://127.0.0.1:30001 "
-    "--target meta-llama/Llama-3.1-8B-Instruct --concurrency 1,8,32,64 --out runs/llama/serve-bench"
+BENCH_EPILOG = examples(
+    (
+        "eagle3 serve-bench --spec-url http://127.0.0.1:30000",
+        "--base-url http://127.0.0.1:30001",
+        "--target meta-llama/Llama-3.1-8B-Instruct",
+        "--concurrency 1,8,32,64 --out runs/llama/serve-bench",
+    ),
 )
 
 

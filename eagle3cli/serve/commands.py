@@ -41,6 +41,9 @@ class SpecNumbers:
 
 # What SGLang chooses for Llama-family targets when EAGLE/EAGLE3 is given no numbers
 # (`auto_choose_speculative_params`): 5 steps, topk 4, 8 verified tokens.
+# --steps/--topk/--draft-tokens given on the command line or in a recipe: the config cannot tell
+# which, so the log names both rather than claim "flags" for a recipe's values
+SET_BY_USER = "--steps/--topk/--draft-tokens (flags or recipe)"
 SGLANG_DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's defaults for Llama targets")
 # vLLM's EAGLE-3 drafts a chain of num_speculative_tokens; 3 was the fastest on this CPU with the
 # demo head in fp32 and bf16 (docs/serve.md). An eval report's recommendation beats either default.
@@ -85,7 +88,7 @@ def resolve_spec(
                 "one source for the speculation numbers",
                 "drop --from-eval to use the flags, or drop the flags to use the report",
             )
-        return SpecNumbers(steps, topk, draft_tokens, source="flags")
+        return SpecNumbers(steps, topk, draft_tokens, source=SET_BY_USER)
     if from_eval is not None:
         return spec_from_eval(from_eval)
     return VLLM_DEFAULTS if engine == "vllm" else SGLANG_DEFAULTS

@@ -68,12 +68,10 @@ def vllm_build(python: str | None) -> VllmBuild | None:
 
 
 def cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return set()
-    line = next((ln for ln in text.split("\n") if ln.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    """The CPU's flags (EAGLE3_CPU_FEATURES=avx2 hides AVX-512: see eagle3cli/cpu_features.py)."""
+    from ..cpu_features import cpu_flags as flags
+
+    return flags()
 
 
 def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:

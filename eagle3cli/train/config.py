@@ -226,6 +226,9 @@ class ExportConfig:
     """The layout to write: sglang, vllm (both load eagle3's own names) or speculators (vLLM's speculators)."""
     out: Path | None = flag(None, required=True)
     """Output folder (a new one; not the head folder)."""
+    overwrite: bool = False
+    """Replace a finished export in --out of another head or with other settings (without it that is
+    refused; the same command again rewrites the same files)."""
     num_speculative_tokens: int = 7
     """speculators: the proposal length written in its config."""
     dtype: ExportDtype = "keep"

@@ -281,7 +281,9 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         last = f" acc{len(acc) - 1} {acc[-1]:.3f}" if len(acc) > 1 else ""  # (--ttt-steps 1: one step)
         console.log(
             f"step {tr.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.epoch} loss {m['loss']:.4f} "
-            f"acc0 {acc[0]:.3f}{last} accept_len {m['sim_accept_len']:.3f} "
+            # tau as eval and the held-out pass define it (tokens per target pass: accepted + the
+            # bonus token), estimated from this batch's teacher-forced acc_k over the K TTT steps
+            f"acc0 {acc[0]:.3f}{last} train-tau@{len(acc)} {1 + m['sim_accept_len']:.3f} "
             f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
         )
         if heldout:

@@ -63,7 +63,7 @@ def test_doctor_table():
 def test_usage_error_exits_2(monkeypatch, capsys):
     from eagle3cli import doctor
 
-    def boom(runs_dir):
+    def boom(runs_dir, *args):
         raise UsageError("the thing is wrong", "a right thing", "eagle3 doctor --help")
 
     monkeypatch.setattr(doctor, "run_doctor", boom)
@@ -75,4 +75,25 @@ def test_usage_error_exits_2(monkeypatch, capsys):
 @pytest.mark.parametrize("cmd", ["doctor", "gen-data", "cache", "train", "export", "eval", "serve", "serve-bench"])
 def test_every_command_help_has_an_example(cmd):
     r = run(cmd, "--help")
-    assert r.returncode == 0 and "Example:" in r.stdout
+    assert r.returncode == 0 and "Examples:" in r.stdout
+
+
+@pytest.mark.parametrize("cmd", ["doctor", "gen-data", "cache", "train", "export", "eval", "serve", "serve-bench"])
+def test_help_examples_are_one_command_per_line_as_typed(cmd):
+    """No example is rewrapped by an 80-column terminal: each starts its own line, and one that
+    needs more lines continues with a shell backslash (serve's `--` stays beside its argument)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3cli", cmd, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**__import__("os").environ, "COLUMNS": "80", "TERM": "dumb"},
+    )
+    assert r.returncode == 0
+    tail = r.stdout.split("Examples:", 1)[1].splitlines()
+    lines = [ln.strip() for ln in tail if ln.strip()]
+    assert lines and lines[0].startswith(("eagle3 ", "#"))
+    for prev, ln in zip(lines, lines[1:]):  # a line not starting a command continues a backslashed one
+        assert ln.startswith(("eagle3 ", "#")) or prev.endswith("\\"), (prev, ln)
+    if cmd == "serve":
+        assert "-- --mem-fraction-static 0.8" in lines

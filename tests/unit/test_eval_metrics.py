@@ -95,3 +95,24 @@ def test_two_sample_chi_square():
     assert same["p_value"] > 0.99 and same["dof"] == 2
     shifted = two_sample_chi_square([1] * 200 + [2] * 100, [1] * 100 + [2] * 200)
     assert shifted["p_value"] < 1e-6
+
+
+def test_acceptance_tables_have_no_blank_headed_column(monkeypatch):
+    """A tree has no tau(k) by depth: its table leaves the column out instead of an unnamed one."""
+    from eagle3cli.eval import report as report_module
+
+    tables = []
+    monkeypatch.setattr(report_module, "print_table", lambda title, headers, rows: tables.append((headers, rows)))
+    per_depth = [{"depth": 1, "accepted": 3, "attempts": 4, "alpha": 0.75, "unconditional": 0.75}]
+    acc = {"per_depth": per_depth, "alpha_definition": "conditional"}
+    rep = {
+        "bench": "b",
+        "depth": 1,
+        "heads": {
+            "h": {"chain": {"acceptance": {**acc, "tau_by_depth_estimate": {1: 1.75}}}, "tree": {"acceptance": acc}}
+        },
+    }
+    report_module._acceptance_tables(rep)
+    (chain_h, chain_rows), (tree_h, tree_rows) = tables
+    assert chain_h[-1] == "tau(k)" and len(chain_rows[0]) == len(chain_h) == 5
+    assert all(tree_h) and "tau(k)" not in tree_h and len(tree_rows[0]) == len(tree_h) == 4

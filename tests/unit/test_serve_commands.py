@@ -49,7 +49,7 @@ def write_report(folder, recommended):
 # ---------------------------------------------------------------- numbers
 def test_resolve_spec_sources(tmp_path):
     assert resolve_spec(None, None, None, None) == SGLANG_DEFAULTS
-    assert resolve_spec(3, 1, 4, None) == SpecNumbers(3, 1, 4, "flags")
+    assert resolve_spec(3, 1, 4, None) == SpecNumbers(3, 1, 4, "--steps/--topk/--draft-tokens (flags or recipe)")
     ev = write_report(tmp_path / "eval", {"steps": 6, "topk": 1, "num_draft_tokens": 7})
     s = resolve_spec(None, None, None, ev)
     assert (s.steps, s.topk, s.draft_tokens) == (6, 1, 7) and "report.json" in s.source

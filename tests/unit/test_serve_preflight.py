@@ -330,6 +330,8 @@ def test_cli_missing_target_exits_2(good_head, capsys):
 def test_cli_launch_without_gpu_exits_2(good_head, tiny_target_dir, capsys):
     code, _, err = _cli(capsys, "--target", str(tiny_target_dir), "--head", str(good_head), "--port", "1")
     assert code == 2 and "no CUDA device" in err
+    # nothing is wrong with the head or the flags: the next step does not say so
+    assert "fix the head/flags" not in err and "passed every check" in " ".join(err.split())
 
 
 def test_malformed_aux_ids(head, tiny_target_dir):

@@ -76,7 +76,7 @@ def base_run(tmp_path_factory, tiny_target_dir):
     return make_run(tmp_path_factory.mktemp("heldout") / "base", tiny_target_dir, n=40)
 
 
-def test_training_writes_the_learning_curve(tmp_path, base_run):
+def test_training_writes_the_learning_curve(tmp_path, base_run, capsys):
     run = tmp_path / "run"
     run.mkdir()
     for sub in ("data", "cache"):
@@ -107,6 +107,12 @@ def test_training_writes_the_learning_curve(tmp_path, base_run):
     assert points[0]["tokens_seen"] < points[-1]["tokens_seen"]
     png = run / "train" / "learning_curve.png"
     assert png.exists() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the log's two taus share one definition (accepted + the bonus token), each labelled
+    captured = capsys.readouterr()
+    log = " ".join((captured.err + captured.out).split())
+    last = metrics(run)[-1]
+    assert f"train-tau@2 {1 + last['sim_accept_len']:.3f}" in log and "accept_len" not in log
+    assert f"tau {last['heldout_tau']:.3f} at depth 4" in log
 
 
 def test_batches_bound_attention_memory_by_length_squared():
