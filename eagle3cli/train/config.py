@@ -74,6 +74,10 @@ class TrainConfig:
     lm_head, most of a draft step's cost, shrinks with it. --online: 32000 by default."""
     max_length: int = 2048
     """Tokens per sample; longer samples are cut."""
+    train_samples: int | None = None
+    """Train on N of the cache's samples (default: all but the held-out ones): the first N of one fixed
+    seeded order, so subsets are nested (N < M: every sample of N is in M) and the held-out set is the
+    same for every N. For a data-scaling curve (benchmarks/data_scaling.py)."""
     epochs: int = 1
     """Passes over the data."""
     time_budget_s: float | None = None
@@ -149,6 +153,8 @@ class TrainConfig:
         e = []
         if self.run is None:
             e.append("--run is required (the run folder, e.g. runs/demo)")
+        if self.train_samples is not None and (not isinstance(self.train_samples, int) or self.train_samples < 1):
+            e.append(f"--train-samples {self.train_samples!r}: expected an integer >= 1 (or leave it out: all)")
         if not 0.0 <= self.feature_noise <= 1.0:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:

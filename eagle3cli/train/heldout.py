@@ -28,6 +28,19 @@ def heldout_indices(n_samples: int, wanted: int) -> list[int]:
     return sorted({(j * n_samples) // k for j in range(k)}) if k > 0 else []
 
 
+def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None) -> list[int]:
+    """Sample indices a run does not train on: the held-out ones, and with `train_samples` = N every
+    sample after the first N of one fixed order (a seeded permutation independent of --seed, so the
+    subsets of a data-scaling curve are nested and share the held-out set)."""
+    if train_samples is None:
+        return list(heldout)
+    held = set(heldout)
+    order = [i for i in range(n_samples) if i not in held]
+    perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(20261202)).tolist()
+    keep = {order[j] for j in perm[:train_samples]}
+    return sorted(i for i in range(n_samples) if i not in keep)
+
+
 def accept_lengths(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> torch.Tensor:
     """[B, T] accepted draft tokens of a round anchored at t (the target has just produced token
     t+1; draft token k predicts x[t+2+k]): the leading steps whose argmax equals the target's and

@@ -314,7 +314,7 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
+    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.unused)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
     with console.progress("train", total=total, unit="step", completed=tr.step) as bar:
         while tr.step < tr.total_steps and not tr.out_of_time():
@@ -323,7 +323,7 @@ def fit(tr: Trainer) -> None:
                 if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
                     break
                 tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
+                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.unused)
                 continue
             before, started, cpu = iv.tokens, time.time(), time.process_time()
             compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's
@@ -396,6 +396,7 @@ def finish(tr: Trainer) -> Path:
                 else {"data": str(tr.cfg.data or tr.run_dir / "data")}
             )
             cache_manifest = Path(source.get("cache", "")) / "manifest.json"
+            unused = set(tr.unused)
             write_manifest(
                 tr.train_dir,
                 "train",
@@ -409,6 +410,8 @@ def finish(tr: Trainer) -> Path:
                 input_fingerprint=tr.source.fingerprint,
                 export_self_check_max_abs_diff=diff,
                 world_size=tr.world,
+                trained_samples=len(tr.source.lengths) - len(tr.unused),
+                trained_sample_tokens=sum(n for i, n in enumerate(tr.source.lengths) if i not in unused),
                 **summary,
             )
             atomic_write_json(tr.train_dir / "summary.json", summary)

@@ -41,7 +41,7 @@ from ..model.target import (
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
-from .heldout import heldout_indices
+from .heldout import heldout_indices, unused_indices
 from .optim import apply_init, build_optimizer
 from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
@@ -130,6 +130,7 @@ class Trainer:
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
     heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
+    unused: list[int] = field(default_factory=list)  # not trained on: held out, and beyond --train-samples
     clock: Clock = field(default_factory=lambda: Clock())  # training wall time over every session
 
     @property
@@ -263,7 +264,16 @@ def setup(cfg: TrainConfig) -> Trainer:
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     per_step = world * cfg.grad_accum
     heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
-    n_batches = len(plan_for(cfg, source.lengths, 0, exclude=heldout))
+    unused = unused_indices(len(source.lengths), heldout, cfg.train_samples)
+    trainable = len(source.lengths) - len(heldout)
+    if cfg.train_samples is not None and cfg.train_samples > trainable:
+        raise UsageError(
+            f"--train-samples {cfg.train_samples}: the cache has {trainable} trainable samples "
+            f"({len(heldout)} of {len(source.lengths)} are held out)",
+            f"at most {trainable}",
+            "a smaller --train-samples, or leave it out to train on all of them",
+        )
+    n_batches = len(plan_for(cfg, source.lengths, 0, exclude=unused))
     if n_batches < per_step:
         raise UsageError(
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
@@ -305,6 +315,7 @@ def setup(cfg: TrainConfig) -> Trainer:
     )
     tr.logit_spec = logit_spec(tcfg)
     tr.heldout = heldout
+    tr.unused = unused
     tr.clock = clock
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)

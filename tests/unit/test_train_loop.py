@@ -375,3 +375,27 @@ def test_tensorboard_scalars_or_a_clear_error(run_dir, capsys):
         return
     assert main(args) == 0
     assert list((run_dir / "train" / "tb").glob("events.out.tfevents.*"))
+
+
+def test_train_samples_are_nested_subsets_that_never_touch_the_held_out_set(run_dir, capsys):
+    from eagle3cli.train.heldout import heldout_indices, unused_indices
+
+    held = heldout_indices(200, 16)
+    subsets = [set(range(200)) - set(unused_indices(200, held, n)) for n in (10, 40, 184)]
+    assert [len(s) for s in subsets] == [10, 40, 184]
+    assert subsets[0] < subsets[1] < subsets[2] and not subsets[2] & set(held)
+    assert unused_indices(200, held, None) == held
+    # a run on 5 of the cache's samples trains only those, and says so in its manifest
+    cfg = build_config(TrainConfig, None, "train", run=run_dir, max_steps=2, token_budget=640, max_length=160,
+                       ttt_steps=2, train_samples=5, heldout_samples=4)  # fmt: skip
+    tr = setup(cfg)
+    trained = set(range(len(tr.source.lengths))) - set(tr.unused)
+    assert len(trained) == 5 and not trained & set(tr.heldout)
+    fit(tr)
+    finish(tr)
+    m = json.loads((run_dir / "train" / "manifest.json").read_text())
+    assert m["trained_samples"] == 5
+    assert m["trained_sample_tokens"] == sum(tr.source.lengths[i] for i in trained)
+    # more samples than the cache can train on: exit 2 before anything is written
+    assert main(["train", "--run", str(run_dir), "--train-samples", "1000", "--no-resume", *FAST]) == 2
+    assert "trainable samples" in capsys.readouterr().err
