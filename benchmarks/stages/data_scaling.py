@@ -1,0 +1,168 @@
+"""Acceptance against the amount of training data: the EAGLE-3 paper's scaling claim, for any target.
+
+    # a cache over the whole corpus, once (eagle3 cache ...), then:
+    .venv/bin/python benchmarks/stages/data_scaling.py --cache runs/smollm2-full/cache \
+        --target models/smollm2-135m --recipe recipes/smollm2-135m/train.yaml \
+        --fractions 1/16,1/8,1/4,1/2,1 --tokens-per-run 2000000 --out runs/data-scaling
+
+For each fraction f, `eagle3 train --train-samples f*N` trains the same recipe on nested subsets of
+the cache (one fixed order: every smaller subset is inside every larger one) and scores the head on
+the held-out samples every run shares (the held-out tau of train's learning curve) and, unless
+--no-eval, on MT-bench (80 first turns, fp32 greedy chain, depth 8). Budgets (say which you used):
+`--tokens-per-run T` trains every size on the same T tokens (small subsets repeat epochs: the
+question is what distinct data is worth at equal compute), `--epochs E` trains each to E passes.
+
+Then tau is fitted as a + b*log2(distinct tokens) on all but the largest size, and that fit's
+prediction for the largest is set beside the measured value (the test of the fit), and the fit over
+every size says how many distinct tokens tau 2.5 and 3.0 would take. Runs resume (train and eval
+do); `--dry-run` prints the commands. Writes OUT/data_scaling.json and OUT/data_scaling.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from fractions import Fraction
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from benchmarks.common import E3, REPO, Recorder  # noqa: E402
+
+
+def fit_log2(points: list[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares tau = a + b*log2(tokens) through (tokens, tau) points; (a, b)."""
+    xs = [math.log2(t) for t, _ in points]
+    ys = [y for _, y in points]
+    n = len(xs)
+    if n < 2 or len(set(xs)) < 2:
+        raise ValueError("a fit needs at least two different sizes")
+    mx, my = sum(xs) / n, sum(ys) / n
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def tokens_for(tau: float, a: float, b: float) -> float | None:
+    """Distinct tokens the fit says tau needs (None when tau does not grow with data)."""
+    return 2 ** ((tau - a) / b) if b > 0 else None
+
+
+def analyse(rows: list[dict], key: str) -> dict | None:
+    pts = [(r["tokens"], r[key]) for r in rows if r.get(key) is not None]
+    if len(pts) < 3:
+        return None
+    pts.sort()
+    a, b = fit_log2(pts[:-1])
+    full_a, full_b = fit_log2(pts)
+    return {
+        "fit_on": f"the {len(pts) - 1} smaller sizes",
+        "a": round(a, 4),
+        "b_per_doubling": round(b, 4),
+        "predicted_full": round(a + b * math.log2(pts[-1][0]), 4),
+        "measured_full": round(pts[-1][1], 4),
+        "fit_all": {"a": round(full_a, 4), "b_per_doubling": round(full_b, 4)},
+        "tokens_for_tau": {str(t): tokens_for(t, full_a, full_b) for t in (2.5, 3.0)},
+    }
+
+
+def plot(rows: list[dict], fits: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for key, label, style in (("heldout_tau", "held-out tau", "o-"), ("mt_bench_tau", "MT-bench tau (d8)", "s-")):
+        pts = sorted((r["tokens"], r[key]) for r in rows if r.get(key) is not None)
+        if not pts:
+            continue
+        line = ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)[0]
+        f = fits.get(key)
+        if f:
+            xs = [pts[0][0], pts[-1][0] * 4]
+            ax.plot(xs, [f["a"] + f["b_per_doubling"] * math.log2(x) for x in xs], "--", color=line.get_color(),
+                    alpha=0.6, label=f"{label} fit on smaller sizes: predicts {f['predicted_full']}, "
+                    f"measured {f['measured_full']}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("distinct training tokens (log2)")
+    ax.set_ylabel("tau (tokens per target forward)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cache", required=True, help="an eagle3 cache over the whole corpus")
+    ap.add_argument("--target", required=True)
+    ap.add_argument("--recipe", default=None, help="the train recipe every size uses")
+    ap.add_argument("--fractions", default="1/16,1/8,1/4,1/2,1")
+    budget = ap.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--tokens-per-run", type=int, help="equal compute: every size trains on T tokens")
+    budget.add_argument("--epochs", type=int, help="every size trains E passes over its own subset")
+    ap.add_argument("--token-budget", type=int, default=4096, help="tokens per training batch (train's --token-budget)")
+    ap.add_argument("--no-eval", action="store_true", help="held-out tau only (no MT-bench eval)")
+    ap.add_argument("--num-prompts", type=int, default=80)
+    ap.add_argument("--out", default="runs/data-scaling")
+    ap.add_argument("--dry-run", action="store_true")
+    a = ap.parse_args()
+    out = Path(a.out)
+    cache_manifest = json.loads((Path(a.cache) / "manifest.json").read_text())
+    n_samples = int(cache_manifest["counts"]["samples"])
+    held = min(32, n_samples // 10)  # train's default --heldout-samples 32 (at most a tenth)
+    trainable = n_samples - held
+    rec = Recorder()
+    rows = []
+    for frac in [Fraction(f) for f in a.fractions.split(",")]:
+        n = max(1, int(trainable * frac))
+        run = out / f"n{n}"
+        cmd = [*E3, "train", "--run", run, "--cache", a.cache, "--train-samples", n, "--token-budget", a.token_budget]
+        if a.recipe:
+            cmd += ["--recipe", a.recipe]
+        cmd += (["--max-steps", max(1, a.tokens_per_run // a.token_budget), "--epochs", 10**6]
+                if a.tokens_per_run else ["--epochs", a.epochs])  # fmt: skip
+        ev = [*E3, "eval", "--run", run, "--target", a.target, "--bench", "mt_bench", "--num-prompts", a.num_prompts,
+              "--depth", 8, "--mode", "chain", "--dtype", "fp32", "--temperature", 0]  # fmt: skip
+        if a.dry_run:
+            print(rec.show(cmd))
+            if not a.no_eval:
+                print(rec.show(ev))
+            continue
+        rec.sh(cmd)
+        m = json.loads((run / "train" / "manifest.json").read_text())
+        row = {
+            "fraction": str(frac),
+            "conversations": m["trained_samples"],
+            "tokens": m["trained_sample_tokens"],
+            "trained_tokens": m.get("tokens_seen"),
+            "heldout_tau": (m.get("final_heldout") or {}).get("heldout_tau", m.get("heldout_tau")),
+        }
+        if not a.no_eval:
+            rec.sh(ev)
+            report = json.loads((run / "eval" / "report.json").read_text())
+            head = next(iter(report["heads"].values()))
+            row["mt_bench_tau"] = round(head["chain"]["acceptance"]["tau"], 4)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    if a.dry_run:
+        return
+    fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k))}
+    result = {
+        "cache": str(a.cache),
+        "budget": {"tokens_per_run": a.tokens_per_run} if a.tokens_per_run else {"epochs": a.epochs},
+        "rows": rows,
+        "fits": fits,
+        "commands": rec.commands,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "data_scaling.json").write_text(json.dumps(result, indent=1) + "\n")
+    plot(rows, fits, out / "data_scaling.png")
+    print(json.dumps(result, indent=1))
+    print(f"wrote {out / 'data_scaling.json'} and {out / 'data_scaling.png'} (repo {REPO})")
+
+
+if __name__ == "__main__":
+    main()
