@@ -86,6 +86,12 @@ def check_devices() -> list[Check]:
     return rows
 
 
+def device_choices() -> Check:
+    from .devices import available_devices
+
+    return Check("--device", True, "choices here: " + ", ".join(["auto", *available_devices()]))
+
+
 def check_deepspeed() -> Check:
     """Can `deepspeed` launch here? The launcher binary and the accelerator it picks."""
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
@@ -156,6 +162,7 @@ def run_doctor(runs_dir: Path) -> list[Check]:
     return [
         *check_packages(),
         *check_devices(),
+        device_choices(),
         check_deepspeed(),
         check_sglang(),
         check_vllm_cpu(),

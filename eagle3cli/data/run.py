@@ -18,6 +18,7 @@ from typing import Any
 
 from ..config import config_dict, parse_shard
 from ..console import console, log, print_table, progress, warn
+from ..devices import check_device
 from ..errors import IncompleteError, UsageError
 from ..jsonl import dumps, read_records
 from ..lock import LOCK_NAME, locked_stage
@@ -217,6 +218,7 @@ def _lock_name(cfg: GenDataConfig) -> str:
 
 @locked_stage("gen-data", lambda cfg: None if cfg.dry_run else cfg.out_dir, _lock_name)
 def run_gen_data(cfg: GenDataConfig) -> Path:
+    check_device(cfg.device)  # before any model loads
     results, plan, read_rejects = read_inputs(cfg)
     path, tokenizer, identity = load_target_identity(cfg)
     if cfg.dry_run:
