@@ -20,7 +20,7 @@ _SCHEMELESS_USERINFO = re.compile(
     r"(^|[\s'\"=(\[,])(?![A-Za-z][A-Za-z0-9+.-]*://)[^\s/@'\"<>`]+:[^\s/@'\"<>`]*@(?=[\w\[])"
 )
 _SECRET_PARAM = re.compile(
-    r"([?&#;][^=\s&#?]*(?:key|token|secret|pass|pwd|auth|sig|credential|session|cookie)[^=\s&#?]*=)(?!\*\*\*)[^\s&#'\"<>`]+",
+    r"([?&#;][^=\s&#?]*(?:key|token|secret|pass|pwd|auth|sig|credential|session|cookie)[^=\s&#?]*=)(?!\*\*\*)[^\s&#'\"<>`]*[^\s&#'\"<>`.,:;)\]}]",
     re.I,
 )
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
