@@ -120,3 +120,54 @@ def test_credentials_in_any_endpoint_spelling_never_reach_disk(tmp_path, tiny_ta
     assert "hunter2" not in shown
     written = b"".join(p.read_bytes() for p in out.rglob("*") if p.is_file())
     assert b"hunter2" not in written and b"***" in (out / "manifest.json").read_bytes()
+
+
+# ---------------------------------------------------------------- smaller holes
+def test_the_digest_memo_notices_a_rewrite_that_kept_size_and_mtime(tmp_path, monkeypatch):
+    import time
+
+    from eagle3cli import manifest
+
+    monkeypatch.setenv("EAGLE3_CACHE_DIR", str(tmp_path / "memo"))
+    monkeypatch.setattr(manifest, "_DIGESTS", {})
+    f = tmp_path / "model.bin"
+    f.write_bytes(b"a" * 4096)
+    first = manifest.file_digest(f)
+    st = f.stat()
+    time.sleep(0.05)  # the kernel stamps ctime at a clock tick (ms): a rewrite in the same tick is not seen
+    with open(f, "r+b") as fh:  # same inode, same size
+        fh.write(b"b" * 4096)
+    os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # and the mtime put back
+    assert (f.stat().st_size, f.stat().st_mtime_ns, f.stat().st_ino) == (st.st_size, st.st_mtime_ns, st.st_ino)
+    assert manifest.file_digest(f) != first
+    assert manifest.file_digest(f) == manifest.sha256_file(f)
+
+
+def test_tilde_is_expanded_for_out_and_run_too(tmp_path, tiny_target_dir, monkeypatch):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir()
+    cwd.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    base = ["gen-data", "--target", str(tiny_target_dir), "--no-regenerate", "--input", "gsm8k", "--num-samples", "2"]
+    assert main([*base, "--out", "~/d"]) == 0
+    assert (home / "d" / "manifest.json").exists()
+    assert main([*base, "--run", "~/runs/x"]) == 0
+    assert (home / "runs" / "x" / "data" / "manifest.json").exists()
+    assert not (cwd / "~").exists()
+
+
+def test_a_yaml_alias_bomb_recipe_is_refused_quickly(tmp_path, tiny_target_dir, capsys):
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    r = tmp_path / "bomb.yaml"
+    r.write_text("\n".join(lines) + "\n")
+    args = ["gen-data", "--recipe", str(r), "--target", str(tiny_target_dir), "--input", "gsm8k", "--dry-run"]
+    assert main(args) == 2
+    text = err(capsys)
+    assert "expands to more than 100000 values through YAML aliases" in text and "next:" in text
+    # a smaller one that loads: the wrong-type message shows a summary, never the whole value
+    r.write_text("gen_data:\n  seed: " + "[" + ", ".join(["[1, 2, 3, 4, 5, 6, 7, 8, 9]"] * 50) + "]\n")
+    assert main(args) == 2
+    text = err(capsys)
+    assert "--seed <a list of 50 items>: expected an integer" in text and len(text) < 2000
