@@ -54,7 +54,7 @@ def check_device(device: str | None, flag: str = "--device") -> None:
     choices = ", ".join(["auto", *have])
     m = _DEVICE.match(name)
     if m is None:
-        what = f"{flag} {device!r} is not a device name"
+        what = f"{flag} {device}: not a device name"
     elif m.group(1) == "cpu":
         what = f"{flag} {device}: the CPU has no index (use cpu)"
     elif m.group(1) == "cuda" and "cuda" in have:
