@@ -181,26 +181,29 @@ class EngineClient:
         kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if method == "POST":
             kw["json"] = body
-        try:
-            async with asyncio.timeout(budget):
-                async with self._http.stream(method, url, **kw) as r:
-                    data = bytearray()
-                    async for chunk in r.aiter_bytes():
-                        data += chunk
-                        if len(data) > limit:
-                            raise BodyTooLarge(
-                                f"{shown} answered with a body over {limit} bytes (the limit on one reply; "
-                                f"{BODY_ENV} raises it)"
-                            )
-                    text = data.decode(r.encoding or "utf-8", errors="replace")
-        except (httpx.TimeoutException, TimeoutError) as e:
+
+        async def exchange() -> tuple[int, str]:
+            async with self._http.stream(method, url, **kw) as r:
+                data = bytearray()
+                async for chunk in r.aiter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise BodyTooLarge(
+                            f"{shown} answered with a body over {limit} bytes (the limit on one reply; "
+                            f"{BODY_ENV} raises it)"
+                        )
+                return r.status_code, data.decode(r.encoding or "utf-8", errors="replace")
+
+        try:  # wait_for, not asyncio.timeout: Python 3.10 has only the former
+            status, text = await asyncio.wait_for(exchange(), budget)
+        except (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError) as e:
             raise Unreachable(f"timeout after {budget:g}s at {shown} ({type(e).__name__}, whole request)", True) from e
         except httpx.HTTPError as e:  # connect refused, reset, DNS, a body that cannot be decoded...
             local = _local_limit(e)
             if local is not None:  # our process ran out of descriptors: not the endpoint's fault
                 raise local from e
             raise Unreachable(f"{type(e).__name__} at {shown}: {e}") from e
-        return Reply(r.status_code, text, time.perf_counter() - t0)
+        return Reply(status, text, time.perf_counter() - t0)
 
     async def post(self, base: str, route: str, body: dict, timeout: float | None = None) -> Reply:
         return await self._send("POST", base, route, body, timeout)

@@ -171,3 +171,15 @@ def test_a_yaml_alias_bomb_recipe_is_refused_quickly(tmp_path, tiny_target_dir, 
     assert main(args) == 2
     text = err(capsys)
     assert "--seed <a list of 50 items>: expected an integer" in text and len(text) < 2000
+
+
+@pytest.mark.parametrize("stage", ["gen-data", "cache"])
+def test_a_run_folder_that_is_a_symlink_loop_exits_2(tmp_path, tiny_target_dir, capsys, stage):
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    args = [stage, "--run", str(tmp_path / "a")]
+    if stage == "gen-data":
+        args += ["--target", str(tiny_target_dir), "--no-regenerate", "--input", "gsm8k", "--num-samples", "2"]
+    assert main(args) == 2
+    text = err(capsys)
+    assert "symlink loop" in text and "next:" in text
