@@ -332,9 +332,11 @@ def refuse_changed_inputs(out: Path, manifest: dict, results: list[ReadResult], 
     """A finished folder made from other input bytes is another plan: regenerating only the shards
     that look missing would mix two plans (records duplicated, others never generated)."""
     recorded = manifest.get("plan_ids_hash")
-    now = {r.spec.spec: r.sha256 for r in results if r.sha256}
-    was = {
-        d.get("spec"): d.get("sha256") for d in manifest.get("inputs") or [] if isinstance(d, dict) and d.get("sha256")
+    now: dict[str, str] = {r.spec.spec: r.sha256 for r in results if r.sha256}
+    was: dict[str, str] = {
+        str(d.get("spec")): str(d["sha256"])
+        for d in manifest.get("inputs") or []
+        if isinstance(d, dict) and d.get("sha256")
     }
     changed = [s for s in now if s in was and was[s] != now[s]]
     if (recorded is None or recorded == plan_ids_hash) and not changed:
