@@ -82,6 +82,10 @@ def main(argv: list[str] | None = None) -> int:
             if error is None:
                 raise
             raise error from e
+        except RuntimeError as e:  # pathlib's resolve() before Python 3.13: "Symlink loop from '...'"
+            if not str(e).startswith("Symlink loop"):
+                raise
+            raise symlink_loop(str(e).split("'")[1] if "'" in str(e) else "a path") from e
     except UsageError as e:
         console.print(f"[bold red]error:[/] {escape(redact_text(e.what))}")
         if e.expected:
@@ -118,6 +122,8 @@ def os_error(e: OSError) -> UsageError | None:
             "an output folder this user can write",
             f"fix its permissions or choose another --run/--out folder, {rerun}",
         )
+    if e.errno == errno.ELOOP:
+        return symlink_loop(str(where))
     if e.errno in (errno.EEXIST, errno.ENOTDIR, errno.EISDIR, errno.ENAMETOOLONG):
         return UsageError(
             f"{where} is in the way: {e.strerror}",
@@ -125,6 +131,14 @@ def os_error(e: OSError) -> UsageError | None:
             f"move that file or choose another --run/--out folder, {rerun}",
         )
     return None
+
+
+def symlink_loop(where: str) -> UsageError:
+    return UsageError(
+        f"{where} is a symbolic link that leads back to itself (a symlink loop)",
+        "a folder, or a link to one",
+        f"inspect it (ls -l {where}) and remove or fix the link, or choose another --run/--out folder",
+    )
 
 
 if __name__ == "__main__":

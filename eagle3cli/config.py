@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import reprlib
 import types
 import typing
 from pathlib import Path
@@ -91,6 +92,12 @@ def load_recipe(path: Path | None, section: str) -> dict:
         raise UsageError(
             f"recipe {path} is a folder", "a YAML file, e.g. recipes/tiny/gen-data.yaml", f"ls {path}   (pick a file)"
         )
+    if path.stat().st_size > MAX_RECIPE_BYTES:
+        raise UsageError(
+            f"recipe {path} is {path.stat().st_size} bytes: a recipe is a page of settings, at most {MAX_RECIPE_BYTES}",
+            "a YAML file of stage settings",
+            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
+        )
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as e:
@@ -105,6 +112,13 @@ def load_recipe(path: Path | None, section: str) -> dict:
         raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
     if not isinstance(data, dict):
         raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
+    size = expanded_size(data)
+    if size > MAX_RECIPE_VALUES:  # YAML aliases (&a / *a) can nest a 1 KB file into billions of values
+        raise UsageError(
+            f"recipe {path} expands to more than {MAX_RECIPE_VALUES} values through YAML aliases (&name / *name)",
+            "a recipe of plain settings (aliases that repeat a few values are fine)",
+            "write the values out instead of nesting aliases",
+        )
     if is_sectioned(data, path):
         if section not in data:
             have = ", ".join(f"{k}:" for k in data)
@@ -115,6 +129,36 @@ def load_recipe(path: Path | None, section: str) -> dict:
             )
         data = data.get(section) or {}
     return {k.replace("-", "_"): v for k, v in data.items()}
+
+
+MAX_RECIPE_BYTES = 1 << 20
+MAX_RECIPE_VALUES = 100_000
+
+
+def expanded_size(obj: Any, limit: int = MAX_RECIPE_VALUES) -> int:
+    """How many values `obj` holds once aliases are expanded, counted without expanding them (each
+    shared list or mapping is sized once); stops counting past `limit`."""
+    memo: dict[int, int] = {}
+
+    def size(o: Any) -> int:
+        if not isinstance(o, (list, dict)):
+            return 1
+        if id(o) in memo:
+            return memo[id(o)]
+        memo[id(o)] = limit + 1  # a cycle (an alias inside itself) counts as too big
+        items = list(o.keys()) + list(o.values()) if isinstance(o, dict) else o
+        total = 1
+        for v in items:
+            total += size(v)
+            if total > limit:
+                break
+        memo[id(o)] = total
+        return total
+
+    try:
+        return size(obj)
+    except RecursionError:
+        return limit + 1
 
 
 def is_sectioned(data: dict, path: Path | str = "recipe") -> bool:
@@ -145,7 +189,8 @@ def _coerce(value: Any, tp: Any) -> Any:
         args = [a for a in typing.get_args(tp) if a is not type(None)]
         return _coerce(value, args[0]) if len(args) == 1 else value
     if tp is Path:
-        return Path(value) if isinstance(value, (str, os.PathLike)) else value  # else: a type error below
+        # `~` expanded for every path (--out, --run, --cache...), not only where the shell did it
+        return Path(value).expanduser() if isinstance(value, (str, os.PathLike)) else value  # else: a type error below
     if origin is tuple:
         (inner, *_rest) = typing.get_args(tp)
         if isinstance(value, str):
@@ -229,11 +274,22 @@ def _type_name(tp: Any) -> str:
     )
 
 
+def _short_repr(value: Any, width: int = 80) -> str:
+    """repr of a value, cut: a recipe value may be huge (never render it whole)."""
+    if isinstance(value, (list, tuple, dict)) and len(value) > 8:
+        return f"<a {type(value).__name__} of {len(value)} items>"
+    try:
+        text = reprlib.repr(value)
+    except RecursionError:
+        text = f"<a nested {type(value).__name__}>"
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def type_errors(cfg: Any) -> list[str]:
     """One line per field whose value is not of its declared type (recipes are untyped YAML)."""
     hints = typing.get_type_hints(type(cfg))
     return [
-        f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)!r}: expected {_type_name(hints[f.name])}"
+        f"--{f.name.replace('_', '-')} {_short_repr(getattr(cfg, f.name))}: expected {_type_name(hints[f.name])}"
         for f in dataclasses.fields(cfg)
         if not _type_ok(getattr(cfg, f.name), hints[f.name])
     ]

@@ -122,6 +122,12 @@ def check_cpu_features() -> list[Check]:
     return rows
 
 
+def device_choices() -> Check:
+    from .devices import available_devices
+
+    return Check("--device", True, "choices here: " + ", ".join(["auto", *available_devices()]))
+
+
 def check_deepspeed() -> Check:
     """Can `deepspeed` launch here? The launcher binary and the accelerator it picks."""
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
@@ -204,6 +210,7 @@ def run_doctor(runs_dir: Path, check_sglang_parser: bool = False) -> list[Check]
         *check_packages(),
         *check_devices(),
         *check_cpu_features(),
+        device_choices(),
         check_deepspeed(),
         check_sglang(check_sglang_parser),
         check_vllm_cpu(),

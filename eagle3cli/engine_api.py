@@ -27,12 +27,15 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .limits import BODY_ENV, UnusableReply, max_body_bytes, strict_json
 from .urls import endpoint_url, redact_text
 
 T = TypeVar("T")
 
 # Statuses that blame the request itself: retrying the same request cannot help.
 CONTENT_STATUSES = (400, 413, 422)
+# The reject reason of a request whose answer we refuse to use (too big, too deep, NaN/Infinity).
+UNUSABLE = "unusable_response"
 
 
 # ---------------------------------------------------------------- request bodies
@@ -134,6 +137,10 @@ class Unreachable(Exception):
         super().__init__(self.detail)
 
 
+class BodyTooLarge(Unreachable):
+    """The answer's body is larger than the body limit: the same request would get it again."""
+
+
 @dataclass
 class Reply:
     status: int
@@ -141,8 +148,9 @@ class Reply:
     seconds: float  # request sent -> whole body received
 
     def json(self) -> Any:
-        """The body as JSON (ValueError when it is not)."""
-        return json.loads(self.text)
+        """The body as JSON (ValueError when it is not; UnusableReply when it nests too deep or holds
+        NaN/Infinity, which no engine sends in a well-formed answer)."""
+        return strict_json(self.text)
 
 
 class EngineClient:
@@ -161,25 +169,41 @@ class EngineClient:
         await self._http.aclose()
 
     async def _send(self, method: str, base: str, route: str, body: dict | None, timeout: float | None) -> Reply:
+        """One request whose whole exchange (connect, send, every byte of the body) fits in the
+        timeout, and whose body (after content decoding: a gzip bomb counts inflated) fits in the
+        body limit: a server that drips a byte every second or streams without end cannot hold
+        a stage past --timeout or fill its memory."""
         url = endpoint_url(base, route)
         shown = redact_text(url)
+        budget = timeout or self.timeout_s
+        limit = max_body_bytes()
         t0 = time.perf_counter()
         kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
-        try:
-            if method == "POST":
-                r = await self._http.post(url, json=body, **kw)
-            else:
-                r = await self._http.get(url, **kw)
-        except httpx.TimeoutException as e:
-            raise Unreachable(
-                f"timeout after {timeout or self.timeout_s:g}s at {shown} ({type(e).__name__})", True
-            ) from e
-        except httpx.HTTPError as e:  # connect refused, reset, DNS...
+        if method == "POST":
+            kw["json"] = body
+
+        async def exchange() -> tuple[int, str]:
+            async with self._http.stream(method, url, **kw) as r:
+                data = bytearray()
+                async for chunk in r.aiter_bytes():
+                    data += chunk
+                    if len(data) > limit:
+                        raise BodyTooLarge(
+                            f"{shown} answered with a body over {limit} bytes (the limit on one reply; "
+                            f"{BODY_ENV} raises it)"
+                        )
+                return r.status_code, data.decode(r.encoding or "utf-8", errors="replace")
+
+        try:  # wait_for, not asyncio.timeout: Python 3.10 has only the former
+            status, text = await asyncio.wait_for(exchange(), budget)
+        except (httpx.TimeoutException, asyncio.TimeoutError, TimeoutError) as e:
+            raise Unreachable(f"timeout after {budget:g}s at {shown} ({type(e).__name__}, whole request)", True) from e
+        except httpx.HTTPError as e:  # connect refused, reset, DNS, a body that cannot be decoded...
             local = _local_limit(e)
             if local is not None:  # our process ran out of descriptors: not the endpoint's fault
                 raise local from e
             raise Unreachable(f"{type(e).__name__} at {shown}: {e}") from e
-        return Reply(r.status_code, r.text, time.perf_counter() - t0)
+        return Reply(status, text, time.perf_counter() - t0)
 
     async def post(self, base: str, route: str, body: dict, timeout: float | None = None) -> Reply:
         return await self._send("POST", base, route, body, timeout)
@@ -296,12 +320,16 @@ class Failover:
             shown = redact_text(endpoint_url(base, route))
             try:
                 r = await client.post(base, route, body)
+            except BodyTooLarge as e:  # the same request gets the same endless body: reject it
+                raise EndpointError(UNUSABLE, e.detail, transient=False) from e
             except Unreachable as e:
                 last = e.detail
             else:
                 if r.status == 200:
                     try:
                         out = parse(r)
+                    except UnusableReply as e:  # valid HTTP, hostile JSON: this request's answer, not an outage
+                        raise EndpointError(UNUSABLE, f"{shown} answered 200 with {e}", transient=False) from e
                     except ValueError as e:  # a proxy's HTML page, a cut body: the next try may be fine
                         last = f"{shown} answered 200 without choices[0].message.content ({e})"
                     else:

@@ -19,7 +19,6 @@ import functools
 import json
 import os
 import socket
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -35,27 +34,41 @@ def _held() -> list[str]:
     return [p for p in os.environ.get(HELD_ENV, "").split(os.pathsep) if p]
 
 
+# Who holds the lock: pid, host, stage and start time only. Never the command line: it may carry
+# `--endpoint user:password@host` or an api_key, and the file is readable by others (0644).
+LOCK_MODE = 0o644
+# O_NOFOLLOW: a `.lock` that is a symbolic link (planted, or left by a copy) is refused (ELOOP),
+# never followed: we would truncate and write the file it points to.
+OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+
+
 def _holder_info(stage: str) -> bytes:
-    prog = Path(sys.argv[0]).name if sys.argv else ""
-    prog = "eagle3" if prog in ("__main__.py", "eagle3") else prog  # python -m eagle3cli
-    cmd = " ".join([prog, *sys.argv[1:]])[:500]
     return json.dumps(
-        {
-            "pid": os.getpid(),
-            "host": socket.gethostname(),
-            "stage": stage,
-            "command": cmd,
-            "since": time.strftime("%Y-%m-%d %H:%M:%S"),
-        }
+        {"pid": os.getpid(), "host": socket.gethostname(), "stage": stage, "since": time.strftime("%Y-%m-%d %H:%M:%S")}
     ).encode()
 
 
 def _describe(raw: bytes) -> str:
     try:
         h = json.loads(raw)
-        return f"pid {h['pid']} on {h['host']} (`{h.get('command') or h.get('stage')}`, since {h.get('since')})"
+        return f"pid {h['pid']} on {h['host']} (`eagle3 {h.get('stage')}`, since {h.get('since')})"
     except (ValueError, KeyError, TypeError):
         return "another process"
+
+
+def _open(path: Path, flags: int) -> int:
+    try:
+        fd = os.open(path, flags | OPEN_FLAGS, LOCK_MODE)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise UsageError(
+            f"{path} is a symbolic link: eagle3 never follows a link for its lock file (it would write where "
+            f"the link points, {os.readlink(path)!r})",
+            "a lock file eagle3 creates itself (or none)",
+            f"remove the link (rm {path}) if no eagle3 runs there, then rerun the same command",
+        ) from None
+    return fd
 
 
 def _refuse(folder: Path, stage: str, who: str, path: Path) -> UsageError:
@@ -70,7 +83,7 @@ def _refuse(folder: Path, stage: str, who: str, path: Path) -> UsageError:
 def _acquire_flock(path: Path, folder: Path, stage: str) -> int | None:
     """The locked descriptor, or None where the filesystem has no flock."""
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+        fd = _open(path, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -107,10 +120,11 @@ def _pid_alive(pid: int) -> bool:
 def _acquire_pidfile(path: Path, folder: Path, stage: str) -> None:
     for _ in range(3):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            fd = _open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
         except FileExistsError:
             try:
-                raw = path.read_bytes()
+                with os.fdopen(_open(path, os.O_RDONLY), "rb") as f:
+                    raw = f.read(4096)
             except FileNotFoundError:
                 continue
             try:

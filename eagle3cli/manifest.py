@@ -225,11 +225,13 @@ _DIGESTS: dict[str, list] = {}
 
 
 def file_digest(path: Path) -> str:
-    """sha256 of a whole file, remembered by (path, size, mtime, inode) across runs: hashing a 16 GB
+    """sha256 of a whole file, remembered by (path, size, mtime, inode, ctime) across runs: hashing a 16 GB
     target costs seconds once, then nothing, and any rewrite of the file changes the stamp."""
     path = Path(path).resolve()
     st = path.stat()
-    stamp = [st.st_size, st.st_mtime_ns, st.st_ino]
+    # ctime too: a rewrite in place that restores the mtime (touch -d, rsync -t, a copy with cp -p
+    # onto the same inode) still moves the ctime, which no user call can set back
+    stamp = [st.st_size, st.st_mtime_ns, st.st_ino, st.st_ctime_ns]
     key = str(path)
     memo_path = _digest_memo_path()
     if not _DIGESTS:
@@ -239,8 +241,8 @@ def file_digest(path: Path) -> str:
         except (OSError, ValueError):
             pass
     hit = _DIGESTS.get(key)
-    if isinstance(hit, list) and hit[:3] == stamp and len(hit) == 4:
-        return hit[3]
+    if isinstance(hit, list) and len(hit) == len(stamp) + 1 and hit[:-1] == stamp:
+        return hit[-1]
     if path.suffix == ".safetensors":
         _check_safetensors(path)
     digest = sha256_file(path)
@@ -258,7 +260,7 @@ def model_fingerprint(model_dir: Path) -> str:
     """The identity of a local model folder: its config and every byte of its weight files.
 
     Every tensor counts: a target whose lm_head alone was rescaled is another target (a sampled
-    hash missed exactly that). The per-file sha256 is remembered by size+mtime, see file_digest.
+    hash missed exactly that). The per-file sha256 is remembered by size, mtime, inode and ctime, see file_digest.
     """
     model_dir = Path(model_dir)
     h = hashlib.sha256(b"eagle3-fingerprint/2\n")

@@ -15,6 +15,14 @@ MASK = "***"
 # Query keys whose values are credentials (api_key, access_token, X-Amz-Signature, sig, ...).
 _SECRET_KEY = re.compile(r"key|token|secret|pass|pwd|auth|sig|credential|session|cookie", re.I)
 _URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>`]+")
+# `user:secret@host` not preceded by `://` (the URL pattern handles those); the host must follow.
+_SCHEMELESS_USERINFO = re.compile(
+    r"(^|[\s'\"=(\[,])(?![A-Za-z][A-Za-z0-9+.-]*://)[^\s/@'\"<>`]+:[^\s/@'\"<>`]*@(?=[\w\[])"
+)
+_SECRET_PARAM = re.compile(
+    r"([?&#;][^=\s&#?]*(?:key|token|secret|pass|pwd|auth|sig|credential|session|cookie)[^=\s&#?]*=)(?!\*\*\*)[^\s&#'\"<>`]*[^\s&#'\"<>`.,:;)\]}]",
+    re.I,
+)
 _BEARER = re.compile(r"(Bearer\s+)[A-Za-z0-9._~+/=-]+", re.I)
 
 
@@ -29,16 +37,28 @@ def redact_url(url: str) -> str:
     netloc = p.netloc
     if "@" in netloc:
         netloc = f"{MASK}@{host if ':' not in host else f'[{host}]'}" + (f":{port}" if port is not None else "")
-    query = p.query
-    if query:
-        pairs = parse_qsl(query, keep_blank_values=True)
-        if any(_SECRET_KEY.search(k) for k, _ in pairs):
-            query = urlencode([(k, MASK if _SECRET_KEY.search(k) else v) for k, v in pairs], safe="*")
-    return urlunsplit((p.scheme, netloc, p.path, query, p.fragment))
+    # the fragment too: OAuth-style `#access_token=...` (never sent, but written wherever the URL is)
+    query, fragment = _redact_pairs(p.query), _redact_pairs(p.fragment)
+    return urlunsplit((p.scheme, netloc, p.path, query, fragment))
+
+
+def _redact_pairs(text: str) -> str:
+    """`a=1&api_key=s` with secret-looking values masked; text that is not key=value pairs unchanged."""
+    if not text or "=" not in text:
+        return text
+    pairs = parse_qsl(text, keep_blank_values=True)
+    if not any(_SECRET_KEY.search(k) for k, _ in pairs):
+        return text
+    return urlencode([(k, MASK if _SECRET_KEY.search(k) else v) for k, v in pairs], safe="*")
 
 
 def redact_text(text: str) -> str:
-    """Every URL in a message redacted (and bearer tokens masked)."""
+    """Every URL in a message redacted (and bearer tokens masked), also an endpoint written without a
+    scheme (`user:pass@host:port`, which httpx is given as http://user:pass@host:port)."""
+    if "://" not in text and "earer" not in text and "@" not in text and "=" not in text:
+        return text
+    text = _SCHEMELESS_USERINFO.sub(rf"\g<1>{MASK}@", text)
+    text = _SECRET_PARAM.sub(rf"\g<1>{MASK}", text)  # `host:port/?api_key=...` without a scheme
     if "://" not in text and "earer" not in text:
         return text
 

@@ -23,6 +23,7 @@ import torch
 
 from ..config import parse_shard
 from ..console import human_bytes, log, print_table, progress, warn
+from ..devices import check_device
 from ..errors import UsageError
 from ..folders import claim_output
 from ..lock import LOCK_NAME, locked_stage
@@ -66,6 +67,7 @@ def _lock_name(cfg: CacheConfig) -> str:
 
 @locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
 def run_cache(cfg: CacheConfig) -> Path:
+    check_device(cfg.device)  # before any model loads
     out = cfg.out_dir
     claim_output(out, "cache", CACHE_FILES, [("--data", cfg.data_dir)])
     data_manifest = check_data(cfg)

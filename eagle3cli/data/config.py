@@ -62,7 +62,7 @@ class GenDataConfig:
     concurrency: int = 32
     """Requests in flight over all endpoints (openai backend)."""
     timeout_s: float = flag(300.0, "--timeout")
-    """Per-request timeout in seconds (openai backend)."""
+    """Seconds one request may take in all (connect, send, the whole answer), openai backend."""
     retries: int = 4
     """Retries per request on connect errors, timeouts and HTTP 5xx, with exponential backoff."""
     backoff_s: float = flag(1.0, "--backoff")

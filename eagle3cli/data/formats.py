@@ -10,10 +10,8 @@ turn. The message schema (reasoning, tool calls) and its checks are in `messages
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -21,6 +19,7 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..jsonl import split_lines
+from ..limits import check_readable_file, read_input_bytes
 from ..sources import Source
 from ..sources import resolve as resolve_source
 from .messages import (
@@ -267,7 +266,9 @@ def reject_row(source: str, index: int, reason: str, detail: str, rid: str | Non
 RowError = tuple[str, str]  # (reject reason, detail)
 
 
-def _iter_raw_rows(spec: Source, info: dict | None = None) -> Iterator[tuple[int, object, RowError | None]]:
+def _iter_raw_rows(
+    spec: Source, info: dict | None = None, flag: str = "--input"
+) -> Iterator[tuple[int, object, RowError | None]]:
     """(row index, parsed row or None, (reason, detail) when the row cannot be parsed). `info` gets the
     sha256 of the bytes read (a pipe such as `<(cat f)` cannot be read twice) and the first bytes."""
     info = {} if info is None else info
@@ -276,14 +277,15 @@ def _iter_raw_rows(spec: Source, info: dict | None = None) -> Iterator[tuple[int
         return
     path = spec.path
     if path.suffix == ".parquet":
+        check_readable_file(path, flag)
         yield from ((i, r, None) for i, r in enumerate(_load_parquet(path)))
         return
-    try:
-        raw = path.read_bytes()
+    try:  # bounded: a device, a pipe that never ends or a compression bomb stops at the input limit
+        raw, data = read_input_bytes(path, flag)
         info["sha256"], info["head"] = hashlib.sha256(raw).hexdigest(), raw[:64]
-        data = gzip.decompress(raw) if path.suffix == ".gz" else raw
-    except (OSError, EOFError, zlib.error) as e:  # e.g. a .gz file that is not gzip
-        raise UsageError(f"--input {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
+    except OSError as e:
+        raise UsageError(f"{flag} {path} cannot be read ({e})", ACCEPTED_SHAPES) from e
+    del raw
     # utf-8-sig: a byte-order mark is not part of row 0. surrogateescape: a byte that is not
     # UTF-8 becomes a lone surrogate, so only the row holding it is rejected (invalid_unicode).
     text = data.decode("utf-8-sig", errors="surrogateescape")

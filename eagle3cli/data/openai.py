@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 
 from ..engine_api import EndpointError, EngineClient, Failover, Reply, chat_body
+from ..limits import UnusableReply
 from ..model.chat import TemplateRefusal, render, split_reasoning
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
@@ -113,6 +114,10 @@ class OpenAIBackend:
             prompt_tokens = int(usage.get("prompt_tokens") or 0)
             completion_tokens = int(usage.get("completion_tokens") or 0)
             calls = tool_calls(msg["tool_calls"], "response") if msg.get("tool_calls") else None
+        except UnusableReply:
+            raise
+        except (RecursionError, OverflowError) as e:  # tool-call arguments nested deep, a count of 1e400...
+            raise UnusableReply(f"a reply this backend cannot use ({type(e).__name__}: {str(e)[:100]})") from e
         except (ValueError, KeyError, IndexError, TypeError, AttributeError, BadRecord) as e:
             raise ValueError(f"{type(e).__name__}: {str(e)[:100]}") from e
         # a server with a reasoning parser returns the thinking apart (vLLM: `reasoning` or

@@ -13,6 +13,7 @@ import torch
 
 from ..config import config_dict
 from ..console import log, warn
+from ..devices import check_device
 from ..errors import UsageError
 from ..extras import draw_plot
 from ..folders import claim_output, refuse_replacing
@@ -180,6 +181,7 @@ def _cpu_kernels(cfg: EvalConfig, target, drafts: list) -> str:
 
 @locked_stage("eval", lambda cfg: _paths(cfg)[1])
 def _run_eval(cfg: EvalConfig) -> Path:
+    check_device(cfg.device)  # before any model loads
     head, out = _paths(cfg)
     read = [("--head", head)] if head is not None else []
     claim_output(out, "eval", EVAL_FILES, [*read, *(("--compare", Path(c)) for c in cfg.compare)])

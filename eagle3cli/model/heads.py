@@ -31,6 +31,7 @@ import torch
 
 from ..errors import UsageError
 from ..manifest import for_run, read_json_object
+from .config_check import config_problems
 
 if TYPE_CHECKING:
     from .draft import Eagle3Draft
@@ -59,6 +60,7 @@ HEAD_TENSOR_NAMES = (
     "t2d",
 )
 OPTIONAL_TENSOR_NAMES = ("embed_tokens.weight",)
+FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
 
 
@@ -320,6 +322,7 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     for k in ("hidden_size", "num_attention_heads", "vocab_size"):
         if not isinstance(llama.get(k), int):
             problems.append(f"no integer {k} in the draft layer's config")
+    problems += [f"{cfg_path}: {p}" for p in config_problems(llama, required=False)]  # before a tensor is made
     try:
         index = read_tensor_index(w_path)
     except Exception as e:  # noqa: BLE001 — a truncated or foreign file: say so, do not crash
@@ -334,6 +337,13 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     missing = [n for n in HEAD_TENSOR_NAMES if n not in names and n not in ("d2t", "t2d")]
     if missing:
         problems.append(f"model.safetensors lacks {', '.join(missing)}")
+    not_float = [
+        f"{n} ({index[names[n]].dtype})"
+        for n in HEAD_TENSOR_NAMES
+        if n in names and n not in ("d2t", "t2d") and index[names[n]].dtype not in FLOAT_DTYPES
+    ]
+    if not_float:  # an int32 head would "load" and draft nonsense
+        problems.append(f"weights that are not floating point: {', '.join(not_float[:6])} (expected F32, BF16 or F16)")
     if problems:
         raise UsageError(
             f"{where} ({layout} layout) cannot be evaluated as it is:\n  " + "\n  ".join(problems),

@@ -34,6 +34,8 @@ def top_aux_layer_ids(num_layers: int) -> tuple[int]:
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
     """A local folder, or a hub id already in the local cache (nothing is downloaded here)."""
+    from .config_check import check_model_folder
+
     p = Path(name_or_path).expanduser()
     if p.is_dir():
         if not (p / "config.json").exists():
@@ -42,17 +44,20 @@ def resolve_model_path(name_or_path: str | Path) -> Path:
                 "a transformers model folder (config.json + *.safetensors)",
                 "pass the folder that contains config.json",
             )
+        check_model_folder(p)  # before transformers makes a tensor from it
         return p
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(name_or_path), local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1"))
+        snap = Path(snapshot_download(str(name_or_path), local_files_only=os.environ.get("HF_HUB_OFFLINE") == "1"))
     except Exception as e:  # hub unreachable, unknown id, gated repo...
         raise UsageError(
             f"target '{name_or_path}' is neither a local folder nor a reachable hub model ({type(e).__name__})",
             "a local model folder, e.g. models/tiny-target",
             build_hint(str(name_or_path)) or "pass a model folder that exists, e.g. --target models/tiny-target",
         ) from e
+    check_model_folder(snap)
+    return snap
 
 
 # The targets this repository builds itself, and the command that builds each (git-ignored or
@@ -117,6 +122,9 @@ def resolvable_reference(ref: str | None, base: Path | None = None) -> str | Non
 
 
 def pick_device(device: str | None = None) -> torch.device:
+    from ..devices import check_device
+
+    check_device(device)
     if device and device != "auto":
         return torch.device(device)
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -150,7 +158,20 @@ def eos_token_ids(model, tokenizer=None) -> set[int]:
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(path))
+    from .config_check import refuse_custom_code
+
+    refuse_custom_code(Path(path))
+    try:
+        tok = AutoTokenizer.from_pretrained(str(path))
+    except Exception as e:  # noqa: BLE001 — a cut tokenizer.json, merges naming tokens not in the vocab...
+        files = [n for n in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model") if (Path(path) / n).exists()]
+        raise UsageError(
+            f"the tokenizer in {path} ({', '.join(files) or 'no tokenizer files'}) cannot be loaded: "
+            f"{type(e).__name__}: {str(e)[:300]}",
+            "the model's own tokenizer files, complete and unedited",
+            f"restore {files[0] if files else 'tokenizer.json'} in {path} from the model's source (a cut download "
+            "or an edited vocab?)",
+        ) from e
     if not getattr(tok, "chat_template", None):
         raise UsageError(
             f"the tokenizer in {path} has no chat_template",

@@ -212,13 +212,32 @@ OWNED_FLAGS = {
 }
 
 
+def engine_flag_name(arg: str, owned: dict[str, str]) -> str | None:
+    """The owned flag `arg` sets in the engine's own spellings, or None: `--speculative_config` (vLLM
+    and SGLang accept underscores), `--speculative-config=...`, `--speculative-config.model` (vLLM's
+    dotted keys of a JSON argument), and an unambiguous prefix argparse would expand (`--speculative-conf`)."""
+    if not arg.startswith("-") or arg == "--":
+        return None
+    name = arg.split("=", 1)[0]
+    if name.startswith("--"):
+        name = "--" + name[2:].replace("_", "-").lower()
+        name = name.split(".", 1)[0]
+    if name in owned:
+        return name
+    if name.startswith("--") and len(name) >= 5:  # argparse's allow_abbrev: a unique prefix is the flag
+        hits = [f for f in owned if f.startswith(name)]
+        if hits:
+            return hits[0]
+    return None
+
+
 def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
     """Extra engine arguments that set what serve already sets (and has checked) are refused."""
     owned = OWNED_FLAGS.get(engine, {})
     problems = []
     for a in extra:
-        name = a.split("=", 1)[0]
-        if name in owned:
+        name = engine_flag_name(a, owned)
+        if name is not None:
             problems.append(
                 error(
                     f"`{a}` after `--` sets what eagle3 serve sets itself (and checks): the engine would take "

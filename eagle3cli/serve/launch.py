@@ -58,6 +58,32 @@ def stop_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     proc.poll()
 
 
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM):
+    """A preexec_fn: the child gets `sig` when the thread that started it dies, even by SIGKILL
+    (Linux's prctl(PR_SET_PDEATHSIG); our signal handlers cannot run after a kill -9). SIGTERM, not
+    SIGKILL, so the engine can stop its own workers. None where there is no prctl (macOS)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        prctl = libc.prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:  # the parent died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
 def _group_alive(pgid: int) -> bool:
     """Any member of the group still running? Zombies do not count: they wait for a reaper
     (pid 1 in a container may never reap), not for us."""
@@ -130,6 +156,7 @@ def launch(
         start_new_session=True,
         env=env,
         cwd=cwd,
+        preexec_fn=die_with_parent(),  # kill -9 of `eagle3 serve` must not leave the engine on the port
     )
     streamer = threading.Thread(target=_stream, args=(proc.stdout, log_prefix), daemon=True)
     streamer.start()

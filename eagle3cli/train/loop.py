@@ -18,6 +18,7 @@ import torch
 
 from .. import console
 from ..config import config_dict
+from ..devices import check_device
 from ..errors import StageError
 from ..extras import require
 from ..lock import stage_lock
@@ -420,6 +421,7 @@ def finish(tr: Trainer) -> Path:
 
 
 def run_train(cfg: TrainConfig) -> Path:
+    check_device(cfg.device)  # before any model loads (and before the lock)
     # One writer per run's train/ (and head/). The launcher holds the lock for its DeepSpeed ranks;
     # ranks started some other way (torchrun) lock from global rank 0.
     if os.environ.get("RANK", "0") != "0":

@@ -263,3 +263,21 @@ def test_engine_args_after_dashes_cannot_override_what_serve_checked(head, tiny_
     assert code == 2 and "preflight passed" not in text
     assert f"use serve's own flag {own} instead" in text and extra[0].split("=")[0] in text
     assert "--model-path" not in cap.out  # no command is printed
+
+
+@pytest.mark.parametrize(
+    "engine,arg",
+    [
+        ("vllm", "--speculative_config"),
+        ("vllm", "--speculative-config.model=/other/head"),
+        ("vllm", "--speculative-config={}"),
+        ("vllm", "--speculative-conf"),
+        ("sglang", "--speculative_draft_model_path=/other"),
+        ("sglang", "--Port=1"),
+    ],
+)
+def test_the_engine_argument_guard_matches_the_engines_own_spellings(engine, arg):
+    from eagle3cli.serve.commands import check_extra_args
+
+    assert check_extra_args(engine, [arg, "x"]), arg
+    assert not check_extra_args(engine, ["--max-num-seqs", "4", "--speculative-token-map", "m"])

@@ -196,3 +196,16 @@ def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_pa
     assert code == 3
     assert "sglang | standin: ready" in err and f"http://127.0.0.1:{port}/generate" in err
     assert_dead(child_pid(standin))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_kill_9_of_serve_does_not_leave_the_engine_serving(standin):
+    """kill -9 of `eagle3 serve` runs none of its handlers: the kernel tells the engine (PDEATHSIG)."""
+    argv, port = standin("serve")
+    proc = _launcher(argv, port)
+    _wait_ready(proc)
+    engine_pid = next(p.pid for p in psutil.Process(proc.pid).children() if "standin.py" in " ".join(p.cmdline()))
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert_dead(engine_pid, within=30)
+    os.kill(child_pid(standin), signal.SIGKILL)  # the stand-in's own "scheduler" is the stand-in's to stop

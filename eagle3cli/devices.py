@@ -1,0 +1,69 @@
+"""`--device`: a choice among what this torch build and this machine have, checked before any model loads.
+
+The flag is free text for torch (`cuda:1`, `mps`), so a value torch cannot use surfaced as torch's
+own traceback (`Torch not compiled with CUDA enabled`, `PyTorch is not linked with support for mps
+devices`, `Expected one of cpu, cuda, ...`) only once a model was being loaded. Every stage that
+takes `--device` (gen-data, cache, train, eval) checks it here first; `eagle3 doctor` lists the
+choices.
+"""
+
+from __future__ import annotations
+
+import re
+
+from .errors import UsageError
+
+AUTO = ("auto",)
+_DEVICE = re.compile(r"^(cpu|cuda|mps)(?::(\d+))?$")
+
+
+def available_devices() -> list[str]:
+    """The `--device` values this torch build and machine can run (`auto` aside)."""
+    import torch
+
+    out = ["cpu"]
+    if torch.cuda.is_available():
+        n = torch.cuda.device_count()
+        out += ["cuda", *(f"cuda:{i}" for i in range(n))]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        out.append("mps")
+    return out
+
+
+def _why_not(kind: str) -> str:
+    import torch
+
+    if kind == "cuda":
+        if torch.version.cuda is None:
+            return f"this torch ({torch.__version__}) is a CPU build, without CUDA"
+        return f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no CUDA device on this machine"
+    if kind == "mps":
+        return "MPS (Apple-silicon GPUs) is not available to this torch build on this machine"
+    return ""
+
+
+def check_device(device: str | None, flag: str = "--device") -> None:
+    """UsageError unless `device` is None/auto or one of `available_devices()`."""
+    if device is None or str(device).strip().lower() in AUTO:
+        return
+    name = str(device).strip().lower()
+    have = available_devices()
+    if name in have:
+        return
+    choices = ", ".join(["auto", *have])
+    m = _DEVICE.match(name)
+    if m is None:
+        what = f"{flag} {device}: not a device name"
+    elif m.group(1) == "cpu":
+        what = f"{flag} {device}: the CPU has no index (use cpu)"
+    elif m.group(1) == "cuda" and "cuda" in have:
+        n = sum(d.startswith("cuda:") for d in have)
+        what = f"{flag} {device}: no such CUDA device (this machine has {n}: cuda:0..cuda:{n - 1})"
+    else:
+        what = f"{flag} {device}: {_why_not(m.group(1))}"
+    raise UsageError(
+        what,
+        f"one of: {choices}",
+        f"rerun with {flag} {'cuda' if 'cuda' in have else 'cpu'} (or leave it out: auto); `eagle3 doctor` lists the devices",
+    )
