@@ -233,3 +233,27 @@ def test_ctrl_c_stops_every_engine_process(engines):
     alive = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
     assert alive == [], alive
     assert not is_healthy(engines.spec_url + "/health")
+
+
+def test_gen_data_engine_vllm_starts_records_and_stops_its_own_engine(tmp_path):
+    """`gen-data --engine vllm`: one command starts vLLM on the target (fp32 here), regenerates through
+    it, records engine and dtype, stops it (no vLLM process of ours is left), and a resume on
+    another dtype is refused before anything starts."""
+    out = tmp_path / "engine"
+    common = ["--target", TARGET, "--input", "gsm8k", "--num-samples", "4", "--temperature", "0",
+              "--max-new-tokens", "24", "--shard-size", "2", "--concurrency", "4", "--out", out]  # fmt: skip
+    before = {p.pid for p in psutil.process_iter() if "vllm" in " ".join(p.cmdline() or []).lower()}
+    r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "fp32", "--engine-python", ENGINE_PY, timeout=900)
+    assert r.returncode == 0, r.stderr[-2000:]
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["engine"]["engine"] == "vllm" and m["engine"]["dtype"] == "float32"
+    assert m["backend"] == "openai" and m["counts"]["written"] == 4 and m["throughput"]["completion_tokens"] > 0
+    time.sleep(2.0)
+    ours = [
+        p
+        for p in psutil.process_iter()
+        if p.pid not in before and "vllm" in " ".join(p.cmdline() or []).lower() and p.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert ours == [], ours
+    r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "bf16", "--engine-python", ENGINE_PY, timeout=300)
+    assert r.returncode == 2 and "bfloat16" in r.stderr and "float32" in r.stderr
