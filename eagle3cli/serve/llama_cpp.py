@@ -221,7 +221,9 @@ def llama_cpp_argv(binary: str, served: Served, k: int, host: str, port: int, ex
     return [
         binary, "-m", str(served.target_gguf), "-md", str(served.head_gguf),
         "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
-        "--host", host, "--port", str(port), *extra,
+        "--host", host, "--port", str(port),
+        "--metrics",  # the spec-decode counters eval --endpoint reads tau from
+        *extra,
     ]  # fmt: skip
 
 
