@@ -189,3 +189,47 @@ def test_other_settings_into_the_same_folder_are_refused(exported, head, deep_ta
     code = main([*args, "--dtype", "bf16"])
     text = err(capsys)
     assert code == 2 and "other settings" in text, text
+
+
+# ---------------------------------------------------------------- serve --engine llama.cpp (preflight, dry run)
+@needs_converter
+def test_serve_dry_run_prints_the_llama_server_command(exported, deep_target_dir, capsys):
+    args = ["serve", "--engine", "llama.cpp", "--target", str(deep_target_dir), "--head", str(exported)]
+    assert main([*args, "--steps", "5", "--dry-run"]) == 0
+    text = err(capsys)
+    assert f"-m {exported / TARGET_GGUF}" in text and f"-md {exported / HEAD_GGUF}" in text
+    assert "--spec-type draft-eagle3" in text and "--spec-draft-n-max 5" in text and "--metrics" in text
+
+
+@needs_converter
+def test_serve_takes_k_from_the_eval_report(exported, deep_target_dir, tmp_path, capsys):
+    (tmp_path / "report.json").write_text(json.dumps({"recommended": {"steps": 4, "topk": 1, "num_draft_tokens": 5}}))
+    args = ["serve", "--engine", "llama.cpp", "--target", str(deep_target_dir), "--head", str(exported)]
+    assert main([*args, "--from-eval", str(tmp_path), "--dry-run"]) == 0
+    assert "--spec-draft-n-max 4" in err(capsys)
+
+
+@needs_converter
+def test_serve_refuses_a_tree_and_flags_it_owns(exported, deep_target_dir, capsys):
+    args = ["serve", "--engine", "llama.cpp", "--target", str(deep_target_dir), "--head", str(exported), "--dry-run"]
+    assert main([*args, "--steps", "3", "--topk", "2", "--draft-tokens", "6"]) == 2
+    assert "drafts a chain" in err(capsys)
+    assert main([*args, "--", "-md", "other.gguf"]) == 2
+    assert "-md" in err(capsys)
+
+
+@needs_converter
+def test_pair_preflight_finds_what_llama_cpp_refuses(exported):
+    from eagle3cli.serve.llama_cpp import check_pair
+
+    head = read_gguf(exported / HEAD_GGUF, tensors={"d2t"})
+    target = read_gguf(exported / TARGET_GGUF, tensors=False)
+    assert [p for p in check_pair(head, target) if p.is_error] == []
+    target.fields["llama.block_count"] = 4  # a shallower target: layer 5 is not there (llama.cpp aborts)
+    assert any("[5]" in p.what for p in check_pair(head, target))
+    target = read_gguf(exported / TARGET_GGUF, tensors=False)
+    target.fields["tokenizer.ggml.tokens"] = list(reversed(target.fields["tokenizer.ggml.tokens"]))
+    assert any("tokenizer.ggml.tokens differs" in p.what for p in check_pair(head, target))
+    target = read_gguf(exported / TARGET_GGUF, tensors=False)
+    target.fields["llama.embedding_length"] = 96
+    assert any("96" in p.what for p in check_pair(head, target))
