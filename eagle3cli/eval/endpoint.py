@@ -206,10 +206,11 @@ def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
     prompts = [(pid, render(tok, msgs)) for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts)]
 
     async def measure(client: EngineClient) -> dict:
-        from .llama_server import is_llama_server, llama_server_report
+        from .llama_server import SamplingCheck, is_llama_server, llama_server_report
 
         if await is_llama_server(client, endpoint):
-            return await llama_server_report(client, endpoint, prompts, cfg)
+            check = SamplingCheck(SAMPLE_POSITIONS, PLAIN_SEED_OFFSET, sampling_comparison)
+            return await llama_server_report(client, endpoint, prompts, cfg, check)
         if await client.is_vllm(endpoint):
             return await _vllm_report(client, endpoint, prompts, cfg, _stop_ids(tok, target_dir))
         rows = [{"prompt": pid, **await _sglang_prompt(client, endpoint, ids, cfg)} for pid, ids in prompts]

@@ -21,12 +21,24 @@ Each prompt is rendered with the target's chat template and sent as token ids to
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 from ..console import log, print_table, warn
 from ..engine_api import EngineClient, Unreachable, parse_prometheus
 from ..errors import UsageError
 from .config import EvalConfig
 
 METRIC_PREFIX = "llamacpp:spec_decode_"
+
+
+@dataclass(frozen=True)
+class SamplingCheck:
+    """The engine sampling check `eval.endpoint` runs for every engine: positions, seeds, the test."""
+
+    positions: int
+    seed_offset: int
+    compare: Callable[[list[dict], list[dict]], dict]
 
 
 async def is_llama_server(client: EngineClient, base: str) -> bool:
@@ -144,9 +156,9 @@ async def _samples(client: EngineClient, url: str, ids: list[int], cfg: EvalConf
     return out
 
 
-async def llama_server_report(client: EngineClient, endpoint: str, prompts: list, cfg: EvalConfig) -> dict:
-    from .endpoint import PLAIN_SEED_OFFSET, SAMPLE_POSITIONS, sampling_comparison
-
+async def llama_server_report(
+    client: EngineClient, endpoint: str, prompts: list, cfg: EvalConfig, sampling: SamplingCheck
+) -> dict:
     rows = await run_prompts(client, endpoint, prompts, cfg)
     s = summary(rows)
     if not s["draft_n"]:
@@ -216,11 +228,13 @@ async def llama_server_report(client: EngineClient, endpoint: str, prompts: list
         if cfg.temperature > 0 and cfg.sampling_check > 0:
             pid, ids = prompts[0]
             log(f"sampling check: {cfg.sampling_check} speculative vs plain llama-server samples on {pid}")
-            sp = await _samples(client, endpoint, ids, cfg, SAMPLE_POSITIONS, cfg.seed)
-            pl = await _samples(client, cfg.base_endpoint, ids, cfg, SAMPLE_POSITIONS, cfg.seed + PLAIN_SEED_OFFSET)
+            sp = await _samples(client, endpoint, ids, cfg, sampling.positions, cfg.seed)
+            pl = await _samples(
+                client, cfg.base_endpoint, ids, cfg, sampling.positions, cfg.seed + sampling.seed_offset
+            )
             for r in (*sp, *pl):
                 r["logprobs"] = None
-            report["sampling_check"] = {"prompt": pid, **sampling_comparison(sp, pl)}
+            report["sampling_check"] = {"prompt": pid, **sampling.compare(sp, pl)}
             sc = report["sampling_check"]
             (log if sc["passed"] else warn)(
                 f"engine sampling check {'passed' if sc['passed'] else 'FAILED'}: min p = {sc['min_p_value']:.2g}"
