@@ -125,7 +125,7 @@ def summary(rows: list[dict]) -> dict:
     steps = [r["verify_steps"] for r in rows]
     known = all(s is not None for s in steps)
     n_steps = sum(s for s in steps if s is not None)
-    per = {}
+    per: dict[int, float] = {}
     for r in rows:
         for key, v in (r.get("metrics") or {}).items():
             if key.startswith("num_accepted_tokens_per_pos_total["):

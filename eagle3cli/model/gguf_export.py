@@ -311,22 +311,22 @@ def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers:
             f"tensors llama.cpp would use that the head does not have: {', '.join(extra)} "
             "(a token_embd replaces the target's embeddings)"
         )
-    for name, want in expected.items():
+    for name, ours in expected.items():
         if name not in g.shapes:
             problems.append(f"tensor {name} is missing (llama.cpp's eagle3 loader requires it)")
             continue
-        if g.shapes[name] != tuple(want.shape):
-            problems.append(f"tensor {name} has shape {g.shapes[name]}, expected {tuple(want.shape)}")
+        if g.shapes[name] != tuple(ours.shape):
+            problems.append(f"tensor {name} has shape {g.shapes[name]}, expected {tuple(ours.shape)}")
             continue
         got = g.tensors[name]
         if name == "d2t":
-            problems += _check_d2t(g.types.get(name), got, want.numpy(), target_vocab)
+            problems += _check_d2t(g.types.get(name), got, ours.numpy(), target_vocab)
             continue
         stored = _AS_STORED.get(g.types.get(name, ""))
         if stored is None:
             problems.append(f"tensor {name} is stored as {g.types.get(name)}, expected F32, BF16 or F16")
             continue
-        ref = want.to(stored).float().numpy()
+        ref = ours.to(stored).float().numpy()
         if not np.array_equal(got, ref):
             diff = float(np.nanmax(np.abs(got - ref))) if got.size else float("nan")
             problems.append(f"tensor {name} differs from the head's weights (max |diff| {diff:.3g})")
