@@ -57,10 +57,10 @@ class EvalConfig:
     """Another head (any layout) decoded on the same prompts: side by side, a paired test, overlaid in
     the plot (repeatable)."""
     endpoint: str | None = None
-    """URL of a running SGLang or vLLM server (target + head): evaluate the engine instead (SGLang's
-    /generate meta_info, vLLM's spec-decode counters on /metrics)."""
+    """URL of a running SGLang, vLLM or llama.cpp server (target + head): evaluate the engine instead (SGLang's
+    /generate meta_info, vLLM's spec-decode counters on /metrics, llama-server's timings and /metrics)."""
     base_endpoint: str | None = None
-    """With --endpoint (vLLM): the same target served without speculation, for tokens/s, speed-up,
+    """With --endpoint (vLLM, llama.cpp): the same target served without speculation, for tokens/s, speed-up,
     greedy outputs compared token for token and, at --temperature > 0, the engine's sampling check."""
     generate_baseline: bool = True
     """Also time transformers' greedy `generate`."""

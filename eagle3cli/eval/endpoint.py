@@ -5,6 +5,7 @@ a time, so engine and `eagle3 eval` decode from identical inputs.
 
 * SGLang: native `/generate`, whose `meta_info` carries `spec_verify_ct` (target verification
   passes) next to `completion_tokens`.
+* llama.cpp's llama-server (found by `/props`): `eval/llama_server.py`.
 * vLLM (found by its `vllm:` counters on `/metrics`): `/v1/completions`; acceptance from the
   engine's own spec-decode counters, scraped before and after each prompt (requests are
   sequential, so the difference is that prompt's): tau = 1 + accepted / drafts, and
@@ -205,6 +206,11 @@ def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
     prompts = [(pid, render(tok, msgs)) for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts)]
 
     async def measure(client: EngineClient) -> dict:
+        from .llama_server import SamplingCheck, is_llama_server, llama_server_report
+
+        if await is_llama_server(client, endpoint):
+            check = SamplingCheck(SAMPLE_POSITIONS, PLAIN_SEED_OFFSET, sampling_comparison)
+            return await llama_server_report(client, endpoint, prompts, cfg, check)
         if await client.is_vllm(endpoint):
             return await _vllm_report(client, endpoint, prompts, cfg, _stop_ids(tok, target_dir))
         rows = [{"prompt": pid, **await _sglang_prompt(client, endpoint, ids, cfg)} for pid, ids in prompts]

@@ -12,7 +12,7 @@ from typing import Literal
 
 from ..config import flag
 
-Engine = Literal["sglang", "vllm"]
+Engine = Literal["sglang", "vllm", "llama.cpp"]
 Api = Literal["generate", "openai"]
 
 
@@ -21,15 +21,16 @@ class ServeConfig:
     target: Path | None = flag(None, required=True)
     """The target model folder the head was trained for."""
     head: Path | None = flag(None, required=True)
-    """The exported head folder (runs/NAME/head)."""
+    """The exported head folder (runs/NAME/head); llama.cpp: also a folder `export --format gguf` wrote, or a .gguf."""
     engine: Engine = "sglang"
-    """The engine to launch."""
+    """The engine to launch (llama.cpp: llama-server with target and head as GGUF, converted once and cached)."""
     host: str = "127.0.0.1"
     """Interface the engine binds (0.0.0.0 for all)."""
     port: int = 30000
     """Port the engine binds."""
     steps: int | None = None
-    """--speculative-num-steps: draft depth; give all three numbers or none (default: SGLang's, or --from-eval)."""
+    """--speculative-num-steps: draft depth; give all three numbers or none (default: SGLang's, or --from-eval).
+    llama.cpp: --spec-draft-n-max, the chain length, alone (default 3)."""
     topk: int | None = None
     """--speculative-eagle-topk: branches per step (1 = chain)."""
     draft_tokens: int | None = None

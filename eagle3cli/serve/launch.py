@@ -13,7 +13,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from rich.markup import escape
 
 from ..console import console, log
 from ..engine_api import is_healthy
@@ -130,11 +133,13 @@ def launch(
     env: dict | None = None,
     cwd: Path | None = None,
     log_prefix: str = "engine",
+    on_ready: Callable[[str], str | None] | None = None,
 ) -> int:
     """Start `argv`, stream its log, wait for `health_path`, then run until it exits or we are told to stop.
 
     Returns the exit code to use: the engine's (128+N if a signal ended it), 124 if it never became
-    healthy within `health_timeout_s`.
+    healthy within `health_timeout_s`. `on_ready(url)`, once healthy, returns what is wrong with the
+    running server (None: nothing); then the engine is stopped and 2 returned (bad input).
     """
     stop = threading.Event()
     caught: list[int] = []
@@ -167,6 +172,12 @@ def launch(
             f"(up to {health_timeout_s:.0f}s)"
         )
         state = wait_healthy(url + health_path, proc, health_timeout_s, stop)
+        wrong = on_ready(url) if state == "healthy" and on_ready is not None else None
+        if wrong:
+            console.print(f"[bold red]error:[/] {escape(wrong)}; stopping the engine")
+            stop_group(proc, grace_s)
+            proc.wait()
+            return 2
         if state == "healthy":
             console.print(f"[bold green]ready[/] at {url}")
             if ready_message:

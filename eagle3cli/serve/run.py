@@ -59,6 +59,10 @@ def machine_problems(cfg: ServeConfig, engine_python: str | None, cpu_build: boo
 
 def run_serve(cfg: ServeConfig) -> int:
     """Returns the process exit code: 0 for a dry run, else the engine's."""
+    if cfg.engine == "llama.cpp":  # GGUF files, llama-server: its own preflight (serve/llama_cpp.py)
+        from .llama_cpp import run_llama_cpp
+
+        return run_llama_cpp(cfg)
     flag_problems = check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
     raise_if_errors(flag_problems, "eagle3 serve --help")
     spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval, cfg.engine)

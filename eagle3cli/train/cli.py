@@ -15,6 +15,7 @@ TRAIN_EPILOG = examples(
 )
 EXPORT_EPILOG = examples(
     ("eagle3 export --head runs/demo/head --format speculators", "--out runs/demo/head-speculators"),
+    ("eagle3 export --head runs/demo/head --format gguf", "--target models/tiny-target --out runs/demo/gguf"),
 )
 
 
@@ -40,7 +41,14 @@ def register(app: typer.Typer) -> None:
         from ..model.export import export_head, speculators_support
 
         cfg = flags.config()
-        assert cfg.head is not None and cfg.out is not None  # validate() requires both
+        assert cfg.out is not None  # validate() requires it
+        if cfg.format == "gguf":  # llama.cpp: converted by its own converter, then read back and checked
+            from ..model.gguf_export import export_gguf
+
+            path = export_gguf(cfg.head, cfg.target, cfg.out, cfg.dtype, overwrite=cfg.overwrite)
+            log(f"[bold green]done:[/] GGUF for llama.cpp in {path} (checked tensor by tensor; see manifest.json)")
+            return
+        assert cfg.head is not None  # validate() requires it for the other formats
         path = export_head(
             cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype, overwrite=cfg.overwrite
         )  # refuses targets vLLM cannot serve

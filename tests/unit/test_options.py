@@ -145,6 +145,7 @@ SAMPLES = {
     ("train", "log_every"): (["--log-every", "20"], 20),
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
+    ("export", "target"): (["--format", "gguf", "--target", "t"], Path("t")),
     ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
     ("eval", "endpoint"): (["--endpoint", "http://e:1"], "http://e:1"),
     ("eval", "base_endpoint"): (["--endpoint", "http://e:1", "--base-endpoint", "http://b:1"], "http://b:1"),

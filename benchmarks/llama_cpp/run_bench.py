@@ -1,0 +1,146 @@
+"""SmolLM2 + its EAGLE-3 head in llama.cpp's llama-server against plain llama-server, and against
+llama.cpp's n-gram speculators (no head): the numbers of docs/serve.md's llama.cpp section.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/llama_cpp/run_bench.py --ks 1,2,3,4 --prompts 10 --max-tokens 128
+
+Steps, each an eagle3 command where one exists: `eagle3 export --format gguf` (head + target, f32,
+checked), a plain llama-server (no draft) kept running, then per k `eagle3 serve --engine llama.cpp
+--steps k` and `eagle3 eval --endpoint SPEC --base-endpoint PLAIN` (greedy, MT-bench, token ids in,
+tau from llama-server's counters, outputs compared token for token, speed-up from one run each), then
+the same eval against llama-server started with `--spec-type ngram-*`. One thread per server
+(`-t 1`), one slot. Prints one JSON object (also OUT/results.json). Needs `make llama-cpp` and
+models/smollm2-135m (`make smollm2`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import E3, REPO, Recorder  # noqa: E402
+from eagle3cli.engine_api import is_healthy  # noqa: E402
+from eagle3cli.local_engine import free_port, which_llama_server  # noqa: E402
+
+ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
+SERVER_ARGS = ["-t", "1", "-tb", "1", "-np", "1", "-c", "4096", "--no-webui"]
+NGRAMS = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
+RECORDER = Recorder()
+
+
+@contextlib.contextmanager
+def server(argv: list, port: int, log: Path, timeout_s: float = 900):
+    """A process (group) serving on `port` until the block ends; SIGTERM, then SIGKILL."""
+    print(f"\n$ {RECORDER.show(argv)}", flush=True)
+    RECORDER.commands.append(RECORDER.show(argv))
+    with open(log, "ab") as f:
+        proc = subprocess.Popen([str(a) for a in argv], cwd=REPO, env=ENV, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+    try:
+        deadline = time.monotonic() + timeout_s
+        while not is_healthy(f"http://127.0.0.1:{port}/health"):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"server on {port} did not start: see {log}")
+            time.sleep(1)
+        time.sleep(4)  # eagle3 serve compares the tokenizer once healthy
+        if proc.poll() is not None:
+            raise SystemExit(f"server on {port} stopped after starting: see {log}")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def measure(spec: str, plain: str, out: Path, args) -> dict:
+    RECORDER.sh(
+        [*E3, "eval", "--endpoint", spec, "--base-endpoint", plain, "--target", args.target, "--bench", "mt_bench",
+         "--num-prompts", args.prompts, "--max-new-tokens", args.max_tokens, "--out", out],
+        env=ENV,
+    )  # fmt: skip
+    r = json.loads((out / "report.json").read_text())
+    b = r["baseline"]
+    return {
+        "tau": r["tau"],
+        "draft_n": r["draft_n"],
+        "draft_n_accepted": r["draft_n_accepted"],
+        "per_position": r["per_position"],
+        "tokens": r["tokens"],
+        "tok_s": r["tokens_per_s_sequential"],
+        "plain_tok_s": b["tokens_per_s_sequential"],
+        "speedup": b["speedup"],
+        "decode_speedup": b["decode_speedup"],
+        "outputs_differ": b["outputs_differ"],
+        "first_difference": b["first_difference"],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="models/smollm2-135m")
+    ap.add_argument("--head", default="models/smollm2-135m-eagle3")
+    ap.add_argument("--ks", default="1,2,3,4")
+    ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--ngrams", default=",".join(NGRAMS), help="n-gram speculators to compare ('' for none)")
+    ap.add_argument("--out", type=Path, default=Path("runs/llama-cpp-bench"))
+    args = ap.parse_args()
+    binary = which_llama_server()
+    if binary is None:
+        raise SystemExit("llama-server is not built here: run `make llama-cpp`")
+    out = REPO / args.out
+    out.mkdir(parents=True, exist_ok=True)
+    gguf = out / "gguf"
+    if not (gguf / "manifest.json").is_file():
+        RECORDER.sh(
+            [*E3, "export", "--head", args.head, "--format", "gguf", "--target", args.target, "--out", gguf], env=ENV
+        )
+    rows = []
+    port_plain = free_port()
+    plain_argv = [binary, "-m", gguf / "target.gguf", "--port", port_plain, "--metrics", *SERVER_ARGS]
+    with server(plain_argv, port_plain, out / "plain.log") as plain:
+        for k in [int(x) for x in args.ks.split(",") if x]:
+            port = free_port()
+            argv = [*E3, "serve", "--engine", "llama.cpp", "--target", args.target, "--head", gguf, "--steps", k,
+                    "--port", port, "--", *SERVER_ARGS]  # fmt: skip
+            with server(argv, port, out / f"eagle3-k{k}.log") as spec:
+                rows.append({"speculator": "eagle3", "k": k, **measure(spec, plain, out / f"eval-eagle3-k{k}", args)})
+            print(json.dumps(rows[-1]), flush=True)
+        for kind in [x for x in args.ngrams.split(",") if x]:
+            port = free_port()
+            argv = [binary, "-m", gguf / "target.gguf", "--port", port, "--metrics", "--spec-type", kind, *SERVER_ARGS]
+            with server(argv, port, out / f"{kind}.log") as spec:
+                rows.append({"speculator": kind, "k": None, **measure(spec, plain, out / f"eval-{kind}", args)})
+            print(json.dumps(rows[-1]), flush=True)
+    heads = [r for r in rows if r["speculator"] == "eagle3" and r["speedup"]]
+    ngrams = [r for r in rows if r["speculator"] != "eagle3" and r["speedup"]]
+    best = max(heads, key=lambda r: r["speedup"], default=None)
+    result = {
+        "llama_cpp": {
+            "best_k": best["k"] if best else None,
+            "best_speedup_vs_plain": best["speedup"] if best else None,
+            "best_ngram_speedup_vs_plain": max((r["speedup"] for r in ngrams), default=None),
+            "identical": all(r["outputs_differ"] == 0 for r in rows),
+            "rows": rows,
+        },
+        "settings": {"prompts": args.prompts, "max_tokens": args.max_tokens, "server_args": SERVER_ARGS},
+        "commands": RECORDER.commands,
+    }
+    (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
