@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from eagle3cli.cache.masks import mask_data_record
-from eagle3cli.cache.vocab import build_mapping, coverage, select_draft_tokens, token_counts
 from eagle3cli.model.target import load_tokenizer
+from eagle3cli.speculate.vocab import build_mapping, coverage, select_draft_tokens, token_counts
 from eagle3cli.train.data import read_conversations
 
 

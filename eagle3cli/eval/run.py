@@ -25,8 +25,8 @@ from .metrics import TAU_NOTE
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
 if TYPE_CHECKING:
-    from ..model.draft import Eagle3Draft
     from ..model.heads import HeadSpec
+    from ..speculate.draft import Eagle3Draft
 
 
 EVAL_FILES = ("report.json", "acceptance.png")

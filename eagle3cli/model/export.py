@@ -35,7 +35,7 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
-from .draft import Eagle3Draft, copy_embeddings
+from ..speculate.draft import Eagle3Draft, copy_embeddings
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
@@ -50,7 +50,7 @@ def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
     sd = draft.state_dict()
     missing = [n for n in HEAD_TENSOR_NAMES if n not in sd]
     if missing:
-        raise UsageError(f"draft model lacks {missing}", "an eagle3cli.model.draft.Eagle3Draft")
+        raise UsageError(f"draft model lacks {missing}", "an eagle3cli.speculate.draft.Eagle3Draft")
     # Contiguous fp copies: safetensors refuses shared/non-contiguous storage.
     return {n: sd[n].detach().to("cpu").contiguous().clone() for n in HEAD_TENSOR_NAMES}
 

@@ -33,7 +33,7 @@ from ..errors import UsageError
 from ..manifest import for_run, read_json_object
 
 if TYPE_CHECKING:
-    from .draft import Eagle3Draft
+    from ..speculate.draft import Eagle3Draft
 
 HEAD_WEIGHTS = "model.safetensors"
 HEAD_ARCH = "LlamaForCausalLMEagle3"
@@ -419,7 +419,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
-    from .draft import Eagle3Draft, copy_target_embeddings
+    from ..speculate.draft import Eagle3Draft, copy_target_embeddings
     from .headcheck import refuse_nonfinite
 
     draft = Eagle3Draft(draft_config(spec))

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 from ..errors import UsageError
 from ..jsonl import read_records
 from ..manifest import folder_fingerprint, read_json
+from ..speculate.vocab import build_mapping, select_draft_tokens, token_counts
 
 
 def plan_epoch(

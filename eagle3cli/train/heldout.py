@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ..speculate.ttt import Teacher, _shift
 from .data import plan_for
-from .ttt import Teacher, _shift
 
 
 def heldout_indices(n_samples: int, wanted: int) -> list[int]:

@@ -24,12 +24,7 @@ from ..lock import stage_lock
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
 from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
-from . import checkpoint as ckpt
-from .config import TrainConfig
-from .data import plan_for
-from .heldout import heldout_acceptance, plot_curve
-from .setup import Trainer, config_key, setup
-from .ttt import (
+from ..speculate.ttt import (
     Teacher,
     accuracies,
     conditional_acceptance,
@@ -37,6 +32,11 @@ from .ttt import (
     teacher_from_hidden,
     teacher_from_topk,
 )
+from . import checkpoint as ckpt
+from .config import TrainConfig
+from .data import plan_for
+from .heldout import heldout_acceptance, plot_curve
+from .setup import Trainer, config_key, setup
 
 
 # ---------------------------------------------------------------- state of the loop

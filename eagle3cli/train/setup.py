@@ -23,7 +23,6 @@ from .. import console
 from ..config import config_dict
 from ..errors import UsageError
 from ..manifest import check_matches, read_json
-from ..model.draft import Eagle3Draft, draft_config_from_target
 from ..model.export import init_draft_from_weights
 from ..model.target import (
     LogitSpec,
@@ -38,12 +37,13 @@ from ..model.target import (
     top_aux_layer_ids,
     validate_aux_layer_ids,
 )
+from ..speculate.draft import Eagle3Draft, draft_config_from_target
+from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
 from .heldout import heldout_indices
 from .optim import apply_init, build_optimizer
-from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
 

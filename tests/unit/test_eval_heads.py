@@ -15,10 +15,10 @@ from safetensors.torch import load_file, save_file
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import export_head, save_head
 from eagle3cli.model.heads import read_head
 from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import (
     HEAD_TENSOR_NAMES,
     export_head,
@@ -21,6 +20,7 @@ from eagle3cli.model.export import (
     save_head,
     self_check,
 )
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 EXPECTED_NAMES = {
     "fc.weight",

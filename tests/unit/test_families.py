@@ -12,7 +12,6 @@ import torch
 from family_fixtures import FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
 
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head, save_head
 from eagle3cli.model.target import (
     default_aux_layer_ids,
@@ -21,7 +20,8 @@ from eagle3cli.model.target import (
     target_logits,
 )
 from eagle3cli.serve.preflight import check_head
-from eagle3cli.train.ttt import teacher_from_hidden
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.ttt import teacher_from_hidden
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))

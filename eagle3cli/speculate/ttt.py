@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cache.vocab import target_to_draft_index
 from ..model.target import LogitSpec, apply_logit_spec
+from ..speculate.vocab import target_to_draft_index
 
 
 @dataclass

@@ -37,7 +37,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from ..errors import UsageError
-from .cpu_kernels import is_packed, packed_or_plain
+from ..model.cpu_kernels import is_packed, packed_or_plain
 
 
 def draft_config_from_target(
