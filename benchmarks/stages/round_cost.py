@@ -40,8 +40,9 @@ from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_
 from eagle3cli.eval.target_kv import TargetKV
 from eagle3cli.model.cpu_kernels import pack_linears
 from eagle3cli.model.export import load_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target
+from eagle3cli.model.target import load_target
 from eagle3cli.prompts import load_prompts, render
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 

@@ -28,14 +28,8 @@ from ..folders import claim_output
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.cpu_kernels import pack_for_inference
-from ..model.target import (
-    default_aux_layer_ids,
-    load_target,
-    load_tokenizer,
-    resolve_model_path,
-    target_identity,
-    validate_aux_layer_ids,
-)
+from ..model.target import load_target, load_tokenizer, resolve_model_path, target_identity
+from ..speculate.aux_layers import default_aux_layer_ids, validate_aux_layer_ids
 from .config import STORAGES, CacheConfig
 from .masks import check_template
 from .plan import (

@@ -9,7 +9,8 @@ import torch
 
 from ..errors import StageError, UsageError
 from ..manifest import check_matches, read_manifest, verify_shards
-from ..model.target import load_tokenizer, resolve_model_path, target_identity, validate_aux_layer_ids
+from ..model.target import load_tokenizer, resolve_model_path, target_identity
+from ..speculate.aux_layers import validate_aux_layer_ids
 from .plan import rerun_cmd
 from .reader import VOCAB_FILE
 from .storage import feature_keys

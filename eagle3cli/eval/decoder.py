@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..model.target import AuxCapture, target_logits
 from ..speculate import (
     expand_frontier,
     logits_to_probs,
@@ -32,6 +31,7 @@ from ..speculate import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from ..speculate.target import AuxCapture, target_logits
 from .target_kv import TargetKV
 
 

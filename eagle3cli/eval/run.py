@@ -137,7 +137,8 @@ def run_eval(cfg: EvalConfig) -> Path:
         from .endpoint import run_endpoint_eval
 
         return run_endpoint_eval(cfg, cfg.endpoint)
-    from ..model.target import eos_token_ids, load_target, target_identity
+    from ..model.target import load_target, target_identity
+    from ..speculate.target import eos_token_ids
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)

@@ -35,8 +35,8 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
-from ..speculate.draft import Eagle3Draft, copy_embeddings
-from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
+from ..speculate.draft import Eagle3Draft
+from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, copy_embeddings, load_any_head
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).

@@ -419,7 +419,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
-    from ..speculate.draft import Eagle3Draft, copy_target_embeddings
+    from ..speculate.draft import Eagle3Draft
     from .headcheck import refuse_nonfinite
 
     draft = Eagle3Draft(draft_config(spec))
@@ -467,3 +467,25 @@ def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None =
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
     spec = read_head(head_dir, n_layers)
     return load_head_weights(spec, target_model, dtype), spec
+
+
+# ---------------------------------------------------------------- the target's embeddings
+# Here, with the loader, not in the draft: the shape refusal is a UsageError, which the method
+# wing (speculate/) does not know.
+def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
+    """The target's input embeddings into the draft, frozen (the head never stores its own)."""
+    copy_embeddings(draft, target_model.get_input_embeddings().weight)
+
+
+def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
+    """`emb` (vocab_size, hidden_size) into the draft's frozen embedding table; a wrong shape exits 2."""
+    if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
+        raise UsageError(
+            f"the target's embeddings are {tuple(emb.shape)}, the head expects "
+            f"{tuple(draft.embed_tokens.weight.shape)} (vocab_size, hidden_size)",
+            "the target model the head was trained for",
+            "check --target; the head's config.json `eagle3.target` names it",
+        )
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
+    draft.embed_tokens.weight.requires_grad_(False)

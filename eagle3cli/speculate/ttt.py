@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.target import LogitSpec, apply_logit_spec
+from ..speculate.target import LogitSpec, apply_logit_spec
 from ..speculate.vocab import target_to_draft_index
 
 

@@ -207,7 +207,7 @@ class OnlineSource:
 
     @torch.no_grad()
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
-        from ..model.target import capture_features
+        from ..speculate.target import capture_features
 
         rows = [
             {"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}

@@ -24,20 +24,10 @@ from ..config import config_dict
 from ..errors import UsageError
 from ..manifest import check_matches, read_json
 from ..model.export import init_draft_from_weights
-from ..model.target import (
-    LogitSpec,
-    default_aux_layer_ids,
-    final_norm_offset,
-    load_tokenizer,
-    logit_spec,
-    pick_device,
-    pick_dtype,
-    resolve_model_path,
-    target_identity,
-    top_aux_layer_ids,
-    validate_aux_layer_ids,
-)
+from ..model.target import load_tokenizer, pick_device, pick_dtype, resolve_model_path, target_identity
+from ..speculate.aux_layers import default_aux_layer_ids, top_aux_layer_ids, validate_aux_layer_ids
 from ..speculate.draft import Eagle3Draft, draft_config_from_target
+from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
 from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
@@ -54,8 +44,7 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     only these three tensors of the target, not its decoder layers."""
     from safetensors import safe_open
 
-    cfg = read_json(path / "config.json")
-    cfg = cfg.get("text_config", cfg)
+    cfg = text_config(read_json(path / "config.json"))
     index = path / "model.safetensors.index.json"
     files = read_json(index)["weight_map"] if index.exists() else None
     wanted = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}

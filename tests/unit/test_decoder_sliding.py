@@ -17,7 +17,7 @@ from transformers import LlamaConfig
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.eval.target_kv import TargetKV
-from eagle3cli.model.target import default_aux_layer_ids
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 WINDOW, VOCAB, HIDDEN = 6, 96, 32

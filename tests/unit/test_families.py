@@ -13,14 +13,10 @@ from family_fixtures import FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
 
 from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head, save_head
-from eagle3cli.model.target import (
-    default_aux_layer_ids,
-    final_norm_offset,
-    logit_spec,
-    target_logits,
-)
 from eagle3cli.serve.preflight import check_head
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target import final_norm_offset, logit_spec, target_logits
 from eagle3cli.speculate.ttt import teacher_from_hidden
 
 
