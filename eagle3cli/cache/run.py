@@ -29,7 +29,7 @@ from ..lock import LOCK_NAME, locked_stage
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.cpu_kernels import pack_for_inference
 from ..model.target import load_target, load_tokenizer, resolve_model_path, target_identity
-from ..speculate.aux_layers import default_aux_layer_ids, validate_aux_layer_ids
+from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
 from .config import STORAGES, CacheConfig
 from .masks import check_template
 from .plan import (
@@ -122,11 +122,11 @@ def _target(cfg: CacheConfig, data_manifest: dict):
 
 def _aux_ids(cfg: CacheConfig, n_layers: int) -> tuple[int, ...]:
     aux_ids = tuple(cfg.aux_layers) if cfg.aux_layers else default_aux_layer_ids(n_layers)
-    errs = validate_aux_layer_ids(aux_ids, n_layers)
+    errs = aux_layer_problems(aux_ids, n_layers)
     if errs:
         raise UsageError(
-            "; ".join(errs),
-            f"ids in 0..{n_layers - 1}, e.g. --aux-layers " + ",".join(map(str, default_aux_layer_ids(n_layers))),
+            "--aux-layers: " + "; ".join(errs),
+            f"ids in 1..{n_layers - 1}, e.g. --aux-layers " + ",".join(map(str, default_aux_layer_ids(n_layers))),
         )
     return aux_ids
 

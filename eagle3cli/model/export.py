@@ -35,6 +35,7 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
+from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft
 from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, copy_embeddings, load_any_head
 
@@ -59,11 +60,9 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     """config.json for SGLang/vLLM: a 1-layer Llama config plus the EAGLE-3 fields both engines read."""
     cfg = draft.config.to_dict()
     aux = [int(i) for i in draft.config.aux_layer_ids]
-    if any(i < 1 for i in aux):
-        raise UsageError(
-            f"aux layer ids {aux} include 0 (the embedding output), which SGLang cannot express",
-            "aux layer ids >= 1 (the input of decoder layer k)",
-        )
+    problems = aux_layer_problems(aux)
+    if problems:
+        raise UsageError(problems[0], EXPECTED)
     for k in _OWN_KEYS + ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
         cfg.pop(k, None)
     max_pos = int(cfg.get("max_position_embeddings") or 0)
@@ -82,9 +81,9 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         max_position_embeddings=max_pos,
         torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
         # SGLang adds 1 to these (output of layer k -> input of layer k+1).
-        eagle_config={"eagle_aux_hidden_state_layer_ids": [i - 1 for i in aux], "use_aux_hidden_state": True},
+        eagle_config={"eagle_aux_hidden_state_layer_ids": sglang_ids(aux), "use_aux_hidden_state": True},
         # vLLM reads this first, as hidden_states[k].
-        eagle_aux_hidden_state_layer_ids=aux,
+        eagle_aux_hidden_state_layer_ids=vllm_ids(aux),
         eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
     )
     # Engines that predate transformers 5's rope_parameters read these top-level names.

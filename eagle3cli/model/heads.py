@@ -31,6 +31,7 @@ import torch
 
 from ..errors import UsageError
 from ..manifest import for_run, read_json_object
+from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
 
 if TYPE_CHECKING:
     from ..speculate.draft import Eagle3Draft
@@ -60,11 +61,6 @@ HEAD_TENSOR_NAMES = (
 )
 OPTIONAL_TENSOR_NAMES = ("embed_tokens.weight",)
 NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
-
-
-def default_engine_aux_ids(num_layers: int) -> list[int]:
-    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 # ---------------------------------------------------------------- safetensors header
@@ -110,11 +106,10 @@ class AuxReading:
 
 
 def _int_list(value, where: str) -> list[int] | None:
-    if value is None or value == []:
-        return None
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
-        raise UsageError(f"{where} is {value!r}, not a list of integers", "a list of layer indices", NEXT)
-    return value
+    try:
+        return int_list(value)
+    except ValueError:
+        raise UsageError(f"{where} is {value!r}, not a list of integers", "a list of layer indices", NEXT) from None
 
 
 def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
@@ -138,7 +133,7 @@ def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
             AuxReading(
                 "eagle_config.eagle_aux_hidden_state_layer_ids",
                 tuple(sg),
-                order(k + 1 for k in sg),
+                order(from_sglang_ids(sg)),
                 "SGLang: output of layer k, +1",
             )
         )
@@ -181,7 +176,7 @@ def resolve_aux_ids(
                 "a target (--target) whose layer count gives the default [2, L//2, L-3]",
                 "pass --target MODEL_DIR",
             )
-        ids = tuple(default_engine_aux_ids(num_target_layers))
+        ids = tuple(default_aux_layer_ids(num_target_layers))
         source = f"engine default [2, L//2, L-3] for L={num_target_layers}"
         notices.append(
             f"{where} names no aux layers: assuming what SGLang and vLLM capture then, "

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..config import flag
+from ..speculate.aux_layers import aux_layer_problems
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
@@ -195,9 +196,11 @@ class TrainConfig:
             e.append(f"--save-every {self.save_every} is not a multiple of --log-every {self.log_every}")
         if self.aux_layers not in ("cache", "default", "top"):
             try:
-                [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
+                ids = [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
             except ValueError:
                 e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
+            else:
+                e += [f"--aux-layers: {p}" for p in aux_layer_problems(ids)]
         if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
             e.append(f"--nproc {self.nproc!r}: expected a positive integer")
         if self.master_port is not None and not (isinstance(self.master_port, int) and 0 < self.master_port < 65536):

@@ -25,7 +25,7 @@ from ..errors import UsageError
 from ..manifest import check_matches, read_json
 from ..model.export import init_draft_from_weights
 from ..model.target import load_tokenizer, pick_device, pick_dtype, resolve_model_path, target_identity
-from ..speculate.aux_layers import default_aux_layer_ids, top_aux_layer_ids, validate_aux_layer_ids
+from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
 from ..speculate.draft import Eagle3Draft, draft_config_from_target
 from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
 from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
@@ -64,21 +64,27 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, out
 
 
-def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
-    if choice == "cache":
-        if cache_ids is None:
-            return default_aux_layer_ids(n_layers)
-        return tuple(cache_ids)
+def choose_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The aux layers `--aux-layers` names (cache, default, top or ids), checked by the one rule
+    (`speculate.aux_layers.aux_layer_problems`) and against what the cache holds."""
     ids: tuple[int, ...]
+    if choice == "cache":
+        ids = default_aux_layer_ids(n_layers) if cache_ids is None else tuple(cache_ids)
+        errors = aux_layer_problems(ids, n_layers)
+        if errors:
+            raise UsageError(
+                f"the cache's aux layers: {errors[0]}", EXPECTED, "eagle3 cache --run runs/NAME --aux-layers 2,L//2,L-3"
+            )
+        return ids
     if choice == "default":
         ids = default_aux_layer_ids(n_layers)
     elif choice == "top":
         ids = top_aux_layer_ids(n_layers)
     else:
         ids = tuple(int(x) for x in choice.replace(",", " ").split())
-    errors = validate_aux_layer_ids(ids, n_layers)
+    errors = aux_layer_problems(ids, n_layers)
     if errors:
-        raise UsageError(errors[0], f"ids in 1..{n_layers - 1}")
+        raise UsageError(f"--aux-layers: {errors[0]}", f"ids in 1..{n_layers - 1}")
     if cache_ids is not None and tuple(cache_ids) != tuple(ids):
         raise UsageError(
             f"--aux-layers {choice} means layers {list(ids)}, but the cache holds features of layers {list(cache_ids)}",
@@ -173,7 +179,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
         target_model, tok, tpath = load_target(tpath, device=str(device))
         tcfg = target_model.config.to_dict()
-        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
+        aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
             data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
         )
@@ -203,7 +209,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tpath = resolve_model_path(tpath)
         tok = load_tokenizer(tpath)
         tcfg, weights = load_target_weights(tpath)
-        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
+        aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
     identity = target_identity(tpath, tok).as_dict()
     if source.target:
         check_matches(
