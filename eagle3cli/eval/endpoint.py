@@ -118,6 +118,8 @@ async def _vllm_run(client: EngineClient, url: str, prompts: list, cfg: EvalConf
 
 def acceptance_summary(rows: list[dict]) -> dict:
     """Engine tau and per-position acceptance over all prompts (counter sums)."""
+    from ..speculate.acceptance import tau_from_counts, unconditional_from_counts  # lazy: the wing imports torch
+
     drafts = sum(r["drafts"] for r in rows)
     accepted = sum(r["accepted"] for r in rows)
     k = max((len(r["per_pos"]) for r in rows), default=0)
@@ -125,8 +127,8 @@ def acceptance_summary(rows: list[dict]) -> dict:
     return {
         "drafts": drafts,
         "accepted": accepted,
-        "tau": 1 + accepted / drafts if drafts else None,
-        "per_position": [a / drafts for a in per] if drafts else [],
+        "tau": tau_from_counts(accepted, drafts),
+        "per_position": unconditional_from_counts(per, drafts) if drafts else [],
         "definition": "vLLM counters: tau = 1 + num_accepted_tokens / num_drafts; per_position[k-1] = "
         "num_accepted_tokens_per_pos[k-1] / num_drafts = P(first k draft tokens accepted) "
         "(eval's chain per_depth[k].unconditional)",

@@ -18,10 +18,10 @@ from ..folders import claim_output
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
 from ..prompts import load_conversations, render
+from ..speculate.acceptance import TAU_NOTE
 from .config import EvalConfig
 from .decoder import SpeculativeDecoder, plain_decode
 from .lanes import decode_lanes, split_turns
-from .metrics import TAU_NOTE
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
 if TYPE_CHECKING:

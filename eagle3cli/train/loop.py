@@ -24,14 +24,8 @@ from ..lock import stage_lock
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
 from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
-from ..speculate.ttt import (
-    Teacher,
-    accuracies,
-    conditional_acceptance,
-    simulated_accept_length,
-    teacher_from_hidden,
-    teacher_from_topk,
-)
+from ..speculate.acceptance import conditional_acceptance, simulated_accept_length, simulated_tau
+from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import plan_for
@@ -255,6 +249,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "acc_k": [round(a, 5) for a in acc],
         "alpha_k": [round(a, 5) for a in conditional_acceptance(sums[2], sums[3])],
         "sim_accept_len": round(simulated_accept_length(acc), 4),
+        "sim_tau": round(simulated_tau(acc), 4),  # the same estimate as a tau: the bonus token included
         "grad_norm": gnorm / max(1, iv.steps),
         "tokens": int(tokens),
         "tok_per_s": round(tokens / elapsed, 1),

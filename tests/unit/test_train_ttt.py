@@ -9,12 +9,11 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
+from eagle3cli.speculate.acceptance import conditional_acceptance, simulated_accept_length
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.speculate.ttt import (
     compiled_ttt_loss,
-    conditional_acceptance,
     draft_ttt_loss,
-    simulated_accept_length,
     soft_cross_entropy,
     teacher_from_hidden,
     teacher_from_topk,
