@@ -34,8 +34,8 @@ def register(app: typer.Typer) -> None:
     def export(flags: Flags[ExportConfig]) -> None:
         """Write a trained head in another engine's layout (checked by reloading it first)."""
         from ..console import warn
+        from ..head_files import export_head, speculators_support
         from ..manifest import read_json
-        from ..model.export import export_head, speculators_support
 
         cfg = flags.config()
         assert cfg.head is not None and cfg.out is not None  # validate() requires both

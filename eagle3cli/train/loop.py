@@ -20,9 +20,9 @@ from .. import console
 from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
+from ..head_files import save_head, self_check
 from ..lock import stage_lock
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
-from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
 from ..speculate.acceptance import conditional_acceptance, simulated_accept_length, simulated_tau
 from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk

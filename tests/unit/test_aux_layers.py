@@ -9,7 +9,7 @@ from transformers import LlamaConfig
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.export import head_config
+from eagle3cli.head_files import head_config
 from eagle3cli.serve.aux_ids import check_aux_ids
 from eagle3cli.speculate.aux_layers import (
     aux_layer_problems,

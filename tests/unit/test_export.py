@@ -13,7 +13,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.export import (
+from eagle3cli.head_files import (
     HEAD_TENSOR_NAMES,
     export_head,
     load_head,

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UsageError
-from ..folders import claim_output
-from ..manifest import (
+from .errors import UsageError
+from .folders import claim_output
+from .manifest import (
     atomic_write_json,
     atomic_write_tensors,
     read_json,
@@ -35,9 +35,9 @@ from ..manifest import (
     shard_record,
     write_manifest,
 )
-from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
-from ..speculate.draft import Eagle3Draft
-from .heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, copy_embeddings, load_any_head
+from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, copy_embeddings, load_any_head
+from .speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
+from .speculate.draft import Eagle3Draft
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "export_head", "load_head", "save_head"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
@@ -244,7 +244,7 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
 def _own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     """config.json in eagle3's layout for a head read from any layout; its target recorded as a
     reference that resolves from anywhere (absolute path or hub id)."""
-    from .target import resolvable_reference
+    from .model.target import resolvable_reference
 
     target = dict(spec.target)
     ref = resolvable_reference(spec.target_ref, base=spec.path)
@@ -260,7 +260,7 @@ def _own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
 
 def speculators_support(head_cfg: dict):
     """vLLM's support for the head's target (speculators heads are vLLM's format)."""
-    from .engines import target_support
+    from .model.engines import target_support
 
     return target_support("vllm", (head_cfg.get("eagle3") or {}).get("target_architectures"))
 
@@ -288,7 +288,7 @@ def export_head(head_dir: Path, fmt: str, out_dir: Path, num_speculative_tokens:
     claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
     remove_dead_temps(out_dir)  # an export cut by a kill
     for notice in spec.notices:
-        from ..console import warn
+        from .console import warn
 
         warn(notice)
     cfg = _own_layout_config(draft, spec)
