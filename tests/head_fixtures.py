@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.head_files import init_draft_from_weights, save_head
+from eagle3cli.head_files import save_head
+from eagle3cli.model.heads import init_draft_from_weights
 from eagle3cli.model.target import load_target, target_identity
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target

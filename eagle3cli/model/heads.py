@@ -484,3 +484,43 @@ def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
     with torch.no_grad():
         draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
     draft.embed_tokens.weight.requires_grad_(False)
+
+
+def load_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
+    """The draft of a head folder of any layout (`read_head`); with `target_model`, its
+    input embeddings are copied in and its layer count gives the engines' default aux layers.
+
+    Refuses a folder whose config or tensor names/shapes do not make a one-layer EAGLE-3 head
+    (a head the engines would load half-random). Without a target the embeddings are left zero:
+    set them before drafting (eval/serve pass the target).
+    """
+    return load_any_head(head_dir, target_model, dtype)[0]
+
+
+@torch.no_grad()
+def init_draft_from_weights(
+    draft: Eagle3Draft,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor | None,
+    norm: torch.Tensor | None,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor | None = None,
+    norm_offset: float = 0.0,
+) -> None:
+    """Start from the target: frozen embeddings, lm_head = the target's rows of the draft vocab,
+    final norm = the target's. fc/midlayer then only have to reproduce something like the target's
+    last hidden state for step 0 to be right, which shortens early training a lot.
+
+    `norm_offset`: Gemma-style norms scale by (1 + w) and store w; the draft's Llama RMSNorm
+    scales by its weight, so it gets w + 1 (`model.target.final_norm_offset`)."""
+    copy_embeddings(draft, embed)
+    d2t = d2t.to(torch.long).cpu()
+    if t2d is None:
+        t2d = torch.zeros(draft.config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(d2t)) + d2t] = True
+    draft.set_vocab_maps(d2t, t2d)
+    target_ids = torch.arange(len(d2t)) + d2t
+    if lm_head is not None and lm_head.shape[1] == draft.lm_head.weight.shape[1]:
+        draft.lm_head.weight.copy_(lm_head[target_ids.to(lm_head.device)].to(draft.lm_head.weight))
+    if norm is not None and norm.shape == draft.norm.weight.shape:
+        draft.norm.weight.copy_(norm.to(draft.norm.weight) + norm_offset)

@@ -1,4 +1,4 @@
-"""`eagle3 train` and `eagle3 export`: parse flags, build the typed config, call run_train / export_head."""
+"""`eagle3 train`: parse flags, build the typed config, call run_train."""
 
 from __future__ import annotations
 
@@ -6,14 +6,13 @@ import typer
 
 from ..console import log
 from ..options import Flags, stage_command
-from .config import ExportConfig, TrainConfig
+from .config import TrainConfig
 
 TRAIN_EPILOG = (
     "Example: eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600   |   "
     "DeepSpeed: eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   |   "
     "ablations: --ttt-steps 1, --aux-layers top (needs a cache built with the top layer)"
 )
-EXPORT_EPILOG = "Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators"
 
 
 def register(app: typer.Typer) -> None:
@@ -29,21 +28,3 @@ def register(app: typer.Typer) -> None:
 
         head = run_train(flags.config())
         log(f"[bold green]done:[/] head in {head}")
-
-    @stage_command(app, "export", ExportConfig, "export", epilog=EXPORT_EPILOG)
-    def export(flags: Flags[ExportConfig]) -> None:
-        """Write a trained head in another engine's layout (checked by reloading it first)."""
-        from ..console import warn
-        from ..head_files import export_head, speculators_support
-        from ..manifest import read_json
-
-        cfg = flags.config()
-        assert cfg.head is not None and cfg.out is not None  # validate() requires both
-        path = export_head(
-            cfg.head, cfg.format, cfg.out, cfg.num_speculative_tokens, cfg.dtype
-        )  # refuses targets vLLM cannot serve
-        if cfg.format == "speculators":
-            s = speculators_support(read_json(path / "config.json"))
-            if s.status == "unknown":
-                warn(f"cannot tell whether vLLM serves EAGLE-3 heads on {s.architecture or 'this target'} ({s.source})")
-        log(f"[bold green]done:[/] {cfg.format} head in {path}")

@@ -22,8 +22,8 @@ import torch
 from .. import console
 from ..config import config_dict
 from ..errors import UsageError
-from ..head_files import init_draft_from_weights
 from ..manifest import check_matches, read_json
+from ..model.heads import init_draft_from_weights
 from ..model.target import load_tokenizer, pick_device, pick_dtype, resolve_model_path, target_identity
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
 from ..speculate.draft import Eagle3Draft, draft_config_from_target

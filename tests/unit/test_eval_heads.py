@@ -15,7 +15,8 @@ from safetensors.torch import load_file, save_file
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.head_files import export_head, save_head
+from eagle3cli.export.run import export_head
+from eagle3cli.head_files import save_head
 from eagle3cli.model.heads import read_head
 from eagle3cli.model.target import load_target, target_identity
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids

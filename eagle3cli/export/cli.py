@@ -1,0 +1,22 @@
+"""`eagle3 export`: parse flags, build the typed config, call run_export."""
+
+from __future__ import annotations
+
+import typer
+
+from ..console import log
+from ..options import Flags, stage_command
+from .config import ExportConfig
+
+EPILOG = "Example: eagle3 export --head runs/demo/head --format speculators --out runs/demo/head-speculators"
+
+
+def register(app: typer.Typer) -> None:
+    @stage_command(app, "export", ExportConfig, "export", epilog=EPILOG)
+    def export(flags: Flags[ExportConfig]) -> None:
+        """Write a trained head in another engine's layout (checked by reloading it first)."""
+        from .run import run_export
+
+        cfg = flags.config()
+        path = run_export(cfg)  # refuses targets vLLM cannot serve
+        log(f"[bold green]done:[/] {cfg.format} head in {path}")
