@@ -103,7 +103,7 @@ class CacheSource:
     online = False
 
     def __init__(self, cache_dir: Path):
-        from ..cache.reader import CacheReader
+        from ..cache import CacheReader
 
         self.reader = CacheReader(cache_dir)
         self.lengths = list(self.reader.lengths)
@@ -175,7 +175,8 @@ class OnlineSource:
         draft_vocab_size: int,
         max_length: int,
     ):
-        from ..cache.masks import TemplateRefusal, mask_data_record
+        from ..cache import mask_data_record
+        from ..model.chat import TemplateRefusal
 
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
         self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))
