@@ -9,7 +9,7 @@ import torch
 
 from ..errors import StageError, UsageError
 from ..manifest import check_matches, read_manifest, verify_shards
-from ..model.target import load_tokenizer, resolve_model_path, target_identity
+from ..model.target import open_target
 from ..speculate.aux_layers import aux_layer_problems
 from .plan import rerun_cmd
 from .reader import VOCAB_FILE
@@ -77,8 +77,8 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
             "the target model folder the cache was made with",
             f"eagle3 cache --verify {cache_dir} --target MODEL_DIR",
         )
-    path = resolve_model_path(target_ref)
-    ident = target_identity(path, load_tokenizer(path))
+    target = open_target(target_ref)
+    path, ident = target.path, target.identity
     check_matches(
         f"cache {cache_dir}",
         m["target"],

@@ -193,7 +193,7 @@ def _stop_ids(tok, target_dir: Path) -> list[int]:
 
 # ---------------------------------------------------------------- the command
 def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
-    from ..model.target import load_tokenizer, resolve_model_path
+    from ..model.target import open_target
 
     if not cfg.target:
         raise UsageError(
@@ -201,8 +201,8 @@ def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
             "--target MODEL_DIR (the model the server runs)",
             f"eagle3 eval --endpoint {endpoint} --target MODEL_DIR",
         )
-    target_dir = resolve_model_path(cfg.target)
-    tok = load_tokenizer(target_dir)
+    opened = open_target(cfg.target)
+    target_dir, tok = opened.path, opened.tokenizer
     out = cfg.out or (cfg.run / "eval" if cfg.run else Path("eval"))
     prompts = [(pid, render(tok, msgs)) for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts)]
 

@@ -137,14 +137,14 @@ def run_eval(cfg: EvalConfig) -> Path:
         from .endpoint import run_endpoint_eval
 
         return run_endpoint_eval(cfg, cfg.endpoint)
-    from ..model.target import load_target, target_identity
+    from ..model.target import open_target
     from ..speculate.target import eos_token_ids
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     assert head is not None  # validate(): --head or --run when there is no --endpoint
-    target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
-    ident = target_identity(tpath, tok, target.config)
+    opened = open_target(_target_ref(cfg, head), load=True, device=cfg.device, dtype=cfg.dtype)
+    target, tok, ident = opened.model, opened.tokenizer, opened.identity
     heads = _load_heads(cfg, head, target, ident)
     kernels = _cpu_kernels(cfg, target, [d for _, d, _ in heads])
     eos = eos_token_ids(target, tok)

@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -158,3 +160,31 @@ def target_identity(path: Path, tokenizer, config=None) -> TargetIdentity:
         chat_template_hash=tf["chat_template_hash"],
         max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
     )
+
+
+class Target:
+    """A target as a stage opens it: its folder, its tokenizer (with a chat template), the identity
+    manifests record (computed on first use: it hashes the weight files), and the model when it
+    was loaded."""
+
+    def __init__(self, path: Path, tokenizer, model: Any = None):
+        self.path, self.tokenizer, self.model = Path(path), tokenizer, model
+
+    @cached_property
+    def identity(self) -> TargetIdentity:
+        # from config.json, as every manifest records it (not the loaded config's defaults)
+        return target_identity(self.path, self.tokenizer)
+
+
+def open_target(
+    name_or_path: str | Path, load: bool = False, device: str | None = None, dtype: str | None = None
+) -> Target:
+    """The one way a stage opens its target: the folder (a local one, or a hub id already in the
+    local cache), its tokenizer, its identity, and with `load` the model in eval mode on `device` /
+    `dtype` (`load_target`). Each refusal (no config.json, no chat template, an unknown id) exits 2
+    with the same words in every stage."""
+    if load:
+        model, tok, path = load_target(name_or_path, device, dtype)
+        return Target(path, tok, model)
+    path = resolve_model_path(name_or_path)
+    return Target(path, load_tokenizer(path))

@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..errors import UsageError
 from ..manifest import check_matches, read_json
 from ..model.heads import init_draft_from_weights
-from ..model.target import load_tokenizer, pick_device, pick_dtype, resolve_model_path, target_identity
+from ..model.target import open_target, pick_device, pick_dtype
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
 from ..speculate.draft import Eagle3Draft, draft_config_from_target
 from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
@@ -170,15 +170,14 @@ def _cosine(total: int, warmup: int, floor: float):
 def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
     """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
     if cfg.online:
-        from ..model.target import load_target
-
         data_dir = cfg.data or run_dir / "data"
         gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
-        target_model, tok, tpath = load_target(tpath, device=str(device))
-        tcfg = target_model.config.to_dict()
+        target = open_target(tpath, load=True, device=str(device))
+        target_model, tok, tpath = target.model, target.tokenizer, target.path
+        tcfg = text_config(target_model.config.to_dict())
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
             data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
@@ -206,11 +205,11 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
                 "the target model folder the cache was built with",
                 "pass --target PATH",
             )
-        tpath = resolve_model_path(tpath)
-        tok = load_tokenizer(tpath)
+        target = open_target(tpath)
+        tpath, tok = target.path, target.tokenizer
         tcfg, weights = load_target_weights(tpath)
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
-    identity = target_identity(tpath, tok).as_dict()
+    identity = target.identity.as_dict()
     if source.target:
         check_matches(
             "the cache",
