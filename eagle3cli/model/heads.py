@@ -512,7 +512,7 @@ def init_draft_from_weights(
     last hidden state for step 0 to be right, which shortens early training a lot.
 
     `norm_offset`: Gemma-style norms scale by (1 + w) and store w; the draft's Llama RMSNorm
-    scales by its weight, so it gets w + 1 (`model.target.final_norm_offset`)."""
+    scales by its weight, so it gets w + 1 (`speculate.target.final_norm_offset`)."""
     copy_embeddings(draft, embed)
     d2t = d2t.to(torch.long).cpu()
     if t2d is None:
