@@ -286,8 +286,6 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
                     e["reject"] = c.reject_record()
                 else:
                     e["record"] = c.result()
-                    if cfg.no_regenerate:
-                        e["record"]["meta"]["regenerated"] = False
                 entries[c.index] = e
                 journal.add(e)
                 bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))

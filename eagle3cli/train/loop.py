@@ -357,8 +357,6 @@ def finish(tr: Trainer) -> Path:
         "ttt_steps": tr.cfg.ttt_steps,
         "final_metrics": tr.last_metrics,
     }
-    from contextlib import nullcontext
-
     draft = tr.draft
     if tr.deepspeed:
         from .launch import gathered_copy
@@ -366,46 +364,43 @@ def finish(tr: Trainer) -> Path:
         # Every rank takes part in the gather; rank 0 then exports and self-checks a plain copy that
         # DeepSpeed does not manage (a ZeRO-3 module's forward would start collectives on rank 0 alone).
         draft = gathered_copy(tr.model, tr.draft, keep=tr.rank == 0)
-    ctx = nullcontext()
-    with ctx:
-        if tr.rank == 0:
-            export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
-            bad = nonfinite_tensors(export.state_dict())
-            if bad:
-                raise StageError(
-                    f"the trained head has non-finite values in {', '.join(bad[:6])}: not exported",
-                    "finite weights",
-                    f"start over with a lower --lr: eagle3 train --run {tr.run_dir} --no-resume",
-                )
-            save_head(export, tr.head_dir, tr.identity, {"training": summary})
-            diff = self_check(export, tr.head_dir)
-            if not diff <= 1e-4:  # written so that a NaN difference fails too
-                raise StageError(
-                    f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
-                )
-            source = (
-                {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
-                if not tr.cfg.online
-                else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+    if tr.rank == 0:
+        export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
+        bad = nonfinite_tensors(export.state_dict())
+        if bad:
+            raise StageError(
+                f"the trained head has non-finite values in {', '.join(bad[:6])}: not exported",
+                "finite weights",
+                f"start over with a lower --lr: eagle3 train --run {tr.run_dir} --no-resume",
             )
-            cache_manifest = Path(source.get("cache", "")) / "manifest.json"
-            write_manifest(
-                tr.train_dir,
-                "train",
-                config=config_dict(tr.cfg),
-                target=tr.identity,
-                aux_layer_ids=list(draft.config.aux_layer_ids),
-                draft_vocab_size=draft.config.draft_vocab_size,
-                input=source
-                | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
-                head=str(tr.head_dir),
-                input_fingerprint=tr.source.fingerprint,
-                export_self_check_max_abs_diff=diff,
-                world_size=tr.world,
-                **summary,
+        save_head(export, tr.head_dir, tr.identity, {"training": summary})
+        diff = self_check(export, tr.head_dir)
+        if not diff <= 1e-4:  # written so that a NaN difference fails too
+            raise StageError(
+                f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
             )
-            atomic_write_json(tr.train_dir / "summary.json", summary)
-            console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
+        source = (
+            {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
+            if not tr.cfg.online
+            else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+        )
+        cache_manifest = Path(source.get("cache", "")) / "manifest.json"
+        write_manifest(
+            tr.train_dir,
+            "train",
+            config=config_dict(tr.cfg),
+            target=tr.identity,
+            aux_layer_ids=list(draft.config.aux_layer_ids),
+            draft_vocab_size=draft.config.draft_vocab_size,
+            input=source | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
+            head=str(tr.head_dir),
+            input_fingerprint=tr.source.fingerprint,
+            export_self_check_max_abs_diff=diff,
+            world_size=tr.world,
+            **summary,
+        )
+        atomic_write_json(tr.train_dir / "summary.json", summary)
+        console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
     return tr.head_dir
 
 
