@@ -77,8 +77,8 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
             "the target model folder the cache was made with",
             f"eagle3 cache --verify {cache_dir} --target MODEL_DIR",
         )
-    target = open_target(target_ref)
-    path, ident = target.path, target.identity
+    opened = open_target(target_ref)
+    path, ident = opened.path, opened.identity
     check_matches(
         f"cache {cache_dir}",
         m["target"],

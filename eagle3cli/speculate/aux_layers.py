@@ -41,8 +41,8 @@ def aux_layer_problems(ids, num_layers: int | None = None) -> list[str]:
             f"aux layer ids {ids} include {low}: hidden_states[0] is the embedding output, which SGLang "
             "cannot be told to capture (its ids are k - 1), so a head trained on it could not be served"
         )
-    high = [k for k in ids if num_layers is not None and k >= num_layers]
-    if high:
+    high = [k for k in ids if k >= num_layers] if num_layers is not None else []
+    if num_layers is not None and high:
         problems.append(
             f"aux layer ids {ids} include {high}, which a {num_layers}-layer target does not have "
             f"(ids are 1..{num_layers - 1})"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from eagle3cli.cache import storage as S
-from eagle3cli.cache import vocab as V
+from eagle3cli.speculate import vocab as V
 from eagle3cli.cache.config import STORAGES
 
 
