@@ -18,6 +18,12 @@ Two ways to run it:
     (committed and chain entries sit at the slot equal to their position, so a rejected draft
     needs no crop: the next write overwrites it), with an explicit visibility mask for tree
     levels. Tests prove `ttt_unroll` equals chained `forward` calls.
+
+Why two formulations of one layer: decoding is per-call-overhead bound (fused projections, one
+fused norm, writes into a preallocated buffer, no autograd), while training needs autograd through
+module calls (ZeRO-3 gathers partitioned weights only inside a module's forward) and all K steps
+over a whole sequence at once. Each is the fast one for its job; the equality test keeps them one
+layer.
 """
 
 from __future__ import annotations
@@ -230,11 +236,14 @@ class Eagle3Draft(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab logits from the pre-norm hidden state the layer returns."""
-        if torch.is_grad_enabled():
-            # Training calls this outside any forward: module calls let ZeRO-3 gather the
-            # partitioned norm and lm_head weights (a bare `.weight` is an empty shard there).
+    def logits(self, hidden: torch.Tensor, module_calls: bool | None = None) -> torch.Tensor:
+        """Draft-vocab logits from the pre-norm hidden state the layer returns.
+
+        `module_calls` (default: whether autograd is on, i.e. training): through the norm and lm_head
+        modules, which lets ZeRO-3 gather their partitioned weights (a bare `.weight` is an empty
+        shard there); else the fused norm of decoding. Training's held-out walk runs without
+        autograd under ZeRO-3, so it asks for module calls explicitly."""
+        if torch.is_grad_enabled() if module_calls is None else module_calls:
             return self.lm_head(self.norm(hidden))
         return self.lm_head(_rms(hidden, self.norm))
 

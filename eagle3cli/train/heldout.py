@@ -34,11 +34,10 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     lengths = [tr.source.lengths[i] for i in indices]
     batches = plan_for(tr.cfg, lengths, 0, seed=0)
     draft = tr.model
-    # module calls (not bare .weight): under ZeRO-3 they gather the partitioned norm and lm_head
     inner = getattr(draft, "module", draft)
 
     def logits(h: torch.Tensor) -> torch.Tensor:
-        return inner.lm_head(inner.norm(h))
+        return inner.logits(h, module_calls=True)  # ZeRO-3: module calls gather the partitioned weights
 
     accepted = torch.zeros(depth, dtype=torch.float64)
     rounds = 0
