@@ -58,21 +58,14 @@ class Interval:
 
 
 def save_checkpoint(tr: Trainer) -> None:
-    is_best = tr.last_metrics.get("sim_accept_len", -1.0) > tr.best
+    is_best = tr.loop.metrics.get("sim_accept_len", -1.0) > tr.loop.best
     if is_best:
-        tr.best = tr.last_metrics["sim_accept_len"]
-    tag = ckpt.ckpt_name(tr.step)
+        tr.loop.best = tr.loop.metrics["sim_accept_len"]
+    tag = ckpt.ckpt_name(tr.loop.step)
     state = {
-        "step": tr.step,
-        "epoch": tr.epoch,
-        "batch_pos": tr.batch_pos,
-        "best": tr.best,
-        "tokens_seen": tr.tokens_seen,
-        "train_seconds": tr.train_seconds,
-        "train_cpu_seconds": tr.clock.cpu_seconds,
+        **tr.loop.checkpoint(),  # step, epoch, batch_pos, best, tokens_seen, train_(cpu_)seconds, metrics
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
-        "metrics": tr.last_metrics,
         "input_fingerprint": tr.source.fingerprint,  # the cache (or data) these weights were trained on
     }
     if tr.deepspeed:
@@ -85,7 +78,7 @@ def save_checkpoint(tr: Trainer) -> None:
             scheduler=tr.scheduler.state_dict(),
         )
     if tr.rank == 0:
-        ckpt.save(tr.train_dir, tr.step, state, is_best, tr.cfg.keep_checkpoints)
+        ckpt.save(tr.train_dir, tr.loop.step, state, is_best, tr.cfg.keep_checkpoints)
 
 
 # ---------------------------------------------------------------- the loop
@@ -119,7 +112,7 @@ def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list
         dist.all_reduce(bad)
     if not bad.item():
         return
-    where = f"optimizer step {tr.step + 1} (epoch {tr.epoch}, batch {tr.batch_pos} of the epoch's plan"
+    where = f"optimizer step {tr.loop.step + 1} (epoch {tr.loop.epoch}, batch {tr.loop.batch_pos} of the epoch's plan"
     if indices is not None and mine:
         describe = getattr(tr.source, "describe", None)
         where += f"; {describe(indices) if describe else f'samples {indices[:16]}'}"
@@ -187,7 +180,7 @@ def optimizer_step(tr: Trainer, interval: Interval) -> None:
         tr.optimizer.step()
         tr.scheduler.step()
         tr.optimizer.zero_grad(set_to_none=True)
-    tr.step += 1
+    tr.loop.step += 1
     interval.steps += 1
 
 
@@ -239,10 +232,10 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
     loss, micro, tokens, gnorm = extra.tolist()
     acc = accuracies(sums[0], sums[1])
     elapsed = max(1e-9, time.time() - iv.started)
-    tr.tokens_seen += int(tokens)
+    tr.loop.tokens_seen += int(tokens)
     m = {
-        "step": tr.step,
-        "epoch": tr.epoch,
+        "step": tr.loop.step,
+        "epoch": tr.loop.epoch,
         "lr": tr.scheduler.get_last_lr()[0],
         "loss": loss / micro,
         "loss_k": [round(float(x) / micro, 6) for x in step_loss],
@@ -253,14 +246,14 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "grad_norm": gnorm / max(1, iv.steps),
         "tokens": int(tokens),
         "tok_per_s": round(tokens / elapsed, 1),
-        "tokens_seen": tr.tokens_seen,
-        "train_seconds": round(tr.train_seconds, 2),
-        "train_cpu_seconds": round(tr.clock.cpu_seconds, 2),
+        "tokens_seen": tr.loop.tokens_seen,
+        "train_seconds": round(tr.loop.train_seconds, 2),
+        "train_cpu_seconds": round(tr.loop.train_cpu_seconds, 2),
     }
     if heldout:
         point = measure_heldout(tr)
         m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in point.items()})
-    tr.last_metrics = m
+    tr.loop.metrics = m
     if tr.rank == 0:
         try:
             ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
@@ -268,14 +261,14 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
             raise OSError(e.errno, e.strerror, str(tr.train_dir / "metrics.jsonl")) from e
         if tr.tb is not None:
             for key in ("loss", "sim_accept_len", "lr", "grad_norm", "tok_per_s"):
-                tr.tb.add_scalar(f"train/{key}", m[key], tr.step)
+                tr.tb.add_scalar(f"train/{key}", m[key], tr.loop.step)
             for k, (lk, ak) in enumerate(zip(m["loss_k"], m["acc_k"], strict=True)):
-                tr.tb.add_scalar(f"loss_k/{k}", lk, tr.step)
-                tr.tb.add_scalar(f"acc_k/{k}", ak, tr.step)
+                tr.tb.add_scalar(f"loss_k/{k}", lk, tr.loop.step)
+                tr.tb.add_scalar(f"acc_k/{k}", ak, tr.loop.step)
             tr.tb.flush()
         last = f" acc{len(acc) - 1} {acc[-1]:.3f}" if len(acc) > 1 else ""  # (--ttt-steps 1: one step)
         console.log(
-            f"step {tr.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.epoch} loss {m['loss']:.4f} "
+            f"step {tr.loop.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.loop.epoch} loss {m['loss']:.4f} "
             f"acc0 {acc[0]:.3f}{last} accept_len {m['sim_accept_len']:.3f} "
             f"lr {m['lr']:.2e} {m['tok_per_s']:,.0f} tok/s"
         )
@@ -283,7 +276,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
             a = " ".join(f"{x:.2f}" for x in m["heldout_alpha_k"])
             console.log(
                 f"  held-out ({m['heldout_samples']} conversations): tau {m['heldout_tau']:.3f} at depth "
-                f"{m['heldout_depth']} (alpha_k {a}) after {tr.tokens_seen:,} tokens, {tr.train_seconds:,.0f} s"
+                f"{m['heldout_depth']} (alpha_k {a}) after {tr.loop.tokens_seen:,} tokens, {tr.loop.train_seconds:,.0f} s"
             )
             plot_curve(
                 tr.train_dir / "learning_curve.png",
@@ -296,9 +289,9 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
 def next_step_batches(tr: Trainer, plan: list[list[int]]) -> list[list[int]] | None:
     """This rank's micro-batches for the next optimizer step, or None at the end of the epoch."""
     per_step = tr.world * tr.cfg.grad_accum
-    if tr.batch_pos + per_step > len(plan):
+    if tr.loop.batch_pos + per_step > len(plan):
         return None  # the epoch's last few batches do not fill a step on every rank: dropped
-    group = plan[tr.batch_pos : tr.batch_pos + per_step]
+    group = plan[tr.loop.batch_pos : tr.loop.batch_pos + per_step]
     return group[tr.rank * tr.cfg.grad_accum : (tr.rank + 1) * tr.cfg.grad_accum]
 
 
@@ -307,55 +300,55 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
+    plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.heldout)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
-    with console.progress("train", total=total, unit="step", completed=tr.step) as bar:
-        while tr.step < tr.total_steps and not tr.out_of_time():
+    with console.progress("train", total=total, unit="step", completed=tr.loop.step) as bar:
+        while tr.loop.step < tr.total_steps and not tr.out_of_time():
             mine = next_step_batches(tr, plan)
             if mine is None:
-                if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
+                if tr.loop.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
                     break
-                tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.heldout)
+                tr.loop.epoch, tr.loop.batch_pos = tr.loop.epoch + 1, 0
+                plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.heldout)
                 continue
             before, started, cpu = iv.tokens, time.time(), time.process_time()
             compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's
             for indices in mine:
                 micro_step(tr, indices, iv)
-            tr.batch_pos += tr.world * cfg.grad_accum
+            tr.loop.batch_pos += tr.world * cfg.grad_accum
             optimizer_step(tr, iv)
             if not compiling:
-                tr.clock.seconds += time.time() - started
-                tr.clock.cpu_seconds += time.process_time() - cpu
+                tr.loop.train_seconds += time.time() - started
+                tr.loop.train_cpu_seconds += time.process_time() - cpu
             bar.advance(1, tokens=iv.tokens - before)
-            last = tr.step == tr.total_steps or tr.out_of_time()
-            measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or last)
-            if tr.step % cfg.log_every == 0 or last or measure:
+            last = tr.loop.step == tr.total_steps or tr.out_of_time()
+            measure = bool(tr.heldout) and (tr.loop.step % cfg.heldout_every == 0 or last)
+            if tr.loop.step % cfg.log_every == 0 or last or measure:
                 log_interval(tr, iv, heldout=measure)
                 iv = Interval()
-            if tr.step % cfg.save_every == 0:
+            if tr.loop.step % cfg.save_every == 0:
                 save_checkpoint(tr)
     if iv.steps:
         log_interval(tr, iv, heldout=bool(tr.heldout))
     if tr.out_of_time():
-        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.step} steps"
-    elif tr.step >= tr.total_steps:
+        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.loop.step} steps"
+    elif tr.loop.step >= tr.total_steps:
         tr.stopped = f"reached {tr.total_steps} optimizer steps"
     else:
         tr.stopped = f"finished {cfg.epochs} epoch(s)"
-    if tr.step % cfg.save_every:
+    if tr.loop.step % cfg.save_every:
         save_checkpoint(tr)
 
 
 def finish(tr: Trainer) -> Path:
     """Export the head (rank 0), check it reloads to the same logits, write the train manifest."""
     summary = {
-        "steps": tr.step,
-        "epochs": tr.epoch + 1,
-        "tokens_seen": tr.tokens_seen,
+        "steps": tr.loop.step,
+        "epochs": tr.loop.epoch + 1,
+        "tokens_seen": tr.loop.tokens_seen,
         "stopped": tr.stopped,
         "ttt_steps": tr.cfg.ttt_steps,
-        "final_metrics": tr.last_metrics,
+        "final_metrics": tr.loop.metrics,
     }
     draft = tr.draft
     if tr.deepspeed:
@@ -423,7 +416,7 @@ def _run_train(cfg: TrainConfig) -> Path:
         return launch(cfg)
     tr = setup(cfg)
     if finished(tr):
-        console.log(f"{tr.train_dir} already finished at step {tr.step}; the head in {tr.head_dir} is intact")
+        console.log(f"{tr.train_dir} already finished at step {tr.loop.step}; the head in {tr.head_dir} is intact")
         _leave_process_group()
         return tr.head_dir
     fit(tr)
@@ -445,11 +438,11 @@ def _leave_process_group() -> None:
 def finished(tr: Trainer) -> bool:
     """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
     lists (so it is not rewritten, and its final metrics stay as they were)."""
-    if (tr.step < tr.total_steps and not tr.out_of_time()) or not (tr.train_dir / "manifest.json").is_file():
+    if (tr.loop.step < tr.total_steps and not tr.out_of_time()) or not (tr.train_dir / "manifest.json").is_file():
         return False
     try:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
         return False
     shards = h.get("shards") or []
-    return bool(shards) and m.get("steps") == tr.step and not verify_shards(tr.head_dir, shards)
+    return bool(shards) and m.get("steps") == tr.loop.step and not verify_shards(tr.head_dir, shards)

@@ -96,7 +96,44 @@ def choose_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None
 
 # ---------------------------------------------------------------- the trainer
 @dataclass
+class LoopState:
+    """Where training is: all a checkpoint records of the loop besides tensors, rng and settings,
+    saved as `asdict` under these very names (the checkpoint's keys) and restored in place (the
+    time-budget schedule reads the clock from this object)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
+    best: float = -1.0  # the best interval's sim_accept_len so far (the `best` checkpoint)
+    tokens_seen: int = 0
+    train_seconds: float = 0.0  # wall time over every session
+    train_cpu_seconds: float = 0.0  # this process's core-seconds: what a busy shared machine does not inflate
+    metrics: dict = field(default_factory=dict)  # the last metrics line (a finished run re-exported keeps it)
+
+    def checkpoint(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def restore(self, state: dict) -> None:
+        """From a checkpoint's state; older checkpoints lack the clock (0) and the metrics ({})."""
+        for f in dataclasses.fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
+        self.train_seconds, self.train_cpu_seconds = float(self.train_seconds), float(self.train_cpu_seconds)
+        self.metrics = dict(self.metrics or {})
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Training time so far, wall and CPU, as read from a `LoopState`."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass
 class Trainer:
+    """The objects training is built from (`setup`), and the loop's state (`loop`, checkpointed)."""
+
     cfg: TrainConfig
     run_dir: Path
     train_dir: Path
@@ -114,41 +151,30 @@ class Trainer:
     rank: int = 0
     world: int = 1
     deepspeed: bool = False
-    step: int = 0
-    epoch: int = 0
-    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
-    best: float = -1.0
-    last_metrics: dict = field(default_factory=dict)
-    tokens_seen: int = 0
-    stopped: str = ""
+    loop: LoopState = field(default_factory=LoopState)
+    stopped: str = ""  # why the loop ended (said in the log and the summary)
     tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
     heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
-    clock: Clock = field(default_factory=lambda: Clock())  # training wall time over every session
 
     @property
-    def train_seconds(self) -> float:
-        return self.clock.seconds
+    def step(self) -> int:
+        return self.loop.step
+
+    @property
+    def clock(self) -> Clock:
+        return Clock(self.loop.train_seconds, self.loop.train_cpu_seconds)
 
     def out_of_time(self) -> bool:
-        return self.cfg.time_budget_s is not None and self.clock.cpu_seconds >= self.cfg.time_budget_s
+        return self.cfg.time_budget_s is not None and self.loop.train_cpu_seconds >= self.cfg.time_budget_s
 
 
-class Clock:
-    """Training time so far, wall and CPU (this process's core-seconds: what a busy shared machine
-    does not inflate), shared by the loop (which advances it) and a time-budget schedule."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.cpu_seconds = 0.0
-
-
-def _time_cosine(budget: float, warmup_ratio: float, floor: float, clock: Clock):
+def _time_cosine(budget: float, warmup_ratio: float, floor: float, loop: LoopState):
     """`_cosine` over the fraction of a time budget spent rather than over steps."""
 
     def f(_step: int) -> float:
-        p = min(1.0, clock.cpu_seconds / budget)
+        p = min(1.0, loop.train_cpu_seconds / budget)
         if p < warmup_ratio:
             return max(p / warmup_ratio, 0.01)
         q = (p - warmup_ratio) / max(1e-9, 1 - warmup_ratio)
@@ -263,10 +289,10 @@ def setup(cfg: TrainConfig) -> Trainer:
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
             "more data, a smaller --token-budget or --grad-accum",
         )
-    clock = Clock()
+    loop = LoopState()
     if cfg.time_budget_s is not None:  # the budget ends the run; --max-steps (if given) caps it
         total = cfg.max_steps or 10**9
-        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, clock)
+        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, loop)
     else:
         total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
         schedule = _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
@@ -296,10 +322,10 @@ def setup(cfg: TrainConfig) -> Trainer:
         rank,
         world,
         use_ds,
+        loop,
     )
     tr.logit_spec = logit_spec(tcfg)
     tr.heldout = heldout
-    tr.clock = clock
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)
     resume(tr)
@@ -312,7 +338,7 @@ def setup(cfg: TrainConfig) -> Trainer:
                 "pip install tensorboard",
                 "or drop --tensorboard (metrics.jsonl has the same numbers)",
             ) from e
-        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.step + 1 if tr.step else None)
+        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.loop.step + 1 if tr.loop.step else None)
     return tr
 
 
@@ -418,11 +444,8 @@ def resume(tr: Trainer) -> None:
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.scheduler.load_state_dict(state["scheduler"])
     ckpt.set_rng_state(state["rng"])
-    tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
-    tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
-    tr.clock.seconds = float(state.get("train_seconds", 0.0))
-    tr.clock.cpu_seconds = float(state.get("train_cpu_seconds", 0.0))
-    tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
+    tr.loop.restore(state)
     if tr.rank == 0:
-        ckpt.truncate_metrics(metrics, tr.step)
-    console.log(f"resumed from {path.name}: step {tr.step}, epoch {tr.epoch}, batch {tr.batch_pos}")
+        ckpt.truncate_metrics(metrics, tr.loop.step)
+    s = tr.loop
+    console.log(f"resumed from {path.name}: step {s.step}, epoch {s.epoch}, batch {s.batch_pos}")
