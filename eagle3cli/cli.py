@@ -48,6 +48,7 @@ COMMAND_MODULES = [
     "eagle3cli.data.cli",
     "eagle3cli.cache.cli",
     "eagle3cli.train.cli",
+    "eagle3cli.export.cli",
     "eagle3cli.eval.cli",
     "eagle3cli.serve.cli",
 ]

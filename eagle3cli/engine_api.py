@@ -17,7 +17,6 @@ import asyncio
 import errno
 import itertools
 import json
-import math
 import os
 import re
 import time
@@ -402,11 +401,15 @@ class SpecCounters:
     @property
     def tau(self) -> float | None:
         """Tokens per verification pass: 1 + accepted / drafts (the bonus token included)."""
-        return 1.0 + self.accepted / self.drafts if self.drafts else None
+        from .speculate.acceptance import tau_from_counts  # lazy: the wing imports torch
+
+        return tau_from_counts(self.accepted, self.drafts)
 
     def per_position(self) -> list[float]:
         """P(draft token k accepted) over rounds, k = 1..K: eval's chain `unconditional` acceptance."""
-        return [a / self.drafts if self.drafts else math.nan for a in self.per_pos]
+        from .speculate.acceptance import unconditional_from_counts
+
+        return unconditional_from_counts(self.per_pos, self.drafts)
 
 
 def spec_counters(metrics_text: str) -> SpecCounters | None:

@@ -6,9 +6,11 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import init_draft_from_weights, save_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
+from eagle3cli.head_files import save_head
+from eagle3cli.model.heads import init_draft_from_weights
+from eagle3cli.model.target import load_target, target_identity
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 
 def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:

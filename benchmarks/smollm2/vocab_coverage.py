@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/smollm2/vocab_coverage.py --run runs/smollm2 [--sizes 4096,8192,16384,32000]
 
-The draft vocab is the most frequent masked tokens of the training data (cache/vocab.py). What
+The draft vocab is the most frequent masked tokens of the training data (speculate/vocab.py). What
 matters at decode time is coverage of text the head has not seen, so the vocab is chosen on 90%
 of the conversations (split by a hash of the record id) and its coverage measured on the other
 10%, beside the in-sample coverage. Tokenised with the cache's own chat-template masks.
@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from eagle3cli.cache.masks import mask_data_record
-from eagle3cli.cache.vocab import build_mapping, coverage, select_draft_tokens, token_counts
 from eagle3cli.model.target import load_tokenizer
+from eagle3cli.speculate.vocab import build_mapping, coverage, select_draft_tokens, token_counts
 from eagle3cli.train.data import read_conversations
 
 

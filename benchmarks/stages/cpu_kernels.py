@@ -46,8 +46,10 @@ def main() -> None:
     from eagle3cli.eval.decoder import _target_forward, _target_logits, plain_decode
     from eagle3cli.eval.target_kv import TargetKV
     from eagle3cli.model.cpu_kernels import pack_for_inference
-    from eagle3cli.model.target import capture_features, default_aux_layer_ids, load_target
+    from eagle3cli.model.target import load_target
     from eagle3cli.prompts import load_prompts
+    from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+    from eagle3cli.speculate.target import capture_features
 
     models, kernels = {}, {}
     for name in ("torch", "onednn"):

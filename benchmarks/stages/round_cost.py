@@ -39,10 +39,11 @@ import torch
 from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_logits, plain_decode
 from eagle3cli.eval.target_kv import TargetKV
 from eagle3cli.model.cpu_kernels import pack_linears
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import load_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target
+from eagle3cli.model.heads import load_head
+from eagle3cli.model.target import load_target
 from eagle3cli.prompts import load_prompts, render
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 
 def random_head(target, draft_vocab: int) -> tuple[Eagle3Draft, tuple[int, ...]]:

@@ -20,8 +20,8 @@ import time
 import torch
 from transformers import LlamaConfig
 
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.train.ttt import draft_ttt_loss, teacher_from_hidden
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.ttt import draft_ttt_loss, teacher_from_hidden
 
 
 def main() -> None:

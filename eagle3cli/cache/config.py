@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from ..config import CpuKernels, parse_shard
+from ..speculate.aux_layers import aux_layer_problems
 
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
@@ -68,6 +69,8 @@ class CacheConfig:
             errs.append(f"--max-samples {self.max_samples!r}: must be a positive integer")
         if self.aux_layers is not None and not all(isinstance(i, int) for i in self.aux_layers):
             errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
+        elif self.aux_layers is not None:  # refused before the target is opened, as train/export/serve do
+            errs += [f"--aux-layers: {p}" for p in aux_layer_problems(self.aux_layers)]
         if self.shard is not None:
             try:
                 parse_shard(self.shard)

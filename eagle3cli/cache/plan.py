@@ -22,7 +22,7 @@ from ..console import log, warn
 from ..errors import StageError, UsageError
 from ..jsonl import iter_file
 from ..manifest import atomic_write_json, check_matches, read_json, read_manifest, verify_shards
-from . import vocab as V
+from ..speculate import vocab as V
 from .config import CacheConfig
 from .masks import TemplateRefusal, _special_ids, has_assistant_output, mask_data_record
 from .writer import Sample

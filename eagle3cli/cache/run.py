@@ -29,14 +29,8 @@ from ..folders import claim_output
 from ..lock import LOCK_NAME, locked_stage
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.cpu_kernels import pack_for_inference
-from ..model.target import (
-    default_aux_layer_ids,
-    load_target,
-    load_tokenizer,
-    resolve_model_path,
-    target_identity,
-    validate_aux_layer_ids,
-)
+from ..model.target import open_target
+from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
 from .config import STORAGES, CacheConfig
 from .masks import check_template
 from .plan import (
@@ -121,20 +115,18 @@ def _target(cfg: CacheConfig, data_manifest: dict):
             "--target MODEL_DIR",
             f"{rerun_cmd(cfg)} --target models/tiny-target",
         )
-    target_path = resolve_model_path(target_ref)
-    tok = load_tokenizer(target_path)
-    ident = target_identity(target_path, tok)
-    check_target_matches_data(data_manifest, ident, cfg.data_dir)
-    return target_path, tok, ident
+    target = open_target(target_ref)
+    check_target_matches_data(data_manifest, target.identity, cfg.data_dir)
+    return target.path, target.tokenizer, target.identity
 
 
 def _aux_ids(cfg: CacheConfig, n_layers: int) -> tuple[int, ...]:
     aux_ids = tuple(cfg.aux_layers) if cfg.aux_layers else default_aux_layer_ids(n_layers)
-    errs = validate_aux_layer_ids(aux_ids, n_layers)
+    errs = aux_layer_problems(aux_ids, n_layers)
     if errs:
         raise UsageError(
-            "; ".join(errs),
-            f"ids in 0..{n_layers - 1}, e.g. --aux-layers " + ",".join(map(str, default_aux_layer_ids(n_layers))),
+            "--aux-layers: " + "; ".join(errs),
+            f"ids in 1..{n_layers - 1}, e.g. --aux-layers " + ",".join(map(str, default_aux_layer_ids(n_layers))),
         )
     return aux_ids
 
@@ -162,7 +154,7 @@ def _check_disk(cfg: CacheConfig, out: Path, ident, n_aux: int, todo_tokens: int
 def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
     """Run the target over each shard left, write it atomically, then its done record."""
     out = cfg.out_dir
-    model, _tok, _ = load_target(target_path, cfg.device, cfg.dtype)
+    model = open_target(target_path, load=True, device=cfg.device, dtype=cfg.dtype).model
     log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     size = {j: cp.ranges[j][1] - cp.ranges[j][0] for j in mine}

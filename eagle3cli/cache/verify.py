@@ -9,7 +9,8 @@ import torch
 
 from ..errors import StageError, UsageError
 from ..manifest import check_matches, read_manifest, verify_shards
-from ..model.target import load_tokenizer, resolve_model_path, target_identity, validate_aux_layer_ids
+from ..model.target import open_target
+from ..speculate.aux_layers import aux_layer_problems
 from .plan import rerun_cmd
 from .reader import VOCAB_FILE
 from .storage import feature_keys
@@ -76,15 +77,15 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
             "the target model folder the cache was made with",
             f"eagle3 cache --verify {cache_dir} --target MODEL_DIR",
         )
-    path = resolve_model_path(target_ref)
-    ident = target_identity(path, load_tokenizer(path))
+    opened = open_target(target_ref)
+    path, ident = opened.path, opened.identity
     check_matches(
         f"cache {cache_dir}",
         m["target"],
         ident.comparable(),
         f"rebuild the cache for this target: eagle3 cache --run runs/NAME --target {path}",
     )
-    errs = validate_aux_layer_ids(tuple(m["aux_layer_ids"]), ident.num_hidden_layers)
+    errs = aux_layer_problems(m["aux_layer_ids"], ident.num_hidden_layers)
     if errs:
         raise StageError("; ".join(errs), "aux layer ids of this target", f"rebuild: {rebuild}")
     from safetensors.torch import load_file

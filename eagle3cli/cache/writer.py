@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from ..manifest import atomic_write_tensors
-from ..model.target import capture_features, target_logits
+from ..speculate.target import capture_features, target_logits
 from .storage import encode, id_dtype
 
 

@@ -11,8 +11,8 @@ import torch
 
 from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..model.kvcache import growing_cache
-from ..model.target import eos_token_ids
 from ..speculate.sampling import logits_to_probs, sample_from
+from ..speculate.target import eos_token_ids
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
 

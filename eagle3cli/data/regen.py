@@ -82,6 +82,7 @@ class Conversation:
     reject: tuple[str, str] | None = None
     stopped_early: bool = False
     pending: str | None = None  # a transient failure: not journaled, a rerun regenerates it
+    regenerated: bool = True  # False when `keep` filled the slots with the record's own answers
 
     def __post_init__(self):
         msgs, self.placeholders = [], set()
@@ -156,6 +157,7 @@ class Conversation:
     def keep(self, count_tokens) -> None:
         """--no-regenerate: the record's own answers fill the slots (token-counted), up to the first
         unanswered user turn."""
+        self.regenerated = False
         if not self.slots or self.slots[0] in self.placeholders:
             self.fail("no_assistant_answer", "--no-regenerate keeps original answers, and this record has none")
             return
@@ -192,7 +194,7 @@ class Conversation:
         meta = dict(self.record.get("meta", {}))
         meta.update(
             {
-                "regenerated": True,
+                "regenerated": self.regenerated,
                 "turns": turns,
                 "truncated": any(t["finish_reason"] == "length" for t in turns),
                 "dropped_turns": len(self.slots) - len(self.answers),

@@ -125,12 +125,11 @@ def plan_config(cfg: GenDataConfig) -> dict:
 
 # ---------------------------------------------------------------- target
 def load_target_identity(cfg: GenDataConfig):
-    from ..model.target import load_tokenizer, resolve_model_path, target_identity
+    from ..model.target import open_target
 
     assert cfg.target is not None  # validate() requires --target
-    path = resolve_model_path(cfg.target)
-    tok = load_tokenizer(path)
-    return path, tok, target_identity(path, tok)
+    target = open_target(cfg.target)
+    return target.path, target.tokenizer, target.identity
 
 
 # ---------------------------------------------------------------- no-regenerate
@@ -169,11 +168,11 @@ def make_backend(cfg: GenDataConfig, tokenizer):
             tokenizer=tokenizer,
         )
     from ..model.cpu_kernels import pack_for_inference
-    from ..model.target import load_target
+    from ..model.target import open_target
     from .hf import HFBackend
 
     assert cfg.target is not None  # validate() requires --target
-    model, _tok, _ = load_target(cfg.target, device=cfg.device, dtype=cfg.dtype)
+    model = open_target(cfg.target, load=True, device=cfg.device, dtype=cfg.dtype).model
     log(f"gen-data: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
     return HFBackend(model, tokenizer, sampling, cfg.batch_size, cfg.max_prompt_tokens)
 
@@ -387,8 +386,6 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
                     e["reject"] = c.reject_record()
                 else:
                     e["record"] = c.result()
-                    if cfg.no_regenerate:
-                        e["record"]["meta"]["regenerated"] = False
                 journals[k][c.index] = e
                 open_journals[k].add(e)
                 bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))

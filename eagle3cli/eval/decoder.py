@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
-from ..model.target import AuxCapture, target_logits
 from ..speculate import (
     expand_frontier,
     logits_to_probs,
@@ -32,6 +32,7 @@ from ..speculate import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
+from ..speculate.target import AuxCapture, target_logits
 from .target_kv import TargetKV
 
 
@@ -64,13 +65,9 @@ def _target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
 
 
 def _target_forward(model, kv: TargetKV, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:
-    """The target's last hidden states [n, H] for ids [1, n] written at KV slots [start, start+n)."""
-    n = ids.shape[1]
-    mask = kv.masks(start, n, positions, visible)
-    pos = kv.positions[start : start + n] if positions is None else positions
-    kv.start = start
-    out = model.model(input_ids=ids, cache=kv, use_cache=True, position_ids=pos[None], attention_mask=mask)
-    return out.last_hidden_state[0]
+    """The target's last hidden states [n, H] for ids [1, n] written at KV slots [start, start+n)
+    (the one target call of the decoder; benchmarks/stages time it by this name)."""
+    return kv.run(model, ids, start, positions, visible)
 
 
 @torch.inference_mode()
@@ -128,6 +125,18 @@ def hf_generate(model, prompt_ids: list[int], max_new_tokens: int, eos: set[int]
     return DecodeResult(tokens, seconds=seconds, target_calls=len(tokens))
 
 
+@dataclass
+class _Session:
+    """One `generate` call's state, passed explicitly through its rounds (the decoder object holds
+    settings only): both KV caches, the aux capture, the counts being filled, the sampler's generator."""
+
+    kv: TargetKV
+    dcache: Any  # the draft's DraftCache
+    cap: AuxCapture
+    result: DecodeResult
+    generator: torch.Generator
+
+
 class SpeculativeDecoder:
     """Greedy (temperature 0) or lossless-sampling speculative decoding with one EAGLE-3 head.
 
@@ -164,23 +173,23 @@ class SpeculativeDecoder:
         ).to(self.device)
 
     # ------------------------------------------------------------------ target
-    def _target(self, ids: torch.Tensor, kv: TargetKV, start: int, cap: AuxCapture, positions=None, visible=None):
+    def _target(self, s: _Session, ids: torch.Tensor, start: int, positions=None, visible=None):
         """(last hidden states [n, H], aux features [n, n_aux*H]) of ids [1, n] at slots start.."""
-        hidden = _target_forward(self.target, kv, ids, start, positions, visible)
-        self.result.target_calls += 1
-        return hidden, cap.concat()[0]
+        hidden = _target_forward(self.target, s.kv, ids, start, positions, visible)
+        s.result.target_calls += 1
+        return hidden, s.cap.concat()[0]
 
     # ------------------------------------------------------------------ draft
-    def _commit(self, dcache, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
+    def _commit(self, s: _Session, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
         """Step-0 entries for newly committed positions; returns the last entry's output [1,1,H]."""
-        self.result.draft_calls += 1
-        return self.draft(tokens.view(1, -1), aux.unsqueeze(0), dcache, first_pos, from_target=True, last_only=True)
+        s.result.draft_calls += 1
+        return self.draft(tokens.view(1, -1), aux.unsqueeze(0), s.dcache, first_pos, from_target=True, last_only=True)
 
-    def _pick(self, logits: torch.Tensor):
+    def _pick(self, s: _Session, logits: torch.Tensor):
         """(draft id, its probs over the draft vocab or None when greedy)."""
         if self.temperature <= 0:
             return logits.argmax(-1), None
-        return sample(logits, self.temperature, self.top_p, self.generator)
+        return sample(logits, self.temperature, self.top_p, s.generator)
 
     # ------------------------------------------------------------------ decoding
     def _room(self, prompt_len: int, max_new_tokens: int) -> tuple[int, int]:
@@ -191,50 +200,52 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, seed: int = 0) -> DecodeResult:
-        self.result = res = DecodeResult([])
-        self.generator = torch.Generator().manual_seed(seed)
+        res = DecodeResult([])
         start = time.perf_counter()
         target_room, draft_room = self._room(len(prompt_ids), max_new_tokens)
-        kv = TargetKV(self.target, target_room)
-        dcache = self.draft.new_cache(draft_room)
         round_fn = self._chain_round if self.mode == "chain" else self._tree_round
         with AuxCapture(self.target, self.aux_ids) as cap:
-            ids = torch.tensor([prompt_ids], device=self.device)
-            hidden, aux = self._target(ids, kv, 0, cap)
-            pending, _ = sample(
-                _target_logits(self.target, hidden[-1:])[0], self.temperature, self.top_p, self.generator
+            s = _Session(
+                TargetKV(self.target, target_room),
+                self.draft.new_cache(draft_room),
+                cap,
+                res,
+                torch.Generator().manual_seed(seed),
             )
+            ids = torch.tensor([prompt_ids], device=self.device)
+            hidden, aux = self._target(s, ids, 0)
+            pending, _ = sample(_target_logits(self.target, hidden[-1:])[0], self.temperature, self.top_p, s.generator)
             done = _finish(res.tokens, [int(pending)], self.eos, max_new_tokens)
-            root = self._commit(dcache, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
+            root = self._commit(s, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
             res.prefill_seconds = time.perf_counter() - start
             length = len(prompt_ids)  # tokens in the target cache; `pending` goes at this position
             while not done:
-                emitted, aux_rows, accept_len = round_fn(pending, root, length, kv, dcache, cap)
+                emitted, aux_rows, accept_len = round_fn(s, pending, root, length)
                 res.accept_lens.append(accept_len)
                 done = _finish(res.tokens, emitted.tolist(), self.eos, max_new_tokens)
                 if done:
                     break
-                root = self._commit(dcache, emitted.to(self.device), aux_rows, length)
+                root = self._commit(s, emitted.to(self.device), aux_rows, length)
                 length += accept_len + 1
                 pending = emitted[-1]
         res.seconds = time.perf_counter() - start
         return res
 
-    def _chain_round(self, pending, root, length, kv, dcache, cap):
+    def _chain_round(self, s: _Session, pending, root, length):
         d = self.depth
         h = root
         drafted, qs = [], []
         for k in range(d):
-            tok, q = self._pick(self.draft.logits(h)[0, -1])
+            tok, q = self._pick(s, self.draft.logits(h)[0, -1])
             tok_t = self.draft_to_target_ids[tok]
             drafted.append(tok_t)
             qs.append(q)
             if k < d - 1:  # the last token needs no entry: nothing drafts after it
-                self.result.draft_calls += 1
-                h = self.draft(tok_t.view(1, 1), h, dcache, length + k, from_target=False)
+                s.result.draft_calls += 1
+                h = self.draft(tok_t.view(1, 1), h, s.dcache, length + k, from_target=False)
         drafted_t = torch.stack(drafted)
         ids = torch.cat([pending.view(1).to(self.device), drafted_t]).view(1, -1)
-        hidden, aux = self._target(ids, kv, length, cap)
+        hidden, aux = self._target(s, ids, length)
         logits = _target_logits(self.target, hidden)
         if self.temperature <= 0:
             a, emitted = verify_chain_greedy(drafted_t, logits)
@@ -242,10 +253,10 @@ class SpeculativeDecoder:
             qt = torch.zeros(d, self.vocab, dtype=torch.float32)
             qt[:, self.draft_to_target_ids.cpu()] = torch.stack(qs).float().cpu()
             p = logits_to_probs(logits, self.temperature, self.top_p)
-            a, emitted = verify_chain_sampling(drafted_t.cpu(), qt, p.cpu(), self.generator)
+            a, emitted = verify_chain_sampling(drafted_t.cpu(), qt, p.cpu(), s.generator)
         return emitted, aux[: a + 1], a
 
-    def _tree_round(self, pending, root, length, kv, dcache, cap):
+    def _tree_round(self, s: _Session, pending, root, length):
         k, dev = self.topk, self.device
         lp = torch.log_softmax(self.draft.logits(root)[0, -1].float(), -1)
         sc, tok = lp.topk(min(k, lp.shape[-1]))
@@ -261,11 +272,11 @@ class SpeculativeDecoder:
             nf = f_tok.shape[0]
             f_anc[torch.arange(nf, device=dev), used + torch.arange(nf, device=dev)] = True  # each sees itself
             mask = torch.cat([torch.ones(nf, length, dtype=torch.bool, device=dev), f_anc[:, : used + nf]], dim=1)
-            self.result.draft_calls += 1
+            s.result.draft_calls += 1
             out = self.draft(
                 self.draft_to_target_ids[f_tok].view(1, -1),
                 f_hid.unsqueeze(0),
-                dcache,
+                s.dcache,
                 length + used,
                 from_target=False,
                 position=length - 1 + level,  # siblings share their depth's position
@@ -289,15 +300,13 @@ class SpeculativeDecoder:
         tree_tokens = self.draft_to_target_ids[tree.tokens.to(dev)]
         ids = torch.cat([pending.view(1).to(dev), tree_tokens]).view(1, -1)
         pos = tree_position_ids(tree.depths, length).to(dev)
-        hidden, aux = self._target(
-            ids, kv, length, cap, positions=pos, visible=tree_attention_mask(tree.parents).to(dev)
-        )
+        hidden, aux = self._target(s, ids, length, positions=pos, visible=tree_attention_mask(tree.parents).to(dev))
         logits = _target_logits(self.target, hidden)
         if self.temperature <= 0:
             path, emitted = verify_tree_greedy(tree_tokens.cpu(), tree.parents, logits)
         else:
             p = logits_to_probs(logits, self.temperature, self.top_p).cpu()
-            path, emitted = verify_tree_sampling(tree_tokens.cpu(), tree.parents, p, self.generator)
+            path, emitted = verify_tree_sampling(tree_tokens.cpu(), tree.parents, p, s.generator)
         rows = [0] + [i + 1 for i in path]
-        kv.keep_path(length, rows)
+        s.kv.keep_path(length, rows)
         return emitted, aux[rows], len(path)

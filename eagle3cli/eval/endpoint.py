@@ -119,6 +119,8 @@ async def _vllm_run(client: EngineClient, url: str, prompts: list, cfg: EvalConf
 
 def acceptance_summary(rows: list[dict]) -> dict:
     """Engine tau and per-position acceptance over all prompts (counter sums)."""
+    from ..speculate.acceptance import tau_from_counts, unconditional_from_counts  # lazy: the wing imports torch
+
     drafts = sum(r["drafts"] for r in rows)
     accepted = sum(r["accepted"] for r in rows)
     k = max((len(r["per_pos"]) for r in rows), default=0)
@@ -126,8 +128,8 @@ def acceptance_summary(rows: list[dict]) -> dict:
     return {
         "drafts": drafts,
         "accepted": accepted,
-        "tau": 1 + accepted / drafts if drafts else None,
-        "per_position": [a / drafts for a in per] if drafts else [],
+        "tau": tau_from_counts(accepted, drafts),
+        "per_position": unconditional_from_counts(per, drafts) if drafts else [],
         "definition": "vLLM counters: tau = 1 + num_accepted_tokens / num_drafts; per_position[k-1] = "
         "num_accepted_tokens_per_pos[k-1] / num_drafts = P(first k draft tokens accepted) "
         "(eval's chain per_depth[k].unconditional)",
@@ -192,7 +194,7 @@ def _stop_ids(tok, target_dir: Path) -> list[int]:
 
 # ---------------------------------------------------------------- the command
 def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
-    from ..model.target import load_tokenizer, resolve_model_path
+    from ..model.target import open_target
 
     if not cfg.target:
         raise UsageError(
@@ -200,8 +202,8 @@ def run_endpoint_eval(cfg: EvalConfig, endpoint: str) -> Path:
             "--target MODEL_DIR (the model the server runs)",
             f"eagle3 eval --endpoint {endpoint} --target MODEL_DIR",
         )
-    target_dir = resolve_model_path(cfg.target)
-    tok = load_tokenizer(target_dir)
+    opened = open_target(cfg.target)
+    target_dir, tok = opened.path, opened.tokenizer
     out = cfg.out or (cfg.run / "eval" if cfg.run else Path("eval"))
     prompts = [(pid, render(tok, msgs)) for pid, msgs in load_prompts(cfg.bench, cfg.num_prompts)]
 

@@ -1,67 +1,11 @@
-"""Acceptance statistics, paired bootstrap intervals, and the choice of a serving configuration
-from measured runs. Pure functions on numbers."""
+"""Paired bootstrap intervals and the choice of a serving configuration from measured runs. Pure
+functions on numbers. Acceptance itself (tau, alpha_k by depth) is `speculate/acceptance.py`."""
 
 from __future__ import annotations
 
 import math
 import random
 from collections.abc import Sequence
-
-TAU_NOTE = "tau = tokens emitted per target verification pass (accepted draft tokens + the bonus token)"
-CHAIN_ALPHA = (
-    "chain: alpha_k = P(draft token k accepted | draft tokens 1..k-1 accepted), over chain rounds; "
-    "unconditional = P(first k draft tokens all accepted)"
-)
-TREE_ALPHA = (
-    "tree: alpha_k = P(the accepted path reaches depth k | it reached depth k-1), over tree rounds (any "
-    "branch at each depth); unconditional = P(accepted path length >= k). Not comparable to chain alpha_k: "
-    "a tree offers several candidates per depth"
-)
-ESTIMATE_NOTE = (
-    "ESTIMATE, not a measurement: tau(d) for d < D from truncating the depth-D chain rounds' accept lengths "
-    "at d. A real depth-d run restarts its rounds at other positions, so it differs (see sweep.tau_error)"
-)
-
-
-def acceptance_by_depth(accept_lens: list[int], depth: int, mode: str = "chain") -> dict:
-    """Per-depth acceptance with counts, and tau over the rounds (bonus token included).
-
-    For a chain, also `tau_by_depth_estimate[d] = 1 + sum_{k<=d} P(first k accepted)`: what the same
-    rounds would give if cut at depth d. Only index D is measured; the rest is an estimate."""
-    rounds = len(accept_lens)
-    rows = []
-    running = 1.0
-    taus = [1.0]
-    for k in range(1, depth + 1):
-        attempts = sum(1 for a in accept_lens if a >= k - 1)
-        accepted = sum(1 for a in accept_lens if a >= k)
-        uncond = accepted / rounds if rounds else 0.0
-        running += uncond
-        taus.append(running)
-        rows.append(
-            {
-                "depth": k,
-                "attempts": attempts,
-                "accepted": accepted,
-                "alpha": accepted / attempts if attempts else None,
-                "unconditional": uncond,
-            }
-        )
-    out = {
-        "rounds": rounds,
-        "tau": (sum(accept_lens) + rounds) / rounds if rounds else 1.0,
-        "alpha_definition": CHAIN_ALPHA if mode == "chain" else TREE_ALPHA,
-        "per_depth": rows,
-        "accept_len_histogram": [sum(1 for a in accept_lens if a == n) for n in range(depth + 1)],
-    }
-    if mode == "chain":
-        out["tau_by_depth_estimate"] = taus  # index d; d = D is the run's own (measured) tau
-        out["tau_by_depth_note"] = ESTIMATE_NOTE
-    return out
-
-
-def tau_of(accept_lens: Sequence[int]) -> float:
-    return (sum(accept_lens) + len(accept_lens)) / len(accept_lens) if accept_lens else 1.0
 
 
 # ---------------------------------------------------------------- paired bootstrap

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from ..console import log, print_table
 from ..manifest import atomic_write
-from .metrics import TAU_NOTE
+from ..speculate.acceptance import TAU_NOTE
 
 
 def _f(v, digits: int = 3) -> str:

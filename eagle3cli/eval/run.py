@@ -20,15 +20,15 @@ from ..folders import claim_output, refuse_replacing
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
 from ..prompts import load_conversations, render
+from ..speculate.acceptance import TAU_NOTE
 from .config import EvalConfig
 from .decoder import SpeculativeDecoder, plain_decode
 from .lanes import decode_lanes, split_turns
-from .metrics import TAU_NOTE
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
 if TYPE_CHECKING:
-    from ..model.draft import Eagle3Draft
     from ..model.heads import HeadSpec
+    from ..speculate.draft import Eagle3Draft
 
 
 EVAL_FILES = ("report.json", "acceptance.png")
@@ -191,13 +191,14 @@ def _run_eval(cfg: EvalConfig) -> Path:
         from .endpoint import run_endpoint_eval
 
         return run_endpoint_eval(cfg, cfg.endpoint)
-    from ..model.target import eos_token_ids, load_target, target_identity
+    from ..model.target import open_target
+    from ..speculate.target import eos_token_ids
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     assert head is not None  # validate(): --head or --run when there is no --endpoint
-    target, tok, tpath = load_target(_target_ref(cfg, head), device=cfg.device, dtype=cfg.dtype)
-    ident = target_identity(tpath, tok, target.config)
+    opened = open_target(_target_ref(cfg, head), load=True, device=cfg.device, dtype=cfg.dtype)
+    target, tok, ident = opened.model, opened.tokenizer, opened.identity
     heads = _load_heads(cfg, head, target, ident)
     kernels = _cpu_kernels(cfg, target, [d for _, d, _ in heads])
     eos = eos_token_ids(target, tok)

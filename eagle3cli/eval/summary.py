@@ -3,10 +3,11 @@ paired bootstrap intervals over prompts, losslessness, the head comparison, the 
 
 from __future__ import annotations
 
+from ..speculate.acceptance import acceptance_by_depth
 from .config import EvalConfig
 from .decoder import DecodeResult
 from .lanes import Decoded
-from .metrics import acceptance_by_depth, bootstrap_ratio, choose_config
+from .metrics import bootstrap_ratio, choose_config
 
 INTERVAL = "90% paired bootstrap over prompts"
 

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import torch
 
 from ..console import log, progress
+from ..speculate.acceptance import ESTIMATE_NOTE, acceptance_by_depth, tau_of
 from .decoder import SpeculativeDecoder, plain_decode
-from .metrics import ESTIMATE_NOTE, acceptance_by_depth, bootstrap_ratio, choose_config, tau_of
+from .metrics import bootstrap_ratio, choose_config
 
 
 @dataclass(frozen=True)

@@ -80,6 +80,8 @@ class TargetKV(Cache):
                 "evaluate this target against a running engine: eagle3 eval --endpoint URL",
             )
         self.max_len = int(max_len)
+        # Where the running forward writes: set by `run` alone, for the length of its forward
+        # (transformers' Cache.update carries no write position).
         self.start = 0
         self.slot_layers = [_SlotLayer(self) for _ in types]
         super().__init__(layers=[*self.slot_layers])
@@ -119,6 +121,16 @@ class TargetKV(Cache):
                 m = torch.zeros(m.shape, dtype=dt, device=m.device).masked_fill_(~m, torch.finfo(dt).min)
             out[name] = m[None, None]
         return out[None] if None in out else out
+
+    def run(self, model, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:
+        """The model's last hidden states [n, H] for ids [1, n] written at slots [start, start+n), with
+        `masks(start, n, positions, visible)`; rope positions default to the slots."""
+        n = ids.shape[1]
+        mask = self.masks(start, n, positions, visible)
+        pos = self.positions[start : start + n] if positions is None else positions
+        self.start = start
+        out = model.model(input_ids=ids, cache=self, use_cache=True, position_ids=pos[None], attention_mask=mask)
+        return out.last_hidden_state[0]
 
     def keep_path(self, start: int, rows: list[int]) -> None:
         """After a tree verification written at slots [start, ...): move the inputs at offsets

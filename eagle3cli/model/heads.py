@@ -31,10 +31,11 @@ import torch
 
 from ..errors import UsageError
 from ..manifest import for_run, read_json_object
+from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
 from .config_check import config_problems
 
 if TYPE_CHECKING:
-    from .draft import Eagle3Draft
+    from ..speculate.draft import Eagle3Draft
 
 HEAD_WEIGHTS = "model.safetensors"
 HEAD_ARCH = "LlamaForCausalLMEagle3"
@@ -62,11 +63,6 @@ HEAD_TENSOR_NAMES = (
 OPTIONAL_TENSOR_NAMES = ("embed_tokens.weight",)
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
-
-
-def default_engine_aux_ids(num_layers: int) -> list[int]:
-    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
-    return [2, num_layers // 2, num_layers - 3]
 
 
 # ---------------------------------------------------------------- safetensors header
@@ -112,11 +108,10 @@ class AuxReading:
 
 
 def _int_list(value, where: str) -> list[int] | None:
-    if value is None or value == []:
-        return None
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
-        raise UsageError(f"{where} is {value!r}, not a list of integers", "a list of layer indices", NEXT)
-    return value
+    try:
+        return int_list(value)
+    except ValueError:
+        raise UsageError(f"{where} is {value!r}, not a list of integers", "a list of layer indices", NEXT) from None
 
 
 def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
@@ -140,7 +135,7 @@ def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
             AuxReading(
                 "eagle_config.eagle_aux_hidden_state_layer_ids",
                 tuple(sg),
-                order(k + 1 for k in sg),
+                order(from_sglang_ids(sg)),
                 "SGLang: output of layer k, +1",
             )
         )
@@ -183,7 +178,7 @@ def resolve_aux_ids(
                 "a target (--target) whose layer count gives the default [2, L//2, L-3]",
                 "pass --target MODEL_DIR",
             )
-        ids = tuple(default_engine_aux_ids(num_target_layers))
+        ids = tuple(default_aux_layer_ids(num_target_layers))
         source = f"engine default [2, L//2, L-3] for L={num_target_layers}"
         notices.append(
             f"{where} names no aux layers: assuming what SGLang and vLLM capture then, "
@@ -429,7 +424,7 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     """The `Eagle3Draft` of a read head, in `dtype` (default: the file's), with the target's embeddings."""
     from safetensors import safe_open
 
-    from .draft import Eagle3Draft, copy_target_embeddings
+    from ..speculate.draft import Eagle3Draft
     from .headcheck import refuse_nonfinite
 
     draft = Eagle3Draft(draft_config(spec))
@@ -477,3 +472,65 @@ def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None =
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
     spec = read_head(head_dir, n_layers)
     return load_head_weights(spec, target_model, dtype), spec
+
+
+# ---------------------------------------------------------------- the target's embeddings
+# Here, with the loader, not in the draft: the shape refusal is a UsageError, which the method
+# wing (speculate/) does not know.
+def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
+    """The target's input embeddings into the draft, frozen (the head never stores its own)."""
+    copy_embeddings(draft, target_model.get_input_embeddings().weight)
+
+
+def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
+    """`emb` (vocab_size, hidden_size) into the draft's frozen embedding table; a wrong shape exits 2."""
+    if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
+        raise UsageError(
+            f"the target's embeddings are {tuple(emb.shape)}, the head expects "
+            f"{tuple(draft.embed_tokens.weight.shape)} (vocab_size, hidden_size)",
+            "the target model the head was trained for",
+            "check --target; the head's config.json `eagle3.target` names it",
+        )
+    with torch.no_grad():
+        draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
+    draft.embed_tokens.weight.requires_grad_(False)
+
+
+def load_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> Eagle3Draft:
+    """The draft of a head folder of any layout (`read_head`); with `target_model`, its
+    input embeddings are copied in and its layer count gives the engines' default aux layers.
+
+    Refuses a folder whose config or tensor names/shapes do not make a one-layer EAGLE-3 head
+    (a head the engines would load half-random). Without a target the embeddings are left zero:
+    set them before drafting (eval/serve pass the target).
+    """
+    return load_any_head(head_dir, target_model, dtype)[0]
+
+
+@torch.no_grad()
+def init_draft_from_weights(
+    draft: Eagle3Draft,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor | None,
+    norm: torch.Tensor | None,
+    d2t: torch.Tensor,
+    t2d: torch.Tensor | None = None,
+    norm_offset: float = 0.0,
+) -> None:
+    """Start from the target: frozen embeddings, lm_head = the target's rows of the draft vocab,
+    final norm = the target's. fc/midlayer then only have to reproduce something like the target's
+    last hidden state for step 0 to be right, which shortens early training a lot.
+
+    `norm_offset`: Gemma-style norms scale by (1 + w) and store w; the draft's Llama RMSNorm
+    scales by its weight, so it gets w + 1 (`speculate.target.final_norm_offset`)."""
+    copy_embeddings(draft, embed)
+    d2t = d2t.to(torch.long).cpu()
+    if t2d is None:
+        t2d = torch.zeros(draft.config.vocab_size, dtype=torch.bool)
+        t2d[torch.arange(len(d2t)) + d2t] = True
+    draft.set_vocab_maps(d2t, t2d)
+    target_ids = torch.arange(len(d2t)) + d2t
+    if lm_head is not None and lm_head.shape[1] == draft.lm_head.weight.shape[1]:
+        draft.lm_head.weight.copy_(lm_head[target_ids.to(lm_head.device)].to(draft.lm_head.weight))
+    if norm is not None and norm.shape == draft.norm.weight.shape:
+        draft.norm.weight.copy_(norm.to(draft.norm.weight) + norm_offset)

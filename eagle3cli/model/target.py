@@ -1,13 +1,7 @@
-"""Loading the target model and capturing its EAGLE-3 aux features.
-
-eagle3's layer-id convention: an aux id k is an index into transformers'
-`output_hidden_states`, i.e. the *input* of decoder layer k. The default `[2, L//2, L-3]`
-is what SGLang and vLLM capture when a head names no layers. Capture uses forward
-pre-hooks on exactly those layers, so no other layer's states are kept and the lm_head
-(a 128k-wide matmul on real targets) is skipped unless logits are asked for.
-
-Family facts live here too: `target_logits` (lm_head + the family's logit processing, e.g.
-Gemma-2 softcapping), `final_norm_offset` (Gemma's (1 + w) norms).
+"""Opening a target: where its folder is, its tokenizer, the loaded model on a device and dtype, and
+the identity later stages compare (`open_target` and `target_identity`). Every stage opens its
+target through here; what the method does with a loaded target (logits, aux-feature capture,
+family quirks) is `speculate/target.py`.
 """
 
 from __future__ import annotations
@@ -15,21 +9,15 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import UsageError
 from ..manifest import model_fingerprint, tokenizer_fingerprint
-
-
-def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    return (2, num_layers // 2, num_layers - 3)
-
-
-def top_aux_layer_ids(num_layers: int) -> tuple[int]:
-    """The top-only ablation: the input of the last decoder layer."""
-    return (num_layers - 1,)
+from ..speculate.target import text_config
 
 
 def resolve_model_path(name_or_path: str | Path) -> Path:
@@ -144,17 +132,6 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-def eos_token_ids(model, tokenizer=None) -> set[int]:
-    """Every id that ends a turn: the generation config's, the model config's and the tokenizer's
-    (instruct models often list several, e.g. Llama 3's <|eot_id|> and <|end_of_text|>)."""
-    ids: set[int] = set()
-    for src in (getattr(model, "generation_config", None), model.config, tokenizer):
-        eos = getattr(src, "eos_token_id", None) if src is not None else None
-        if eos is not None:
-            ids.update(int(i) for i in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    return ids
-
-
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 
@@ -198,88 +175,6 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
     return model, load_tokenizer(path), path
 
 
-# ---------------------------------------------------------------- family facts
-# Families whose RMSNorm multiplies by (1 + weight): their checkpoints store the weight
-# zero-centred (Gemma initialises it to 0). Copied into a Llama RMSNorm (x * weight) as is, the
-# draft's final norm would zero the logits; `final_norm_offset` says what to add (tests check it
-# against the scale the loaded module applies).
-ZERO_CENTRED_NORM_TYPES = frozenset(
-    "gemma gemma2 gemma3 gemma3_text recurrent_gemma vaultgemma qwen3_next qwen3_5 qwen3_5_text "
-    "qwen3_5_moe qwen3_5_moe_text".split()
-)
-
-
-def _field(config, key: str):
-    """A field of a config object or config.json dict (the text config of multimodal targets)."""
-    if isinstance(config, dict):
-        text = config.get("text_config")
-        return (text if isinstance(text, dict) and text else config).get(key)
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return getattr(text, key, None)
-
-
-def final_norm_offset(config) -> float:
-    """What to add to the target's stored final-norm weight to get its effective scale."""
-    return 1.0 if _field(config, "model_type") in ZERO_CENTRED_NORM_TYPES else 0.0
-
-
-@dataclass(frozen=True)
-class LogitSpec:
-    """How a family turns lm_head outputs z into its logits: `softcap * tanh(scale * z / softcap)`."""
-
-    scale: float = 1.0
-    softcap: float | None = None
-
-    @property
-    def identity(self) -> bool:
-        return self.scale == 1.0 and not self.softcap
-
-
-def logit_spec(config) -> LogitSpec:
-    """Gemma-2's `final_logit_softcapping`, Cohere's `logit_scale`, Granite's `logits_scaling`."""
-    scale = 1.0
-    if str(_field(config, "model_type") or "").startswith("cohere") and _field(config, "logit_scale"):
-        scale *= float(_field(config, "logit_scale"))
-    if _field(config, "logits_scaling"):
-        scale /= float(_field(config, "logits_scaling"))
-    cap = _field(config, "final_logit_softcapping")
-    return LogitSpec(scale, float(cap) if cap else None)
-
-
-def apply_logit_spec(logits: torch.Tensor, spec: LogitSpec | None) -> torch.Tensor:
-    if spec is None or spec.identity:
-        return logits
-    if spec.scale != 1.0:
-        logits = logits * spec.scale
-    if spec.softcap:
-        logits = torch.tanh(logits / spec.softcap) * spec.softcap
-    return logits
-
-
-def target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The target's next-token logits from its final-normed hidden states, exactly as its own
-    forward computes them: lm_head, then the family's processing (softcapping, logit scale).
-    Teachers, sampling at T > 0 and acceptance tests must use this, not `lm_head` alone."""
-    return apply_logit_spec(model.lm_head(hidden), logit_spec(model.config))
-
-
-def num_layers(model) -> int:
-    return model.config.num_hidden_layers
-
-
-def decoder_layers(model):
-    return model.model.layers
-
-
-def validate_aux_layer_ids(ids: tuple[int, ...], n_layers: int) -> list[str]:
-    # Repeats are legal (engines allow them; a 4-layer target's default is [2, 2, 1]).
-    errors = []
-    bad = [i for i in ids if not 0 <= i < n_layers]
-    if bad:
-        errors.append(f"--aux-layers {bad} outside 0..{n_layers - 1} (the target has {n_layers} decoder layers)")
-    return errors
-
-
 @dataclass(frozen=True)
 class TargetIdentity:
     """What later stages compare to refuse inputs made with another target."""
@@ -306,7 +201,7 @@ class TargetIdentity:
 def target_identity(path: Path, tokenizer, config=None) -> TargetIdentity:
     path = Path(path)
     cfg = config.to_dict() if config is not None else json.loads((path / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
+    cfg = text_config(cfg)
     tf = tokenizer_fingerprint(tokenizer)
     return TargetIdentity(
         fingerprint=model_fingerprint(path),
@@ -320,40 +215,29 @@ def target_identity(path: Path, tokenizer, config=None) -> TargetIdentity:
     )
 
 
-class AuxCapture:
-    """Context manager: records the inputs of the chosen decoder layers during a forward."""
+class Target:
+    """A target as a stage opens it: its folder, its tokenizer (with a chat template), the identity
+    manifests record (computed on first use: it hashes the weight files), and the model when it
+    was loaded."""
 
-    def __init__(self, model, aux_layer_ids: tuple[int, ...]):
-        self.model, self.ids = model, tuple(aux_layer_ids)
-        self.states: dict[int, torch.Tensor] = {}
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
+    def __init__(self, path: Path, tokenizer, model: Any = None):
+        self.path, self.tokenizer, self.model = Path(path), tokenizer, model
 
-    def __enter__(self) -> AuxCapture:
-        layers = decoder_layers(self.model)
-        for i in self.ids:
-
-            def hook(_mod, args, kwargs, i=i):
-                self.states[i] = args[0] if args else kwargs["hidden_states"]
-
-            self._handles.append(layers[i].register_forward_pre_hook(hook, with_kwargs=True))
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for h in self._handles:
-            h.remove()
-        self._handles.clear()
-
-    def concat(self) -> torch.Tensor:
-        """[B, T, n_aux*H], in the order of aux_layer_ids (the order fc was trained on)."""
-        return torch.cat([self.states[i] for i in self.ids], dim=-1)
+    @cached_property
+    def identity(self) -> TargetIdentity:
+        # from config.json, as every manifest records it (not the loaded config's defaults)
+        return target_identity(self.path, self.tokenizer)
 
 
-@torch.no_grad()
-def capture_features(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, aux_layer_ids: tuple[int, ...]
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(aux [B,T,n_aux*H], last_hidden [B,T,H]) for a batch; last_hidden is after the final norm,
-    so teacher logits are exactly `target_logits(model, last_hidden)`."""
-    with AuxCapture(model, aux_layer_ids) as cap:
-        out = model.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
-    return cap.concat(), out.last_hidden_state
+def open_target(
+    name_or_path: str | Path, load: bool = False, device: str | None = None, dtype: str | None = None
+) -> Target:
+    """The one way a stage opens its target: the folder (a local one, or a hub id already in the
+    local cache), its tokenizer, its identity, and with `load` the model in eval mode on `device` /
+    `dtype` (`load_target`). Each refusal (no config.json, no chat template, an unknown id) exits 2
+    with the same words in every stage."""
+    if load:
+        model, tok, path = load_target(name_or_path, device, dtype)
+        return Target(path, tok, model)
+    path = resolve_model_path(name_or_path)
+    return Target(path, load_tokenizer(path))

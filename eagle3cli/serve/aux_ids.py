@@ -10,40 +10,32 @@ the two engines, without a word from either.
 from __future__ import annotations
 
 from ..errors import UsageError
-from ..model.heads import aux_readings, default_engine_aux_ids, detect_layout, resolve_aux_ids
+from ..model.heads import aux_readings, detect_layout, resolve_aux_ids
+from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids, from_sglang_ids, int_list
 from .problems import Problem, error, warning
-
-
-def _int_list(value) -> list[int] | None:
-    """A list of ints from config JSON, or None when absent/empty; raises ValueError when malformed."""
-    if not value:
-        return None
-    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
-        raise ValueError(f"{value!r} is not a list of integers")
-    return value
 
 
 def sglang_hidden_ids(head_cfg: dict, num_layers: int) -> tuple[list[int], str]:
     """The hidden_states indices SGLang feeds this head, and where they come from."""
-    ids = _int_list((head_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+    ids = int_list((head_cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
     if ids:
         # SGLang: "for the ith layer, it takes the output of the (i-1)th layer" -> it adds 1.
-        return [int(k) + 1 for k in ids], f"eagle_config.eagle_aux_hidden_state_layer_ids={list(ids)} (+1)"
-    return default_engine_aux_ids(num_layers), "SGLang's default (no eagle_config ids)"
+        return from_sglang_ids(ids), f"eagle_config.eagle_aux_hidden_state_layer_ids={list(ids)} (+1)"
+    return list(default_aux_layer_ids(num_layers)), "SGLang's default (no eagle_config ids)"
 
 
 def vllm_hidden_ids(head_cfg: dict, num_layers: int) -> tuple[list[int], str]:
     """The hidden_states indices vLLM feeds this head (top-level ids, read as hidden_states[k])."""
-    ids = _int_list(head_cfg.get("eagle_aux_hidden_state_layer_ids"))
+    ids = int_list(head_cfg.get("eagle_aux_hidden_state_layer_ids"))
     if ids:
         return [int(k) for k in ids], f"eagle_aux_hidden_state_layer_ids={list(ids)}"
-    return default_engine_aux_ids(num_layers), "vLLM's default (no top-level ids)"
+    return list(default_aux_layer_ids(num_layers)), "vLLM's default (no top-level ids)"
 
 
 def check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: int | None) -> list[Problem]:
     problems: list[Problem] = []
     try:
-        trained = _int_list((head_cfg.get("eagle3") or {}).get("aux_layer_ids"))
+        trained = int_list((head_cfg.get("eagle3") or {}).get("aux_layer_ids"))
         resolved = {
             "sglang": sglang_hidden_ids(head_cfg, target_layers),
             "vllm": vllm_hidden_ids(head_cfg, target_layers),
@@ -84,15 +76,10 @@ def check_aux_ids(head_cfg: dict, target_layers: int, engine: str, n_aux_fc: int
             )
     else:
         trained_ids = [int(k) for k in trained]
-        bad = [k for k in trained_ids if not 1 <= k <= target_layers - 1]
-        if bad:
-            problems.append(
-                error(
-                    f"eagle3.aux_layer_ids {trained_ids} include {bad}, outside 1..{target_layers - 1} for a "
-                    f"{target_layers}-layer target",
-                    "serve the head with the target it was trained on",
-                )
-            )
+        problems += [
+            error(f"eagle3.aux_layer_ids: {p}", "serve the head with the target it was trained on")
+            for p in aux_layer_problems(trained_ids, target_layers)
+        ]
     label = "eagle3.aux_layer_ids" if trained is not None else "its config"
     for eng, (fed, source) in resolved.items():
         if fed == trained_ids:

@@ -76,11 +76,11 @@ def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | No
     messages (the server applies its own template)."""
     if api != "generate":
         return prompts
-    from ..model.target import load_tokenizer, resolve_model_path
+    from ..model.target import open_target
     from ..prompts import render
 
     assert target is not None  # BenchConfig.validate(): --api generate needs --target
-    tok = load_tokenizer(resolve_model_path(target))
+    tok = open_target(target).tokenizer
     return [render(tok, m) for m in prompts]
 
 

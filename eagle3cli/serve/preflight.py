@@ -32,6 +32,7 @@ from ..model.heads import (
     detect_layout,
     read_head,
 )
+from ..speculate.target import text_config
 from .aux_ids import check_aux_ids
 from .head_weights import BIAS_FIX, BIAS_WHY, REEXPORT, check_head_weights
 from .problems import Problem, error, warning
@@ -49,10 +50,6 @@ def read_config(folder: Path, role: str, next_step: str) -> dict:
             next_step = f"--{role} {Path(folder) / role}"
         raise UsageError(f"{path} does not exist", f"a {role} folder with config.json", next_step)
     return read_json_object(path, "the config.json transformers wrote", next_step)
-
-
-def _text_cfg(cfg: dict) -> dict:
-    return cfg.get("text_config") or cfg
 
 
 # ---------------------------------------------------------------- the target vs the engine
@@ -114,7 +111,7 @@ class Target:
 
 def read_target(target_dir: Path) -> Target:
     raw = read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
-    cfg = _text_cfg(raw)
+    cfg = text_config(raw)
     lacking = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if not isinstance(cfg.get(k), int)]
     if lacking:
         raise UsageError(

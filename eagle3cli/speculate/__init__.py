@@ -1,7 +1,12 @@
-"""Speculation math as pure tensor functions (no files, no screen): sampling with the
-probabilities returned, chain and tree verification (greedy and lossless sampling), EAGLE-2
-dynamic tree construction, tree attention masks and position ids, verification masks with
-sliding windows. Shared by eval, serve benchmarks and tests."""
+"""The method wing: EAGLE-3 itself, apart from the stages that call it (docs/architecture.md).
+
+The draft head (`draft`), the TTT teacher and loss (`ttt`), the draft-vocab maps (`vocab`), aux
+layer ids and their one rule (`aux_layers`), tau and alpha_k (`acceptance`), the target's logits and
+feature capture (`target`), and the speculation maths exported here as pure tensor functions:
+sampling with the probabilities returned, chain and tree verification (greedy and lossless
+sampling), EAGLE-2 dynamic tree construction, tree attention masks and position ids,
+verification masks with sliding windows. No files, no screen, no stage: torch, transformers and
+itself. Importing the package loads the maths only; the other modules are imported by name."""
 
 from .chain import verify_chain_greedy, verify_chain_sampling
 from .masks import attention_mask

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..config import flag
+from ..speculate.aux_layers import aux_layer_problems
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
@@ -201,9 +202,11 @@ class TrainConfig:
             e.append(f"--save-every {self.save_every} is not a multiple of --log-every {self.log_every}")
         if self.aux_layers not in ("cache", "default", "top"):
             try:
-                [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
+                ids = [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
             except ValueError:
                 e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
+            else:
+                e += [f"--aux-layers: {p}" for p in aux_layer_problems(ids)]
         if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
             e.append(f"--nproc {self.nproc!r}: expected a positive integer")
         if self.master_port is not None and not (isinstance(self.master_port, int) and 0 < self.master_port < 65536):
@@ -217,46 +220,4 @@ class TrainConfig:
             if ds_only:
                 names = ", ".join("--" + f.replace("_", "-") for f in ds_only)
                 e.append(f"{names} need --deepspeed (zero1|zero2|zero3|CONFIG.json)")
-        return e
-
-
-ExportFormat = Literal["sglang", "vllm", "speculators", "gguf"]
-ExportDtype = Literal["keep", "bf16", "fp16", "fp32"]
-
-
-@dataclass(frozen=True)
-class ExportConfig:
-    head: Path | None = None
-    """An exported head folder (RUN/head), or a head of any layout eval reads (required but for --format gguf
-    --target alone)."""
-    format: ExportFormat = "sglang"
-    """The layout to write: sglang, vllm (both load eagle3's own names), speculators (vLLM's speculators) or
-    gguf (llama.cpp: OUT/head.gguf, and OUT/target.gguf with --target; both read back and checked)."""
-    target: Path | None = None
-    """gguf: the target folder; its tokenizer and layer count go into head.gguf, and it is written as
-    OUT/target.gguf too (default without it: head.gguf only, with the target the head records)."""
-    out: Path | None = flag(None, required=True)
-    """Output folder (a new one; not the head folder)."""
-    overwrite: bool = False
-    """Replace a finished export in --out of another head or with other settings (without it that is
-    refused; the same command again rewrites the same files)."""
-    num_speculative_tokens: int = 7
-    """speculators: the proposal length written in its config."""
-    dtype: ExportDtype = "keep"
-    """Weights as trained (keep), or cast to bf16 / fp16 / fp32 (bf16 halves a head trained in fp32;
-    engines run it in their own dtype anyway). d2t and t2d keep their integer and bool types.
-    gguf: the converter's --outtype (keep = the files' own precision: f32 or bf16)."""
-
-    def validate(self) -> list[str]:
-        e = []
-        if self.head is None and not (self.format == "gguf" and self.target is not None):
-            e.append(
-                "--head is required (e.g. runs/NAME/head); --format gguf --target MODEL_DIR alone converts a target"
-            )
-        if self.target is not None and self.format != "gguf":
-            e.append("--target is for --format gguf (the other layouts record the target the head names)")
-        if self.out is None:
-            e.append("--out is required (a new folder, e.g. runs/NAME/head-speculators)")
-        if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
-            e.append(f"--num-speculative-tokens {self.num_speculative_tokens!r}: expected an integer >= 1")
         return e

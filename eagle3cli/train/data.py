@@ -12,10 +12,10 @@ from pathlib import Path
 
 import torch
 
-from ..cache.vocab import build_mapping, select_draft_tokens, token_counts
 from ..errors import UsageError
 from ..jsonl import read_records
 from ..manifest import folder_fingerprint, read_json
+from ..speculate.vocab import build_mapping, select_draft_tokens, token_counts
 
 
 def plan_epoch(
@@ -103,7 +103,7 @@ class CacheSource:
     online = False
 
     def __init__(self, cache_dir: Path):
-        from ..cache.reader import CacheReader
+        from ..cache import CacheReader
 
         self.reader = CacheReader(cache_dir)
         self.lengths = list(self.reader.lengths)
@@ -175,7 +175,8 @@ class OnlineSource:
         draft_vocab_size: int,
         max_length: int,
     ):
-        from ..cache.masks import TemplateRefusal, mask_data_record
+        from ..cache import mask_data_record
+        from ..model.chat import TemplateRefusal
 
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
         self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))
@@ -207,7 +208,7 @@ class OnlineSource:
 
     @torch.no_grad()
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
-        from ..model.target import capture_features
+        from ..speculate.target import capture_features
 
         rows = [
             {"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}

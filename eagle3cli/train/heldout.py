@@ -12,13 +12,12 @@ greedy chain tau without a single target forward.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
 
+from ..speculate.acceptance import accept_lengths, chain_summary, walk_rounds
 from .data import plan_for
-from .ttt import Teacher, _shift
 
 
 def heldout_indices(n_samples: int, wanted: int) -> list[int]:
@@ -41,60 +40,6 @@ def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None
     return sorted(i for i in range(n_samples) if i not in keep)
 
 
-def accept_lengths(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> torch.Tensor:
-    """[B, T] accepted draft tokens of a round anchored at t (the target has just produced token
-    t+1; draft token k predicts x[t+2+k]): the leading steps whose argmax equals the target's and
-    whose token is still part of the answer (a chain is never accepted past its end)."""
-    ok: torch.Tensor | None = None
-    length = torch.zeros(loss_mask.shape, dtype=torch.long, device=loss_mask.device)
-    for k, h in enumerate(hiddens):
-        m = _shift(loss_mask, 2 + k, False)  # token t+2+k is an assistant token
-        valid = _shift(teacher.valid, 1 + k, False)
-        target = _shift(teacher.argmax, 1 + k, 0)
-        hit = torch.zeros_like(m)
-        sel = m & valid
-        if bool(sel.any()):
-            hit[sel] = logits_fn(h[sel]).argmax(-1) == target[sel]
-        ok = hit if ok is None else ok & hit
-        length += ok.long()
-    return length
-
-
-def walk_rounds(length: torch.Tensor, loss_mask: torch.Tensor, depth: int) -> tuple[torch.Tensor, int]:
-    """([depth] rounds that accepted at least k+1 tokens, rounds) of a greedy chain decoder over
-    each answer: a round anchored at t accepts length[t] tokens, the target adds one, and the next
-    round is anchored at t + length[t] + 1; the answer's first token comes from the prompt's pass.
-    Rounds start where the last one failed, as a decoder's do, which is harder than an average
-    position: scoring every position alike overstates tau."""
-    accepted = torch.zeros(depth, dtype=torch.float64)
-    rounds = 0
-    lens, mask = length.tolist(), loss_mask.tolist()
-    for row_len, row_mask in zip(lens, mask, strict=True):
-        n = len(row_mask)
-        for s in range(1, n):
-            if not row_mask[s] or row_mask[s - 1]:
-                continue  # not the first token of an answer
-            t = s - 1
-            while t + 2 < n and row_mask[t + 2]:
-                got = row_len[t]
-                rounds += 1
-                if got:
-                    accepted[:got] += 1
-                t += got + 1
-    return accepted, rounds
-
-
-def chain_summary(accepted: torch.Tensor, counted: torch.Tensor) -> dict:
-    """tau = 1 + sum_k P(tokens 0..k accepted) (tokens per target pass); alpha_k = P(k accepted |
-    0..k-1 accepted), as `eagle3 eval` reports them."""
-    p = [float(a / c) if c > 0 else 0.0 for a, c in zip(accepted, counted, strict=True)]
-    alpha = [p[0]] + [p[k] / p[k - 1] if p[k - 1] > 0 else 0.0 for k in range(1, len(p))]
-    tau = 1.0 + sum(p)
-    if not math.isfinite(tau):
-        raise ValueError(f"held-out tau is {tau}")
-    return {"tau": round(tau, 4), "alpha_k": [round(a, 4) for a in alpha], "p_accept_k": [round(x, 4) for x in p]}
-
-
 @torch.no_grad()
 def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     """The chain summary of the draft on the held-out samples (every rank computes all of it:
@@ -102,11 +47,10 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     lengths = [tr.source.lengths[i] for i in indices]
     batches = plan_for(tr.cfg, lengths, 0, seed=0)
     draft = tr.model
-    # module calls (not bare .weight): under ZeRO-3 they gather the partitioned norm and lm_head
     inner = getattr(draft, "module", draft)
 
     def logits(h: torch.Tensor) -> torch.Tensor:
-        return inner.lm_head(inner.norm(h))
+        return inner.logits(h, module_calls=True)  # ZeRO-3: module calls gather the partitioned weights
 
     accepted = torch.zeros(depth, dtype=torch.float64)
     rounds = 0

@@ -433,7 +433,7 @@ def gathered_copy(engine, draft, keep: bool):
     Every rank must call this (the gather is a collective). The copy is what gets exported and
     self-checked: it holds exactly the gathered values, and running it starts no collective.
     """
-    from ..model.draft import Eagle3Draft
+    from ..speculate.draft import Eagle3Draft
 
     with gathered_params(engine, draft):
         state = {k: v.detach().float().cpu().clone() for k, v in draft.state_dict().items()} if keep else None

@@ -21,23 +21,17 @@ from ..config import config_dict
 from ..devices import check_device
 from ..errors import StageError
 from ..extras import require
+from ..head_files import save_head, self_check
 from ..lock import stage_lock
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
-from ..model.export import save_head, self_check
 from ..model.headcheck import nonfinite_tensors
+from ..speculate.acceptance import conditional_acceptance, simulated_accept_length, simulated_tau
+from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import plan_for
 from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, setup
-from .ttt import (
-    Teacher,
-    accuracies,
-    conditional_acceptance,
-    simulated_accept_length,
-    teacher_from_hidden,
-    teacher_from_topk,
-)
 
 
 # ---------------------------------------------------------------- state of the loop
@@ -65,21 +59,14 @@ class Interval:
 
 
 def save_checkpoint(tr: Trainer) -> None:
-    is_best = tr.last_metrics.get("sim_accept_len", -1.0) > tr.best
+    is_best = tr.loop.metrics.get("sim_accept_len", -1.0) > tr.loop.best
     if is_best:
-        tr.best = tr.last_metrics["sim_accept_len"]
-    tag = ckpt.ckpt_name(tr.step)
+        tr.loop.best = tr.loop.metrics["sim_accept_len"]
+    tag = ckpt.ckpt_name(tr.loop.step)
     state = {
-        "step": tr.step,
-        "epoch": tr.epoch,
-        "batch_pos": tr.batch_pos,
-        "best": tr.best,
-        "tokens_seen": tr.tokens_seen,
-        "train_seconds": tr.train_seconds,
-        "train_cpu_seconds": tr.clock.cpu_seconds,
+        **tr.loop.checkpoint(),  # step, epoch, batch_pos, best, tokens_seen, train_(cpu_)seconds, metrics
         "rng": ckpt.rng_state(),
         "config": config_key(tr.cfg),
-        "metrics": tr.last_metrics,
         "input_fingerprint": tr.source.fingerprint,  # the cache (or data) these weights were trained on
     }
     if tr.deepspeed:
@@ -92,7 +79,7 @@ def save_checkpoint(tr: Trainer) -> None:
             scheduler=tr.scheduler.state_dict(),
         )
     if tr.rank == 0:
-        ckpt.save(tr.train_dir, tr.step, state, is_best, tr.cfg.keep_checkpoints)
+        ckpt.save(tr.train_dir, tr.loop.step, state, is_best, tr.cfg.keep_checkpoints)
 
 
 # ---------------------------------------------------------------- the loop
@@ -126,7 +113,7 @@ def stop_if_nonfinite(tr: Trainer, value: torch.Tensor, what: str, indices: list
         dist.all_reduce(bad)
     if not bad.item():
         return
-    where = f"optimizer step {tr.step + 1} (epoch {tr.epoch}, batch {tr.batch_pos} of the epoch's plan"
+    where = f"optimizer step {tr.loop.step + 1} (epoch {tr.loop.epoch}, batch {tr.loop.batch_pos} of the epoch's plan"
     if indices is not None and mine:
         describe = getattr(tr.source, "describe", None)
         where += f"; {describe(indices) if describe else f'samples {indices[:16]}'}"
@@ -194,7 +181,7 @@ def optimizer_step(tr: Trainer, interval: Interval) -> None:
         tr.optimizer.step()
         tr.scheduler.step()
         tr.optimizer.zero_grad(set_to_none=True)
-    tr.step += 1
+    tr.loop.step += 1
     interval.steps += 1
 
 
@@ -246,27 +233,28 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
     loss, micro, tokens, gnorm = extra.tolist()
     acc = accuracies(sums[0], sums[1])
     elapsed = max(1e-9, time.time() - iv.started)
-    tr.tokens_seen += int(tokens)
+    tr.loop.tokens_seen += int(tokens)
     m = {
-        "step": tr.step,
-        "epoch": tr.epoch,
+        "step": tr.loop.step,
+        "epoch": tr.loop.epoch,
         "lr": tr.scheduler.get_last_lr()[0],
         "loss": loss / micro,
         "loss_k": [round(float(x) / micro, 6) for x in step_loss],
         "acc_k": [round(a, 5) for a in acc],
         "alpha_k": [round(a, 5) for a in conditional_acceptance(sums[2], sums[3])],
         "sim_accept_len": round(simulated_accept_length(acc), 4),
+        "sim_tau": round(simulated_tau(acc), 4),  # the same estimate as a tau: the bonus token included
         "grad_norm": gnorm / max(1, iv.steps),
         "tokens": int(tokens),
         "tok_per_s": round(tokens / elapsed, 1),
-        "tokens_seen": tr.tokens_seen,
-        "train_seconds": round(tr.train_seconds, 2),
-        "train_cpu_seconds": round(tr.clock.cpu_seconds, 2),
+        "tokens_seen": tr.loop.tokens_seen,
+        "train_seconds": round(tr.loop.train_seconds, 2),
+        "train_cpu_seconds": round(tr.loop.train_cpu_seconds, 2),
     }
     if heldout:
         point = measure_heldout(tr)
         m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in point.items()})
-    tr.last_metrics = m
+    tr.loop.metrics = m
     if tr.rank == 0:
         try:
             ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
@@ -274,14 +262,14 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
             raise OSError(e.errno, e.strerror, str(tr.train_dir / "metrics.jsonl")) from e
         if tr.tb is not None:
             for key in ("loss", "sim_accept_len", "lr", "grad_norm", "tok_per_s"):
-                tr.tb.add_scalar(f"train/{key}", m[key], tr.step)
+                tr.tb.add_scalar(f"train/{key}", m[key], tr.loop.step)
             for k, (lk, ak) in enumerate(zip(m["loss_k"], m["acc_k"], strict=True)):
-                tr.tb.add_scalar(f"loss_k/{k}", lk, tr.step)
-                tr.tb.add_scalar(f"acc_k/{k}", ak, tr.step)
+                tr.tb.add_scalar(f"loss_k/{k}", lk, tr.loop.step)
+                tr.tb.add_scalar(f"acc_k/{k}", ak, tr.loop.step)
             tr.tb.flush()
         last = f" acc{len(acc) - 1} {acc[-1]:.3f}" if len(acc) > 1 else ""  # (--ttt-steps 1: one step)
         console.log(
-            f"step {tr.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.epoch} loss {m['loss']:.4f} "
+            f"step {tr.loop.step}{'' if tr.cfg.time_budget_s else f'/{tr.total_steps}'} ep {tr.loop.epoch} loss {m['loss']:.4f} "
             # tau as eval and the held-out pass define it (tokens per target pass: accepted + the
             # bonus token), estimated from this batch's teacher-forced acc_k over the K TTT steps
             f"acc0 {acc[0]:.3f}{last} train-tau@{len(acc)} {1 + m['sim_accept_len']:.3f} "
@@ -291,7 +279,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
             a = " ".join(f"{x:.2f}" for x in m["heldout_alpha_k"])
             console.log(
                 f"  held-out ({m['heldout_samples']} conversations): tau {m['heldout_tau']:.3f} at depth "
-                f"{m['heldout_depth']} (alpha_k {a}) after {tr.tokens_seen:,} tokens, {tr.train_seconds:,.0f} s"
+                f"{m['heldout_depth']} (alpha_k {a}) after {tr.loop.tokens_seen:,} tokens, {tr.loop.train_seconds:,.0f} s"
             )
             plot_curve(
                 tr.train_dir / "learning_curve.png",
@@ -304,9 +292,9 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
 def next_step_batches(tr: Trainer, plan: list[list[int]]) -> list[list[int]] | None:
     """This rank's micro-batches for the next optimizer step, or None at the end of the epoch."""
     per_step = tr.world * tr.cfg.grad_accum
-    if tr.batch_pos + per_step > len(plan):
+    if tr.loop.batch_pos + per_step > len(plan):
         return None  # the epoch's last few batches do not fill a step on every rank: dropped
-    group = plan[tr.batch_pos : tr.batch_pos + per_step]
+    group = plan[tr.loop.batch_pos : tr.loop.batch_pos + per_step]
     return group[tr.rank * tr.cfg.grad_accum : (tr.rank + 1) * tr.cfg.grad_accum]
 
 
@@ -315,58 +303,56 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
-    plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.unused)
+    plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
-    with console.progress("train", total=total, unit="step", completed=tr.step) as bar:
-        while tr.step < tr.total_steps and not tr.out_of_time():
+    with console.progress("train", total=total, unit="step", completed=tr.loop.step) as bar:
+        while tr.loop.step < tr.total_steps and not tr.out_of_time():
             mine = next_step_batches(tr, plan)
             if mine is None:
-                if tr.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
+                if tr.loop.epoch + 1 >= cfg.epochs and cfg.max_steps is None and cfg.time_budget_s is None:
                     break
-                tr.epoch, tr.batch_pos = tr.epoch + 1, 0
-                plan = plan_for(cfg, tr.source.lengths, tr.epoch, exclude=tr.unused)
+                tr.loop.epoch, tr.loop.batch_pos = tr.loop.epoch + 1, 0
+                plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)
                 continue
             before, started, cpu = iv.tokens, time.time(), time.process_time()
             compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's
             for indices in mine:
                 micro_step(tr, indices, iv)
-            tr.batch_pos += tr.world * cfg.grad_accum
+            tr.loop.batch_pos += tr.world * cfg.grad_accum
             optimizer_step(tr, iv)
             if not compiling:
-                tr.clock.seconds += time.time() - started
-                tr.clock.cpu_seconds += time.process_time() - cpu
+                tr.loop.train_seconds += time.time() - started
+                tr.loop.train_cpu_seconds += time.process_time() - cpu
             bar.advance(1, tokens=iv.tokens - before)
-            last = tr.step == tr.total_steps or tr.out_of_time()
-            measure = bool(tr.heldout) and (tr.step % cfg.heldout_every == 0 or last)
-            if tr.step % cfg.log_every == 0 or last or measure:
+            last = tr.loop.step == tr.total_steps or tr.out_of_time()
+            measure = bool(tr.heldout) and (tr.loop.step % cfg.heldout_every == 0 or last)
+            if tr.loop.step % cfg.log_every == 0 or last or measure:
                 log_interval(tr, iv, heldout=measure)
                 iv = Interval()
-            if tr.step % cfg.save_every == 0:
+            if tr.loop.step % cfg.save_every == 0:
                 save_checkpoint(tr)
     if iv.steps:
         log_interval(tr, iv, heldout=bool(tr.heldout))
     if tr.out_of_time():
-        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.step} steps"
-    elif tr.step >= tr.total_steps:
+        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.loop.step} steps"
+    elif tr.loop.step >= tr.total_steps:
         tr.stopped = f"reached {tr.total_steps} optimizer steps"
     else:
         tr.stopped = f"finished {cfg.epochs} epoch(s)"
-    if tr.step % cfg.save_every:
+    if tr.loop.step % cfg.save_every:
         save_checkpoint(tr)
 
 
 def finish(tr: Trainer) -> Path:
     """Export the head (rank 0), check it reloads to the same logits, write the train manifest."""
     summary = {
-        "steps": tr.step,
-        "epochs": tr.epoch + 1,
-        "tokens_seen": tr.tokens_seen,
+        "steps": tr.loop.step,
+        "epochs": tr.loop.epoch + 1,
+        "tokens_seen": tr.loop.tokens_seen,
         "stopped": tr.stopped,
         "ttt_steps": tr.cfg.ttt_steps,
-        "final_metrics": tr.last_metrics,
+        "final_metrics": tr.loop.metrics,
     }
-    from contextlib import nullcontext
-
     draft = tr.draft
     if tr.deepspeed:
         from .launch import gathered_copy
@@ -374,49 +360,46 @@ def finish(tr: Trainer) -> Path:
         # Every rank takes part in the gather; rank 0 then exports and self-checks a plain copy that
         # DeepSpeed does not manage (a ZeRO-3 module's forward would start collectives on rank 0 alone).
         draft = gathered_copy(tr.model, tr.draft, keep=tr.rank == 0)
-    ctx = nullcontext()
-    with ctx:
-        if tr.rank == 0:
-            export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
-            bad = nonfinite_tensors(export.state_dict())
-            if bad:
-                raise StageError(
-                    f"the trained head has non-finite values in {', '.join(bad[:6])}: not exported",
-                    "finite weights",
-                    f"start over with a lower --lr: eagle3 train --run {tr.run_dir} --no-resume",
-                )
-            save_head(export, tr.head_dir, tr.identity, {"training": summary})
-            diff = self_check(export, tr.head_dir)
-            if not diff <= 1e-4:  # written so that a NaN difference fails too
-                raise StageError(
-                    f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
-                )
-            source = (
-                {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
-                if not tr.cfg.online
-                else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+    if tr.rank == 0:
+        export = draft.float() if draft.fc.weight.dtype != torch.float32 else draft
+        bad = nonfinite_tensors(export.state_dict())
+        if bad:
+            raise StageError(
+                f"the trained head has non-finite values in {', '.join(bad[:6])}: not exported",
+                "finite weights",
+                f"start over with a lower --lr: eagle3 train --run {tr.run_dir} --no-resume",
             )
-            cache_manifest = Path(source.get("cache", "")) / "manifest.json"
-            unused = set(tr.unused)
-            write_manifest(
-                tr.train_dir,
-                "train",
-                config=config_dict(tr.cfg),
-                target=tr.identity,
-                aux_layer_ids=list(draft.config.aux_layer_ids),
-                draft_vocab_size=draft.config.draft_vocab_size,
-                input=source
-                | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
-                head=str(tr.head_dir),
-                input_fingerprint=tr.source.fingerprint,
-                export_self_check_max_abs_diff=diff,
-                world_size=tr.world,
-                trained_samples=len(tr.source.lengths) - len(tr.unused),
-                trained_sample_tokens=sum(n for i, n in enumerate(tr.source.lengths) if i not in unused),
-                **summary,
+        save_head(export, tr.head_dir, tr.identity, {"training": summary})
+        diff = self_check(export, tr.head_dir)
+        if not diff <= 1e-4:  # written so that a NaN difference fails too
+            raise StageError(
+                f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
             )
-            atomic_write_json(tr.train_dir / "summary.json", summary)
-            console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
+        source = (
+            {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
+            if not tr.cfg.online
+            else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+        )
+        cache_manifest = Path(source.get("cache", "")) / "manifest.json"
+        unused = set(tr.unused)
+        write_manifest(
+            tr.train_dir,
+            "train",
+            config=config_dict(tr.cfg),
+            target=tr.identity,
+            aux_layer_ids=list(draft.config.aux_layer_ids),
+            draft_vocab_size=draft.config.draft_vocab_size,
+            input=source | ({"cache_manifest_sha256": sha256_file(cache_manifest)} if cache_manifest.is_file() else {}),
+            head=str(tr.head_dir),
+            input_fingerprint=tr.source.fingerprint,
+            export_self_check_max_abs_diff=diff,
+            world_size=tr.world,
+            trained_samples=len(tr.source.lengths) - len(unused),
+            trained_sample_tokens=sum(n for i, n in enumerate(tr.source.lengths) if i not in unused),
+            **summary,
+        )
+        atomic_write_json(tr.train_dir / "summary.json", summary)
+        console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
     return tr.head_dir
 
 
@@ -440,7 +423,7 @@ def _run_train(cfg: TrainConfig) -> Path:
         return launch(cfg)
     tr = setup(cfg)
     if finished(tr):
-        console.log(f"{tr.train_dir} already finished at step {tr.step}; the head in {tr.head_dir} is intact")
+        console.log(f"{tr.train_dir} already finished at step {tr.loop.step}; the head in {tr.head_dir} is intact")
         _leave_process_group()
         return tr.head_dir
     fit(tr)
@@ -462,11 +445,11 @@ def _leave_process_group() -> None:
 def finished(tr: Trainer) -> bool:
     """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
     lists (so it is not rewritten, and its final metrics stay as they were)."""
-    if (tr.step < tr.total_steps and not tr.out_of_time()) or not (tr.train_dir / "manifest.json").is_file():
+    if (tr.loop.step < tr.total_steps and not tr.out_of_time()) or not (tr.train_dir / "manifest.json").is_file():
         return False
     try:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
         return False
     shards = h.get("shards") or []
-    return bool(shards) and m.get("steps") == tr.step and not verify_shards(tr.head_dir, shards)
+    return bool(shards) and m.get("steps") == tr.loop.step and not verify_shards(tr.head_dir, shards)

@@ -23,27 +23,17 @@ from .. import console
 from ..config import config_dict
 from ..errors import UsageError
 from ..manifest import check_matches, read_json
-from ..model.draft import Eagle3Draft, draft_config_from_target
-from ..model.export import init_draft_from_weights
-from ..model.target import (
-    LogitSpec,
-    default_aux_layer_ids,
-    final_norm_offset,
-    load_tokenizer,
-    logit_spec,
-    pick_device,
-    pick_dtype,
-    resolve_model_path,
-    target_identity,
-    top_aux_layer_ids,
-    validate_aux_layer_ids,
-)
+from ..model.heads import init_draft_from_weights
+from ..model.target import open_target, pick_device, pick_dtype
+from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
+from ..speculate.draft import Eagle3Draft, draft_config_from_target
+from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
+from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
 from .heldout import heldout_indices, unused_indices
 from .optim import apply_init, build_optimizer
-from .ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
 
@@ -54,8 +44,7 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     only these three tensors of the target, not its decoder layers."""
     from safetensors import safe_open
 
-    cfg = read_json(path / "config.json")
-    cfg = cfg.get("text_config", cfg)
+    cfg = text_config(read_json(path / "config.json"))
     index = path / "model.safetensors.index.json"
     files = read_json(index)["weight_map"] if index.exists() else None
     wanted = {"embed": "model.embed_tokens.weight", "lm_head": "lm_head.weight", "norm": "model.norm.weight"}
@@ -75,21 +64,27 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     return cfg, out
 
 
-def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
-    if choice == "cache":
-        if cache_ids is None:
-            return default_aux_layer_ids(n_layers)
-        return tuple(cache_ids)
+def choose_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
+    """The aux layers `--aux-layers` names (cache, default, top or ids), checked by the one rule
+    (`speculate.aux_layers.aux_layer_problems`) and against what the cache holds."""
     ids: tuple[int, ...]
+    if choice == "cache":
+        ids = default_aux_layer_ids(n_layers) if cache_ids is None else tuple(cache_ids)
+        errors = aux_layer_problems(ids, n_layers)
+        if errors:
+            raise UsageError(
+                f"the cache's aux layers: {errors[0]}", EXPECTED, "eagle3 cache --run runs/NAME --aux-layers 2,L//2,L-3"
+            )
+        return ids
     if choice == "default":
         ids = default_aux_layer_ids(n_layers)
     elif choice == "top":
         ids = top_aux_layer_ids(n_layers)
     else:
         ids = tuple(int(x) for x in choice.replace(",", " ").split())
-    errors = validate_aux_layer_ids(ids, n_layers)
+    errors = aux_layer_problems(ids, n_layers)
     if errors:
-        raise UsageError(errors[0], f"ids in 1..{n_layers - 1}")
+        raise UsageError(f"--aux-layers: {errors[0]}", f"ids in 1..{n_layers - 1}")
     if cache_ids is not None and tuple(cache_ids) != tuple(ids):
         raise UsageError(
             f"--aux-layers {choice} means layers {list(ids)}, but the cache holds features of layers {list(cache_ids)}",
@@ -101,7 +96,44 @@ def resolve_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | Non
 
 # ---------------------------------------------------------------- the trainer
 @dataclass
+class LoopState:
+    """Where training is: all a checkpoint records of the loop besides tensors, rng and settings,
+    saved as `asdict` under these very names (the checkpoint's keys) and restored in place (the
+    time-budget schedule reads the clock from this object)."""
+
+    step: int = 0
+    epoch: int = 0
+    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
+    best: float = -1.0  # the best interval's sim_accept_len so far (the `best` checkpoint)
+    tokens_seen: int = 0
+    train_seconds: float = 0.0  # wall time over every session
+    train_cpu_seconds: float = 0.0  # this process's core-seconds: what a busy shared machine does not inflate
+    metrics: dict = field(default_factory=dict)  # the last metrics line (a finished run re-exported keeps it)
+
+    def checkpoint(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def restore(self, state: dict) -> None:
+        """From a checkpoint's state; older checkpoints lack the clock (0) and the metrics ({})."""
+        for f in dataclasses.fields(self):
+            if f.name in state:
+                setattr(self, f.name, state[f.name])
+        self.train_seconds, self.train_cpu_seconds = float(self.train_seconds), float(self.train_cpu_seconds)
+        self.metrics = dict(self.metrics or {})
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Training time so far, wall and CPU, as read from a `LoopState`."""
+
+    seconds: float
+    cpu_seconds: float
+
+
+@dataclass
 class Trainer:
+    """The objects training is built from (`setup`), and the loop's state (`loop`, checkpointed)."""
+
     cfg: TrainConfig
     run_dir: Path
     train_dir: Path
@@ -119,42 +151,31 @@ class Trainer:
     rank: int = 0
     world: int = 1
     deepspeed: bool = False
-    step: int = 0
-    epoch: int = 0
-    batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
-    best: float = -1.0
-    last_metrics: dict = field(default_factory=dict)
-    tokens_seen: int = 0
-    stopped: str = ""
+    loop: LoopState = field(default_factory=LoopState)
+    stopped: str = ""  # why the loop ended (said in the log and the summary)
     tb: Any = None  # TensorBoard SummaryWriter on rank 0 with --tensorboard
     loss_fn: Callable[..., TTTOutput] = draft_ttt_loss  # its unroll torch.compile'd with --compile
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
     heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
     unused: list[int] = field(default_factory=list)  # not trained on: held out, and beyond --train-samples
-    clock: Clock = field(default_factory=lambda: Clock())  # training wall time over every session
 
     @property
-    def train_seconds(self) -> float:
-        return self.clock.seconds
+    def step(self) -> int:
+        return self.loop.step
+
+    @property
+    def clock(self) -> Clock:
+        return Clock(self.loop.train_seconds, self.loop.train_cpu_seconds)
 
     def out_of_time(self) -> bool:
-        return self.cfg.time_budget_s is not None and self.clock.cpu_seconds >= self.cfg.time_budget_s
+        return self.cfg.time_budget_s is not None and self.loop.train_cpu_seconds >= self.cfg.time_budget_s
 
 
-class Clock:
-    """Training time so far, wall and CPU (this process's core-seconds: what a busy shared machine
-    does not inflate), shared by the loop (which advances it) and a time-budget schedule."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self.cpu_seconds = 0.0
-
-
-def _time_cosine(budget: float, warmup_ratio: float, floor: float, clock: Clock):
+def _time_cosine(budget: float, warmup_ratio: float, floor: float, loop: LoopState):
     """`_cosine` over the fraction of a time budget spent rather than over steps."""
 
     def f(_step: int) -> float:
-        p = min(1.0, clock.cpu_seconds / budget)
+        p = min(1.0, loop.train_cpu_seconds / budget)
         if p < warmup_ratio:
             return max(p / warmup_ratio, 0.01)
         q = (p - warmup_ratio) / max(1e-9, 1 - warmup_ratio)
@@ -176,16 +197,15 @@ def _cosine(total: int, warmup: int, floor: float):
 def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
     """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
     if cfg.online:
-        from ..model.target import load_target
-
         data_dir = cfg.data or run_dir / "data"
         gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
-        target_model, tok, tpath = load_target(tpath, device=str(device))
-        tcfg = target_model.config.to_dict()
-        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
+        target = open_target(tpath, load=True, device=str(device))
+        target_model, tok, tpath = target.model, target.tokenizer, target.path
+        tcfg = text_config(target_model.config.to_dict())
+        aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
             data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
         )
@@ -212,11 +232,11 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
                 "the target model folder the cache was built with",
                 "pass --target PATH",
             )
-        tpath = resolve_model_path(tpath)
-        tok = load_tokenizer(tpath)
+        target = open_target(tpath)
+        tpath, tok = target.path, target.tokenizer
         tcfg, weights = load_target_weights(tpath)
-        aux_ids = resolve_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
-    identity = target_identity(tpath, tok).as_dict()
+        aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], source.aux_layer_ids)
+    identity = target.identity.as_dict()
     if source.target:
         check_matches(
             "the cache",
@@ -279,10 +299,10 @@ def setup(cfg: TrainConfig) -> Trainer:
             f"{n_batches} batches per epoch, fewer than {per_step} (ranks x --grad-accum)",
             "more data, a smaller --token-budget or --grad-accum",
         )
-    clock = Clock()
+    loop = LoopState()
     if cfg.time_budget_s is not None:  # the budget ends the run; --max-steps (if given) caps it
         total = cfg.max_steps or 10**9
-        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, clock)
+        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, loop)
     else:
         total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
         schedule = _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
@@ -312,11 +332,11 @@ def setup(cfg: TrainConfig) -> Trainer:
         rank,
         world,
         use_ds,
+        loop,
     )
     tr.logit_spec = logit_spec(tcfg)
     tr.heldout = heldout
     tr.unused = unused
-    tr.clock = clock
     if cfg.compile:
         tr.loss_fn = compiled_loss(device)
     resume(tr)
@@ -329,7 +349,7 @@ def setup(cfg: TrainConfig) -> Trainer:
                 "pip install tensorboard",
                 "or drop --tensorboard (metrics.jsonl has the same numbers)",
             ) from e
-        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.step + 1 if tr.step else None)
+        tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.loop.step + 1 if tr.loop.step else None)
     return tr
 
 
@@ -435,11 +455,8 @@ def resume(tr: Trainer) -> None:
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.scheduler.load_state_dict(state["scheduler"])
     ckpt.set_rng_state(state["rng"])
-    tr.step, tr.epoch, tr.batch_pos = state["step"], state["epoch"], state["batch_pos"]
-    tr.best, tr.tokens_seen = state["best"], state["tokens_seen"]
-    tr.clock.seconds = float(state.get("train_seconds", 0.0))
-    tr.clock.cpu_seconds = float(state.get("train_cpu_seconds", 0.0))
-    tr.last_metrics = dict(state.get("metrics") or {})  # a finished run re-exported keeps its numbers
+    tr.loop.restore(state)
     if tr.rank == 0:
-        ckpt.truncate_metrics(metrics, tr.step)
-    console.log(f"resumed from {path.name}: step {tr.step}, epoch {tr.epoch}, batch {tr.batch_pos}")
+        ckpt.truncate_metrics(metrics, tr.loop.step)
+    s = tr.loop
+    console.log(f"resumed from {path.name}: step {s.step}, epoch {s.epoch}, batch {s.batch_pos}")

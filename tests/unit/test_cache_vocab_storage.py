@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from eagle3cli.cache import storage as S
-from eagle3cli.cache import vocab as V
 from eagle3cli.cache.config import STORAGES
+from eagle3cli.speculate import vocab as V
 
 
 def test_d2t_t2d_round_trip():

@@ -16,8 +16,9 @@ from eagle3cli.model.cpu_kernels import (
     onednn_linear_available,
     pack_linears,
 )
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.target import default_aux_layer_ids, load_target
+from eagle3cli.model.target import load_target
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")
 

@@ -17,8 +17,8 @@ from transformers import LlamaConfig
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.eval.target_kv import TargetKV
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.target import default_aux_layer_ids
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 WINDOW, VOCAB, HIDDEN = 6, 96, 32
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)

@@ -16,9 +16,11 @@ from draft_stubs import OracleDraft
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.target import default_aux_layer_ids, eos_token_ids, load_target
+from eagle3cli.model.target import load_target
 from eagle3cli.speculate import tree_attention_mask, tree_position_ids
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target import eos_token_ids
 
 PROMPTS = [
     "What is 12 times 7?",

@@ -15,10 +15,12 @@ from safetensors.torch import load_file, save_file
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import export_head, save_head
+from eagle3cli.export.run import export_head
+from eagle3cli.head_files import save_head
 from eagle3cli.model.heads import read_head
-from eagle3cli.model.target import default_aux_layer_ids, load_target, target_identity
+from eagle3cli.model.target import load_target, target_identity
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +101,8 @@ def test_reader_resolves_every_layout_to_the_same_layers(layouts, ref_head):
 @torch.no_grad()
 def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_dir, ref_head, layouts, tmp_path):
     from eagle3cli.model.heads import load_any_head
-    from eagle3cli.model.target import AuxCapture
     from eagle3cli.prompts import load_prompts, render
+    from eagle3cli.speculate.target import AuxCapture
 
     target, tok, _ = load_target(trained_target_dir)
     ids = torch.tensor([render(tok, load_prompts("gsm8k", 1)[0][1])])

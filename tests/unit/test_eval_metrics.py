@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from eagle3cli.eval.losslessness import two_sample_chi_square
-from eagle3cli.eval.metrics import acceptance_by_depth, bootstrap_ratio, choose_config
+from eagle3cli.eval.metrics import bootstrap_ratio, choose_config
 from eagle3cli.eval.sweep import candidates, parse_tree_points
+from eagle3cli.speculate.acceptance import acceptance_by_depth
 
 
 def test_acceptance_by_depth_counts_and_tau():

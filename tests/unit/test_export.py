@@ -13,14 +13,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import (
-    HEAD_TENSOR_NAMES,
-    export_head,
-    load_head,
-    save_head,
-    self_check,
-)
+from eagle3cli.export.run import export_head
+from eagle3cli.head_files import HEAD_TENSOR_NAMES, save_head, self_check
+from eagle3cli.model.heads import load_head
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 EXPECTED_NAMES = {
     "fc.weight",

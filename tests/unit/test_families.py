@@ -12,16 +12,13 @@ import torch
 from family_fixtures import FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
 
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head, save_head
-from eagle3cli.model.target import (
-    default_aux_layer_ids,
-    final_norm_offset,
-    logit_spec,
-    target_logits,
-)
+from eagle3cli.head_files import HEAD_TENSOR_NAMES, save_head
+from eagle3cli.model.heads import load_head
 from eagle3cli.serve.preflight import check_head
-from eagle3cli.train.ttt import teacher_from_hidden
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target import final_norm_offset, logit_spec, target_logits
+from eagle3cli.speculate.ttt import teacher_from_hidden
 
 
 @pytest.fixture(scope="module", params=list(FAMILIES))
@@ -196,7 +193,7 @@ def test_preflight_refuses_targets_the_engine_cannot_serve(family, tmp_path):
 
 def test_speculators_export_refuses_a_target_vllm_cannot_serve(tmp_path):
     from eagle3cli.errors import UsageError
-    from eagle3cli.model.export import export_head
+    from eagle3cli.export.run import export_head
 
     for name in ("gemma2", "llama3.1"):
         path = build_family_target(name, tmp_path / name)

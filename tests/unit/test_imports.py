@@ -112,3 +112,144 @@ def test_recipes_hold_data_and_short_scripts_only():
         if (n := len(p.read_text(encoding="utf-8").split("\n"))) > 100
     }
     assert not long, long
+
+
+# ---------------------------------------------------------------- the shape of the house
+# The stages: each a package with cli.py, config.py and run_<stage>(config).
+STAGES = ("data", "cache", "train", "export", "eval", "serve")
+# The method wing (docs/architecture.md): pure, it knows no stage, file, folder or screen.
+WING = "eagle3cli.speculate"
+SHELL_MODULES_A_WING_MAY_NOT_USE = ("eagle3cli.manifest", "eagle3cli.console", "eagle3cli.errors", "eagle3cli.folders")
+# Its one import outside itself: the oneDNN-packed linears the draft's fused decode projections
+# use (torch only; docs/architecture.md, "where the structure bends").
+WING_MAY_IMPORT = {"eagle3cli.model.cpu_kernels"}
+# Shared modules that read a stage's internals (docs/architecture.md, "where the structure bends").
+SHELL_INTO_STAGE = {
+    ("eagle3cli.doctor", "eagle3cli.serve.machine"),
+    ("eagle3cli.prompts", "eagle3cli.data.formats"),
+}
+
+
+def _stage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def _top_level_imports(path: Path) -> set[str]:
+    """Top-level packages a file imports at run time (`import x.y`, `from x.y import z`; absolute ones,
+    not those under `if TYPE_CHECKING:`, which annotations alone read)."""
+    out = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+    typing_only = {
+        id(n)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and isinstance(block.test, ast.Name) and block.test.id == "TYPE_CHECKING"
+        for stmt in block.body
+        for n in ast.walk(stmt)
+    }
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            out.add(node.module.split(".")[0])
+    return out
+
+
+def test_the_method_wing_imports_only_torch_transformers_and_itself():
+    import sys
+
+    graph = import_graph(REPO, ("eagle3cli",))
+    wing = {m: ts for m, ts in graph.items() if m == WING or m.startswith(WING + ".")}
+    assert "eagle3cli.speculate.draft" in wing and "eagle3cli.speculate.acceptance" in wing
+    outside = {
+        m: sorted(t for t in ts if not t.startswith(WING) and t not in WING_MAY_IMPORT) for m, ts in wing.items()
+    }
+    assert {m: ts for m, ts in outside.items() if ts} == {}, "the wing reaches into the shell"
+    for m, ts in wing.items():
+        assert not any(_stage(t) or t in SHELL_MODULES_A_WING_MAY_NOT_USE for t in ts), m
+    allowed = set(sys.stdlib_module_names) | {"torch", "transformers", "__future__"}
+    for path in sorted((REPO / "eagle3cli" / "speculate").rglob("*.py")):
+        assert _top_level_imports(path) <= allowed, (path.name, sorted(_top_level_imports(path) - allowed))
+
+
+WRITE_CALLS = {
+    "atomic_write",
+    "atomic_write_json",
+    "atomic_write_tensors",
+    "write_manifest",
+    "write_text",
+    "write_bytes",
+    "save_file",
+    "save_pretrained",
+    "save",
+    "savefig",
+    "mkdir",
+    "unlink",
+    "rmtree",
+    "rename",
+    "replace",
+    "claim_output",
+}
+
+
+def file_writes(path: Path) -> list[str]:
+    """Calls in a file that write files: open(...) with a w/a/x/+ mode and the writers above."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+        if name == "open":
+            mode = (
+                node.args[1] if len(node.args) > 1 else next((k.value for k in node.keywords if k.arg == "mode"), None)
+            )
+            if isinstance(mode, ast.Constant) and isinstance(mode.value, str) and set(mode.value) & set("wax+"):
+                found.append(f"{path.name}:{node.lineno} open(..., {mode.value!r})")
+        elif name in WRITE_CALLS and not (
+            name == "replace" and isinstance(f, ast.Attribute) and node.args and isinstance(node.args[0], ast.Constant)
+        ):  # str.replace("a", "b")
+            found.append(f"{path.name}:{node.lineno} {name}()")
+    return found
+
+
+def test_the_checker_finds_file_writes(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text(
+        "open(p, 'wb')\nopen(p)\nopen(p, mode='a')\natomic_write_json(p, d)\nx.save_pretrained(d)\n"
+        "s.replace('a', 'b')\np.replace(q)\n"
+    )
+    assert [w.split(" ", 1)[1] for w in file_writes(f)] == [
+        "open(..., 'wb')",
+        "open(..., 'a')",
+        "atomic_write_json()",
+        "save_pretrained()",
+        "replace()",
+    ]
+
+
+def test_model_and_the_wing_write_no_files():
+    """model/ and speculate/ read (configs, safetensors headers, tokenizers) but never write: run
+    folders, heads and manifests are written by the stages (and head_files.py, which train and
+    export share)."""
+    files = sorted((REPO / "eagle3cli" / "model").rglob("*.py")) + sorted(
+        (REPO / "eagle3cli" / "speculate").rglob("*.py")
+    )
+    assert [w for p in files for w in file_writes(p)] == []
+
+
+def test_no_stage_imports_another_stages_internals():
+    """A stage may use another stage's package (its public face, e.g. `from ..cache import
+    CacheReader`), never a module inside it; shared modules import no stage but the known bends."""
+    graph = import_graph(REPO, ("eagle3cli",))
+    bad = []
+    for m, ts in sorted(graph.items()):
+        for t in sorted(ts):
+            own, other = _stage(m), _stage(t)
+            if other is None or other == own or t == f"eagle3cli.{other}":
+                continue
+            if own is not None or (m not in ("eagle3cli.cli",) and (m, t) not in SHELL_INTO_STAGE):
+                bad.append(f"{m} -> {t}")
+    assert bad == []

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.model.target import capture_features, default_aux_layer_ids
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target import capture_features
 
 
 def _target(layers=8):

@@ -10,11 +10,12 @@ import torch
 from train_fixtures import make_run, metrics
 
 from eagle3cli.config import build_config
+from eagle3cli.speculate.acceptance import accept_lengths, chain_summary, walk_rounds
+from eagle3cli.speculate.ttt import Teacher
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.data import plan_epoch
-from eagle3cli.train.heldout import accept_lengths, chain_summary, heldout_indices, walk_rounds
+from eagle3cli.train.heldout import heldout_indices
 from eagle3cli.train.loop import finish, fit, setup
-from eagle3cli.train.ttt import Teacher
 
 
 def _teacher(argmax: torch.Tensor, valid: torch.Tensor) -> Teacher:

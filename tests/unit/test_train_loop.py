@@ -18,7 +18,8 @@ from train_fixtures import REPO, eagle3, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
-from eagle3cli.model.export import HEAD_TENSOR_NAMES, load_head
+from eagle3cli.head_files import HEAD_TENSOR_NAMES
+from eagle3cli.model.heads import load_head
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import finish, fit, setup
 

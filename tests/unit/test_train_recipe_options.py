@@ -11,10 +11,10 @@ import torch
 from train_fixtures import make_run, metrics
 
 from eagle3cli.config import build_config
+from eagle3cli.speculate.ttt import soft_cross_entropy, total_variation
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import fit, setup, with_noise
 from eagle3cli.train.optim import OptimizerPair
-from eagle3cli.train.ttt import soft_cross_entropy, total_variation
 
 SMALL = dict(token_budget=640, max_length=160, ttt_steps=2, heldout_samples=0, log_every=1)
 

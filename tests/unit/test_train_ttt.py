@@ -9,17 +9,16 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig
 
-from eagle3cli.cache.vocab import target_to_draft_index
-from eagle3cli.model.draft import Eagle3Draft, draft_config_from_target
-from eagle3cli.train.ttt import (
+from eagle3cli.speculate.acceptance import conditional_acceptance, simulated_accept_length
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.ttt import (
     compiled_ttt_loss,
-    conditional_acceptance,
     draft_ttt_loss,
-    simulated_accept_length,
     soft_cross_entropy,
     teacher_from_hidden,
     teacher_from_topk,
 )
+from eagle3cli.speculate.vocab import target_to_draft_index
 
 V, H, VD, T, B, K = 96, 32, 40, 11, 2, 4
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..cache.vocab import target_to_draft_index
-from ..model.target import LogitSpec, apply_logit_spec
+from .target import LogitSpec, apply_logit_spec
+from .vocab import target_to_draft_index
 
 
 @dataclass
@@ -258,24 +258,3 @@ def compiled_ttt_loss(backend: str = "inductor"):
 # ---------------------------------------------------------------- summaries
 def accuracies(correct, count) -> list[float]:
     return [float(c) / float(n) if float(n) > 0 else 0.0 for c, n in zip(correct, count, strict=True)]
-
-
-def conditional_acceptance(chain_correct, chain_count) -> list[float]:
-    """alpha_k: P(correct at k | correct at 0..k-1), estimated on anchors counted at all steps 0..k."""
-    out, prev = [], None
-    for c, n in zip(chain_correct, chain_count, strict=True):
-        c, n = float(c), float(n)
-        rate = c / n if n > 0 else 0.0
-        out.append(rate if prev is None else (rate / prev if prev > 0 else 0.0))
-        prev = rate
-    return out
-
-
-def simulated_accept_length(step_acc: list[float]) -> float:
-    """a1 + a1*a2 + ... : expected accepted draft tokens per round if step k is right w.p. a_k
-    (independently); tau = this + 1 for the target's bonus token."""
-    total, run = 0.0, 1.0
-    for a in step_acc:
-        run *= a
-        total += run
-    return total

@@ -8,9 +8,12 @@ are assigned in ascending target-id order (what SpecForge does), which keeps d2t
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
 import torch
+
+if TYPE_CHECKING:  # the type of a cache's token arrays; the maps themselves are torch
+    import numpy as np
 
 
 def token_counts(

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UsageError
+from .errors import UsageError
 
 STAMP = "eagle3-gguf.json"  # what was converted, from which file, and the check that passed
 CHECK_PROMPTS = (
@@ -76,7 +76,7 @@ def _greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
 
 
 def _write_folder(model, tok, out: Path, dtype: torch.dtype, source: dict) -> None:
-    from ..manifest import atomic_write_tensors
+    from .manifest import atomic_write_tensors
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)

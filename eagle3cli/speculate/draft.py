@@ -18,6 +18,12 @@ Two ways to run it:
     (committed and chain entries sit at the slot equal to their position, so a rejected draft
     needs no crop: the next write overwrites it), with an explicit visibility mask for tree
     levels. Tests prove `ttt_unroll` equals chained `forward` calls.
+
+Why two formulations of one layer: decoding is per-call-overhead bound (fused projections, one
+fused norm, writes into a preallocated buffer, no autograd), while training needs autograd through
+module calls (ZeRO-3 gathers partitioned weights only inside a module's forward) and all K steps
+over a whole sequence at once. Each is the fast one for its job; the equality test keeps them one
+layer.
 """
 
 from __future__ import annotations
@@ -36,8 +42,8 @@ from transformers.models.llama.modeling_llama import (
     apply_rotary_pos_emb,
 )
 
-from ..errors import UsageError
-from .cpu_kernels import is_packed, packed_or_plain
+from ..model.cpu_kernels import is_packed, packed_or_plain
+from .target import text_config
 
 
 def draft_config_from_target(
@@ -50,9 +56,7 @@ def draft_config_from_target(
     `aux_layer_ids` use eagle3's convention: index into `output_hidden_states`
     (= the input of decoder layer k). Engine-specific ids are written by `export`.
     """
-    t = target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config)
-    if isinstance(t.get("text_config"), dict) and t["text_config"]:
-        t = t["text_config"]
+    t = text_config(target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config))
     keep = (
         "hidden_size intermediate_size num_attention_heads num_key_value_heads head_dim rms_norm_eps "
         "rope_theta rope_scaling rope_parameters max_position_embeddings bos_token_id eos_token_id pad_token_id"
@@ -232,11 +236,14 @@ class Eagle3Draft(nn.Module):
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
         return draft_ids + self.d2t[draft_ids]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocab logits from the pre-norm hidden state the layer returns."""
-        if torch.is_grad_enabled():
-            # Training calls this outside any forward: module calls let ZeRO-3 gather the
-            # partitioned norm and lm_head weights (a bare `.weight` is an empty shard there).
+    def logits(self, hidden: torch.Tensor, module_calls: bool | None = None) -> torch.Tensor:
+        """Draft-vocab logits from the pre-norm hidden state the layer returns.
+
+        `module_calls` (default: whether autograd is on, i.e. training): through the norm and lm_head
+        modules, which lets ZeRO-3 gather their partitioned weights (a bare `.weight` is an empty
+        shard there); else the fused norm of decoding. Training's held-out walk runs without
+        autograd under ZeRO-3, so it asks for module calls explicitly."""
+        if torch.is_grad_enabled() if module_calls is None else module_calls:
             return self.lm_head(self.norm(hidden))
         return self.lm_head(_rms(hidden, self.norm))
 
@@ -366,24 +373,3 @@ class Eagle3Draft(nn.Module):
                 out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v0)
             hidden = layer.finish(hidden, out)
             yield hidden
-
-
-# Here, beside the draft, so heads.py (loading) and export.py (initialising) share it without
-# importing each other.
-def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
-    """The target's input embeddings into the draft, frozen (the head never stores its own)."""
-    copy_embeddings(draft, target_model.get_input_embeddings().weight)
-
-
-def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
-    """`emb` (vocab_size, hidden_size) into the draft's frozen embedding table; a wrong shape exits 2."""
-    if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
-        raise UsageError(
-            f"the target's embeddings are {tuple(emb.shape)}, the head expects "
-            f"{tuple(draft.embed_tokens.weight.shape)} (vocab_size, hidden_size)",
-            "the target model the head was trained for",
-            "check --target; the head's config.json `eagle3.target` names it",
-        )
-    with torch.no_grad():
-        draft.embed_tokens.weight.copy_(emb.to(draft.embed_tokens.weight.device, draft.embed_tokens.weight.dtype))
-    draft.embed_tokens.weight.requires_grad_(False)

@@ -1,0 +1,160 @@
+"""The exported head: `runs/NAME/head/` in the layout SGLang's and vLLM's `LlamaForCausalLMEagle3` load.
+
+Files: `config.json` (a Llama config, see `head_config`), `model.safetensors` (the names below,
+no `model.` prefix, no embeddings) and `manifest.json`. Written here, by `train` (`save_head`) and
+`export` (`write_head_files`, in another engine's layout); read, in any layout, by
+`model/heads.py` (`read_head`, `load_head`), which writes nothing.
+
+Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
+`model_executor/models/llama_eagle3.py`):
+  * SGLang maps a checkpoint name `n` to `n` if it is a parameter, else to `model.n`; unknown names
+    are skipped silently, so a typo here is a head that loads with random weights.
+  * `d2t` becomes SGLang's `hot_token_id = d2t + arange(draft_vocab)`; `t2d` is skipped by SGLang
+    and vLLM, kept for our tools. A missing `d2t` maps draft id i to target id i (acceptance ~0).
+  * `draft_vocab_size` must be present (SGLang fails without it; `null` means the target's lm_head).
+  * `tie_word_embeddings: false`, else the trained `lm_head` is replaced by the embeddings.
+  * Explicit aux layer ids: SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as "output of
+    layer k" (captures the input of layer k+1); vLLM reads a top-level
+    `eagle_aux_hidden_state_layer_ids` as `hidden_states[k]`. Ours are `hidden_states[k]`, so the
+    head writes `k - 1` for SGLang and `k` for vLLM (`speculate/aux_layers.py`).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .errors import UsageError
+from .manifest import (
+    atomic_write_json,
+    atomic_write_tensors,
+    read_json,
+    shard_record,
+    write_manifest,
+)
+from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, load_any_head
+from .speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
+from .speculate.draft import Eagle3Draft
+
+__all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "head_config", "save_head", "write_head_files"]
+# Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
+_OWN_KEYS = ("aux_layer_ids",)
+
+
+def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
+    """The exported tensors: every draft parameter/buffer but the (frozen, target-owned) embeddings."""
+    sd = draft.state_dict()
+    missing = [n for n in HEAD_TENSOR_NAMES if n not in sd]
+    if missing:
+        raise UsageError(f"draft model lacks {missing}", "an eagle3cli.speculate.draft.Eagle3Draft")
+    # Contiguous fp copies: safetensors refuses shared/non-contiguous storage.
+    return {n: sd[n].detach().to("cpu").contiguous().clone() for n in HEAD_TENSOR_NAMES}
+
+
+def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: dict | None = None) -> dict:
+    """config.json for SGLang/vLLM: a 1-layer Llama config plus the EAGLE-3 fields both engines read."""
+    cfg = draft.config.to_dict()
+    aux = [int(i) for i in draft.config.aux_layer_ids]
+    problems = aux_layer_problems(aux)
+    if problems:
+        raise UsageError(problems[0], EXPECTED)
+    for k in _OWN_KEYS + ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
+        cfg.pop(k, None)
+    max_pos = int(cfg.get("max_position_embeddings") or 0)
+    if target_identity and target_identity.get("max_position_embeddings"):
+        max_pos = max(max_pos, int(target_identity["max_position_embeddings"]))
+    rope = cfg.get("rope_parameters") or {}
+    cfg.update(
+        architectures=[HEAD_ARCH],
+        model_type="llama",
+        num_hidden_layers=1,
+        tie_word_embeddings=False,
+        norm_output=False,
+        draft_vocab_size=int(draft.config.draft_vocab_size),
+        vocab_size=int(draft.config.vocab_size),
+        target_hidden_size=int(draft.config.target_hidden_size),
+        max_position_embeddings=max_pos,
+        torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
+        # SGLang adds 1 to these (output of layer k -> input of layer k+1).
+        eagle_config={"eagle_aux_hidden_state_layer_ids": sglang_ids(aux), "use_aux_hidden_state": True},
+        # vLLM reads this first, as hidden_states[k].
+        eagle_aux_hidden_state_layer_ids=vllm_ids(aux),
+        eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
+    )
+    # Engines that predate transformers 5's rope_parameters read these top-level names.
+    if "rope_theta" in rope:
+        cfg.setdefault("rope_theta", rope["rope_theta"])
+    if rope.get("rope_type", "default") != "default":
+        cfg.setdefault("rope_scaling", rope)
+    return cfg
+
+
+def save_head(
+    draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None, extra: dict | None = None
+) -> Path:
+    """Write `out_dir/{config.json, model.safetensors, manifest.json}` (manifest last, atomically)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
+    archs = target_architectures(target_identity)
+    if archs and "target_architectures" not in (extra or {}):
+        # the engine tables (model.engines) decide by the target's class; later exports may lack the target
+        extra = {"target_architectures": archs, **(extra or {})}
+    tensors = head_state_dict(draft)
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
+    atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
+    write_manifest(
+        out_dir,
+        "head",
+        target=target_identity or {},
+        aux_layer_ids=[int(i) for i in draft.config.aux_layer_ids],
+        draft_vocab_size=int(draft.config.draft_vocab_size),
+        shards=[shard_record(out_dir / HEAD_WEIGHTS, tensors=len(tensors))],
+        **(extra or {}),
+    )
+    return out_dir
+
+
+def target_architectures(target_identity: dict | None) -> list[str] | None:
+    """`architectures` of the target's config.json, when the target folder is on this machine."""
+    path = Path((target_identity or {}).get("path") or "") / "config.json"
+    if not (target_identity or {}).get("path") or not path.is_file():
+        return None
+    try:
+        archs = read_json(path).get("architectures")
+    except (json.JSONDecodeError, OSError):
+        return None
+    return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
+
+
+@torch.no_grad()
+def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> float:
+    """Reload the export and compare its logits with the in-memory draft's; returns max |diff|."""
+    reloaded = load_any_head(head_dir)[0]
+    reloaded.embed_tokens.weight.copy_(draft.embed_tokens.weight.to("cpu", reloaded.embed_tokens.weight.dtype))
+    ref = draft
+    device = next(draft.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    cfg = draft.config
+    ids = torch.randint(0, cfg.vocab_size, (1, seq_len), generator=g)
+    aux = torch.randn(1, seq_len, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)
+    was_training = ref.training
+    ref.eval()
+    try:
+        h_ref = list(ref.ttt_unroll(ids.to(device), aux.to(device, ref.fc.weight.dtype), steps=2))[-1]
+        h_new = list(reloaded.ttt_unroll(ids, aux.to(reloaded.fc.weight.dtype), steps=2))[-1]
+        diff = (ref.logits(h_ref).float().cpu() - reloaded.logits(h_new).float()).abs().max().item()
+    finally:
+        ref.train(was_training)
+    return diff
+
+
+# ---------------------------------------------------------------- other layouts
+
+
+def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
+    """`out_dir/{model.safetensors, config.json}`, each atomically; the caller writes the manifest last."""
+    atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
+    atomic_write_json(out_dir / "config.json", cfg)

@@ -1,0 +1,76 @@
+"""Aux layers: which target hidden states an EAGLE-3 head reads, in eagle3's convention and the
+engines'.
+
+eagle3 names an aux layer by its index k in transformers' `output_hidden_states`, i.e. the *input*
+of decoder layer k. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as "output of
+layer k" (it adds 1 and captures hidden_states[k+1]); vLLM reads a top-level
+`eagle_aux_hidden_state_layer_ids` first, as hidden_states[k]. Both capture [2, L//2, L-3] when a
+head names no layers.
+"""
+
+from __future__ import annotations
+
+# What a user is told to pass instead, in every stage that refuses ids.
+EXPECTED = "aux layer ids in 1..L-1 (k = the input of decoder layer k), e.g. the default 2,L//2,L-3"
+
+
+def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
+    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
+    return (2, num_layers // 2, num_layers - 3)
+
+
+def top_aux_layer_ids(num_layers: int) -> tuple[int]:
+    """The top-only ablation: the input of the last decoder layer."""
+    return (num_layers - 1,)
+
+
+def aux_layer_problems(ids, num_layers: int | None = None) -> list[str]:
+    """The one rule for the aux layers a head is trained on: what is wrong with `ids`, [] when a head
+    on them can be served. cache, train, export and serve all ask this, so an id is refused before
+    the features are computed, not after the training.
+
+    k must be 1..L-1: hidden_states[0] (the embedding output) has no SGLang id (SGLang's ids are
+    k - 1, and it captures the output of layer id + 1), and a target has no decoder layer L.
+    Without `num_layers` only the lower bound is checked (a flag is checked before the target is
+    opened). Repeats are legal (engines allow them; a 4-layer target's default is [2, 2, 1])."""
+    ids = [int(k) for k in ids]
+    problems = []
+    low = [k for k in ids if k < 1]
+    if low:
+        problems.append(
+            f"aux layer ids {ids} include {low}: hidden_states[0] is the embedding output, which SGLang "
+            "cannot be told to capture (its ids are k - 1), so a head trained on it could not be served"
+        )
+    high = [k for k in ids if k >= num_layers] if num_layers is not None else []
+    if num_layers is not None and high:
+        problems.append(
+            f"aux layer ids {ids} include {high}, which a {num_layers}-layer target does not have "
+            f"(ids are 1..{num_layers - 1})"
+        )
+    return problems
+
+
+def sglang_ids(ids) -> list[int]:
+    """eagle3 ids written in SGLang's convention (`eagle_config.eagle_aux_hidden_state_layer_ids`):
+    SGLang adds 1 ("output of layer k" is the input of layer k+1)."""
+    return [int(k) - 1 for k in ids]
+
+
+def from_sglang_ids(ids) -> list[int]:
+    """The hidden_states indices SGLang captures for its ids."""
+    return [int(k) + 1 for k in ids]
+
+
+def vllm_ids(ids) -> list[int]:
+    """eagle3 ids in vLLM's convention (top-level `eagle_aux_hidden_state_layer_ids`): the same."""
+    return [int(k) for k in ids]
+
+
+def int_list(value) -> list[int] | None:
+    """A list of layer ids read from a config (JSON), None when absent or empty; ValueError when it is
+    anything but a list of integers."""
+    if value is None or value == []:
+        return None
+    if not isinstance(value, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in value):
+        raise ValueError(f"{value!r} is not a list of integers")
+    return value
