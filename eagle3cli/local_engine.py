@@ -104,13 +104,15 @@ def served_copy(target: Path, into: Path) -> Path:
     return into
 
 
-def vllm_argv(python: str, model: Path, port: int, dtype: str, max_num_seqs: int, served_name: str) -> list[str]:
-    return [
+def vllm_argv(
+    python: str, model: Path, port: int, dtype: str, max_num_seqs: int, served_name: str, extra: tuple[str, ...] = ()
+) -> list[str]:
+    return [*[
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
         "--served-model-name", served_name, "--host", "127.0.0.1", "--port", str(port),
         "--dtype", dtype, "--max-num-seqs", str(max_num_seqs),
-        "--enforce-eager",  # the CPU build's compiled mode costs minutes of warm-up for a corpus run
-    ]  # fmt: skip
+        "--enforce-eager",  # as serve runs the CPU build (its compiled mode is not measured here for a target alone)
+    ], *extra]  # fmt: skip
 
 
 def _die_with_parent() -> None:
@@ -186,6 +188,7 @@ def vllm_for_target(
     log_path: Path,
     python: str | None = None,
     on_wait: Callable[[float], None] | None = None,
+    extra: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, EngineInfo]]:
     """vLLM serving `target` on a free local port: yields (base URL, what it serves)."""
     py = vllm_python(python)
@@ -197,7 +200,7 @@ def vllm_for_target(
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: 64 sequences of 2k tokens of a small model
     with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as tmp:
         model = served_copy(target, Path(tmp))
-        argv = vllm_argv(py, model, port, info.dtype, max_num_seqs, target.name)
+        argv = vllm_argv(py, model, port, info.dtype, max_num_seqs, target.name, extra)
         with running(argv, env, log_path, f"http://127.0.0.1:{port}/health", on_wait=on_wait):
             yield f"http://127.0.0.1:{port}", info
 

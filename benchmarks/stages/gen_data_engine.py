@@ -4,13 +4,14 @@
         --engine vllm --concurrency 1,8,32,64 --out runs/bench/gen-data-engine.json
     .venv/bin/python benchmarks/stages/gen_data_engine.py ... --endpoint http://127.0.0.1:8080   # a running server
 
-At each concurrency C, interleaved on the same server: `eagle3 gen-data --backend openai
+At each concurrency C, interleaved on the same server (started with prefix caching off, so neither
+client of a pair finds the other's prompts cached; with --endpoint, start it so yourself): `eagle3 gen-data --backend openai
 --concurrency C` on the first max(16, 4C) first-turn prompts, then a plain asyncio client that
 sends exactly the same chat requests with C in flight (the engine's capacity for this load).
 Both are greedy with the same max_tokens, so both generate the same tokens (the JSON says how many
 texts agree). gen-data's clock is its own generation time (manifest `throughput`), the client's
 the wall time of its requests. Then the hf backend (embedded transformers, batched) on the same
-prompts as the largest C, unless --no-hf. Prints one JSON object; --out also writes it.
+prompts (the first --hf-prompts), unless --no-hf. Prints one JSON object; --out also writes it.
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def main() -> None:
     ap.add_argument("--endpoint", default=None, help="or use a running OpenAI-compatible server")
     ap.add_argument("--dtype", default="bf16", help="the engine's and the hf backend's dtype")
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--hf-prompts", type=int, default=64, help="prompts for the hf backend (the first of the same set)")
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -128,8 +130,9 @@ def main() -> None:
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     hf = None
     if not a.no_hf:  # the engine is stopped: the hf backend gets the machine to itself
-        n = max(16, 4 * max(levels))
-        pf = tmp / f"prompts-{max(levels)}.jsonl"
+        n = min(a.hf_prompts, n_max)
+        pf = tmp / "prompts-hf.jsonl"
+        pf.write_text("".join(json.dumps(p) + "\n" for p in prompts[:n]))
         h = gen_data(a.target, pf, tmp / "hf", n, a.max_new_tokens, backend="hf", dtype=a.dtype, device="cpu",
                      batch_size=32)  # fmt: skip
         hf = {"prompts": n, "tok_s": round(h["tok_s"], 1), "tokens": h["tokens"]}
