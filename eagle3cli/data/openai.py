@@ -1,7 +1,8 @@
 """The scale-out backend: any OpenAI-compatible `/v1/chat/completions` endpoint (SGLang, vLLM).
 
-Conversations run concurrently (at most `concurrency` requests in flight); within one
-conversation turns are sequential, each sent with the regenerated history. The server
+Conversations run concurrently (at most `concurrency` conversations, so as many requests, in
+flight, started in plan order so shards complete in order); within one conversation turns are
+sequential, each sent with the regenerated history. The server
 applies the target's chat template. Requests rotate over the endpoints.
 
 Failures are of two kinds, and only one of them loses a record:
@@ -70,6 +71,14 @@ class OpenAIBackend:
             await asyncio.gather(*(self._conversation(client, sem, c, on_done) for c in convs))
 
     async def _conversation(self, client: EngineClient, sem, conv: Conversation, on_done: OnDone) -> None:
+        # A conversation holds its slot for all its turns: `concurrency` conversations are in flight,
+        # each with one request out. (A slot per request sent every first turn of the run before any
+        # second one: no conversation finished, so nothing was journaled, until the very end.)
+        async with sem:
+            await self._turns(client, conv)
+        on_done(conv)
+
+    async def _turns(self, client: EngineClient, conv: Conversation) -> None:
         while not conv.done:
             history = conv.history()
             if self.tokenizer is not None:
@@ -77,7 +86,7 @@ class OpenAIBackend:
                     render(self.tokenizer, history, True, conv.tools, conv.template_kwargs)
                 except TemplateRefusal as e:
                     conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
-                    break
+                    return
             s = self.sampling
             body = chat_body(
                 self.model_name,
@@ -90,16 +99,14 @@ class OpenAIBackend:
                 template_kwargs=conv.template_kwargs,
             )
             try:
-                async with sem:
-                    out = await self.failover.post(client, "/v1/chat/completions", body, self._parse)
+                out = await self.failover.post(client, "/v1/chat/completions", body, self._parse)
             except EndpointError as e:
                 if e.transient:
                     conv.leave_pending(f"turn {conv.turn}: {e.detail}")
                 else:
                     conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
-                break
+                return
             conv.add(out)
-        on_done(conv)
 
     @staticmethod
     def _parse(r: Reply) -> TurnOutput:

@@ -367,7 +367,7 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
                     lo, hi = k * cfg.shard_size, min(len(plan), (k + 1) * cfg.shard_size)
                     left.update({p: f"not sent: {down}" for p in range(lo, hi) if p not in journals[k]})
                 continue
-            open_journals = {k: Journal(prog_dir / f"shard-{k:05d}.journal.jsonl") for k in group}
+            open_journals: dict[int, Journal] = {}  # opened at a shard's first finished conversation
             missing = {k: sum(p not in journals[k] for p in shard_range(k, cfg.shard_size, len(plan))) for k in group}
             pending = [
                 conversation(cfg, p, plan[p])
@@ -387,6 +387,8 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
                 else:
                     e["record"] = c.result()
                 journals[k][c.index] = e
+                if k not in open_journals:
+                    open_journals[k] = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
                 open_journals[k].add(e)
                 bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))
                 missing[k] -= 1

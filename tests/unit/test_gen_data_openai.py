@@ -128,13 +128,13 @@ def test_openai_backend_leaves_failed_records_pending_and_the_rerun_completes(
     assert (out / "rejects.jsonl").read_text() == ""
 
 
-def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(
-    server_factory, tiny_target_dir, tmp_path
-):
+def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(server_factory, tiny_target_dir, tmp_path):
     """Every shard's conversations go out in one stream (no drain at each shard's tail); the shards
     written are the same bytes as a one-shard-at-a-time run of the same plan."""
     p = tmp_path / "q.jsonl"
-    p.write_text("".join(json.dumps({"question_id": i, "turns": [f"Tell me about item {i}."]}) + "\n" for i in range(9)))
+    p.write_text(
+        "".join(json.dumps({"question_id": i, "turns": [f"Tell me about item {i}."]}) + "\n" for i in range(9))
+    )
     srv = server_factory()
     out = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "a", [srv.url], shard_size=2, concurrency=4))
     m = json.loads((out / "manifest.json").read_text())
@@ -146,3 +146,14 @@ def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(
     for k in range(5):
         name = f"shard-{k:05d}.jsonl"
         assert (out / name).read_bytes() == (one / name).read_bytes()
+
+
+def test_a_conversation_keeps_its_slot_for_all_its_turns(server_factory, tiny_target_dir, mt_input, tmp_path):
+    """With C conversations in flight, a conversation's second turn goes out before later conversations'
+    first turns (a slot per request would send every first turn of the run before any second one, so
+    no conversation, and no shard, would finish until the end)."""
+    srv = server_factory()
+    run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "d", [srv.url], concurrency=2, shard_size=1))
+    turns = [len(r["body"]["messages"]) for r in srv.requests]  # 1: a first turn, 3: a second turn
+    assert turns.count(1) == 4 and turns.count(3) == 4
+    assert turns.index(3) <= 2  # at most C first turns before the first second turn
