@@ -23,6 +23,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -116,10 +117,12 @@ def vllm_argv(
 
 
 def _die_with_parent() -> None:
-    """In the child, before exec: SIGKILL it when the process that started it dies (Linux)."""
+    """In the child, before exec: SIGTERM it when the process that started it dies (Linux). SIGTERM,
+    not SIGKILL: vLLM's API server then stops its engine-core and worker processes, which a kill
+    would orphan (the death signal reaches our child only, not the processes it starts)."""
     with contextlib.suppress(Exception):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
@@ -148,7 +151,7 @@ def running(
     """Start `argv` in its own process group, logging to `log_path`; yield once `health_url` answers 200.
     `on_wait(seconds)` is called every 15 s while it starts (a progress line)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "ab") as logf:
+    with _sigterm_unwinds(), open(log_path, "ab") as logf:
         try:
             proc = subprocess.Popen(
                 argv, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -171,6 +174,24 @@ def running(
             yield proc
         finally:
             stop(proc)
+
+
+@contextlib.contextmanager
+def _sigterm_unwinds() -> Iterator[None]:
+    """SIGTERM (a scheduler's stop, `kill`) unwinds like Ctrl-C, so the engine's group is stopped in
+    `running`'s finally; Python's default would end the process at once and leave it serving."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def tail(path: Path, lines: int = 15) -> str:

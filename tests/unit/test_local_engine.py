@@ -55,32 +55,53 @@ def test_an_engine_that_exits_at_start_is_an_error_naming_its_exit_code(tmp_path
             pass
 
 
-def test_the_engine_dies_with_us_on_kill_9(tmp_path):
+WORKER_ENGINE = textwrap.dedent(
+    """
+    import http.server, os, signal, subprocess, sys
+    from pathlib import Path
+    # like vLLM: the API server starts a worker process, and stops it when it gets SIGTERM
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(sys.argv[2]).write_text(f"{os.getpid()} {worker.pid}")
+    def on_term(*_):
+        worker.kill(); worker.wait(); os._exit(0)
+    signal.signal(signal.SIGTERM, on_term)
+    class H(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/health" else 404); self.end_headers()
+        def log_message(self, *a): pass
+    http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+    """
+)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_the_engine_and_its_workers_stop_when_we_are_terminated_or_killed(tmp_path, sig):
     port = free_port()
-    pidfile = tmp_path / "pid"
+    pids = tmp_path / "pids"
     parent = textwrap.dedent(
         f"""
         import os, sys, time
         from pathlib import Path
         from eagle3cli.local_engine import running
-        with running([sys.executable, "-c", {FAKE!r}, "{port}"], dict(os.environ), Path({str(tmp_path / "e.log")!r}),
-                     "http://127.0.0.1:{port}/health", timeout_s=60) as p:
-            Path({str(pidfile)!r}).write_text(str(p.pid))
+        argv = [sys.executable, "-c", {WORKER_ENGINE!r}, "{port}", {str(pids)!r}]
+        with running(argv, dict(os.environ), Path({str(tmp_path / "e.log")!r}), "http://127.0.0.1:{port}/health",
+                     timeout_s=60):
+            Path({str(tmp_path / "ready")!r}).write_text("1")
             time.sleep(600)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", parent])
     deadline = time.monotonic() + 60
-    while not pidfile.exists() and time.monotonic() < deadline:
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    engine = int(pidfile.read_text())
-    assert _alive(engine)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    deadline = time.monotonic() + 10
-    while _alive(engine) and time.monotonic() < deadline:
+    engine, worker = (int(x) for x in pids.read_text().split())
+    assert _alive(engine) and _alive(worker)
+    proc.send_signal(sig)
+    proc.wait(30)
+    deadline = time.monotonic() + 20
+    while (_alive(engine) or _alive(worker)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(engine)
+    assert not _alive(engine) and not _alive(worker)
 
 
 def test_the_served_copy_names_an_architecture_and_links_the_weights(tmp_path):
