@@ -34,7 +34,7 @@ from .manifest import (
     shard_record,
     write_manifest,
 )
-from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, load_any_head
+from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
 from .speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from .speculate.draft import Eagle3Draft
 
@@ -158,3 +158,20 @@ def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict)
     """`out_dir/{model.safetensors, config.json}`, each atomically; the caller writes the manifest last."""
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
     atomic_write_json(out_dir / "config.json", cfg)
+
+
+def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
+    """config.json in eagle3's layout for a head read from any layout; its target recorded as a
+    reference that resolves from anywhere (absolute path or hub id)."""
+    from .model.target import resolvable_reference
+
+    target = dict(spec.target)
+    ref = resolvable_reference(spec.target_ref, base=spec.path)
+    if ref:
+        target["path"] = ref
+    target.pop("name_or_path", None)
+    if spec.layout == "eagle3":
+        cfg = read_json(spec.path / "config.json")
+        cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
+        return cfg
+    return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})

@@ -68,7 +68,16 @@ class OpenAIBackend:
             if self.model_name is None:
                 self.model_name = await client.model_name(self.endpoints)
             sem = asyncio.Semaphore(self.concurrency)
-            await asyncio.gather(*(self._conversation(client, sem, c, on_done) for c in convs))
+            tasks = [asyncio.create_task(self._conversation(client, sem, c, on_done)) for c in convs]
+            try:
+                await asyncio.gather(*tasks)
+            except BaseException:
+                # one conversation's error ends the run (out of file descriptors, Ctrl-C): the others stop
+                # here, while the client is open, not after it closed (each would die with a traceback)
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
 
     async def _conversation(self, client: EngineClient, sem, conv: Conversation, on_done: OnDone) -> None:
         # A conversation holds its slot for all its turns: `concurrency` conversations are in flight,

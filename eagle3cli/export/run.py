@@ -16,11 +16,10 @@ import torch
 from ..console import warn
 from ..errors import UsageError
 from ..folders import claim_output, refuse_replacing
-from ..head_files import head_config, head_state_dict, target_architectures, write_head_files
+from ..head_files import head_state_dict, own_layout_config, target_architectures, write_head_files
 from ..manifest import read_json, remove_dead_temps, shard_record, write_manifest
-from ..model.heads import HEAD_WEIGHTS, HeadSpec, load_any_head
+from ..model.heads import HEAD_WEIGHTS, load_any_head
 from ..model.target import repo_relative
-from ..speculate.draft import Eagle3Draft
 from .config import ExportConfig
 
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
@@ -32,7 +31,7 @@ def run_export(cfg: ExportConfig) -> Path:
     its own converter and read back); says when vLLM's support for the target cannot be told."""
     assert cfg.out is not None  # validate() requires it
     if cfg.format == "gguf":  # llama.cpp: converted by its own converter, then read back and checked
-        from ..model.gguf_export import export_gguf
+        from ..gguf_export import export_gguf
 
         return export_gguf(cfg.head, cfg.target, cfg.out, cfg.dtype, overwrite=cfg.overwrite)
     assert cfg.head is not None  # validate() requires it for the other formats
@@ -92,23 +91,6 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     }
 
 
-def _own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
-    """config.json in eagle3's layout for a head read from any layout; its target recorded as a
-    reference that resolves from anywhere (absolute path or hub id)."""
-    from ..model.target import resolvable_reference
-
-    target = dict(spec.target)
-    ref = resolvable_reference(spec.target_ref, base=spec.path)
-    if ref:
-        target["path"] = ref
-    target.pop("name_or_path", None)
-    if spec.layout == "eagle3":
-        cfg = read_json(spec.path / "config.json")
-        cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
-        return cfg
-    return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
-
-
 def speculators_support(head_cfg: dict):
     """vLLM's support for the head's target (speculators heads are vLLM's format)."""
     from ..model.engines import target_support
@@ -158,7 +140,7 @@ def export_head(
     remove_dead_temps(out_dir)  # an export cut by a kill
     for notice in spec.notices:
         warn(notice)
-    cfg = _own_layout_config(draft, spec)
+    cfg = own_layout_config(draft, spec)
     own = cfg.setdefault("eagle3", {})
     if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
         archs = target_architectures(own.get("target"))

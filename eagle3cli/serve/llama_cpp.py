@@ -32,8 +32,8 @@ from rich.markup import escape
 
 from ..console import log, out, warn
 from ..errors import UsageError
+from ..gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
 from ..manifest import file_digest, model_fingerprint
-from ..model.gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
 from .config import ServeConfig
 from .problems import Problem, error, raise_if_errors, warning
 
@@ -242,28 +242,30 @@ def format_argv(argv: list[str]) -> str:
 # ---------------------------------------------------------------- after start: the tokenizer
 def tokenizer_check(base_url: str, target_dir: Path) -> str | None:
     """None when llama-server tokenizes and templates like transformers; else what differs."""
-    import httpx
-
+    from ..engine_api import EngineClient, Unreachable, run_sync
     from ..model.target import load_tokenizer
 
     tok = load_tokenizer(target_dir)
+
+    async def ask(c: EngineClient) -> str | None:
+        for text in SAMPLE_TEXTS:
+            got = (await c.post(base_url, "/tokenize", {"content": text, "add_special": False})).json()["tokens"]
+            want = tok.encode(text, add_special_tokens=False)
+            if got != want:
+                return f"llama-server tokenizes {text!r} as {got[:12]}..., transformers as {want[:12]}..."
+        if getattr(tok, "chat_template", None):
+            msgs = [{"role": "user", "content": SAMPLE_TEXTS[0]}]
+            r = await c.post(base_url, "/apply-template", {"messages": msgs})
+            got_prompt = r.json().get("prompt") if r.status == 200 else None
+            want_prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+            if got_prompt is not None and got_prompt != want_prompt:
+                return f"llama-server's chat template renders {got_prompt!r}; transformers' {want_prompt!r}"
+        return None
+
     try:
-        with httpx.Client(timeout=60.0) as c:
-            for text in SAMPLE_TEXTS:
-                got = c.post(f"{base_url}/tokenize", json={"content": text, "add_special": False}).json()["tokens"]
-                want = tok.encode(text, add_special_tokens=False)
-                if got != want:
-                    return f"llama-server tokenizes {text!r} as {got[:12]}..., transformers as {want[:12]}..."
-            if getattr(tok, "chat_template", None):
-                msgs = [{"role": "user", "content": SAMPLE_TEXTS[0]}]
-                r = c.post(f"{base_url}/apply-template", json={"messages": msgs})
-                got_prompt = r.json().get("prompt") if r.status_code == 200 else None
-                want_prompt = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
-                if got_prompt is not None and got_prompt != want_prompt:
-                    return f"llama-server's chat template renders {got_prompt!r}; transformers' {want_prompt!r}"
-    except (httpx.HTTPError, ValueError, KeyError) as e:
+        return run_sync(ask, timeout_s=60.0)
+    except (Unreachable, ValueError, KeyError, TypeError, AttributeError) as e:
         return f"could not ask llama-server to tokenize ({type(e).__name__}: {e})"
-    return None
 
 
 # ---------------------------------------------------------------- the command

@@ -19,8 +19,8 @@ import psutil
 import pytest
 from head_fixtures import make_head
 
+from eagle3cli.gguf_export import llama_cpp_source
 from eagle3cli.local_engine import free_port, which_llama_server
-from eagle3cli.model.gguf_export import llama_cpp_source
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "models" / "smollm2-135m"

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import UsageError
+from .errors import UsageError
 
 HEAD_GGUF = "head.gguf"
 TARGET_GGUF = "target.gguf"
@@ -460,7 +460,7 @@ def _refuse(path: Path, what: str, problems: list[str], next_step: str) -> None:
 
 
 def _target_config(target_dir: Path) -> dict:
-    from ..manifest import read_json_object
+    from .manifest import read_json_object
 
     return read_json_object(Path(target_dir) / "config.json", "a transformers config.json", "pass --target MODEL_DIR")
 
@@ -468,10 +468,10 @@ def _target_config(target_dir: Path) -> dict:
 def stage_head(draft, spec, folder: Path) -> Path:
     """The head as the converter reads it: eagle3's layout, fp32 names, the aux ids top-level (the
     converter reads `eagle_aux_hidden_state_layer_ids` as llama.cpp's extract layers, hidden_states[k])."""
-    from ..manifest import atomic_write_json, atomic_write_tensors
-    from .export import _own_layout_config, head_state_dict
+    from .head_files import head_state_dict, own_layout_config
+    from .manifest import atomic_write_json, atomic_write_tensors
 
-    cfg = _own_layout_config(draft, spec)
+    cfg = own_layout_config(draft, spec)
     cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in spec.aux_layer_ids]
     cfg["norm_before_residual"] = False
     cfg.pop("norm_before_fc", None)
@@ -535,7 +535,7 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
 
 
 def _load_head_for(head_dir: Path, n_layers: int):
-    from .heads import load_head_weights, read_head
+    from .model.heads import load_head_weights, read_head
 
     spec = read_head(head_dir, n_layers)
     return load_head_weights(spec, None, torch.float32), spec
@@ -543,7 +543,7 @@ def _load_head_for(head_dir: Path, n_layers: int):
 
 def export_target_gguf(target_dir: Path, out_path: Path, dtype: str, log_path: Path, src: Path) -> dict:
     """Write `out_path` (the target as llama-server's -m loads it) and check it."""
-    from ..local_engine import served_copy
+    from .local_engine import served_copy
 
     tcfg = _target_config(target_dir)
     wdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
@@ -583,10 +583,10 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from ..folders import claim_output, refuse_replacing
-    from ..manifest import remove_dead_temps, shard_record, write_manifest
-    from .heads import read_head
-    from .target import load_tokenizer, repo_relative, resolve_model_path, target_identity
+    from .folders import claim_output, refuse_replacing
+    from .manifest import remove_dead_temps, shard_record, write_manifest
+    from .model.heads import read_head
+    from .model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
 
     if head_dir is None and target_dir is None:
         raise UsageError("--format gguf needs --head, --target or both", None, "eagle3 export --help")
