@@ -16,8 +16,13 @@ reasoning to the template the way it reads it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import re
+import signal
+import threading
+from collections.abc import Iterator
 
 from ..errors import UsageError
 
@@ -67,6 +72,8 @@ def reasoning_style(tokenizer) -> str:
                 if _PROBE in _call_template(tokenizer, msgs, False, None, {}):
                     _STYLES[key] = style
                     break
+            except TemplateTooSlow:
+                raise  # the time limit ends the rendering, not just this probe
             except Exception:  # noqa: BLE001 — a template that rejects the probe reads no such field
                 continue
     return _STYLES[key]
@@ -116,11 +123,48 @@ def render(
     sample_id: str = "?",
 ) -> str:
     """The conversation as the target's template renders it; `TemplateRefusal` when it raises."""
-    msgs = template_messages(messages, reasoning_style(tokenizer))
     try:
-        return _call_template(tokenizer, msgs, add_generation_prompt, tools, dict(template_kwargs or {}))
-    except Exception as e:  # noqa: BLE001 — Jinja raise_exception(), or a template error on this data
+        with _time_limit(template_seconds()):  # reasoning_style renders the template too
+            msgs = template_messages(messages, reasoning_style(tokenizer))
+            return _call_template(tokenizer, msgs, add_generation_prompt, tools, dict(template_kwargs or {}))
+    except Exception as e:  # noqa: BLE001 — Jinja raise_exception(), a template error on this data, or too slow
         raise TemplateRefusal(f"{type(e).__name__}: {e}", sample_id) from e
+
+
+TEMPLATE_SECONDS_ENV = "EAGLE3_TEMPLATE_SECONDS"
+
+
+def template_seconds() -> float:
+    """How long one rendering may take (a template is code from the model folder: a loop in it must
+    cost one rejected record, not the run). 10 s; EAGLE3_TEMPLATE_SECONDS changes it."""
+    try:
+        return max(0.01, float(os.environ.get(TEMPLATE_SECONDS_ENV, "10")))
+    except ValueError:
+        return 10.0
+
+
+class TemplateTooSlow(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def _time_limit(seconds: float) -> Iterator[None]:
+    """SIGALRM after `seconds` raises TemplateTooSlow inside the rendering (main thread only: signals
+    reach no other; a rendering from a worker thread runs unbounded)."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def on_alarm(_signum, _frame):
+        raise TemplateTooSlow(f"the chat template ran longer than {seconds:g} s ({TEMPLATE_SECONDS_ENV})")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 _HARMONY = re.compile(
