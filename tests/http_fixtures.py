@@ -11,7 +11,21 @@ import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
-class FixedAnswerServer:
+class ThreadedServer:
+    """A local HTTP server for one handler class, in a background thread: `.url`, `.stop()`."""
+
+    def serve(self, handler: type[BaseHTTPRequestHandler], daemon_threads: bool = False) -> None:
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd.daemon_threads = daemon_threads
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class FixedAnswerServer(ThreadedServer):
     """An OpenAI-compatible endpoint (real HTTP) that answers every chat request with `content`,
     as a misbehaving inference server would."""
 
@@ -38,13 +52,7 @@ class FixedAnswerServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
 
 def gzip_bomb(inflated_gib: int = 4) -> bytes:
@@ -66,7 +74,7 @@ def _answer(
     ).encode()
 
 
-class HostileServer:
+class HostileServer(ThreadedServer):
     """An OpenAI-compatible endpoint that answers by the last user turn's text, as a hostile server
     would: `bomb` (a gzip body inflating to 4 GiB), `deep` (tool-call arguments nested 5000 deep),
     `inf` (usage holding Infinity), `endless` (a chunked body that never ends), `drip` (one byte a
@@ -123,11 +131,4 @@ class HostileServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler, daemon_threads=True)

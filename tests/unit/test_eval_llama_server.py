@@ -5,17 +5,17 @@
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 from cli_helpers import err, wide_console  # noqa: F401 — autouse fixture
+from http_fixtures import ThreadedServer
 
 from eagle3cli.cli import main
 from eagle3cli.eval.llama_server import counters
 
 
-class FakeLlamaServer:
+class FakeLlamaServer(ThreadedServer):
     """Answers every prompt with `tokens`; each request drafts `steps` rounds of K=3, accepting `accepted`."""
 
     def __init__(self, tokens: list[int], steps: int = 0, accepted: int = 0):
@@ -60,13 +60,7 @@ class FakeLlamaServer:
             def log_message(self, *a):
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(Handler)
 
 
 @pytest.fixture
