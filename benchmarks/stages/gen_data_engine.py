@@ -73,6 +73,7 @@ async def plain_client(url: str, model: str, prompts: list[dict], max_tokens: in
 def gen_data(target: str, prompts_file: Path, out: Path, n: int, max_tokens: int, **kw) -> dict:
     from eagle3cli.data.config import GenDataConfig
     from eagle3cli.data.run import run_gen_data
+    from eagle3cli.jsonl import read_records
 
     cfg = GenDataConfig(target=target, inputs=(str(prompts_file),), out=out, num_samples=n, max_new_tokens=max_tokens,
                         temperature=0.0, top_p=1.0, shard_size=max(n, 1), exclude_eval=False, **kw)  # fmt: skip
@@ -80,8 +81,7 @@ def gen_data(target: str, prompts_file: Path, out: Path, n: int, max_tokens: int
     m = json.loads((out / "manifest.json").read_text())
     texts = {}
     for shard in sorted(out.glob("shard-*.jsonl")):
-        for line in shard.read_text().splitlines():
-            r = json.loads(line)
+        for r in read_records(shard):  # JSON lines split at \n only (texts hold U+2028 and friends)
             texts[r["id"].split(":", 1)[-1]] = r["messages"][-1]["content"]
     t = m["throughput"]
     return {"seconds": t["seconds"], "tokens": t["completion_tokens"], "tok_s": t["completion_tok_s"], "texts": texts}
