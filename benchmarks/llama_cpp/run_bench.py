@@ -108,6 +108,8 @@ def main() -> None:
             [*E3, "export", "--head", args.head, "--format", "gguf", "--target", args.target, "--out", gguf], env=ENV
         )
     rows = []
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    load_start = os.getloadavg()
     port_plain = free_port()
     plain_argv = [binary, "-m", gguf / "target.gguf", "--port", port_plain, "--metrics", *SERVER_ARGS]
     with server(plain_argv, port_plain, out / "plain.log") as plain:
@@ -134,6 +136,11 @@ def main() -> None:
             "best_ngram_speedup_vs_plain": max((r["speedup"] for r in ngrams), default=None),
             "identical": all(r["outputs_differ"] == 0 for r in rows),
             "rows": rows,
+        },
+        "measured_at": started,
+        "machine": {
+            "cpu_cores": os.cpu_count(),
+            "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()},
         },
         "settings": {"prompts": args.prompts, "max_tokens": args.max_tokens, "server_args": SERVER_ARGS},
         "commands": RECORDER.commands,

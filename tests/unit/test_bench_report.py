@@ -146,3 +146,23 @@ def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
     assert f"--out {tmp_path / 'eval-mt_bench'} " in cmd  # where the report is now
     assert "--num-prompts 80 " in cmd and "--no-generate-baseline" in cmd and "--sweep" in cmd
     assert "--depth" not in cmd and "--sweep-tree" not in cmd  # defaults are left out
+
+
+def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_path):
+    from benchmarks.smollm2.report import update_llama_cpp
+
+    rows = [{"speculator": "eagle3", "k": 2, "speedup": 1.1, "outputs_differ": 0}]
+    section = {"best_k": 2, "best_speedup_vs_plain": 1.1, "best_ngram_speedup_vs_plain": 1.0, "identical": True}
+    bench = tmp_path / "results.json"
+    bench.write_text(json.dumps({"llama_cpp": section | {"rows": rows}, "measured_at": "2026-12-02T04:00:00Z"}))
+    page = tmp_path / "results-smollm2.json"
+    page.write_text(json.dumps({"rows": [1, 2], "llama_cpp": {"best_k": 9}}))
+    update_llama_cpp(page, bench)
+    data = json.loads(page.read_text())
+    assert data["rows"] == [1, 2]  # what the SmolLM2 run folder wrote is untouched
+    assert data["llama_cpp"]["best_k"] == 2 and data["llama_cpp"]["rows"] == rows
+    assert data["llama_cpp"]["measured_at"] == "2026-12-02T04:00:00Z"
+    bench.write_text(json.dumps({"llama_cpp": {"rows": rows}}))  # not a llama_cpp/run_bench.py result
+    with pytest.raises(SystemExit, match="best_k"):
+        update_llama_cpp(page, bench)
+    assert json.loads(page.read_text())["llama_cpp"]["best_k"] == 2
