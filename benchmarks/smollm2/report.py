@@ -71,14 +71,17 @@ def llama_cpp_json(bench: Path) -> dict | None:
     r = _json(bench)
     if r is None:
         return None
+    from benchmarks.llama_cpp.run_bench import summarise
+
     section = r.get("llama_cpp") or {}
     missing = [k for k in LLAMA_CPP_KEYS if k not in section]
     if missing:
         raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
+    section = summarise(section["rows"])  # best k / n-gram by the bench's current rule, from its rows
     # measured_at / machine: what run_bench.py records; a result written before it did: the file's time
     when = r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bench.stat().st_mtime))
     return {
-        **{k: section[k] for k in LLAMA_CPP_KEYS},
+        **section,
         "measured_at": when,
         "machine": r.get("machine"),
         "settings": r.get("settings"),
