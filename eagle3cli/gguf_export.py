@@ -162,6 +162,9 @@ def run_converter(
 ) -> str | None:
     """Convert `model_dir` (a staged head with `target_dir`, or a target) into `outfile`; returns the
     pre-tokenizer named for the converter (None: its own hash table knew the tokenizer)."""
+    # the converter runs in the temp dir (so it writes nothing beside the caller): absolute paths only
+    model_dir, outfile = Path(model_dir).resolve(), Path(outfile).resolve()
+    target_dir = Path(target_dir).resolve() if target_dir is not None else None
     tok_dir = target_dir or model_dir
     pre = pre_tokenizer_name(tok_dir)
     argv = [sys.executable, "-c", _BOOTSTRAP, str(src), pre or "", str(model_dir)]

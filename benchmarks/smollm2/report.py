@@ -4,6 +4,7 @@ Every figure is read from what the stages wrote (manifests, training metrics, ev
 nothing here measures or assumes. Called by run_bench.py; also runs alone:
 
     .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
+    .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -57,6 +59,45 @@ CHAIN = [  # the long stages, each run (and resumed) on one thread while the oth
     "OMP_NUM_THREADS=1 eagle3 cache --recipe recipes/smollm2-135m/cache.yaml --run runs/smollm2",
     "OMP_NUM_THREADS=1 eagle3 train --recipe recipes/smollm2-135m/train.yaml --run runs/smollm2",
 ]
+
+
+# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/serve.md)
+LLAMA_CPP_RESULTS = REPO / "runs" / "llama-cpp-bench" / "results.json"
+LLAMA_CPP_KEYS = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
+
+
+def llama_cpp_json(bench: Path) -> dict | None:
+    """The page's `llama_cpp` key, read from run_bench.py's results.json (None: no such file)."""
+    r = _json(bench)
+    if r is None:
+        return None
+    from benchmarks.llama_cpp.run_bench import summarise
+
+    section = r.get("llama_cpp") or {}
+    missing = [k for k in LLAMA_CPP_KEYS if k not in section]
+    if missing:
+        raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
+    section = summarise(section["rows"])  # best k / n-gram by the bench's current rule, from its rows
+    # measured_at / machine: what run_bench.py records; a result written before it did: the file's time
+    when = r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bench.stat().st_mtime))
+    return {
+        **section,
+        "measured_at": when,
+        "machine": r.get("machine"),
+        "settings": r.get("settings"),
+        "commands": r.get("commands"),
+    }
+
+
+def update_llama_cpp(json_path: Path, bench: Path) -> dict:
+    """Write only the `llama_cpp` key of the results JSON (the rest is read from the SmolLM2 run folder)."""
+    section = llama_cpp_json(bench)
+    if section is None:
+        raise SystemExit(f"{bench} does not exist: run benchmarks/llama_cpp/run_bench.py first")
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    data["llama_cpp"] = section
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    return section
 
 
 def _json(path: Path) -> dict | None:
@@ -454,6 +495,8 @@ def write_report(
         },
         **issue22_json,
     }
+    if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
+        machine["llama_cpp"] = llama_cpp
     # measurements this report does not make (the recipe rows, learning curves, held-out vs eval of
     # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
     if earlier:
@@ -535,7 +578,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    ap.add_argument(
+        "--llama-cpp",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="write only the `llama_cpp` key of the results JSON, from benchmarks/llama_cpp/run_bench.py's "
+        f"results.json (a full report reads {LLAMA_CPP_RESULTS.relative_to(REPO)} when it exists)",
+    )
     a = ap.parse_args()
+    if a.llama_cpp is not None:
+        json_path = a.results_md.with_suffix(".json")
+        section = update_llama_cpp(json_path, a.llama_cpp)
+        print(f"wrote llama_cpp (best k {section['best_k']}, {len(section['rows'])} rows) into {json_path}")
+        return
     results = _json(a.out / "results.json") or {
         "steps": _json(a.out / "bench-steps.json") or {},
         "machine": {"cpu_cores": __import__("os").cpu_count()},  # a bench stopped before it wrote results.json

@@ -14,7 +14,9 @@ Each prompt is rendered with the target's chat template and sent as token ids to
   around each request is that request's.
 * Sampling as the plain target's: llama-server's default sampler chain also applies top_k 40 and
   min_p 0.05, which are switched off (top_k 0, min_p 0, typical_p 1, no penalties).
-* `--base-endpoint`: the same target served without a draft: tokens/s of both, the speed-up,
+* `--base-endpoint`: the same target served without a draft, each prompt sent to it right after the
+  speculative server (interleaved: the two see the same minutes of a shared machine's load): tokens/s
+  of both, the speed-up,
   greedy outputs compared token for token, and at temperature > 0 the chi-square check of
   speculative vs plain samples (eval's `sampling_comparison`).
 """
@@ -104,17 +106,24 @@ async def _complete(client: EngineClient, url: str, body: dict) -> dict:
     }
 
 
-async def run_prompts(client: EngineClient, url: str, prompts: list, cfg: EvalConfig) -> list[dict]:
-    rows = []
+async def _one(client: EngineClient, url: str, k: int, pid, ids: list[int], cfg: EvalConfig) -> dict:
+    before = await _metrics(client, url)
+    body = completion_body(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed + k)
+    res = await _complete(client, url, body)
+    after = await _metrics(client, url)
+    delta = {key: after[key] - before.get(key, 0.0) for key in after} if after and before is not None else {}
+    res.pop("probs")
+    res.update(prompt=pid, verify_steps=delta.get("num_drafts_total"), metrics=delta)
+    return res
+
+
+async def run_prompts(client: EngineClient, urls: list[str], prompts: list, cfg: EvalConfig) -> list[list[dict]]:
+    """Each prompt on every server in turn (prompt 1 on each, then prompt 2, ...): on a machine whose load
+    moves from minute to minute, the servers' tokens/s are then measured over the same minutes."""
+    rows: list[list[dict]] = [[] for _ in urls]
     for k, (pid, ids) in enumerate(prompts):
-        before = await _metrics(client, url)
-        body = completion_body(ids, cfg.max_new_tokens, cfg.temperature, cfg.top_p, cfg.seed + k)
-        res = await _complete(client, url, body)
-        after = await _metrics(client, url)
-        delta = {key: after[key] - before.get(key, 0.0) for key in after} if after and before is not None else {}
-        res.pop("probs")
-        res.update(prompt=pid, verify_steps=delta.get("num_drafts_total"), metrics=delta)
-        rows.append(res)
+        for i, url in enumerate(urls):
+            rows[i].append(await _one(client, url, k, pid, ids, cfg))
     return rows
 
 
@@ -159,10 +168,19 @@ async def _samples(client: EngineClient, url: str, ids: list[int], cfg: EvalConf
 async def llama_server_report(
     client: EngineClient, endpoint: str, prompts: list, cfg: EvalConfig, sampling: SamplingCheck
 ) -> dict:
-    rows = await run_prompts(client, endpoint, prompts, cfg)
+    if cfg.base_endpoint and not await is_llama_server(client, cfg.base_endpoint):
+        raise UsageError(
+            f"--base-endpoint {cfg.base_endpoint} is not a llama-server (no build_info on /props)",
+            "the same target served by llama-server without -md",
+        )
+    urls = [endpoint, cfg.base_endpoint] if cfg.base_endpoint else [endpoint]
+    rows, *based = await run_prompts(client, urls, prompts, cfg)
     s = summary(rows)
     if not s["draft_n"]:
-        warn(f"{endpoint} drafted nothing (no timings.draft_n): was it started with -md HEAD --spec-type draft-eagle3?")
+        warn(
+            f"{endpoint} drafted nothing (no timings.draft_n): a head needs -md HEAD --spec-type draft-eagle3; "
+            "an n-gram speculator (--spec-type ngram-*) drafts only where the text repeats"
+        )
     if s["verify_steps"] is None and s["draft_n"]:
         warn(f"{endpoint}/metrics is off: tau needs llama-server's --metrics (eagle3 serve --engine llama.cpp sets it)")
     report: dict = {
@@ -189,13 +207,8 @@ async def llama_server_report(
             "",
         ]
     ]
-    if cfg.base_endpoint:
-        if not await is_llama_server(client, cfg.base_endpoint):
-            raise UsageError(
-                f"--base-endpoint {cfg.base_endpoint} is not a llama-server (no build_info on /props)",
-                "the same target served by llama-server without -md",
-            )
-        base = await run_prompts(client, cfg.base_endpoint, prompts, cfg)
+    if based:
+        base = based[0]
         b = summary(base)
         differ = [x["prompt"] for x, y in zip(rows, base) if x["token_ids"] != y["token_ids"]]
         bt = b["tokens_per_s_sequential"]
@@ -210,6 +223,7 @@ async def llama_server_report(
             "differing_prompts": differ,
             "first_difference": [_first_difference(x["token_ids"], y["token_ids"]) for x, y in zip(rows, base)],
             "outputs_compared": "generated token ids, speculative vs plain, same seed per prompt",
+            "order": "interleaved: each prompt on the speculative server, then on the plain one",
         }
         table.append(
             [

@@ -68,7 +68,10 @@ def _serve_and_chat(target: Path, head: Path, cache: Path, steps: int = 3) -> di
             out, _ = proc.communicate()
         for e in engines:
             assert not e.is_running() or e.status() == psutil.STATUS_ZOMBIE, f"llama-server {e.pid} outlived serve"
-        assert "ready" in out.decode(errors="replace"), out.decode(errors="replace")[-3000:]
+        text = out.decode(errors="replace")
+        # `ready at URL` is printed only after llama-server's /tokenize and /apply-template agreed with
+        # transformers (serve.llama_cpp.tokenizer_check); a difference stops the server instead
+        assert "ready at " in text, text[-3000:]
 
 
 def test_tiny_target_with_an_exported_head_drafts_and_stops_clean(tmp_path):
@@ -82,3 +85,48 @@ def test_tiny_target_with_an_exported_head_drafts_and_stops_clean(tmp_path):
 def test_smollm2_head_is_accepted_in_llama_server(tmp_path):
     reply = _serve_and_chat(SMOLLM2, SMOLLM2_HEAD, tmp_path / "gguf")
     assert reply["timings"]["draft_n_accepted"] > 0, reply["timings"]
+
+
+def test_tokenizer_check_passes_for_the_converted_tokenizer_and_catches_another(tmp_path):
+    """serve's post-start check against a real llama-server: the tiny target's GGUF (its pre-tokenizer
+    named by eagle3, not by the converter's hash table) tokenizes and templates like transformers;
+    the same server checked against another tokenizer (SmolLM2's, or a changed chat template) is refused."""
+    import json
+    import shutil
+
+    from eagle3cli.model.gguf_export import export_gguf, read_gguf
+
+    from eagle3cli.serve.llama_cpp import tokenizer_check
+
+    tiny = REPO / "models" / "tiny-target"
+    out = export_gguf(None, tiny, tmp_path / "gguf")
+    assert read_gguf(out / "target.gguf", tensors=False).fields["tokenizer.ggml.pre"] == "gpt-2"
+    port = free_port()
+    argv = [which_llama_server(), "-m", str(out / "target.gguf"), "--port", str(port), "-t", "1", "-c", "512"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, "llama-server stopped"
+            try:
+                if httpx.get(url + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        assert tokenizer_check(url, tiny) is None
+        other = tmp_path / "other-template"
+        shutil.copytree(tiny, other)
+        cfg = json.loads((other / "tokenizer_config.json").read_text())
+        if (other / "chat_template.jinja").is_file():
+            (other / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+        else:
+            cfg["chat_template"] = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+            (other / "tokenizer_config.json").write_text(json.dumps(cfg))
+        assert "chat template" in (tokenizer_check(url, other) or "")
+        if (SMOLLM2 / "tokenizer.json").is_file():
+            assert "tokenizes" in (tokenizer_check(url, SMOLLM2) or "")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)

@@ -146,3 +146,33 @@ def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
     assert f"--out {tmp_path / 'eval-mt_bench'} " in cmd  # where the report is now
     assert "--num-prompts 80 " in cmd and "--no-generate-baseline" in cmd and "--sweep" in cmd
     assert "--depth" not in cmd and "--sweep-tree" not in cmd  # defaults are left out
+
+
+def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_path):
+    from benchmarks.smollm2.report import update_llama_cpp
+
+    def row(who, k, speedup, drafted, differ=0):
+        first = [None] * (10 - differ) + [29] * differ
+        return {"speculator": who, "k": k, "speedup": speedup, "draft_n": drafted, "outputs_differ": differ,
+                "first_difference": first}  # fmt: skip
+
+    rows = [row("eagle3", 1, 0.9, 50, 1), row("eagle3", 2, 1.1, 90), row("ngram-simple", None, 1.02, 7)]
+    rows.append(row("ngram-cache", None, 1.2, 0))  # drafted nothing: plain llama-server, its ratio is noise
+    section = {"best_k": 1, "best_speedup_vs_plain": 0.9, "best_ngram_speedup_vs_plain": 1.2, "identical": True}
+    bench = tmp_path / "results.json"
+    bench.write_text(json.dumps({"llama_cpp": section | {"rows": rows}, "measured_at": "2026-12-02T04:00:00Z"}))
+    page = tmp_path / "results-smollm2.json"
+    page.write_text(json.dumps({"rows": [1, 2], "llama_cpp": {"best_k": 9}}))
+    update_llama_cpp(page, bench)
+    data = json.loads(page.read_text())
+    assert data["rows"] == [1, 2]  # what the SmolLM2 run folder wrote is untouched
+    lc = data["llama_cpp"]
+    assert lc["best_k"] == 2 and lc["best_speedup_vs_plain"] == 1.1 and lc["rows"] == rows  # from the rows
+    assert lc["best_ngram"] == "ngram-simple" and lc["best_ngram_speedup_vs_plain"] == 1.02
+    assert lc["ngrams_that_drafted_nothing"] == ["ngram-cache"]
+    assert lc["identical"] is False and lc["greedy_outputs_identical"]["eagle3 k=1"] == "9/10"
+    assert data["llama_cpp"]["measured_at"] == "2026-12-02T04:00:00Z"
+    bench.write_text(json.dumps({"llama_cpp": {"rows": rows}}))  # not a llama_cpp/run_bench.py result
+    with pytest.raises(SystemExit, match="best_k"):
+        update_llama_cpp(page, bench)
+    assert json.loads(page.read_text())["llama_cpp"]["best_k"] == 2

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
@@ -21,9 +22,12 @@ class FakeLlamaServer(ThreadedServer):
     def __init__(self, tokens: list[int], steps: int = 0, accepted: int = 0):
         state = {"steps": 0.0, "drafted": 0.0, "accepted": 0.0, "pos0": 0.0}
         self.bodies: list[dict] = []
+        self.arrivals: list[float] = []  # when each /completion came
         bodies = self.bodies
 
         class Handler(BaseHTTPRequestHandler):
+            arrivals = self.arrivals
+
             def _send(self, code: int, data: bytes, ctype: str = "application/json"):
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
@@ -48,6 +52,7 @@ class FakeLlamaServer(ThreadedServer):
             def do_POST(self):
                 body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)))
                 bodies.append(body)
+                self.arrivals.append(time.monotonic())
                 timings = {"predicted_n": len(tokens), "predicted_ms": 100.0}
                 if steps:
                     timings.update(draft_n=3 * steps, draft_n_accepted=accepted)
@@ -101,11 +106,15 @@ def test_tau_and_acceptance_from_timings_and_metrics(servers, tmp_path, capsys):
 
 def test_base_endpoint_compares_outputs_and_speed(servers, tmp_path, capsys):
     spec = servers([5, 6, 7, 8], steps=2, accepted=3)
-    report = _eval(tmp_path, spec, servers([5, 6, 9, 8]))
+    base = servers([5, 6, 9, 8])
+    report = _eval(tmp_path, spec, base)
     b = report["baseline"]
     assert b["outputs_differ"] == 3 and b["first_difference"] == [2, 2, 2]
     assert b["speedup"] is not None
     assert "differ from plain" in err(capsys)
+    # interleaved: prompt k on the speculative server, then on the plain one, before prompt k+1
+    times = sorted([(t, "spec") for t in spec.arrivals] + [(t, "plain") for t in base.arrivals])
+    assert [who for _, who in times] == ["spec", "plain"] * 3
 
 
 def test_no_draft_is_said(servers, tmp_path, capsys):

@@ -7,6 +7,7 @@ those tests skip, saying so, where that source is absent."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -44,10 +45,15 @@ def exported(head, deep_target_dir, tmp_path_factory) -> Path:
     if llama_cpp_source() is None:
         pytest.skip("llama.cpp's converter is not here (.llama-cpp/src): run `make llama-cpp`")
     out = tmp_path_factory.mktemp("gguf-out") / "gguf"
-    assert (
-        main(["export", "--head", str(head), "--format", "gguf", "--target", str(deep_target_dir), "--out", str(out)])
-        == 0
-    )
+    # --out relative to the working directory, as users write it (`--out runs/demo/gguf`): the
+    # converter runs elsewhere (the temp dir), so the path it is handed must not be relative
+    cwd = os.getcwd()
+    os.chdir(out.parent)
+    try:
+        argv = ["export", "--head", str(head), "--format", "gguf", "--target", str(deep_target_dir)]
+        assert main([*argv, "--out", "gguf"]) == 0
+    finally:
+        os.chdir(cwd)
     return out
 
 
