@@ -240,6 +240,7 @@ async def llama_server_report(
         if cfg.temperature == 0 and differ:
             warn(f"{len(differ)}/{len(rows)} greedy outputs differ from plain llama-server decoding")
         if cfg.temperature > 0 and cfg.sampling_check > 0:
+            assert cfg.base_endpoint is not None  # this report section exists only with --base-endpoint
             pid, ids = prompts[0]
             log(f"sampling check: {cfg.sampling_check} speculative vs plain llama-server samples on {pid}")
             sp = await _samples(client, endpoint, ids, cfg, sampling.positions, cfg.seed)
