@@ -197,7 +197,8 @@ def test_speculators_export_resolves_its_target_from_another_directory(
     monkeypatch.chdir(elsewhere)  # `from_pretrained(verifier)` from here must find the same folder
     rc = main(["eval", "--head", str(spec), "--bench", "gsm8k", "--num-prompts", "1", "--max-new-tokens", "8"])
     assert rc == 0
-    rep = json.loads((tmp_path / "eval" / "report.json").read_text())
+    # a head folder that is not a run's NAME/head: the report goes to runs/eval-NAME here (never beside it)
+    rep = json.loads((elsewhere / "runs" / "eval-spec" / "report.json").read_text())
     assert rep["target"]["path"] == verifier and next(iter(rep["heads"].values()))["head"]["layout"] == "speculators"
 
 
