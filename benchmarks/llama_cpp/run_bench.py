@@ -8,7 +8,9 @@ checked), a plain llama-server (no draft) kept running, then per k `eagle3 serve
 --steps k` and `eagle3 eval --endpoint SPEC --base-endpoint PLAIN` (greedy, MT-bench, token ids in,
 tau from llama-server's counters, outputs compared token for token, speed-up from one run each), then
 the same eval against llama-server started with `--spec-type ngram-*`. One thread per server
-(`-t 1`), one slot. Prints one JSON object (also OUT/results.json). Needs `make llama-cpp` and
+(`-t 1`), one slot. Then where a round's time goes (round_cost.py: llama-server's own draft clock
+at `-lv 4`, `llama-bench` for the verification pass); `--eval-tau` adds eagle3 eval's decoder tau
+at each k (fp32) beside the engine's. Prints one JSON object (also OUT/results.json). Needs `make llama-cpp` and
 models/smollm2-135m (`make smollm2`).
 """
 
@@ -31,6 +33,7 @@ from eagle3cli.local_engine import free_port, which_llama_server  # noqa: E402
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
 SERVER_ARGS = ["-t", "1", "-tb", "1", "-np", "1", "-c", "4096", "--no-webui"]
+STATS_ARGS = ["-lv", "4"]  # llama-server then logs its speculative timings (round_cost.py reads them)
 NGRAMS = ("ngram-simple", "ngram-map-k", "ngram-mod", "ngram-cache")
 RECORDER = Recorder()
 
@@ -66,7 +69,7 @@ def server(argv: list, port: int, log: Path, timeout_s: float = 900):
 
 def measure(spec: str, plain: str, out: Path, args) -> dict:
     RECORDER.sh(
-        [*E3, "eval", "--endpoint", spec, "--base-endpoint", plain, "--target", args.target, "--bench", "mt_bench",
+        [*E3, "eval", "--endpoint", spec, "--base-endpoint", plain, "--target", args.target, "--bench", args.bench,
          "--num-prompts", args.prompts, "--max-new-tokens", args.max_tokens, "--out", out],
         env=ENV,
     )  # fmt: skip
@@ -80,11 +83,25 @@ def measure(spec: str, plain: str, out: Path, args) -> dict:
         "tokens": r["tokens"],
         "tok_s": r["tokens_per_s_sequential"],
         "plain_tok_s": b["tokens_per_s_sequential"],
+        "verify_steps": r["verify_steps"],
+        "decode_tok_s": r["decode_tokens_per_s"],
+        "plain_decode_tok_s": b["decode_tokens_per_s"],
         "speedup": b["speedup"],
         "decode_speedup": b["decode_speedup"],
         "outputs_differ": b["outputs_differ"],
         "first_difference": b["first_difference"],
     }
+
+
+def decoder_tau(k: int, out: Path, args) -> float:
+    """eagle3 eval's own decoder on the same head, prompts, chain length and tokens (fp32, greedy)."""
+    RECORDER.sh(
+        [*E3, "eval", "--head", args.head, "--target", args.target, "--bench", args.bench, "--num-prompts",
+         args.prompts, "--max-new-tokens", args.max_tokens, "--depth", k, "--mode", "chain", "--dtype", "fp32",
+         "--threads", "1", "--no-generate-baseline", "--overwrite", "--out", out],
+        env=ENV,
+    )  # fmt: skip
+    return json.loads((out / "report.json").read_text())["tau"]
 
 
 def _name(row: dict) -> str:
@@ -120,6 +137,9 @@ def main() -> None:
     ap.add_argument("--head", default="models/smollm2-135m-eagle3")
     ap.add_argument("--ks", default="1,2,3,4")
     ap.add_argument("--prompts", type=int, default=10)
+    ap.add_argument("--bench", default="mt_bench", help="eval's --bench (the tiny target: gsm8k)")
+    ap.add_argument("--eval-tau", action="store_true", help="also eagle3 eval's decoder tau at each k (fp32)")
+    ap.add_argument("--no-breakdown", action="store_true", help="skip the per-round cost breakdown (llama-bench)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ngrams", default=",".join(NGRAMS), help="n-gram speculators to compare ('' for none)")
     ap.add_argument("--out", type=Path, default=Path("runs/llama-cpp-bench"))
@@ -143,9 +163,13 @@ def main() -> None:
         for k in [int(x) for x in args.ks.split(",") if x]:
             port = free_port()
             argv = [*E3, "serve", "--engine", "llama.cpp", "--target", args.target, "--head", gguf, "--steps", k,
-                    "--port", port, "--", *SERVER_ARGS]  # fmt: skip
+                    "--port", port, "--", *SERVER_ARGS, *STATS_ARGS]  # fmt: skip
+            (out / f"eagle3-k{k}.log").unlink(missing_ok=True)  # the breakdown reads this run's statistics
             with server(argv, port, out / f"eagle3-k{k}.log") as spec:
                 rows.append({"speculator": "eagle3", "k": k, **measure(spec, plain, out / f"eval-eagle3-k{k}", args)})
+            if args.eval_tau:
+                rows[-1]["decoder_tau"] = decoder_tau(k, out / f"decoder-k{k}", args)
+                rows[-1]["engine_vs_decoder_tau"] = round(rows[-1]["tau"] / rows[-1]["decoder_tau"], 4)
             print(json.dumps(rows[-1]), flush=True)
         for kind in [x for x in args.ngrams.split(",") if x]:
             port = free_port()
@@ -153,14 +177,35 @@ def main() -> None:
             with server(argv, port, out / f"{kind}.log") as spec:
                 rows.append({"speculator": kind, "k": None, **measure(spec, plain, out / f"eval-{kind}", args)})
             print(json.dumps(rows[-1]), flush=True)
+    costs = None
+    heads = [r for r in rows if r["speculator"] == "eagle3"]
+    if heads and not args.no_breakdown:
+        from benchmarks.llama_cpp.round_cost import breakdown, llama_bench, spec_stats, table
+
+        bench = llama_bench(Path(binary).with_name("llama-bench"), gguf / "target.gguf",
+                            sorted({1, *(r["k"] + 1 for r in heads)}), 1, ENV)  # fmt: skip
+        RECORDER.commands.append(bench["command"])
+        costs = {"llama_bench": bench, "rounds": []}
+        for r in heads:
+            b = breakdown(r, spec_stats(out / f"eagle3-k{r['k']}.log"), bench)
+            if b is not None:
+                costs["rounds"].append(b)
+        print(table(costs["rounds"]), flush=True)
     result = {
-        "llama_cpp": summarise(rows),
+        "llama_cpp": {**summarise(rows), "round_cost": costs},
         "measured_at": started,
         "machine": {
             "cpu_cores": os.cpu_count(),
             "load_average_1_5_15_min": {"start": load_start, "end": os.getloadavg()},
         },
-        "settings": {"prompts": args.prompts, "max_tokens": args.max_tokens, "server_args": SERVER_ARGS},
+        "settings": {
+            "prompts": args.prompts,
+            "max_tokens": args.max_tokens,
+            "bench": args.bench,
+            "target": args.target,
+            "head": args.head,
+            "server_args": SERVER_ARGS,
+        },  # fmt: skip
         "commands": RECORDER.commands,
     }
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")

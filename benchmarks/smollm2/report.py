@@ -5,6 +5,8 @@ nothing here measures or assumes. Called by run_bench.py; also runs alone:
 
     .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
+    .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
+        --gen-data-engine runs/bench/gen-data-engine.json                                        # those keys only
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ def llama_cpp_json(bench: Path) -> dict | None:
     missing = [k for k in LLAMA_CPP_KEYS if k not in section]
     if missing:
         raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
-    section = summarise(section["rows"])  # best k / n-gram by the bench's current rule, from its rows
+    # best k / n-gram by the bench's current rule, from its rows; the round-cost breakdown as measured
+    section = {**summarise(section["rows"]), "round_cost": section.get("round_cost")}
     # measured_at / machine: what run_bench.py records; a result written before it did: the file's time
     when = r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bench.stat().st_mtime))
     return {
@@ -586,7 +589,30 @@ def main() -> None:
         help="write only the `llama_cpp` key of the results JSON, from benchmarks/llama_cpp/run_bench.py's "
         f"results.json (a full report reads {LLAMA_CPP_RESULTS.relative_to(REPO)} when it exists)",
     )
+    ap.add_argument("--corpus", type=Path, default=None, help="write the `corpus` key from this gen-data folder")
+    ap.add_argument(
+        "--gen-data-engine",
+        type=Path,
+        default=None,
+        metavar="BENCH_JSON",
+        help="write the `gen_data_throughput` key from benchmarks/stages/gen_data_engine.py's JSON (and print its table)",
+    )
     a = ap.parse_args()
+    if a.corpus is not None or a.gen_data_engine is not None:
+        from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json, throughput_table
+
+        json_path = a.results_md.with_suffix(".json")
+        data = json.loads(json_path.read_text()) if json_path.exists() else {}
+        if a.corpus is not None:
+            data["corpus"] = corpus_json(a.corpus)
+            print(f"corpus: {data['corpus']['conversations']} of {data['corpus']['planned']} conversations")
+        if a.gen_data_engine is not None:
+            data["gen_data_throughput"], data["gen_data_throughput_settings"] = gen_data_throughput_json(
+                a.gen_data_engine
+            )
+            print(throughput_table(data["gen_data_throughput"]))
+        json_path.write_text(json.dumps(data, indent=2) + "\n")
+        return
     if a.llama_cpp is not None:
         json_path = a.results_md.with_suffix(".json")
         section = update_llama_cpp(json_path, a.llama_cpp)

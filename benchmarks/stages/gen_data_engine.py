@@ -4,10 +4,13 @@
         --engine vllm --concurrency 1,8,32,64 --out runs/bench/gen-data-engine.json
     .venv/bin/python benchmarks/stages/gen_data_engine.py ... --endpoint http://127.0.0.1:8080   # a running server
 
-At each concurrency C, interleaved on the same server (started with prefix caching off, so neither
-client of a pair finds the other's prompts cached; with --endpoint, start it so yourself): `eagle3 gen-data --backend openai
---concurrency C` on the first max(16, 4C) first-turn prompts, then a plain asyncio client that
-sends exactly the same chat requests with C in flight (the engine's capacity for this load).
+At each concurrency C, on the same server started with prefix caching off (with --endpoint, start it
+so yourself: with it on, whichever client runs second finds every prompt cached and skips its
+prefill, which made gen-data look 0.41-0.53x the client at C=8-32 when it ran first): `eagle3
+gen-data --backend openai --concurrency C` on the first max(16, 4C) first-turn prompts, and a plain
+asyncio client that sends exactly the same chat requests with C in flight (the engine's capacity
+for this load), in the order gen-data, client, client, gen-data (--reps 2; ratios of the means), so
+neither gets the warmer server.
 Both are greedy with the same max_tokens, so both generate the same tokens (the JSON says how many
 texts agree). gen-data's clock is its own generation time (manifest `throughput`), the client's
 the wall time of its requests. Then the hf backend (embedded transformers, batched) on the same
@@ -28,6 +31,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
+
+
+NO_PREFIX_CACHE = ("--no-enable-prefix-caching",)
 
 
 def first_turn_prompts(spec: str, n: int) -> list[dict]:
@@ -96,6 +102,7 @@ def main() -> None:
     ap.add_argument("--engine", choices=["vllm"], default=None, help="start this engine on the target")
     ap.add_argument("--endpoint", default=None, help="or use a running OpenAI-compatible server")
     ap.add_argument("--dtype", default="bf16", help="the engine's and the hf backend's dtype")
+    ap.add_argument("--reps", type=int, default=2, help="runs of each client per concurrency, in ABBA order")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--hf-prompts", type=int, default=64, help="prompts for the hf backend (the first of the same set)")
     ap.add_argument("--out", default=None)
@@ -113,20 +120,32 @@ def main() -> None:
         else:
             from eagle3cli.local_engine import vllm_for_target
 
-            url, engine = stack.enter_context(vllm_for_target(Path(a.target), a.dtype, max(levels), tmp / "engine.log"))
+            url, engine = stack.enter_context(
+                vllm_for_target(Path(a.target), a.dtype, max(levels), tmp / "engine.log", extra=NO_PREFIX_CACHE)
+            )
         rows = []
         for c in levels:
             n = max(16, 4 * c)
             pf = tmp / f"prompts-{c}.jsonl"
             pf.write_text("".join(json.dumps(p) + "\n" for p in prompts[:n]))
             asyncio.run(plain_client(url, model, prompts[: min(n, c)], 8, c))  # warm the server's path for C
-            g = gen_data(a.target, pf, tmp / f"gd-{c}", n, a.max_new_tokens, backend="openai", endpoints=(url,),
-                         concurrency=c, served_model_name=model)  # fmt: skip
-            p = asyncio.run(plain_client(url, model, prompts[:n], a.max_new_tokens, c))
-            same = sum(g["texts"].get(k) == v for k, v in p["texts"].items())
-            rows.append({"concurrency": c, "prompts": n, "gen_data_tok_s": round(g["tok_s"], 1),
-                         "engine_tok_s": round(p["tok_s"], 1), "ratio": round(g["tok_s"] / p["tok_s"], 3),
-                         "tokens": [g["tokens"], p["tokens"]], "same_texts": same})  # fmt: skip
+            gs, ps = [], []
+            for i in range(a.reps):  # ABBA: gen-data, client, client, gen-data, ...
+                order = ("g", "p") if i % 2 == 0 else ("p", "g")
+                for who in order:
+                    if who == "g":
+                        gs.append(gen_data(a.target, pf, tmp / f"gd-{c}-{i}", n, a.max_new_tokens, backend="openai",
+                                           endpoints=(url,), concurrency=c, served_model_name=model))  # fmt: skip
+                    else:
+                        ps.append(asyncio.run(plain_client(url, model, prompts[:n], a.max_new_tokens, c)))
+            g_tok_s = sum(x["tokens"] for x in gs) / sum(x["seconds"] for x in gs)
+            p_tok_s = sum(x["tokens"] for x in ps) / sum(x["seconds"] for x in ps)
+            same = sum(gs[0]["texts"].get(k) == v for k, v in ps[0]["texts"].items())
+            rows.append({"concurrency": c, "prompts": n, "gen_data_tok_s": round(g_tok_s, 1),
+                         "engine_tok_s": round(p_tok_s, 1), "ratio": round(g_tok_s / p_tok_s, 3),
+                         "runs": {"gen_data": [round(x["tok_s"], 1) for x in gs],
+                                  "engine": [round(x["tok_s"], 1) for x in ps]},
+                         "tokens": [gs[0]["tokens"], ps[0]["tokens"]], "same_texts": same})  # fmt: skip
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     hf = None
     if not a.no_hf:  # the engine is stopped: the hf backend gets the machine to itself

@@ -1,0 +1,97 @@
+"""The data round's keys of docs/results-smollm2.json, each read from what a stage or a benchmark wrote:
+
+- `corpus`: the regenerated corpus folder (finished shards and journals, the sessions' clocks);
+- `gen_data_throughput`: benchmarks/stages/gen_data_engine.py's JSON (gen-data vs the engine's
+  own capacity vs the hf backend, by concurrency).
+
+Used by report.py (`--corpus DIR --gen-data-engine FILE`); nothing here measures.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from eagle3cli.data.journal import PROGRESS, STATE
+from eagle3cli.data.run import throughput
+from eagle3cli.jsonl import read_records
+
+
+def corpus_json(folder: Path) -> dict:
+    """Conversations and completion tokens in a gen-data folder, finished or not (a corpus made over
+    many sessions is reported while it grows: `complete` says which), with its backend and rate."""
+    manifest_path = folder / "manifest.json"
+    manifest = json.loads(manifest_path.read_text(encoding="utf-8")) if manifest_path.exists() else None
+    records = [r for shard in sorted(folder.glob("shard-*.jsonl")) for r in read_records(shard)]
+    for journal in sorted((folder / PROGRESS).glob("shard-*.journal.jsonl")):
+        if not (folder / journal.name.replace(".journal", "")).exists():  # a shard still being made
+            records += [e["record"] for e in read_records(journal) if "record" in e]
+    tokens = sum(t.get("completion_tokens", 0) for r in records for t in (r.get("meta") or {}).get("turns") or [])
+    rate = throughput(folder, 0.0, 0, len(records)) or {}
+    engine = _engine(folder, manifest)
+    planned = _planned(folder, manifest)
+    return {
+        "folder": str(folder),
+        "conversations": len(records),
+        "assistant_turns": sum(len((r.get("meta") or {}).get("turns") or []) for r in records),
+        "completion_tokens": tokens,
+        "planned": planned,
+        "complete": manifest is not None,
+        "backend": "openai" + (f" -> {engine.get('engine')} {engine.get('version') or ''}".rstrip() if engine else ""),
+        "engine": engine,
+        "gen_tok_s": rate.get("completion_tok_s"),
+        "conversations_per_s": rate.get("conversations_per_s"),
+        "generation_seconds": rate.get("seconds"),
+        "sessions": rate.get("sessions"),
+    }
+
+
+def _state(folder: Path) -> dict:
+    p = folder / PROGRESS / STATE
+    return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
+
+
+def _engine(folder: Path, manifest: dict | None) -> dict | None:
+    return (manifest or {}).get("engine") or _state(folder).get("engine")
+
+
+def _planned(folder: Path, manifest: dict | None) -> int | None:
+    if manifest is not None:
+        return (manifest.get("counts") or {}).get("planned")
+    return _state(folder).get("planned")
+
+
+def gen_data_throughput_json(bench: Path) -> tuple[list[dict], dict]:
+    """`gen_data_throughput` rows, and the settings they were measured under (`gen_data_throughput_settings`)."""
+    r = json.loads(bench.read_text(encoding="utf-8"))
+    hf = r.get("hf") or {}
+    rows = [
+        {
+            "concurrency": row["concurrency"],
+            "prompts": row["prompts"],
+            "gen_data_tok_s": row["gen_data_tok_s"],
+            "engine_tok_s": row["engine_tok_s"],
+            "hf_tok_s": row.get("hf_tok_s", hf.get("tok_s")),
+            "gen_data_vs_engine": row["ratio"],
+            "gen_data_vs_hf": row.get("vs_hf"),
+            "runs": row.get("runs"),
+            "same_texts": row.get("same_texts"),
+        }
+        for row in r["rows"]
+    ]
+    settings = {k: r.get(k) for k in ("target", "input", "max_new_tokens", "engine", "threads", "hf")}
+    return rows, settings
+
+
+def throughput_table(rows: list[dict]) -> str:
+    """The markdown table docs/gen-data.md shows (the same numbers as the JSON key)."""
+    head = "| concurrency | prompts | gen-data tok/s | plain client tok/s (engine) | gen-data / engine | hf tok/s | gen-data / hf |"
+    lines = [head, "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        hf = "-" if r["hf_tok_s"] is None else f"{r['hf_tok_s']:.1f}"
+        vs = "-" if r["gen_data_vs_hf"] is None else f"{r['gen_data_vs_hf']:.1f}x"
+        lines.append(
+            f"| {r['concurrency']} | {r['prompts']} | {r['gen_data_tok_s']:.1f} | {r['engine_tok_s']:.1f} | "
+            f"{r['gen_data_vs_engine']:.2f}x | {hf} | {vs} |"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,97 @@
+"""The data round's report keys and llama.cpp's round-cost breakdown: read from what stages and engines
+wrote (a corpus folder mid-regeneration, a llama-server log, llama-bench's JSON), never assumed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.llama_cpp.round_cost import breakdown, spec_stats, table
+from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json, throughput_table
+
+
+def _record(i: int, tokens: list[int]) -> dict:
+    return {
+        "id": f"src:{i}",
+        "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}],
+        "meta": {"turns": [{"completion_tokens": t, "prompt_tokens": 5} for t in tokens]},
+    }
+
+
+def test_corpus_counts_finished_shards_and_the_journal_of_the_shard_in_progress(tmp_path):
+    (tmp_path / "shard-00000.jsonl").write_text("".join(json.dumps(_record(i, [10, 20])) + "\n" for i in range(3)))
+    prog = tmp_path / "progress"
+    (prog / "sessions").mkdir(parents=True)
+    # shard 0 is finished: its journal (left by a kill before cleanup) must not count twice
+    (prog / "shard-00000.journal.jsonl").write_text(json.dumps({"plan_index": 0, "record": _record(0, [10])}) + "\n")
+    (prog / "shard-00001.journal.jsonl").write_text(
+        json.dumps({"plan_index": 3, "record": _record(3, [7])})
+        + "\n"
+        + json.dumps({"plan_index": 4, "reject": {"reason": "x"}})
+        + "\n"
+    )
+    (prog / "state.json").write_text(json.dumps({"planned": 10, "engine": {"engine": "vllm", "version": "v1"}}))
+    (prog / "sessions" / "a.json").write_text(json.dumps({"seconds": 10, "conversations": 2, "completion_tokens": 50}))
+    (prog / "sessions" / "b.json").write_text(json.dumps({"seconds": 30, "conversations": 2, "completion_tokens": 57}))
+    c = corpus_json(tmp_path)
+    assert c["conversations"] == 4 and c["assistant_turns"] == 7
+    assert c["completion_tokens"] == 3 * 30 + 7
+    assert c["planned"] == 10 and c["complete"] is False
+    assert c["backend"] == "openai -> vllm v1"
+    assert c["gen_tok_s"] == pytest.approx(107 / 40, abs=0.05) and c["sessions"] == 2
+
+
+def test_throughput_rows_carry_every_ratio_the_issue_asks_for(tmp_path):
+    bench = {
+        "target": "t",
+        "rows": [
+            {"concurrency": 32, "prompts": 128, "gen_data_tok_s": 90.0, "engine_tok_s": 100.0, "ratio": 0.9,
+             "hf_tok_s": 5.0, "vs_hf": 18.0, "runs": {"gen_data": [90.0], "engine": [100.0]}, "same_texts": 128},
+        ],
+        "hf": {"tok_s": 5.0},
+    }  # fmt: skip
+    p = tmp_path / "b.json"
+    p.write_text(json.dumps(bench))
+    rows, settings = gen_data_throughput_json(p)
+    assert rows[0]["gen_data_vs_engine"] == 0.9 and rows[0]["gen_data_vs_hf"] == 18.0 and rows[0]["hf_tok_s"] == 5.0
+    assert settings["target"] == "t"
+    assert "| 32 | 128 | 90.0 | 100.0 | 0.90x | 5.0 | 18.0x |" in throughput_table(rows)
+
+
+STATS_LINE = (
+    "spec print_stats: statistics     draft-eagle3: #calls(b,g,a) =   10    200    198, #gen drafts =    200, "
+    "#acc drafts =   90, #gen tokens =    600, #acc tokens =   150, #mean acc len = 1.76, #acc rate/pos = (0.4), "
+    "dur(b,g,a) = 1.500, 3000.000, 4.250 ms"
+)
+
+
+def test_the_last_statistics_line_of_a_server_log_is_read(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text("srv  load_model: ...\n" + STATS_LINE.replace("3000.000", "10.000") + "\nnoise\n" + STATS_LINE + "\n")
+    s = spec_stats(log)
+    assert s == {
+        "implementation": "draft-eagle3",
+        "calls_begin": 10,
+        "calls_draft": 200,
+        "calls_accept": 198,
+        "begin_ms": 1.5,
+        "draft_ms": 3000.0,
+        "accept_ms": 4.25,
+    }
+    (tmp_path / "quiet.log").write_text("srv  no statistics at this verbosity\n")
+    assert spec_stats(tmp_path / "quiet.log") is None
+
+
+def test_a_round_is_split_into_draft_verification_and_the_rest_in_plain_steps():
+    stats = {"calls_draft": 200, "draft_ms": 3000.0}
+    # 1000 tokens decoded at 50 tok/s = 20 s over 200 rounds: 100 ms a round; plain 100 tok/s = 10 ms a step
+    row = {"k": 3, "tau": 1.6, "tokens": 1000, "verify_steps": 200, "decode_tok_s": 50.0, "plain_decode_tok_s": 100.0}
+    b = breakdown(row, stats, {"pass_ms": {4: 12.0}, "tg_ms_per_token": 9.0})
+    assert b["ms"] == {"round": 100.0, "draft": 15.0, "verify": 12.0, "overhead": 73.0, "plain_step": 10.0}
+    assert b["plain_steps"] == {"round": 10.0, "draft": 1.5, "verify": 1.2, "overhead": 7.3}
+    assert b["draft_per_token_plain_steps"] == 0.5 and b["break_even_tau"] == 10.0
+    assert "| 3 | 1.600 | 10.00 | 1.50 | 1.20 | 7.30 | 0.50 | 10.00 |" in table([b])
+    # no statistics (verbosity too low) or no pass of k+1 tokens measured: no row, not a guess
+    assert breakdown(row, None, {"pass_ms": {4: 12.0}, "tg_ms_per_token": 9.0}) is None
+    assert breakdown(row, stats, {"pass_ms": {2: 12.0}, "tg_ms_per_token": 9.0}) is None
