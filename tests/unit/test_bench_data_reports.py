@@ -68,7 +68,9 @@ STATS_LINE = (
 
 def test_the_last_statistics_line_of_a_server_log_is_read(tmp_path):
     log = tmp_path / "server.log"
-    log.write_text("srv  load_model: ...\n" + STATS_LINE.replace("3000.000", "10.000") + "\nnoise\n" + STATS_LINE + "\n")
+    log.write_text(
+        "srv  load_model: ...\n" + STATS_LINE.replace("3000.000", "10.000") + "\nnoise\n" + STATS_LINE + "\n"
+    )
     s = spec_stats(log)
     assert s == {
         "implementation": "draft-eagle3",
