@@ -9,12 +9,15 @@ equals `forward` (test_train_ttt.py proves every later step)."""
 
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 from transformers import LlamaConfig
 
+from eagle3cli.model import cpu_kernels
+from eagle3cli.model.cpu_kernels import onednn_linear_available, pack_linears
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 V, H, VD, T = 96, 32, 40, 9
@@ -172,3 +175,18 @@ def test_draft_states_skip_input_norm_and_fc(fc, residual):
         h1 = draft(ids[:, -1:], h0[:, -1:], cache, T, from_target=False)
     assert h1.shape == (1, 1, H)
     assert torch.equal(draft.project(h0, from_target=False), h0)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN packed linear")
+def test_packed_for_cpu_decoding_the_norms_still_apply(monkeypatch):
+    """eval's CPU fast path (oneDNN-packed fc and fused projections) runs the same flagged layer."""
+    monkeypatch.setattr(cpu_kernels, "MIN_PACK_ELEMENTS", 0)
+    ids, aux = inputs()
+    for fc, residual in FLAGS:
+        plain = tiny_draft(fc, residual).float()
+        packed = copy.deepcopy(plain)
+        assert pack_linears(packed, keep_weight=True) > 0
+        with torch.no_grad():
+            want = plain(ids, aux.float(), plain.new_cache(T + 4), 0, from_target=True)
+            got = packed(ids, aux.float(), packed.new_cache(T + 4), 0, from_target=True)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
