@@ -226,10 +226,6 @@ class HeadNorms:
     problems: tuple[str, ...] = ()
     notices: tuple[str, ...] = ()
 
-    @property
-    def any(self) -> bool:
-        return self.norm_before_fc or self.norm_before_residual
-
 
 def head_norms(cfg: dict, layout: str) -> HeadNorms:
     """The two norm flags of a head config, each read where and as vLLM reads it (the reference
@@ -256,10 +252,8 @@ def head_norms(cfg: dict, layout: str) -> HeadNorms:
             "fc_norm is set: one RMSNorm per aux feature before fc, a variant eagle3's draft does not implement "
             "(its norm_before_fc is one norm over all of them)"
         )
-    top_fc, ec_fc = (
-        value(cfg, "norm_before_fc", "norm_before_fc"),
-        value(eagle_cfg, "norm_before_fc", "eagle_config.norm_before_fc"),
-    )
+    top_fc = value(cfg, "norm_before_fc", "norm_before_fc")
+    ec_fc = value(eagle_cfg, "norm_before_fc", "eagle_config.norm_before_fc")
     if top_fc is not None and ec_fc is not None and top_fc != ec_fc:
         problems.append(
             f"eagle_config.norm_before_fc is {ec_fc} but norm_before_fc is {top_fc}: vLLM reads the first, "
