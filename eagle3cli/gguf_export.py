@@ -13,9 +13,12 @@ reads and against our weights, and refused (deleted, exit 2) on any difference:
   * `general.architecture` "eagle3"; `eagle3.target_layers` = the head's aux ids, exactly 3, each a
     decoder-layer input of the target (llama.cpp captures the INPUT of layer k,
     `llama_set_embeddings_layer_inp`, i.e. hidden_states[k], eagle3's convention); `target_hidden_size`;
-    `norm_before_residual` false and no `norm_before_fc` (eagle3's midlayer takes the raw residual);
+    EAGLE-3.1's `eagle3.norm_before_residual` and `eagle3.norm_before_fc` equal to the head's flags
+    (the converter reads them from the top level of config.json; the graph takes the residual from
+    the normed state, and norms the fused features before fc, exactly as our draft does);
   * every tensor `llama_model_eagle3::load_arch_tensors` creates, by name and shape, with the values
-    of our weights (q/k with the converter's rotary permutation undone by ours applied), and no
+    of our weights (q/k with the converter's rotary permutation undone by ours applied; with
+    norm_before_fc `enc.output_norm.weight`, the converter's name for our `input_norm.weight`), and no
     other tensor (a `token_embd` would replace the target's embeddings);
   * `d2t` as ABSOLUTE target ids (the graph scatters draft logits with `ggml_set_rows` at d2t[i]),
     int64, in range and unique (two draft rows writing one target id would lose one);
@@ -254,7 +257,11 @@ def expected_head_tensors(draft) -> dict[str, torch.Tensor]:
     n_head, n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
     p = "midlayer."
     d2t = draft.d2t.detach().cpu().to(torch.long)
+    # EAGLE-3.1's norm_before_fc: the converter writes input_norm.weight as ENC_OUTPUT_NORM, which the
+    # loader creates (and the encoder graph applies before fc) only when the flag is set
+    extra = {"enc.output_norm.weight": sd["input_norm.weight"]} if "input_norm.weight" in sd else {}
     return {
+        **extra,
         "fc.weight": sd["fc.weight"],
         "output_norm.weight": sd["norm.weight"],
         "output.weight": sd["lm_head.weight"],
@@ -277,6 +284,8 @@ _AS_STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16
 
 def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers: int, target_vocab: int) -> list[str]:
     """Every difference between the GGUF llama.cpp would load and the head we have (empty: none)."""
+    from .speculate.draft import norm_flags
+
     cfg = draft.config
     problems = []
     if g.arch != "eagle3":
@@ -299,10 +308,10 @@ def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers:
     layers = [int(x) for x in layers] if isinstance(layers, list) else layers
     if layers != list(aux_ids):
         problems.append(f"eagle3.target_layers is {layers!r}, expected the head's aux layer ids {list(aux_ids)}")
-    if g.get("{arch}.norm_before_residual") not in (None, False):
-        problems.append("eagle3.norm_before_residual is true: eagle3's midlayer adds the raw hidden state")
-    if g.get("{arch}.norm_before_fc"):
-        problems.append("eagle3.norm_before_fc is true: eagle3's head has no norm before fc")
+    for key, want in zip(("norm_before_fc", "norm_before_residual"), norm_flags(cfg), strict=True):
+        got = g.get("{arch}." + key)
+        if bool(got) != want or (want and got is None):  # llama.cpp's loader reads a missing key as false
+            problems.append(f"eagle3.{key} is {got!r}, expected {want} (the head's {key})")
     tokens = g.fields.get("tokenizer.ggml.tokens")
     if not isinstance(tokens, list) or len(tokens) != target_vocab:
         n = len(tokens) if isinstance(tokens, list) else None
@@ -473,11 +482,13 @@ def stage_head(draft, spec, folder: Path) -> Path:
     converter reads `eagle_aux_hidden_state_layer_ids` as llama.cpp's extract layers, hidden_states[k])."""
     from .head_files import head_state_dict, own_layout_config
     from .manifest import atomic_write_json, atomic_write_tensors
+    from .speculate.draft import norm_flags
 
     cfg = own_layout_config(draft, spec)
     cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in spec.aux_layer_ids]
-    cfg["norm_before_residual"] = False
-    cfg.pop("norm_before_fc", None)
+    # EAGLE-3.1's flags, at the top level: the only place the converter reads them
+    fc, residual = norm_flags(draft.config)
+    cfg.update(norm_before_fc=fc, norm_before_residual=residual)
     folder.mkdir(parents=True, exist_ok=True)
     atomic_write_tensors(folder / "model.safetensors", head_state_dict(draft), {"format": "pt"})
     atomic_write_json(folder / "config.json", cfg)

@@ -17,6 +17,10 @@ Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
     layer k" (captures the input of layer k+1); vLLM reads a top-level
     `eagle_aux_hidden_state_layer_ids` as `hidden_states[k]`. Ours are `hidden_states[k]`, so the
     head writes `k - 1` for SGLang and `k` for vLLM (`speculate/aux_layers.py`).
+  * EAGLE-3.1's norms: top-level `norm_before_fc` and `norm_before_residual`, always written (vLLM
+    falls back to the top level when `eagle_config` lacks norm_before_fc; llama.cpp's converter reads
+    only the top level), and `input_norm.weight` exactly when norm_before_fc is set (vLLM drops the
+    tensor when the flag is off). SGLang reads neither flag (`model.engines.sglang_norm_problem`).
 """
 
 from __future__ import annotations
@@ -34,9 +38,9 @@ from .manifest import (
     shard_record,
     write_manifest,
 )
-from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, load_any_head
+from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, head_tensor_names, load_any_head
 from .speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
-from .speculate.draft import Eagle3Draft
+from .speculate.draft import Eagle3Draft, norm_flags
 
 __all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "head_config", "save_head", "write_head_files"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
@@ -46,11 +50,12 @@ _OWN_KEYS = ("aux_layer_ids",)
 def head_state_dict(draft: Eagle3Draft) -> dict[str, torch.Tensor]:
     """The exported tensors: every draft parameter/buffer but the (frozen, target-owned) embeddings."""
     sd = draft.state_dict()
-    missing = [n for n in HEAD_TENSOR_NAMES if n not in sd]
+    names = head_tensor_names(norm_flags(draft.config)[0])
+    missing = [n for n in names if n not in sd]
     if missing:
         raise UsageError(f"draft model lacks {missing}", "an eagle3cli.speculate.draft.Eagle3Draft")
     # Contiguous fp copies: safetensors refuses shared/non-contiguous storage.
-    return {n: sd[n].detach().to("cpu").contiguous().clone() for n in HEAD_TENSOR_NAMES}
+    return {n: sd[n].detach().to("cpu").contiguous().clone() for n in names}
 
 
 def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: dict | None = None) -> dict:
@@ -66,12 +71,15 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     if target_identity and target_identity.get("max_position_embeddings"):
         max_pos = max(max_pos, int(target_identity["max_position_embeddings"]))
     rope = cfg.get("rope_parameters") or {}
+    norm_before_fc, norm_before_residual = norm_flags(draft.config)
     cfg.update(
         architectures=[HEAD_ARCH],
         model_type="llama",
         num_hidden_layers=1,
         tie_word_embeddings=False,
         norm_output=False,
+        norm_before_fc=norm_before_fc,
+        norm_before_residual=norm_before_residual,
         draft_vocab_size=int(draft.config.draft_vocab_size),
         vocab_size=int(draft.config.vocab_size),
         target_hidden_size=int(draft.config.target_hidden_size),
@@ -152,6 +160,14 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
 
 
 # ---------------------------------------------------------------- other layouts
+def with_norm_flags(cfg: dict, draft: Eagle3Draft) -> dict:
+    """`cfg` with the draft's EAGLE-3.1 norm flags at the top level, in the one spelling every loader
+    reads (a copy in `eagle_config`, which vLLM would read first, is dropped)."""
+    norm_before_fc, norm_before_residual = norm_flags(draft.config)
+    cfg.update(norm_before_fc=norm_before_fc, norm_before_residual=norm_before_residual)
+    for key in ("norm_before_fc", "norm_before_residual"):
+        (cfg.get("eagle_config") or {}).pop(key, None)
+    return cfg
 
 
 def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
@@ -173,5 +189,5 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     if spec.layout == "eagle3":
         cfg = read_json(spec.path / "config.json")
         cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
-        return cfg
+        return with_norm_flags(cfg, draft)
     return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})

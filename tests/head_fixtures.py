@@ -13,12 +13,24 @@ from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 
-def make_head(target_dir: Path, out: Path, seed: int = 0, aux=None) -> Path:
-    """A random head (512-token draft vocab) for the target in `target_dir`, saved at `out`."""
+def make_head(
+    target_dir: Path,
+    out: Path,
+    seed: int = 0,
+    aux=None,
+    norm_before_fc: bool = False,
+    norm_before_residual: bool = False,
+) -> Path:
+    """A random head (512-token draft vocab) for the target in `target_dir`, saved at `out`; with
+    EAGLE-3.1's norms when asked (input_norm's weights then random too, so a mix-up shows)."""
     model, tok, path = load_target(target_dir)
-    cfg = draft_config_from_target(model.config, 512, aux or default_aux_layer_ids(model.config.num_hidden_layers))
+    aux = aux or default_aux_layer_ids(model.config.num_hidden_layers)
+    cfg = draft_config_from_target(model.config, 512, aux, norm_before_fc, norm_before_residual)
     torch.manual_seed(seed)
     draft = Eagle3Draft(cfg)
+    if draft.input_norm is not None:
+        with torch.no_grad():
+            draft.input_norm.weight.uniform_(0.5, 1.5)
     draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
     return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
 

@@ -5,6 +5,11 @@ sglang and vllm: eagle3's own layout (both engines load it; vLLM maps `midlayer.
 itself), with the aux layer ids written in each engine's convention. speculators: `layers.0.*`
 names and a `speculators_model_type: eagle3` config whose `verifier.name_or_path` is an absolute
 path or a hub id, so it loads from any directory.
+
+EAGLE-3.1's norms travel as top-level `norm_before_fc` / `norm_before_residual` in every layout
+(speculators: beside `transformer_layer_config`, where vLLM's `update_eagle3` reads them, always
+written since a missing norm_before_residual means true there) with `input_norm.weight`. SGLang
+reads neither, so `--format sglang` refuses such a head rather than write one it loads wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from ..errors import UsageError
 from ..folders import claim_output, refuse_replacing
 from ..head_files import head_state_dict, own_layout_config, target_architectures, write_head_files
 from ..manifest import read_json, remove_dead_temps, shard_record, write_manifest
+from ..model.engines import sglang_norm_problem
 from ..model.heads import HEAD_WEIGHTS, load_any_head
 from ..model.target import repo_relative
 from .config import ExportConfig
@@ -59,6 +65,9 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
             "draft_vocab_size",
             "target_hidden_size",
             "norm_output",
+            "norm_before_fc",
+            "norm_before_residual",
+            "fc_norm",
         )
     }
     layer["architectures"] = ["LlamaForCausalLM"]
@@ -71,7 +80,9 @@ def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
         "transformer_layer_config": layer,
         "draft_vocab_size": cfg["draft_vocab_size"],
         "target_hidden_size": cfg.get("target_hidden_size"),
-        "norm_before_residual": False,
+        # vLLM's update_eagle3 reads these here (a missing norm_before_residual means true)
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+        "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
         "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
         "speculators_config": {
             "algorithm": "eagle3",
@@ -129,6 +140,14 @@ def export_head(
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     # validates names, shapes and aux layer fields before anything is written
     draft, spec = load_any_head(head_dir)
+    if fmt == "sglang":
+        problem = sglang_norm_problem(spec.norm_before_fc, spec.norm_before_residual)
+        if problem:
+            raise UsageError(
+                f"{problem}; no SGLang export was written",
+                "for SGLang, a head trained without --norm-before-fc and --norm-before-residual",
+                f"eagle3 export --head {head_dir} --format vllm --out DIR   (or --format gguf, for llama.cpp)",
+            )
     claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
     settings = {
         "head": repo_relative(head_dir),

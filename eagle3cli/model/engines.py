@@ -156,6 +156,55 @@ def target_support(engine: str, architectures: list[str] | None) -> Support:
     return Support(engine, arch, "unknown", "not in eagle3's vLLM table")
 
 
+# ---------------------------------------------------------------- EAGLE-3.1's norms in SGLang
+# SGLang's LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py, read in sgl-project/sglang's source;
+# SGLang is not installed where this was written) reads neither flag: its loader skips a checkpoint
+# name it has no parameter for, so `input_norm.weight` is dropped without a word, and its first
+# layer always adds the raw hidden state as the residual. A head with either flag would load and
+# draft with another model than the one trained; an installed SGLang whose loader names a flag is
+# taken at its word.
+SGLANG_NORM_FLAGS: frozenset[str] = frozenset()
+
+
+def sglang_norm_flags() -> tuple[frozenset[str], str]:
+    """The EAGLE-3.1 norm flags SGLang's EAGLE-3 loader reads, and where that comes from."""
+    installed = _installed_sglang_models()
+    path = installed[1] / "llama_eagle3.py" if installed else None
+    if installed is None or path is None or not path.is_file():
+        return SGLANG_NORM_FLAGS, "SGLang's llama_eagle3.py (sgl-project source; not installed here)"
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (SyntaxError, UnicodeDecodeError):
+        return SGLANG_NORM_FLAGS, f"SGLang {installed[0]} (its llama_eagle3.py could not be read)"
+    names = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    flags = frozenset(f for f in ("norm_before_fc", "norm_before_residual") if f in names)
+    return flags, f"the installed SGLang {installed[0]}'s llama_eagle3.py"
+
+
+def sglang_norm_problem(norm_before_fc: bool, norm_before_residual: bool) -> str | None:
+    """What is wrong with serving a head with these EAGLE-3.1 norms on SGLang; None when nothing is."""
+    supported, source = sglang_norm_flags()
+    what = {
+        "norm_before_fc": "its input_norm.weight would be skipped without a word",
+        "norm_before_residual": "its layer would add the raw hidden state as the residual",
+    }
+    used = [f for f, on in (("norm_before_fc", norm_before_fc), ("norm_before_residual", norm_before_residual)) if on]
+    missing = [f for f in used if f not in supported]
+    if not missing:
+        return None
+    return (
+        f"the head is an EAGLE-3.1 head ({' and '.join(missing)}), which SGLang's LlamaForCausalLMEagle3 does "
+        f"not read ({source}): {'; '.join(what[f] for f in missing)}, so SGLang would draft with another model "
+        "than the one trained"
+    )
+
+
+SGLANG_NORM_FIX = (
+    "serve it with vLLM (eagle3 serve --engine vllm) or llama.cpp (eagle3 export --format gguf, then eagle3 serve "
+    "--engine llama.cpp); for SGLang, train a head without --norm-before-fc and --norm-before-residual"
+)
+
+
 if __name__ == "__main__":  # print the table of the installed SGLang, to refresh SGLANG_EAGLE3_TARGETS
     found = _installed_sglang_models()
     if found is None:

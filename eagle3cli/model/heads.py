@@ -15,6 +15,11 @@ Fields that disagree are refused with every reading shown: whichever we picked, 
 would feed the head other layers than the ones it was trained on. A head that names no layers
 gets what both engines capture then, [2, L//2, L-3], with a notice saying so.
 
+EAGLE-3.1's two norms (`head_norms`) are read where vLLM reads them: `norm_before_residual` at the
+top level (in a speculators config a missing one means true, vLLM's and the speculators library's
+default), `norm_before_fc` in `eagle_config` first, then at the top level; its weight is
+`input_norm.weight`. `fc_norm` (one norm per aux feature, another variant) is refused.
+
 `load_head_weights` builds the `Eagle3Draft` from a `HeadSpec`: names are mapped to eagle3's
 (`model.` prefix dropped, `layers.0.` = `midlayer.`), weights are cast to the compute dtype
 (bf16 files evaluate in fp32 on CPU), and the embeddings are always the target's, as SGLang
@@ -61,8 +66,16 @@ HEAD_TENSOR_NAMES = (
     "t2d",
 )
 OPTIONAL_TENSOR_NAMES = ("embed_tokens.weight",)
+# EAGLE-3.1's norm_before_fc: the RMSNorm over the concatenated aux features (vLLM's and llama.cpp's
+# converter's checkpoint name). Part of a head exactly when the flag is set.
+INPUT_NORM = "input_norm.weight"
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
 NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
+
+
+def head_tensor_names(norm_before_fc: bool) -> tuple[str, ...]:
+    """The tensors a head has: `HEAD_TENSOR_NAMES`, and `input_norm.weight` with norm_before_fc."""
+    return HEAD_TENSOR_NAMES + ((INPUT_NORM,) if norm_before_fc else ())
 
 
 # ---------------------------------------------------------------- safetensors header
@@ -203,6 +216,66 @@ def resolve_aux_ids(
     return tuple(int(k) for k in ids), source, notices
 
 
+# ---------------------------------------------------------------- EAGLE-3.1's norms
+@dataclass(frozen=True)
+class HeadNorms:
+    """EAGLE-3.1's optional norms as the engines read a head's config (`head_norms`)."""
+
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    problems: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+
+
+def head_norms(cfg: dict, layout: str) -> HeadNorms:
+    """The two norm flags of a head config, each read where and as vLLM reads it (the reference
+    loader), and the spellings that would make engines disagree, as problems:
+
+      norm_before_residual  top level; speculators: missing = true (vLLM's `update_eagle3` and the
+                            speculators library's own default), elsewhere missing = false
+      norm_before_fc        `eagle_config` first, then the top level (llama.cpp's converter reads
+                            only the top level: the two must not disagree); missing = false
+      fc_norm               a norm per aux feature, not one over all of them: refused
+    """
+    eagle_cfg = cfg.get("eagle_config") or {}
+    problems, notices = [], []
+
+    def value(where: dict, key: str, label: str) -> bool | None:
+        v = where.get(key)
+        if v is None or isinstance(v, bool):
+            return v
+        problems.append(f"{label} is {v!r}, not true or false")
+        return None
+
+    if eagle_cfg.get("fc_norm") or cfg.get("fc_norm"):
+        problems.append(
+            "fc_norm is set: one RMSNorm per aux feature before fc, a variant eagle3's draft does not implement "
+            "(its norm_before_fc is one norm over all of them)"
+        )
+    top_fc = value(cfg, "norm_before_fc", "norm_before_fc")
+    ec_fc = value(eagle_cfg, "norm_before_fc", "eagle_config.norm_before_fc")
+    if top_fc is not None and ec_fc is not None and top_fc != ec_fc:
+        problems.append(
+            f"eagle_config.norm_before_fc is {ec_fc} but norm_before_fc is {top_fc}: vLLM reads the first, "
+            "llama.cpp's converter the second"
+        )
+    fc = bool(ec_fc if ec_fc is not None else top_fc)
+    top_res = value(cfg, "norm_before_residual", "norm_before_residual")
+    ec_res = value(eagle_cfg, "norm_before_residual", "eagle_config.norm_before_residual")
+    if ec_res is not None and ec_res != bool(top_res):
+        problems.append(
+            f"eagle_config.norm_before_residual is {ec_res}, but vLLM and llama.cpp read only the top-level "
+            f"norm_before_residual, which is {top_res if top_res is not None else 'missing'}"
+        )
+    if top_res is None and layout == "speculators":
+        notices.append(
+            "the speculators config does not say norm_before_residual: reading it as true, as vLLM and the "
+            "speculators library do"
+        )
+        top_res = True
+    return HeadNorms(fc, bool(top_res), tuple(problems), tuple(notices))
+
+
 # ---------------------------------------------------------------- the head folder
 @dataclass(frozen=True)
 class HeadSpec:
@@ -221,6 +294,8 @@ class HeadSpec:
     target: dict  # what the head records about its target (eagle3.target, or the speculators verifier)
     notices: tuple[str, ...] = field(default=())
     readings: tuple[AuxReading, ...] = field(default=())
+    norm_before_fc: bool = False  # EAGLE-3.1's norms, as `head_norms` reads them
+    norm_before_residual: bool = False
 
     @property
     def target_ref(self) -> str | None:
@@ -239,6 +314,8 @@ class HeadSpec:
             "draft_vocab_size": self.draft_vocab_size,
             "dtype": self.dtype,
             "has_embed_tokens": "embed_tokens.weight" in self.names,
+            "norm_before_fc": self.norm_before_fc,
+            "norm_before_residual": self.norm_before_residual,
             "notices": list(self.notices),
         }
 
@@ -271,21 +348,18 @@ def detect_layout(cfg: dict) -> str:
     return "sglang"
 
 
-def _speculators_fields(cfg: dict, where: str) -> tuple[dict, dict, list[str]]:
-    """(Llama fields, recorded target, problems) of a speculators eagle3 config."""
-    problems = []
+def _speculators_fields(cfg: dict, where: str) -> tuple[dict, dict]:
+    """(Llama fields, recorded target) of a speculators eagle3 config (its norms: `head_norms`)."""
     layer = cfg.get("transformer_layer_config")
     if not isinstance(layer, dict):
         raise UsageError(
             f"{where}: a speculators config without transformer_layer_config", "an Eagle3Speculator config"
         )
-    if cfg.get("norm_before_residual"):
-        problems.append("norm_before_residual is true (eagle3's midlayer takes the residual before hidden_norm)")
     verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
     target = dict((cfg.get("eagle3") or {}).get("target") or {})
     if verifier.get("name_or_path"):
         target["name_or_path"] = verifier["name_or_path"]
-    return dict(layer), target, problems
+    return dict(layer), target
 
 
 def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
@@ -297,7 +371,7 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     layout = detect_layout(cfg)
     problems: list[str] = []
     if layout == "speculators":
-        llama, target, problems = _speculators_fields(cfg, where)
+        llama, target = _speculators_fields(cfg, where)
     else:
         archs = cfg.get("architectures") or []
         if not any(a in HEAD_ARCHS for a in archs):
@@ -309,9 +383,8 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     if llama.get("num_hidden_layers", 1) != 1:
         problems.append(f"num_hidden_layers is {llama.get('num_hidden_layers')}; eagle3 runs one-layer EAGLE-3 heads")
     eagle_cfg = cfg.get("eagle_config") or {}
-    for flag in ("norm_before_fc", "fc_norm"):
-        if eagle_cfg.get(flag) or cfg.get(flag):
-            problems.append(f"{flag} is set: a head variant eagle3's draft does not implement")
+    norms = head_norms(cfg, layout)
+    problems += list(norms.problems)
     if eagle_cfg.get("use_aux_hidden_state") is False:
         problems.append("eagle_config.use_aux_hidden_state is false: not an EAGLE-3 (multi-layer feature) head")
     for k in ("hidden_size", "num_attention_heads", "vocab_size"):
@@ -325,16 +398,21 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     names: dict[str, str] = {}
     for name in index:
         names.setdefault(canonical_name(name), name)
-    known = set(HEAD_TENSOR_NAMES) | set(OPTIONAL_TENSOR_NAMES)
-    unknown = sorted(n for n in index if canonical_name(n) not in known)
+    wanted = head_tensor_names(norms.norm_before_fc)
+    known = set(wanted) | set(OPTIONAL_TENSOR_NAMES)
+    if INPUT_NORM in names and not norms.norm_before_fc:
+        # vLLM drops it when the flag is off: the head would draft without the norm it was trained with
+        problems.append(f"{names[INPUT_NORM]} is in model.safetensors but norm_before_fc is not set in config.json")
+    unknown = sorted(n for n in index if canonical_name(n) not in known | {INPUT_NORM})
     if unknown:
         problems.append(f"tensors eagle3's draft has no place for: {', '.join(unknown[:8])}")
-    missing = [n for n in HEAD_TENSOR_NAMES if n not in names and n not in ("d2t", "t2d")]
+    missing = [n for n in wanted if n not in names and n not in ("d2t", "t2d")]
     if missing:
-        problems.append(f"model.safetensors lacks {', '.join(missing)}")
+        flagged = " (norm_before_fc is set)" if INPUT_NORM in missing else ""
+        problems.append(f"model.safetensors lacks {', '.join(missing)}{flagged}")
     not_float = [
         f"{n} ({index[names[n]].dtype})"
-        for n in HEAD_TENSOR_NAMES
+        for n in wanted
         if n in names and n not in ("d2t", "t2d") and index[names[n]].dtype not in FLOAT_DTYPES
     ]
     if not_float:  # an int32 head would "load" and draft nonsense
@@ -357,6 +435,8 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
     shape_problems = []
     if len(fc) != 2 or fc[0] != hidden or fc[1] % target_hidden:
         shape_problems.append(f"fc.weight {fc}, expected ({hidden}, n_aux * {target_hidden})")
+    if norms.norm_before_fc and len(fc) == 2 and index[names[INPUT_NORM]].shape != (fc[1],):
+        shape_problems.append(f"{INPUT_NORM} {index[names[INPUT_NORM]].shape}, expected ({fc[1]},), fc's input width")
     if lm != (int(draft_vocab), hidden):
         shape_problems.append(f"lm_head.weight {lm}, expected (draft_vocab_size {draft_vocab}, {hidden})")
     vocab = int(llama["vocab_size"])
@@ -387,8 +467,10 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
         names=names,
         index=index,
         target=target,
-        notices=tuple(notices + aux_notes),
+        notices=tuple(notices + list(norms.notices) + aux_notes),
         readings=tuple(readings),
+        norm_before_fc=norms.norm_before_fc,
+        norm_before_residual=norms.norm_before_residual,
     )
 
 
@@ -403,6 +485,9 @@ _NOT_LLAMA = (
     "eagle_aux_hidden_state_layer_ids",
     "transformers_version",
     "_name_or_path",
+    "norm_before_fc",  # set from the spec: read where the engines read them (head_norms)
+    "norm_before_residual",
+    "fc_norm",
 )
 
 
@@ -416,6 +501,8 @@ def draft_config(spec: HeadSpec):
     llama.draft_vocab_size = spec.draft_vocab_size
     llama.target_hidden_size = spec.target_hidden_size
     llama.aux_layer_ids = list(spec.aux_layer_ids)
+    llama.norm_before_fc = spec.norm_before_fc
+    llama.norm_before_residual = spec.norm_before_residual
     llama.architectures = [HEAD_ARCH]
     return llama
 
@@ -429,7 +516,8 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
 
     draft = Eagle3Draft(draft_config(spec))
     with safe_open(str(spec.path / HEAD_WEIGHTS), framework="pt") as f:
-        tensors = {n: f.get_tensor(file_name) for n, file_name in spec.names.items() if n in HEAD_TENSOR_NAMES}
+        wanted = head_tensor_names(spec.norm_before_fc)
+        tensors = {n: f.get_tensor(file_name) for n, file_name in spec.names.items() if n in wanted}
     refuse_nonfinite(tensors, spec.path / HEAD_WEIGHTS)  # a NaN head drafts garbage and engines load it silently
     file_dtype = tensors["fc.weight"].dtype
     if "d2t" not in tensors:  # full-vocab head: draft id = target id

@@ -9,7 +9,15 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..model.headcheck import load_head_tensors
-from ..model.heads import HEAD_TENSOR_NAMES, OPTIONAL_TENSOR_NAMES, TensorInfo, canonical_name, read_tensor_index
+from ..model.heads import (
+    HEAD_TENSOR_NAMES,
+    INPUT_NORM,
+    OPTIONAL_TENSOR_NAMES,
+    TensorInfo,
+    canonical_name,
+    head_tensor_names,
+    read_tensor_index,
+)
 from .problems import Problem, error, warning
 
 REEXPORT = "re-export the head: eagle3 train --run runs/NAME --resume"
@@ -24,10 +32,11 @@ BIAS_FIX = "re-export the head with eagle3 (heads carry no biases, whatever the 
 
 
 def check_head_weights(
-    weights: Path, h_hidden, t_hidden: int, t_vocab: int, draft_vocab: int | None
+    weights: Path, h_hidden, t_hidden: int, t_vocab: int, draft_vocab: int | None, norm_before_fc: bool = False
 ) -> tuple[list[Problem], int | None]:
     """model.safetensors, from its header (and the small d2t/t2d): names the engines map, shapes,
-    finite values, the id map. Also how many aux features fc reads (None when unknown)."""
+    finite values, the id map. Also how many aux features fc reads (None when unknown).
+    `norm_before_fc` (EAGLE-3.1, from the config): the head must then have input_norm.weight."""
     if not weights.exists():
         return [error(f"{weights} does not exist", REEXPORT)], None
     try:
@@ -42,15 +51,25 @@ def check_head_weights(
     canon: dict[str, tuple[str, TensorInfo]] = {}
     for name, info in index.items():
         canon.setdefault(canonical_name(name), (name, info))
-    problems += _check_names(index, canon)
+    problems += _check_names(index, canon, norm_before_fc)
     n_aux_fc, shape_problems = _check_shapes(canon, h_hidden, t_hidden, draft_vocab)
     return problems + shape_problems + _check_vocab_map(weights, canon, draft_vocab, t_vocab), n_aux_fc
 
 
-def _check_names(index: dict, canon: dict) -> list[Problem]:
+def _check_names(index: dict, canon: dict, norm_before_fc: bool) -> list[Problem]:
     """Tensors SGLang cannot map (skipped silently), biases, and required tensors missing."""
     problems = []
-    known = set(HEAD_TENSOR_NAMES) | set(OPTIONAL_TENSOR_NAMES)
+    wanted = head_tensor_names(norm_before_fc)
+    known = set(wanted) | set(OPTIONAL_TENSOR_NAMES)
+    if INPUT_NORM in canon and not norm_before_fc:
+        problems.append(
+            error(
+                f"model.safetensors has {canon[INPUT_NORM][0]} but config.json does not set norm_before_fc: "
+                "vLLM drops the tensor then, and the head would draft without the norm it was trained with",
+                '"norm_before_fc": true in the head\'s config.json, if it was trained with it; else ' + REEXPORT,
+            )
+        )
+        known.add(INPUT_NORM)
     unknown = sorted(n for n in index if canonical_name(n) not in known)
     biases = [n for n in unknown if n.endswith(".bias")]
     if biases:
@@ -64,7 +83,7 @@ def _check_names(index: dict, canon: dict) -> list[Problem]:
                 f"rename them to the head names ({', '.join(HEAD_TENSOR_NAMES[:3])}, ...) or {REEXPORT}",
             )
         )
-    required = [n for n in HEAD_TENSOR_NAMES if n not in ("d2t", "t2d")]
+    required = [n for n in wanted if n not in ("d2t", "t2d")]
     missing = [n for n in required if n not in canon]
     if missing:
         problems.append(
@@ -85,6 +104,9 @@ def _check_shapes(canon: dict, h_hidden, t_hidden: int, draft_vocab: int | None)
             problems.append(error(f"fc.weight has shape {fc}, expected ({h_hidden}, n_aux * {t_hidden})", REEXPORT))
         else:
             n_aux_fc = fc[1] // t_hidden
+    norm_in = shape(INPUT_NORM)
+    if norm_in is not None and fc is not None and len(fc) == 2 and norm_in != (fc[1],):
+        problems.append(error(f"{INPUT_NORM} has shape {norm_in}, expected ({fc[1]},): fc's input width", REEXPORT))
     q = shape("midlayer.self_attn.q_proj.weight")
     if q is not None and isinstance(h_hidden, int) and (len(q) != 2 or q[1] != 2 * h_hidden):
         problems.append(

@@ -10,7 +10,9 @@ CLI can report all of them at once. Engines accept several wrong heads without a
   * `tie_word_embeddings: true`: the trained lm_head is replaced by the embeddings;
   * unknown tensor names: SGLang's loader skips names it cannot map, leaving random weights;
   * attention/MLP biases: SGLang's EAGLE-3 layer has no q/k/v bias, vLLM's has them (heads carry none);
-  * a target family the engine cannot capture aux states from (`model.engines`): it fails at startup.
+  * a target family the engine cannot capture aux states from (`model.engines`): it fails at startup;
+  * EAGLE-3.1's norms (`norm_before_fc`, `norm_before_residual`): vLLM reads both, SGLang neither
+    (it would skip input_norm.weight and add the raw residual), so SGLang refuses such a head.
 
 Safetensors headers are read with `safe_open` (names, shapes, dtypes) without loading weights;
 only the small `d2t`/`t2d` vectors are read to check the id map. The checks of the machine
@@ -25,11 +27,12 @@ from pathlib import Path
 
 from ..errors import UsageError
 from ..manifest import for_run, model_fingerprint, read_json_object
-from ..model.engines import target_support
+from ..model.engines import SGLANG_NORM_FIX, sglang_norm_problem, target_support
 from ..model.heads import (
     HEAD_ARCH,
     HEAD_WEIGHTS,
     detect_layout,
+    head_norms,
     read_head,
 )
 from ..speculate.target import text_config
@@ -136,13 +139,35 @@ def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list
     head_cfg = read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)")
     target = read_target(Path(target_dir))
     problems = check_target_engine(target.architectures, engine)
-    if detect_layout(head_cfg) == "speculators":
+    layout = detect_layout(head_cfg)
+    if layout == "speculators":
         return problems + _check_speculators(head_dir, target, engine)
     config_problems, draft_vocab = check_head_config(head_cfg, target)
-    weight_problems, n_aux_fc = check_head_weights(
-        head_dir / HEAD_WEIGHTS, head_cfg.get("hidden_size"), target.hidden, target.vocab, draft_vocab
+    norms = head_norms(head_cfg, layout)
+    norm_problems = [error(p, REEXPORT) for p in norms.problems] + _check_norms(
+        norms.norm_before_fc, norms.norm_before_residual, engine
     )
-    return problems + config_problems + weight_problems + check_aux_ids(head_cfg, target.layers, engine, n_aux_fc)
+    weight_problems, n_aux_fc = check_head_weights(
+        head_dir / HEAD_WEIGHTS,
+        head_cfg.get("hidden_size"),
+        target.hidden,
+        target.vocab,
+        draft_vocab,
+        norms.norm_before_fc,
+    )
+    return (
+        problems
+        + config_problems
+        + norm_problems
+        + weight_problems
+        + check_aux_ids(head_cfg, target.layers, engine, n_aux_fc)
+    )
+
+
+def _check_norms(norm_before_fc: bool, norm_before_residual: bool, engine: str) -> list[Problem]:
+    """EAGLE-3.1's norms on an engine whose EAGLE-3 loader does not read them (SGLang's)."""
+    problem = sglang_norm_problem(norm_before_fc, norm_before_residual) if engine == "sglang" else None
+    return [error(problem, SGLANG_NORM_FIX)] if problem else []
 
 
 def check_head_config(head_cfg: dict, t: Target) -> tuple[list[Problem], int | None]:
@@ -300,6 +325,7 @@ def _check_speculators(head_dir: Path, t: Target, engine: str) -> list[Problem]:
     except UsageError as e:
         return problems + [error(e.what, fix)]
     problems += [warning(n, fix) for n in spec.notices]
+    problems += _check_norms(spec.norm_before_fc, spec.norm_before_residual, engine)
     if spec.vocab_size != t.vocab:
         problems.append(
             error(f"head vocab_size {spec.vocab_size} != target vocab_size {t.vocab}", "the training target")

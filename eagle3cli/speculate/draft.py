@@ -6,6 +6,14 @@
     norm, lm_head RMSNorm, then logits over the draft vocabulary
     d2t, t2d      draft->target id offsets (target = draft + d2t[draft]) and a target-vocab mask
 
+Two optional norms of EAGLE-3.1 (speculators' and vLLM's names; both off by default, which is the
+original EAGLE-3 head, unchanged):
+    norm_before_fc        `input_norm`, one RMSNorm over the whole concatenated aux features
+                          (n_aux * H_target wide) before fc; the draft's own states skip it, as
+                          they skip fc
+    norm_before_residual  the decoder layer's residual is hidden_norm(h) instead of the raw h
+                          (the attention input is hidden_norm(h) either way)
+
 The token embedding is the target's, frozen, and is not part of the exported head.
 
 Two ways to run it:
@@ -50,11 +58,15 @@ def draft_config_from_target(
     target_config: LlamaConfig | dict,
     draft_vocab_size: int,
     aux_layer_ids: tuple[int, ...],
+    norm_before_fc: bool = False,
+    norm_before_residual: bool = False,
 ) -> LlamaConfig:
     """The head's Llama config: the target's width/heads/rope, one layer, the draft vocab.
 
     `aux_layer_ids` use eagle3's convention: index into `output_hidden_states`
     (= the input of decoder layer k). Engine-specific ids are written by `export`.
+    The two norm flags are EAGLE-3.1's (module docstring); they are written to the config
+    even when off, under the names vLLM and llama.cpp's converter read.
     """
     t = text_config(target_config.to_dict() if hasattr(target_config, "to_dict") else dict(target_config))
     keep = (
@@ -78,8 +90,16 @@ def draft_config_from_target(
     cfg.draft_vocab_size = int(draft_vocab_size)
     cfg.target_hidden_size = int(t["hidden_size"])
     cfg.aux_layer_ids = [int(i) for i in aux_layer_ids]
+    cfg.norm_before_fc = bool(norm_before_fc)
+    cfg.norm_before_residual = bool(norm_before_residual)
     cfg.architectures = ["LlamaForCausalLMEagle3"]
     return cfg
+
+
+def norm_flags(config) -> tuple[bool, bool]:
+    """(norm_before_fc, norm_before_residual) of a draft config; a config without them (written
+    before they existed) is the original head: both off."""
+    return bool(getattr(config, "norm_before_fc", False)), bool(getattr(config, "norm_before_residual", False))
 
 
 def draft_rope(target: dict) -> dict:
@@ -135,14 +155,19 @@ class DraftDecoderLayer(nn.Module):
         self.input_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.hidden_norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
+        self.norm_before_residual: bool = norm_flags(config)[1]
 
-    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+    def attn_input(self, embeds: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the 2H-wide attention input [input_layernorm(embeds); hidden_norm(hidden)], the residual):
+        the raw hidden state, or with norm_before_residual the normed one."""
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
+        return x, normed if self.norm_before_residual else hidden
 
-    def finish(self, hidden: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """Residual from the (un-normed) hidden input, then the MLP block."""
+    def finish(self, residual: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        """The attention output added to the residual (from `attn_input`), then the MLP block."""
         b, _, t, _ = attn_out.shape
-        h = hidden + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
+        h = residual + self.self_attn.o_proj(attn_out.transpose(1, 2).reshape(b, t, -1))
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
@@ -209,6 +234,11 @@ class Eagle3Draft(nn.Module):
         self.rotary_emb = LlamaRotaryEmbedding(config)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
         self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        # Made last and only when asked for: an RMSNorm draws no random numbers, and a head without
+        # the flag keeps exactly the parameters (and checkpoints) it always had.
+        self.input_norm: LlamaRMSNorm | None = None
+        if norm_flags(config)[0]:
+            self.input_norm = LlamaRMSNorm(n_aux * config.target_hidden_size, eps=config.rms_norm_eps)
         self._packed_fusions = None  # see fused_projections
 
     # ------------------------------------------------------------ shared pieces
@@ -247,13 +277,20 @@ class Eagle3Draft(nn.Module):
             return self.lm_head(self.norm(hidden))
         return self.lm_head(_rms(hidden, self.norm))
 
-    def project(self, hidden: torch.Tensor, from_target: bool) -> torch.Tensor:
-        """fc over target aux features; the draft's own states pass unchanged.
+    def project(self, hidden: torch.Tensor, from_target: bool, module_calls: bool | None = None) -> torch.Tensor:
+        """fc over target aux features (after `input_norm` with norm_before_fc); the draft's own
+        states pass unchanged.
 
         Explicit rather than by width (as SGLang does): with the top-only ablation the aux
-        features are exactly H wide and would skip fc by accident.
+        features are exactly H wide and would skip fc by accident. `module_calls` as in `logits`
+        (the norm's module, which ZeRO-3 can gather, or the fused norm of decoding).
         """
-        return self.fc(hidden) if from_target else hidden
+        if not from_target:
+            return hidden
+        if self.input_norm is not None:
+            calls = torch.is_grad_enabled() if module_calls is None else module_calls
+            hidden = self.input_norm(hidden) if calls else _rms(hidden, self.input_norm)
+        return self.fc(hidden)
 
     def _rope(self, x: torch.Tensor, position_ids: torch.Tensor):
         return self.rotary_emb(x, position_ids)
@@ -291,7 +328,9 @@ class Eagle3Draft(nn.Module):
         end = start + n
         hidden = self.project(hidden.to(self.fc.weight.dtype), from_target)
         embeds = self.embed_tokens.weight[input_ids].to(hidden.dtype)
-        x = torch.cat([_rms(embeds, layer.input_layernorm), _rms(hidden, layer.hidden_norm)], dim=-1)
+        normed = _rms(hidden, layer.hidden_norm)
+        x = torch.cat([_rms(embeds, layer.input_layernorm), normed], dim=-1)
+        residual = normed if layer.norm_before_residual else hidden
         qkv = cache.qkv(x)
         qk = qkv[..., : (nh + nkv) * hd].view(b, n, nh + nkv, hd)
         if position is None:
@@ -307,7 +346,7 @@ class Eagle3Draft(nn.Module):
         if last_only and n > 1:
             if mask is not None:
                 raise ValueError("last_only takes no mask: the last entry sees every slot before it")
-            q, hidden, n = q[:, :, -1:], hidden[:, -1:], 1
+            q, residual, n = q[:, :, -1:], residual[:, -1:], 1
         if mask is None and n > 1:
             mask = cache.slots[:end] <= cache.slots[start:end, None]
         out = F.scaled_dot_product_attention(
@@ -318,7 +357,7 @@ class Eagle3Draft(nn.Module):
             scale=1.0 / math.sqrt(hd),
             enable_gqa=nh != nkv,
         )
-        h = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
+        h = residual + attn.o_proj(out.transpose(1, 2).reshape(b, n, nh * hd))
         gate, up = cache.gate_up(_rms(h, layer.post_attention_layernorm)).chunk(2, dim=-1)
         return h + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
@@ -342,7 +381,7 @@ class Eagle3Draft(nn.Module):
             position_ids = torch.arange(t, device=input_ids.device).unsqueeze(0).expand(b, t)
         scale = 1.0 / math.sqrt(attn.head_dim)
         causal = torch.ones(t, t, dtype=torch.bool, device=input_ids.device).tril()
-        hidden = self.fc(aux_hidden)
+        hidden = self.project(aux_hidden, from_target=True, module_calls=True)  # ZeRO-3 gathers in module calls
         k0: torch.Tensor | None = None
         v0: torch.Tensor | None = None
         diag_k: list[torch.Tensor] = []
@@ -350,7 +389,7 @@ class Eagle3Draft(nn.Module):
         for k in range(steps):
             tokens = F.pad(input_ids[:, 1 + k :], (0, 1 + k), value=0)[:, :t]
             embeds = self.embed_tokens(tokens).to(hidden.dtype)
-            x = layer.attn_input(embeds, hidden)
+            x, residual = layer.attn_input(embeds, hidden)
             cos, sin = self._rope(x, position_ids + k)
             q, kk, vv = attn.qkv(x, cos, sin)
             if k0 is None or v0 is None:  # step 0: the keys every later step attends to
@@ -371,5 +410,5 @@ class Eagle3Draft(nn.Module):
                 out = out + sum(diag_p[..., j, None] * dv for j, dv in enumerate(diag_v))
             else:
                 out = torch.matmul(torch.softmax(scores.float(), dim=-1).to(q.dtype), v0)
-            hidden = layer.finish(hidden, out)
+            hidden = layer.finish(residual, out)
             yield hidden

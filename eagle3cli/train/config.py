@@ -63,6 +63,13 @@ class TrainConfig:
     state's logits spread 0.3: the first loss starts near ln(draft vocab), not far above it); or
     pass-top (soft, and fc passes the top aux feature through while the layer's output projections
     start at zero: step 0 starts as the target's own read-out of that layer)."""
+    norm_before_fc: bool = False
+    """EAGLE-3.1: one RMSNorm (`input_norm`) over the concatenated aux features before fc, so layers
+    of very different scale enter fc alike. vLLM and llama.cpp load it; SGLang does not (export and
+    serve refuse such a head for it)."""
+    norm_before_residual: bool = False
+    """EAGLE-3.1: the decoder layer's residual is hidden_norm(h) rather than the raw h. vLLM and
+    llama.cpp load it; SGLang does not (export and serve refuse such a head for it)."""
     feature_noise: float = 0.0
     """Gaussian noise on the aux features, as a fraction of each token's feature RMS (0.05 in
     speculators' small-data defaults): the draft learns to tolerate its own imperfect states."""

@@ -95,7 +95,10 @@ def apply_init(draft, init: str, lm_head: str) -> None:
             w.mul_(SOFT_LOGIT_STD / spread)
     if init == "pass-top":
         h = draft.fc.weight.shape[0]
-        if draft.config.target_hidden_size == h:  # [low | mid | high] aux features, each H wide
+        # [low | mid | high] aux features, each H wide. EAGLE-3.1's norms (input_norm, a normed
+        # residual) only rescale the passed feature by a positive number per token, which the final
+        # RMSNorm removes: step 0 still starts as the target's read-out of that layer.
+        if draft.config.target_hidden_size == h:
             draft.fc.weight.zero_()
             draft.fc.weight[:, -h:] = torch.eye(h, dtype=draft.fc.weight.dtype)
         layer = draft.midlayer

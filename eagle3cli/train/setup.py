@@ -269,7 +269,9 @@ def setup(cfg: TrainConfig) -> Trainer:
 
     # ---- the draft
     torch.manual_seed(cfg.seed)
-    draft = Eagle3Draft(draft_config_from_target(tcfg, draft_vocab, aux_ids))
+    draft = Eagle3Draft(
+        draft_config_from_target(tcfg, draft_vocab, aux_ids, cfg.norm_before_fc, cfg.norm_before_residual)
+    )
     init_draft_from_weights(
         draft,
         weights["embed"],

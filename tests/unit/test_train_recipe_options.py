@@ -1,16 +1,21 @@
 """The recipe choices the anchors offer, each an option of `eagle3 train`: Muon (and its exact
-resume), the total-variation loss, a frozen or fresh lm_head, the pass-top init, feature noise."""
+resume), the total-variation loss, a frozen or fresh lm_head, the pass-top init, feature noise,
+EAGLE-3.1's two norms."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 
 import pytest
 import torch
+from cli_helpers import err
 from train_fixtures import make_run, metrics
 
+from eagle3cli.cli import main
 from eagle3cli.config import build_config
+from eagle3cli.model.heads import read_head
 from eagle3cli.speculate.ttt import soft_cross_entropy, total_variation
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import fit, setup, with_noise
@@ -62,6 +67,24 @@ def test_muon_on_matrices_adamw_on_the_rest_and_an_exact_resume(tmp_path, base_r
     assert second.step == 2
     fit(second)
     assert [(m["step"], m["loss"]) for m in metrics(resumed)] == [(m["step"], m["loss"]) for m in metrics(straight)]
+
+
+def test_eagle31_norms_from_a_recipe_and_a_flag_reach_the_head_and_guard_the_resume(tmp_path, base_run, capsys):
+    run = _copy(base_run, tmp_path)
+    (tmp_path / "r.yaml").write_text("train:\n  norm_before_fc: true\n")
+    small = [f"--{k.replace('_', '-')}={v}" for k, v in SMALL.items()]
+    args = ["train", "--run", str(run), "--recipe", str(tmp_path / "r.yaml"), *small, "--save-every", "1"]
+    assert main([*args, "--norm-before-residual", "--max-steps", "1"]) == 0
+    cfg = json.loads((run / "head" / "config.json").read_text())
+    assert cfg["norm_before_fc"] is True and cfg["norm_before_residual"] is True
+    manifest = json.loads((run / "train" / "manifest.json").read_text())
+    assert manifest["config"]["norm_before_fc"] is True and manifest["config"]["norm_before_residual"] is True
+    spec = read_head(run / "head")
+    assert spec.norm_before_fc and spec.norm_before_residual and "input_norm.weight" in spec.names
+    capsys.readouterr()
+    assert main([*args, "--no-norm-before-residual", "--max-steps", "2"]) == 2
+    text = err(capsys)
+    assert "norm_before_residual: checkpoint has True, this command False" in text and "next:" in text, text
 
 
 def test_total_variation_is_half_the_l1_distance_and_its_gradient_flows():

@@ -23,7 +23,7 @@ from eagle3cli.speculate.vocab import target_to_draft_index
 V, H, VD, T, B, K = 96, 32, 40, 11, 2, 4
 
 
-def tiny_draft(seed: int = 0) -> Eagle3Draft:
+def tiny_draft(seed: int = 0, norm_before_fc: bool = False, norm_before_residual: bool = False) -> Eagle3Draft:
     tcfg = LlamaConfig(
         vocab_size=V,
         hidden_size=H,
@@ -34,7 +34,7 @@ def tiny_draft(seed: int = 0) -> Eagle3Draft:
         max_position_embeddings=128,
     )
     torch.manual_seed(seed)
-    draft = Eagle3Draft(draft_config_from_target(tcfg, VD, (2, 2, 1))).double()
+    draft = Eagle3Draft(draft_config_from_target(tcfg, VD, (2, 2, 1), norm_before_fc, norm_before_residual)).double()
     for p in draft.parameters():  # non-trivial norms, so a wrong norm placement shows
         if p.dim() == 1:
             p.data.uniform_(0.5, 1.5)
@@ -85,8 +85,11 @@ def reference_loss(draft: Eagle3Draft, batch, teacher, steps: int, w: float):
     return total
 
 
-def test_fast_ttt_equals_reference_unroll_values_and_grads():
-    draft = tiny_draft()
+@pytest.mark.parametrize("norms", [(False, False), (True, True)], ids=["eagle3", "eagle3.1-norms"])
+def test_fast_ttt_equals_reference_unroll_values_and_grads(norms):
+    """Also with EAGLE-3.1's input_norm and norm_before_residual: every step of the unroll equals
+    the decoding step chained, values and gradients (input_norm's included)."""
+    draft = tiny_draft(0, *norms)
     ref = copy.deepcopy(draft)
     batch, last_hidden, lm_head = tiny_batch()
     teacher = teacher_from_hidden(last_hidden, lm_head, draft.d2t)
