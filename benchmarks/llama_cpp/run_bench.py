@@ -101,7 +101,8 @@ def decoder_tau(k: int, out: Path, args) -> float:
          "--threads", "1", "--no-generate-baseline", "--overwrite", "--out", out],
         env=ENV,
     )  # fmt: skip
-    return json.loads((out / "report.json").read_text())["tau"]
+    heads = json.loads((out / "report.json").read_text())["heads"]
+    return float(next(iter(heads.values()))["chain"]["acceptance"]["tau"])
 
 
 def _name(row: dict) -> str:

@@ -467,7 +467,9 @@ def write_report(
     json_path = md_path.with_suffix(".json")
     earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
     at = next(i for i, line in enumerate(lines) if line.startswith("## Acceptance and speed by bench (depth 8)"))
-    lines[at:at] = [*kept_sections(earlier)[1:], ""]
+    from benchmarks.smollm2.report_data import data_section
+
+    lines[at:at] = [*kept_sections(earlier)[1:], "", *data_section(earlier)]
     md_path.write_text("\n".join(lines))
     machine = {
         "rows": [
@@ -599,7 +601,13 @@ def main() -> None:
     )
     a = ap.parse_args()
     if a.corpus is not None or a.gen_data_engine is not None:
-        from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json, throughput_table
+        from benchmarks.smollm2.report_data import (
+            corpus_json,
+            data_section,
+            gen_data_throughput_json,
+            replace_section,
+            throughput_table,
+        )
 
         json_path = a.results_md.with_suffix(".json")
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
@@ -612,6 +620,9 @@ def main() -> None:
             )
             print(throughput_table(data["gen_data_throughput"]))
         json_path.write_text(json.dumps(data, indent=2) + "\n")
+        md = a.results_md.read_text() if a.results_md.exists() else ""
+        a.results_md.write_text(replace_section(md, data_section(data), "## Acceptance and speed by bench"))
+        print(f"wrote {json_path} and the data section of {a.results_md}")
         return
     if a.llama_cpp is not None:
         json_path = a.results_md.with_suffix(".json")

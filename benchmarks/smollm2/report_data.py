@@ -95,3 +95,51 @@ def throughput_table(rows: list[dict]) -> str:
             f"{r['gen_data_vs_engine']:.2f}x | {hf} | {vs} |"
         )
     return "\n".join(lines)
+
+
+DATA_HEADING = "## Data at engine speed: the corpus and gen-data's throughput"
+
+
+def data_section(data: dict) -> list[str]:
+    """The page's section for the `corpus` and `gen_data_throughput` keys ([] when neither is there)."""
+    corpus, rows = data.get("corpus"), data.get("gen_data_throughput")
+    if not corpus and not rows:
+        return []
+    lines = [DATA_HEADING, ""]
+    if corpus:
+        state = "complete" if corpus["complete"] else "being regenerated (resumes across sessions)"
+        lines += [
+            f"`{corpus['folder']}`, {state}: **{corpus['conversations']:,} of {corpus['planned'] or '?':,} "
+            f"conversations**, {corpus['assistant_turns']:,} assistant turns, {corpus['completion_tokens']:,} "
+            f"completion tokens, through `{corpus['backend']}` ({(corpus.get('engine') or {}).get('dtype', '?')}); "
+            f"{corpus['gen_tok_s']} completion tok/s and {corpus['conversations_per_s']} conversations/s over "
+            f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s, one core).",
+            "",
+        ]
+    if rows:
+        s = data.get("gen_data_throughput_settings") or {}
+        eng = s.get("engine") or {}
+        lines += [
+            f"gen-data against the engine's own capacity (a plain client sending the same requests to the same "
+            f"server) and the hf backend: `benchmarks/stages/gen_data_engine.py`, {s.get('target')}, "
+            f"{eng.get('version') or eng.get('endpoint')} {eng.get('dtype', '')}, {s.get('max_new_tokens')} new "
+            f"tokens, greedy; ratios of ABBA runs (gen-data, client, client, gen-data) on one server.",
+            "",
+            throughput_table(rows),
+            "",
+        ]
+    return lines
+
+
+def replace_section(md: str, lines: list[str], before: str) -> str:
+    """`md` with the data section replaced (or inserted before the heading that starts with `before`)."""
+    text = md.splitlines()
+    start = next((i for i, x in enumerate(text) if x.startswith(DATA_HEADING)), None)
+    if start is not None:
+        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+        del text[start:end]
+        at = start
+    else:
+        at = next((i for i, x in enumerate(text) if x.startswith(before)), len(text))
+    text[at:at] = lines
+    return "\n".join(text) + ("\n" if md.endswith("\n") else "")

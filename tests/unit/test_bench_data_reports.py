@@ -97,3 +97,20 @@ def test_a_round_is_split_into_draft_verification_and_the_rest_in_plain_steps():
     # no statistics (verbosity too low) or no pass of k+1 tokens measured: no row, not a guess
     assert breakdown(row, None, {"pass_ms": {4: 12.0}, "tg_ms_per_token": 9.0}) is None
     assert breakdown(row, stats, {"pass_ms": {2: 12.0}, "tg_ms_per_token": 9.0}) is None
+
+
+def test_the_data_section_is_inserted_once_and_replaced_in_place_on_the_next_report():
+    from benchmarks.smollm2.report_data import DATA_HEADING, data_section, replace_section
+
+    corpus = {"folder": "corpora/x", "complete": False, "conversations": 1200, "planned": 15153, "assistant_turns": 2100,
+              "completion_tokens": 480000, "backend": "openai -> vllm v", "engine": {"dtype": "bfloat16"},
+              "gen_tok_s": 120.0, "conversations_per_s": 0.3, "generation_seconds": 4000.0, "sessions": 2}  # fmt: skip
+    md = "# page\n\n## Costs\n\ntext\n\n## Acceptance and speed by bench (depth 8)\n\nrows\n"
+    assert data_section({}) == []
+    once = replace_section(md, data_section({"corpus": corpus}), "## Acceptance and speed by bench")
+    assert once.count(DATA_HEADING) == 1 and once.index(DATA_HEADING) < once.index("## Acceptance and speed")
+    assert "1,200 of 15,153 conversations" in once
+    corpus["conversations"] = 2400
+    twice = replace_section(once, data_section({"corpus": corpus}), "## Acceptance and speed by bench")
+    assert twice.count(DATA_HEADING) == 1 and "2,400 of 15,153" in twice and "1,200 of" not in twice
+    assert twice.endswith("rows\n") and "## Costs\n\ntext" in twice
