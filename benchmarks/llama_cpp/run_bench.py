@@ -70,7 +70,7 @@ def server(argv: list, port: int, log: Path, timeout_s: float = 900):
 def measure(spec: str, plain: str, out: Path, args) -> dict:
     RECORDER.sh(
         [*E3, "eval", "--endpoint", spec, "--base-endpoint", plain, "--target", args.target, "--bench", args.bench,
-         "--num-prompts", args.prompts, "--max-new-tokens", args.max_tokens, "--out", out],
+         "--num-prompts", args.prompts, "--max-new-tokens", args.max_tokens, "--overwrite", "--out", out],
         env=ENV,
     )  # fmt: skip
     r = json.loads((out / "report.json").read_text())
