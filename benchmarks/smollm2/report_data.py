@@ -80,7 +80,17 @@ def gen_data_throughput_json(bench: Path) -> tuple[list[dict], dict]:
         for row in r["rows"]
     ]
     settings = {k: r.get(k) for k in ("target", "input", "max_new_tokens", "engine", "threads", "hf")}
+    settings["target"] = _repo_relative(settings["target"])  # no machine path on a committed page
+    if isinstance(settings.get("engine"), dict) and settings["engine"].get("python"):
+        settings["engine"] = {**settings["engine"], "python": _repo_relative(settings["engine"]["python"])}
     return rows, settings
+
+
+def _repo_relative(path: str | None) -> str | None:
+    if path is None or not Path(path).is_absolute():
+        return path
+    repo = Path(__file__).resolve().parents[2]
+    return str(Path(path).relative_to(repo)) if Path(path).is_relative_to(repo) else Path(path).name
 
 
 def throughput_table(rows: list[dict]) -> str:
@@ -123,7 +133,9 @@ def data_section(data: dict) -> list[str]:
             f"gen-data against the engine's own capacity (a plain client sending the same requests to the same "
             f"server) and the hf backend: `benchmarks/stages/gen_data_engine.py`, {s.get('target')}, "
             f"{eng.get('version') or eng.get('endpoint')} {eng.get('dtype', '')}, {s.get('max_new_tokens')} new "
-            f"tokens, greedy; ratios of ABBA runs (gen-data, client, client, gen-data) on one server.",
+            f"tokens, greedy; ratios of ABBA runs (gen-data, client, client, gen-data) on one server. hf: the "
+            f"embedded backend on the first {(s.get('hf') or {}).get('prompts', '?')} of the same prompts once the "
+            f"engine was stopped (batches padded to their longest prompt).",
             "",
             throughput_table(rows),
             "",
