@@ -18,6 +18,7 @@ The plain step is the plain server's decode time per token in the same eval (int
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -60,7 +61,8 @@ def llama_bench(
     rows = json.loads(out)
     passes = {int(r["n_prompt"]): r["avg_ns"] / 1e6 for r in rows if r["n_gen"] == 0}
     tg = next(r["avg_ns"] / 1e6 / r["n_gen"] for r in rows if r["n_prompt"] == 0 and r["n_gen"] > 0)
-    return {"pass_ms": passes, "tg_ms_per_token": tg, "command": " ".join(argv)}
+    shown = [os.path.relpath(a) if Path(a).is_absolute() and Path(a).is_relative_to(Path.cwd()) else a for a in argv]
+    return {"pass_ms": passes, "tg_ms_per_token": tg, "command": " ".join(shown)}  # no machine path in a report
 
 
 def breakdown(row: dict, stats: dict | None, bench: dict) -> dict | None:
