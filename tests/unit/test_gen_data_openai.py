@@ -135,12 +135,14 @@ def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(server
     p.write_text(
         "".join(json.dumps({"question_id": i, "turns": [f"Tell me about item {i}."]}) + "\n" for i in range(9))
     )
-    srv = server_factory()
+    # the server holds its first four answers 2 s each, so what is in flight then is what the client
+    # sent, not how fast this machine answered (a loaded CI box answered the first before the third went)
+    srv = server_factory(sleep_first=4, sleep_s=2.0)
     out = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "a", [srv.url], shard_size=2, concurrency=4))
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 9 and len(m["shards"]) == 5
     # requests of later shards were sent before earlier shards had all answered: at the start, four
-    # conversations (two shards' worth) were in flight together
+    # conversations (two shards' worth) were in flight together; a drain per shard would hold 2
     assert srv.max_in_flight >= 3
     one = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "b", [srv.url], shard_size=2, concurrency=1))
     for k in range(5):
