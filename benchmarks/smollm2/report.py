@@ -609,6 +609,9 @@ def main() -> None:
             throughput_table,
         )
 
+        for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON")):
+            if given is not None and not given.exists():
+                raise SystemExit(f"error: {given} does not exist (expected {what}); nothing was written")
         json_path = a.results_md.with_suffix(".json")
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
         if a.corpus is not None:
