@@ -611,7 +611,8 @@ def main() -> None:
 
         for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON")):
             if given is not None and not given.exists():
-                raise SystemExit(f"error: {given} does not exist (expected {what}); nothing was written")
+                print(f"error: {given} does not exist (expected {what}); nothing was written", file=sys.stderr)
+                raise SystemExit(2)
         json_path = a.results_md.with_suffix(".json")
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
         if a.corpus is not None:
