@@ -20,7 +20,7 @@ Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
   * EAGLE-3.1's norms: top-level `norm_before_fc` and `norm_before_residual`, always written (vLLM
     falls back to the top level when `eagle_config` lacks norm_before_fc; llama.cpp's converter reads
     only the top level), and `input_norm.weight` exactly when norm_before_fc is set (vLLM drops the
-    tensor when the flag is off). SGLang reads neither flag (`model.engines.sglang_norm_problem`).
+    tensor when the flag is off). SGLang reads norm_before_fc from 0.5.23 on, never norm_before_residual (`model.engines.sglang_norm_problem`).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ path or a hub id, so it loads from any directory.
 EAGLE-3.1's norms travel as top-level `norm_before_fc` / `norm_before_residual` in every layout
 (speculators: beside `transformer_layer_config`, where vLLM's `update_eagle3` reads them, always
 written since a missing norm_before_residual means true there) with `input_norm.weight`. SGLang
-reads neither, so `--format sglang` refuses such a head rather than write one it loads wrong.
+reads norm_before_fc from 0.5.23 on and norm_before_residual in no version, so `--format sglang`
+refuses a flag the SGLang here does not read rather than write a head it loads wrong.
 """
 
 from __future__ import annotations

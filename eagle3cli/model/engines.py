@@ -157,12 +157,13 @@ def target_support(engine: str, architectures: list[str] | None) -> Support:
 
 
 # ---------------------------------------------------------------- EAGLE-3.1's norms in SGLang
-# SGLang's LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py, read in sgl-project/sglang's source;
-# SGLang is not installed where this was written) reads neither flag: its loader skips a checkpoint
-# name it has no parameter for, so `input_norm.weight` is dropped without a word, and its first
-# layer always adds the raw hidden state as the residual. A head with either flag would load and
-# draft with another model than the one trained; an installed SGLang whose loader names a flag is
-# taken at its word.
+# SGLang's LlamaForCausalLMEagle3 (srt/models/llama_eagle3.py): before 0.5.23 it read neither flag
+# (its loader skips a checkpoint name it has no parameter for, so `input_norm.weight` was dropped
+# without a word); 0.5.23 reads norm_before_fc (eagle_config first, then the top level, as vLLM)
+# and loads input_norm.weight. No version reads norm_before_residual: its first layer always adds
+# the raw hidden state as the residual. A head with a flag SGLang does not read would load and
+# draft with another model than the one trained. An installed SGLang whose loader names a flag is
+# taken at its word; without one the version is unknown, so both flags are refused.
 SGLANG_NORM_FLAGS: frozenset[str] = frozenset()
 
 

@@ -235,6 +235,19 @@ def test_ctrl_c_stops_every_engine_process(engines):
     assert not is_healthy(engines.spec_url + "/health")
 
 
+def vllm_processes() -> list[psutil.Process]:
+    """Live processes whose command line names vLLM. A zombie's or a vanished process's command
+    line cannot be read (psutil raises): those are not running, so they are left out."""
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if "vllm" in " ".join(p.cmdline() or []).lower() and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
 def test_gen_data_engine_vllm_starts_records_and_stops_its_own_engine(tmp_path):
     """`gen-data --engine vllm`: one command starts vLLM on the target (fp32 here), regenerates through
     it, records engine and dtype, stops it (no vLLM process of ours is left), and a resume on
@@ -242,18 +255,14 @@ def test_gen_data_engine_vllm_starts_records_and_stops_its_own_engine(tmp_path):
     out = tmp_path / "engine"
     common = ["--target", TARGET, "--input", "gsm8k", "--num-samples", "4", "--temperature", "0",
               "--max-new-tokens", "24", "--shard-size", "2", "--concurrency", "4", "--out", out]  # fmt: skip
-    before = {p.pid for p in psutil.process_iter() if "vllm" in " ".join(p.cmdline() or []).lower()}
+    before = {p.pid for p in vllm_processes()}
     r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "fp32", "--engine-python", ENGINE_PY, timeout=900)
     assert r.returncode == 0, r.stderr[-2000:]
     m = json.loads((out / "manifest.json").read_text())
     assert m["engine"]["engine"] == "vllm" and m["engine"]["dtype"] == "float32"
     assert m["backend"] == "openai" and m["counts"]["written"] == 4 and m["throughput"]["completion_tokens"] > 0
     time.sleep(2.0)
-    ours = [
-        p
-        for p in psutil.process_iter()
-        if p.pid not in before and "vllm" in " ".join(p.cmdline() or []).lower() and p.status() != psutil.STATUS_ZOMBIE
-    ]
+    ours = [p for p in vllm_processes() if p.pid not in before]
     assert ours == [], ours
     r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "bf16", "--engine-python", ENGINE_PY, timeout=300)
     assert r.returncode == 2 and "bfloat16" in r.stderr and "float32" in r.stderr

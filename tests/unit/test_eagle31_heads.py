@@ -24,13 +24,14 @@ from eagle3cli.cli import main
 from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.export.run import export_head
 from eagle3cli.gguf_export import HEAD_GGUF, check_head_gguf, llama_cpp_source, read_gguf
+from eagle3cli.model.engines import sglang_norm_flags
 from eagle3cli.model.heads import load_any_head, load_head_weights, read_head
 from eagle3cli.model.target import load_target
 from eagle3cli.serve import preflight as pf
 
 FLAGS = [(True, False), (False, True), (True, True)]
 IDS = ["fc", "residual", "both"]
-VLLM_PY = Path("/work/main/.venv-vllm/bin/python")
+VLLM_PY = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
 VLLM_ALGOS = "lib/python3.11/site-packages/vllm/transformers_utils/configs/speculators/algos.py"
 
 
@@ -96,23 +97,51 @@ def test_every_layout_carries_the_flags_in_its_engines_spelling(flagged, tmp_pat
         same_weights(head, d)
 
 
-def test_sglang_export_and_serve_refuse_an_eagle31_head(flagged, deep_target_dir, tmp_path, capsys):
+def test_sglang_export_and_serve_refuse_the_flags_sglang_does_not_read(flagged, deep_target_dir, tmp_path, capsys):
+    """Refused: each flag the SGLang here does not read (none without SGLang; 0.5.23 reads
+    norm_before_fc and its input_norm.weight, no SGLang reads norm_before_residual). A head whose
+    flags it reads all is exported with the flag and the tensor its loader takes."""
     head, fc, residual = flagged
+    supported, _ = sglang_norm_flags()
+    unread = {f for f, on in (("norm_before_fc", fc), ("norm_before_residual", residual)) if on} - supported
     code = main(["export", "--head", str(head), "--format", "sglang", "--out", str(tmp_path / "sg")])
     text = err(capsys)
-    assert code == 2 and "error:" in text and "next:" in text, text
-    assert "SGLang's LlamaForCausalLMEagle3 does not read" in text and "--format vllm" in text
-    assert not (tmp_path / "sg" / "model.safetensors").exists()
+    if unread:
+        assert code == 2 and "error:" in text and "next:" in text, text
+        assert "SGLang's LlamaForCausalLMEagle3 does not read" in text and "--format vllm" in text
+        assert not (tmp_path / "sg" / "model.safetensors").exists()
+    else:
+        assert code == 0, text
+        cfg = json.loads((tmp_path / "sg" / "config.json").read_text())
+        assert (cfg["norm_before_fc"], cfg["norm_before_residual"]) == (fc, residual)
+        assert ("input_norm.weight" in load_file(str(tmp_path / "sg" / "model.safetensors"))) == fc
 
     args = ["serve", "--engine", "sglang", "--target", str(deep_target_dir), "--head", str(head), "--dry-run"]
-    code = main(args)
+    main(args)
     text = err(capsys)
-    assert code == 2 and "error:" in text and "next:" in text and "--engine vllm" in text, text
-    for flag, on in (("norm_before_fc", fc), ("norm_before_residual", residual)):
-        assert (flag in text) == on, (flag, text)
+    assert ("LlamaForCausalLMEagle3 does not read" in text) == bool(unread), text
+    if unread:
+        assert "error:" in text and "next:" in text and "--engine vllm" in text, text
+    for flag in ("norm_before_fc", "norm_before_residual"):
+        assert (f"EAGLE-3.1 head ({flag}" in text or f"and {flag})" in text) == (flag in unread), (flag, text)
     # vLLM reads both: nothing about them is wrong there (make_head's empty t2d is another matter)
     vllm_errors = [p.what for p in pf.check_head(head, deep_target_dir, "vllm") if p.is_error]
     assert not [w for w in vllm_errors if "norm" in w], vllm_errors
+
+
+def test_sglang_norm_flags_reads_what_the_loader_names(tmp_path, monkeypatch):
+    """The installed SGLang is taken at its word: the flags its llama_eagle3.py names as strings."""
+    from eagle3cli.model import engines
+
+    (tmp_path / "llama_eagle3.py").write_text('x = eagle_config.get("norm_before_fc", False)\n', encoding="utf-8")
+    monkeypatch.setattr(engines, "_installed_sglang_models", lambda: ("9.9", tmp_path))
+    assert engines.sglang_norm_flags()[0] == {"norm_before_fc"}
+    problem = engines.sglang_norm_problem(True, True)
+    assert problem and "(norm_before_residual)" in problem and "SGLang 9.9" in problem
+    assert engines.sglang_norm_problem(True, False) is None
+    monkeypatch.setattr(engines, "_installed_sglang_models", lambda: None)
+    assert engines.sglang_norm_flags()[0] == frozenset()
+    assert "(norm_before_fc)" in (engines.sglang_norm_problem(True, False) or "")
 
 
 # ---------------------------------------------------------------- heads of other toolkits
