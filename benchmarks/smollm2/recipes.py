@@ -41,6 +41,9 @@ BASELINE = [
     "4194304",
 ]
 
+# recipes/smollm2-135m/train.yaml's choices over BASELINE (the `chosen` row)
+CHOSEN = ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--init", "soft"]
+
 # name -> (what it changes, flags over BASELINE; a later flag wins).
 ROWS: dict[str, tuple[str, list[str]]] = {
     "baseline": ("today's recipe: K=7, 0.8^k, 8k tokens/step, AdamW lr 1e-3, CE, target lm_head", []),
@@ -72,13 +75,23 @@ ROWS: dict[str, tuple[str, list[str]]] = {
         ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--draft-vocab-size", "8192"],
     ),
     # the recipe this table chose (recipes/smollm2-135m/train.yaml as it stands)
-    "chosen": (
-        "the chosen recipe: K=3, 1k tokens per step, lr 5e-4, soft init",
-        ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--init", "soft"],
-    ),
+    "chosen": ("the chosen recipe: K=3, 1k tokens per step, lr 5e-4, soft init", CHOSEN),
     "chosen_vocab8k": (
         "the chosen recipe with draft vocab 8k",
-        ["--ttt-steps", "3", "--token-budget", "1024", "--lr", "5e-4", "--init", "soft", "--draft-vocab-size", "8192"],
+        [*CHOSEN, "--draft-vocab-size", "8192"],
+    ),
+    # EAGLE-3.1's norms (issue 31), each over the chosen recipe
+    "chosen_norm_fc": (
+        "the chosen recipe with norm_before_fc (EAGLE-3.1: RMSNorm over the concatenated aux features)",
+        [*CHOSEN, "--norm-before-fc"],
+    ),
+    "chosen_norm_residual": (
+        "the chosen recipe with norm_before_residual (EAGLE-3.1: the layer's residual is hidden_norm(h))",
+        [*CHOSEN, "--norm-before-residual"],
+    ),
+    "chosen_norm_both": (
+        "the chosen recipe with both EAGLE-3.1 norms",
+        [*CHOSEN, "--norm-before-fc", "--norm-before-residual"],
     ),
 }
 
@@ -151,6 +164,7 @@ def main() -> None:
     ap.add_argument("--also", type=Path, nargs="*", default=[], help="other --out folders whose rows join the table")
     ap.add_argument("--save-every", type=int, default=10, help="steps between checkpoints")
     ap.add_argument("--heldout-every", type=int, default=20, help="steps between learning-curve points")
+    ap.add_argument("--base", default="baseline", help="the row the others are divided by (vs NAME)")
     ap.add_argument("--table", action="store_true", help="print the table of what is measured; train nothing")
     args = ap.parse_args()
     rec, results = Recorder(), {}
@@ -178,9 +192,9 @@ def main() -> None:
         for name, row in results.items():
             if (folder / name / "eval-mt_bench" / "report.json").exists():
                 row["eval_tau"] = eval_tau(rec, folder / name, args.eval_prompts)
-    base = results.get("baseline", {}).get("heldout_tau")
+    base = results.get(args.base, {}).get("heldout_tau")
     print(f"\nbudget {args.budget_s:.0f} CPU s per row; held-out chain tau at depth 8")
-    print("| row | change | first loss | steps | tokens | held-out tau | vs baseline | eval tau (MT-bench) |")
+    print(f"| row | change | first loss | steps | tokens | held-out tau | vs {args.base} | eval tau (MT-bench) |")
     print("|---|---|---|---|---|---|---|---|")
     for name, r in results.items():
         rel = f"{r['heldout_tau'] / base:.2f}x" if base else "-"

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/stages/round_cost.py --target models/tiny-target [--head runs/demo/head]
         [--dtype fp32 --dtype bf16] [--depths 1,2,4,8] [--tree-depths 2,4,8] [--prompts 2]
         [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--cpu-kernels onednn|torch]
-        [--out FILE.json]
+        [--bench gsm8k|mt_bench] [--profile chain1,chain3,tree8_16] [--no-random] [--out FILE.json]
 
 Prints one JSON object (also written to --out):
   parts[dtype]   ms per call, and in target-token times, of the pieces of a round: target passes
@@ -15,7 +15,7 @@ Prints one JSON object (also written to --out):
                  seconds per plain token, prefill excluded from both), tau, speedup over plain
                  decoding in the same dtype and over fp32 plain decoding; `tree8_16` is eval's
                  default tree (depth 8, 16 verified tokens).
-  profile[head][dtype][chain8|tree8_16]  target-token times per round of each phase of the
+  profile[head][dtype][--profile variants; chain8, tree8_16 by default]  target-token times per round of each phase of the
                  decoder's own rounds (draft forward, draft logits + pick,
                  verification forward, target logits, acceptance, tree selection, commit, glue).
   mismatches     greedy outputs that differ from plain decoding in the same dtype (expected 0).
@@ -203,8 +203,17 @@ def main() -> None:
     ap.add_argument("--parts-repeats", type=int, default=9)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cpu-kernels", choices=["onednn", "torch"], default="onednn", help="as eagle3 eval --cpu-kernels")
+    ap.add_argument("--bench", default="gsm8k", help="prompt set (eagle3's bundled benches: gsm8k, mt_bench, ...)")
+    ap.add_argument(
+        "--profile",
+        default="chain8,tree8_16",
+        help="variants whose rounds are taken apart phase by phase (chainD, treeD, tree8_16)",
+    )
+    ap.add_argument("--no-random", action="store_true", help="only the trained head (--head)")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.no_random and not a.head:
+        ap.error("--no-random needs --head")
     torch.set_num_threads(a.threads)
     dtypes = a.dtype or ["fp32"]
     targets = {}
@@ -215,18 +224,24 @@ def main() -> None:
     if a.head:
         trained = load_head(a.head, target_model=first).float().eval()
         heads["trained"] = (trained, tuple(trained.config.aux_layer_ids))
+    # the random head also sizes the draft step in `parts`; --no-random only drops its rounds
+    timed_heads = {k: v for k, v in heads.items() if not (a.no_random and k == "random")}
     shares = {dt: draft_step_bytes(heads["random"][0]) / target_bytes_per_token(targets[dt]) for dt in dtypes}
     if a.cpu_kernels == "onednn":  # what eval does by default; the heads stay fp32 (shared by every dtype)
         for model in [*targets.values(), *(h for h, _ in heads.values())]:
             pack_linears(model, keep_weight=isinstance(model, Eagle3Draft))
-    prompts = [render(tok, msgs) for _, msgs in load_prompts("gsm8k", a.prompts)]
+    prompts = [render(tok, msgs) for _, msgs in load_prompts(a.bench, a.prompts)]
     vs = variants([int(x) for x in a.depths.split(",") if x], [int(x) for x in a.tree_depths.split(",") if x], a.topk)
+    profiled = [v for v in a.profile.split(",") if v]
+    known = {**variants(list(range(1, 17)), list(range(1, 17)), a.topk)}
+    if unknown := [v for v in profiled if v not in known]:
+        ap.error(f"--profile: unknown variant(s) {unknown}; expected chainD, treeD or tree8_16")
     parts = {dt: measure_parts(targets[dt], heads["random"][0], a.parts_repeats, shares[dt]) for dt in dtypes}
     profiles: dict = {}
     for dt in dtypes:
-        for hname, (head, aux) in heads.items():
-            for vname in ("chain8", "tree8_16"):
-                dec = SpeculativeDecoder(targets[dt], head, aux, **variants([8], [8], a.topk)[vname])
+        for hname, (head, aux) in timed_heads.items():
+            for vname in profiled:
+                dec = SpeculativeDecoder(targets[dt], head, aux, **known[vname])
                 dec.generate(prompts[0], 4)  # warm-up
                 runs = [
                     profile_rounds(
@@ -240,7 +255,7 @@ def main() -> None:
                 }
 
     def decoders(dt):
-        for hname, (head, aux) in heads.items():
+        for hname, (head, aux) in timed_heads.items():
             for vname, kw in vs.items():
                 yield (hname, dt, vname), SpeculativeDecoder(targets[dt], head, aux, **kw)
 
