@@ -579,6 +579,26 @@ acceptance flat across depth, where a head trained on the target's features only
 after the first token; compare a2..a8 of the two rows."""
 
 
+def write_equal_budget(results_md: Path, folders: list[Path]) -> None:
+    from benchmarks.smollm2.report_data import replace_section
+    from benchmarks.smollm2.report_rows import EQUAL_BUDGET_HEADING, equal_budget_json, equal_budget_section
+
+    missing = [f for f in folders if not (f / "recipes.json").is_file()]
+    if missing:
+        print(f"error: no recipes.json in {', '.join(map(str, missing))} (expected recipes.py --out folders); "
+              "nothing was written", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    json_path = results_md.with_suffix(".json")
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    data["equal_budget"] = equal_budget_json(folders)
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    md = results_md.read_text() if results_md.exists() else ""
+    lines = equal_budget_section(data)
+    results_md.write_text(replace_section(md, lines, "## The learning curve's estimate", EQUAL_BUDGET_HEADING))
+    print("\n".join(lines))
+    print(f"wrote {json_path} and the equal-budget section of {results_md}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
@@ -599,7 +619,18 @@ def main() -> None:
         metavar="BENCH_JSON",
         help="write the `gen_data_throughput` key from benchmarks/stages/gen_data_engine.py's JSON (and print its table)",
     )
+    ap.add_argument(
+        "--equal-budget",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="RECIPES_OUT",
+        help="write the `equal_budget` key from benchmarks/smollm2/recipes.py --out folders (norms, cache storages)",
+    )
     a = ap.parse_args()
+    if a.equal_budget is not None:
+        write_equal_budget(a.results_md, a.equal_budget)
+        return
     if a.corpus is not None or a.gen_data_engine is not None:
         from benchmarks.smollm2.report_data import (
             corpus_json,

@@ -143,10 +143,11 @@ def data_section(data: dict) -> list[str]:
     return lines
 
 
-def replace_section(md: str, lines: list[str], before: str) -> str:
-    """`md` with the data section replaced (or inserted before the heading that starts with `before`)."""
+def replace_section(md: str, lines: list[str], before: str, heading: str = DATA_HEADING) -> str:
+    """`md` with the section under `heading` replaced (or inserted before the heading that starts
+    with `before`)."""
     text = md.splitlines()
-    start = next((i for i, x in enumerate(text) if x.startswith(DATA_HEADING)), None)
+    start = next((i for i, x in enumerate(text) if x.startswith(heading)), None)
     if start is not None:
         end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
         del text[start:end]

@@ -114,3 +114,71 @@ def test_the_data_section_is_inserted_once_and_replaced_in_place_on_the_next_rep
     twice = replace_section(once, data_section({"corpus": corpus}), "## Acceptance and speed by bench")
     assert twice.count(DATA_HEADING) == 1 and "2,400 of 15,153" in twice and "1,200 of" not in twice
     assert twice.endswith("rows\n") and "## Costs\n\ntext" in twice
+
+
+def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict, budget=300.0):
+    cache = tmp_path / f"cache-{name}"
+    cache.mkdir()
+    (cache / "manifest.json").write_text(
+        json.dumps(
+            {
+                "storage": storage,
+                "counts": {"samples": 800, "tokens": 1000},
+                "bytes_per_token": {"measured": per_token},
+            }
+        )
+    )
+    out = tmp_path / f"rows-{name}"
+    out.mkdir()
+    full = {
+        k: {"what": k, "flags": "", "steps": 10, "tokens": 5000, "heldout_tau": h, "eval_tau": e}
+        for k, (h, e) in rows.items()
+    }
+    (out / "recipes.json").write_text(json.dumps({"budget_cpu_s": budget, "cache": str(cache), "rows": full}))
+    return out
+
+
+def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_storages(tmp_path):
+    """Held-out tau is scored on each cache's own features, so it is divided only within one
+    storage; storages are judged on eval tau against bf16, at the 2% bar."""
+    from benchmarks.smollm2.report_rows import equal_budget_json, equal_budget_section
+
+    bf16 = _recipes_out(tmp_path, "bf16", "bf16", 4600, {"chosen": (2.0, 1.5), "chosen_norm_fc": (2.2, None)})
+    fp8 = _recipes_out(tmp_path, "fp8", "fp8", 2350, {"chosen": (2.5, 1.485)})
+    compact = _recipes_out(tmp_path, "compact", "compact", 1800, {"chosen": (2.4, 1.44)})
+    eb = equal_budget_json([bf16, fp8, compact])
+    by = {(r["row"], r["storage"]): r for r in eb["rows"]}
+    assert by[("chosen_norm_fc", "bf16")]["heldout_vs_base"] == 1.1
+    assert "heldout_vs_base" not in by[("chosen", "fp8")]  # another cache's features: not comparable
+    assert eb["storage_vs_bf16"]["fp8"]["within_bar"] is True  # -1.0%
+    assert eb["storage_vs_bf16"]["compact"]["within_bar"] is False  # -4.0%
+    text = "\n".join(equal_budget_section({"equal_budget": eb}))
+    assert "fp8: eval tau 1.485, -1.0% against bf16's (within" in text
+    assert "compact: eval tau 1.440, -4.0% against bf16's (outside" in text
+
+
+def test_equal_budget_refuses_rows_at_other_budgets_or_without_a_bf16_base(tmp_path):
+    from benchmarks.smollm2.report_rows import equal_budget_json
+
+    a = _recipes_out(tmp_path, "a", "bf16", 4600, {"chosen": (2.0, 1.5)})
+    b = _recipes_out(tmp_path, "b", "fp8", 2350, {"chosen": (2.0, 1.5)}, budget=600.0)
+    with pytest.raises(ValueError, match="different budgets"):
+        equal_budget_json([a, b])
+    with pytest.raises(ValueError, match="bf16 cache"):
+        equal_budget_json([b])
+
+
+def test_report_with_a_missing_rows_folder_exits_2_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    md = tmp_path / "results.md"
+    r = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--equal-budget", str(tmp_path / "nope"),
+         "--results-md", str(md)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "no recipes.json" in r.stderr and "nothing was written" in r.stderr, r.stderr
+    assert not md.exists() and not md.with_suffix(".json").exists()
