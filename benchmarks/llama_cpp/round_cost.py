@@ -102,3 +102,57 @@ def table(rows: list[dict]) -> str:
             f"{p['overhead']:.2f} | {r['draft_per_token_plain_steps']:.2f} | {r['break_even_tau']:.2f} |"
         )
     return "\n".join(lines)
+
+
+def decoder_rounds(report: dict, head: str = "trained", dtype: str = "fp32") -> list[dict]:
+    """eagle3's own decoder, split like llama.cpp's rounds above, from benchmarks/stages/round_cost.py's
+    JSON (its `--profile chainK` phases, already in plain steps of the same target and dtype):
+    draft = the head's forward + logits + pick; verification = the target's forward over k+1 tokens
+    + its logits; overhead = the rest (acceptance, the commit of accepted tokens into the head's
+    cache, glue). tau is from the same report's timed chain runs."""
+    prof = ((report.get("profile") or {}).get(head) or {}).get(dtype) or {}
+    timed = ((report.get("rounds") or {}).get(head) or {}).get(dtype) or {}
+    rows = []
+    for name, p in sorted(prof.items(), key=lambda kv: int(kv[0][5:]) if kv[0].startswith("chain") else 99):
+        if not name.startswith("chain"):
+            continue
+        k = int(name[5:])
+        draft = p.get("draft_forward", 0.0) + p.get("draft_logits_pick", 0.0)
+        verify = p.get("verify_forward", 0.0) + p.get("target_logits", 0.0)
+        rnd = p["total"]
+        rows.append(
+            {
+                "k": k,
+                "tau": (timed.get(name) or {}).get("tau"),
+                "plain_steps": {
+                    "round": round(rnd, 2),
+                    "draft": round(draft, 2),
+                    "verify": round(verify, 2),
+                    "overhead": round(rnd - draft - verify, 2),
+                },
+                "draft_per_token_plain_steps": round(draft / k, 2),
+                "break_even_tau": round(rnd, 2),
+                "speedup_vs_plain": (timed.get(name) or {}).get("speedup_vs_plain"),
+            }
+        )
+    return rows
+
+
+def side_by_side(llama: list[dict], decoder: list[dict]) -> str:
+    """One row per k: each engine's round and its parts, in its own plain steps."""
+    by_k = {r["k"]: r for r in decoder}
+    lines = [
+        "| k | engine | tau | round | draft | verification (k+1 tokens) | overhead | break-even tau |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in llama:
+        for name, x in (("llama.cpp", r), ("eagle3 decoder", by_k.get(r["k"]))):
+            if x is None:
+                continue
+            p = x["plain_steps"]
+            tau = "-" if x.get("tau") is None else f"{x['tau']:.3f}"
+            lines.append(
+                f"| {r['k']} | {name} | {tau} | {p['round']:.2f} | {p['draft']:.2f} | {p['verify']:.2f} | "
+                f"{p['overhead']:.2f} | {x['break_even_tau']:.2f} |"
+            )
+    return "\n".join(lines)

@@ -579,6 +579,32 @@ acceptance flat across depth, where a head trained on the target's features only
 after the first token; compare a2..a8 of the two rows."""
 
 
+def write_decoder_rounds(json_path: Path, report_path: Path) -> None:
+    from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side
+
+    if not report_path.is_file():
+        print(f"error: {report_path} does not exist (expected benchmarks/stages/round_cost.py --out); "
+              "nothing was written", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    rc = (data.get("llama_cpp") or {}).get("round_cost")
+    if not rc:
+        print(f"error: {json_path} has no llama_cpp.round_cost to set the decoder beside; nothing was written\n"
+              "next: report.py --llama-cpp runs/llama-cpp-bench/results.json", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    report = json.loads(report_path.read_text())
+    rows = decoder_rounds(report)
+    if not rows:
+        print(f"error: {report_path} profiles no chain of a trained head in fp32 (run round_cost.py with --head "
+              "and --profile chain1,chain2,...); nothing was written", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
+    keys = ("target", "head", "bench", "prompts", "max_new_tokens", "repeats", "threads", "cpu_kernels")
+    rc["eagle3_decoder"] = {"rows": rows, "dtype": "fp32", **{k: report.get(k) for k in keys}}
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    print(side_by_side(rc["rounds"], rows))
+    print(f"wrote llama_cpp.round_cost.eagle3_decoder ({len(rows)} rows) into {json_path}")
+
+
 def write_equal_budget(results_md: Path, folders: list[Path]) -> None:
     from benchmarks.smollm2.report_data import replace_section
     from benchmarks.smollm2.report_rows import EQUAL_BUDGET_HEADING, equal_budget_json, equal_budget_section
@@ -627,7 +653,18 @@ def main() -> None:
         metavar="RECIPES_OUT",
         help="write the `equal_budget` key from benchmarks/smollm2/recipes.py --out folders (norms, cache storages)",
     )
+    ap.add_argument(
+        "--decoder-rounds",
+        type=Path,
+        default=None,
+        metavar="ROUND_COST_JSON",
+        help="write llama_cpp.round_cost.eagle3_decoder from benchmarks/stages/round_cost.py --out (the decoder's "
+        "rounds beside llama.cpp's)",
+    )
     a = ap.parse_args()
+    if a.decoder_rounds is not None:
+        write_decoder_rounds(a.results_md.with_suffix(".json"), a.decoder_rounds)
+        return
     if a.equal_budget is not None:
         write_equal_budget(a.results_md, a.equal_budget)
         return

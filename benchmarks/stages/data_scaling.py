@@ -27,6 +27,8 @@ import sys
 from fractions import Fraction
 from pathlib import Path
 
+import yaml
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
@@ -103,13 +105,21 @@ def main() -> None:
     budget = ap.add_mutually_exclusive_group(required=True)
     budget.add_argument("--tokens-per-run", type=int, help="equal compute: every size trains on T tokens")
     budget.add_argument("--epochs", type=int, help="every size trains E passes over its own subset")
-    ap.add_argument("--token-budget", type=int, default=4096, help="tokens per training batch (train's --token-budget)")
+    ap.add_argument(
+        "--token-budget",
+        type=int,
+        default=None,
+        help="tokens per training batch (train's --token-budget; default: the recipe's, else 4096)",
+    )
     ap.add_argument("--no-eval", action="store_true", help="held-out tau only (no MT-bench eval)")
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--out", default="runs/data-scaling")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     out = Path(a.out)
+    if a.token_budget is None:  # the recipe's own step size, so --tokens-per-run counts its steps right
+        recipe = yaml.safe_load(Path(a.recipe).read_text(encoding="utf-8")) if a.recipe else {}
+        a.token_budget = int(((recipe or {}).get("train") or recipe or {}).get("token_budget") or 4096)
     cache_manifest = json.loads((Path(a.cache) / "manifest.json").read_text())
     n_samples = int(cache_manifest["counts"]["samples"])
     held = min(32, n_samples // 10)  # train's default --heldout-samples 32 (at most a tenth)

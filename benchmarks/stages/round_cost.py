@@ -319,6 +319,8 @@ def main() -> None:
         rounds.setdefault(hname, {}).setdefault(dt, {})[vname] = row
     report = {
         "target": a.target,
+        "bench": a.bench,
+        "head": str(a.head) if a.head else None,
         "threads": a.threads,
         "cpu_kernels": a.cpu_kernels,
         "prompts": len(prompts),

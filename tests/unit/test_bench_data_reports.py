@@ -182,3 +182,27 @@ def test_report_with_a_missing_rows_folder_exits_2_and_writes_nothing(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "no recipes.json" in r.stderr and "nothing was written" in r.stderr, r.stderr
     assert not md.exists() and not md.with_suffix(".json").exists()
+
+
+def test_the_decoders_round_is_split_like_llama_cpps_and_set_beside_it():
+    from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side
+
+    phases = {"draft_forward": 0.1, "draft_logits_pick": 0.05, "verify_forward": 1.0, "target_logits": 0.2,
+              "accept": 0.01, "commit": 0.04, "glue": 0.05, "total": 1.45}  # fmt: skip
+    report = {
+        "profile": {"trained": {"fp32": {"chain3": phases, "chain1": {**phases, "total": 1.3}, "tree8_16": phases}}},
+        "rounds": {"trained": {"fp32": {"chain3": {"tau": 1.6, "speedup_vs_plain": 1.1}, "chain1": {"tau": 1.4}}}},
+    }
+    rows = decoder_rounds(report)
+    assert [r["k"] for r in rows] == [1, 3]  # chains only, in order of k
+    r3 = rows[1]
+    assert r3["plain_steps"] == {"round": 1.45, "draft": 0.15, "verify": 1.2, "overhead": 0.1}
+    assert r3["tau"] == 1.6 and r3["draft_per_token_plain_steps"] == 0.05 and r3["break_even_tau"] == 1.45
+    llama = [{"k": 3, "tau": 1.5, "plain_steps": {"round": 1.6, "draft": 0.2, "verify": 0.7, "overhead": 0.7},
+              "break_even_tau": 1.6}]  # fmt: skip
+    text = side_by_side(llama, rows)
+    assert (
+        "| 3 | llama.cpp | 1.500 | 1.60 |" in text
+        and "| 3 | eagle3 decoder | 1.600 | 1.45 | 0.15 | 1.20 | 0.10 |" in text
+    )
+    assert decoder_rounds({}) == []
