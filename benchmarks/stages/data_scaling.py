@@ -148,8 +148,11 @@ def main() -> None:
             "conversations": m["trained_samples"],
             "tokens": m["trained_sample_tokens"],
             "trained_tokens": m.get("tokens_seen"),
-            "heldout_tau": (m.get("final_heldout") or {}).get("heldout_tau", m.get("heldout_tau")),
+            "heldout_tau": (m.get("final_metrics") or {}).get("heldout_tau"),  # train's last held-out point
         }
+        if row["heldout_tau"] is None:
+            raise SystemExit(f"{run}/train/manifest.json has no held-out tau (final_metrics.heldout_tau): "
+                             "train with --heldout-samples > 0")  # fmt: skip
         if not a.no_eval:
             rec.sh(ev)
             report = json.loads((run / "eval" / "report.json").read_text())

@@ -1,0 +1,41 @@
+"""benchmarks/stages/data_scaling.py end to end on a small random target: nested subsets of one
+cache, each trained by `eagle3 train`, scored on the held-out samples they share, fitted and the
+fit tested on the largest size. Reads what train wrote (its manifest), never assumes it."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+from train_fixtures import REPO, make_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path):
+    run = make_run(tmp_path / "run", tiny_target_dir, n=60, draft_vocab_size=256, max_length=160)
+    recipe = tmp_path / "train.yaml"
+    recipe.write_text("train:\n  ttt_steps: 2\n  compile: false\n  heldout_depth: 4\n  log_every: 1\n  save_every: 2\n")
+    out = tmp_path / "scaling"
+    cmd = [sys.executable, str(REPO / "benchmarks/stages/data_scaling.py"), "--cache", str(run / "cache"),
+           "--target", str(tiny_target_dir), "--recipe", str(recipe), "--fractions", "1/4,1/2,1",
+           "--tokens-per-run", "1536", "--token-budget", "512", "--no-eval", "--out", str(out)]  # fmt: skip
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env={"OMP_NUM_THREADS": "1",
+                       "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})  # fmt: skip
+    assert r.returncode == 0, r.stderr[-3000:]
+    result = json.loads((out / "data_scaling.json").read_text())
+    rows = result["rows"]
+    # 60 samples, 6 held out (a tenth): 54 trainable, nested 13 < 27 < 54
+    assert [x["conversations"] for x in rows] == [13, 27, 54]
+    assert rows[0]["tokens"] < rows[1]["tokens"] < rows[2]["tokens"]
+    for x in rows:
+        assert math.isfinite(x["heldout_tau"]) and x["heldout_tau"] >= 1.0, x
+        assert x["trained_tokens"] > 0
+    fit = result["fits"]["heldout_tau"]
+    assert fit["measured_full"] == round(rows[-1]["heldout_tau"], 4)
+    assert fit["fit_on"] == "the 2 smaller sizes" and math.isfinite(fit["predicted_full"])
+    assert (out / "data_scaling.png").stat().st_size > 0
+    assert result["budget"] == {"tokens_per_run": 1536}
