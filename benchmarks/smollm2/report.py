@@ -468,8 +468,9 @@ def write_report(
     earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
     at = next(i for i, line in enumerate(lines) if line.startswith("## Acceptance and speed by bench (depth 8)"))
     from benchmarks.smollm2.report_data import data_section
+    from benchmarks.smollm2.report_rows import equal_budget_section
 
-    lines[at:at] = [*kept_sections(earlier)[1:], "", *data_section(earlier)]
+    lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier)]
     md_path.write_text("\n".join(lines))
     machine = {
         "rows": [
