@@ -617,7 +617,12 @@ def write_equal_budget(results_md: Path, folders: list[Path]) -> None:
         raise SystemExit(2)
     json_path = results_md.with_suffix(".json")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["equal_budget"] = equal_budget_json(folders)
+    try:
+        data["equal_budget"] = equal_budget_json(folders)
+    except (ValueError, KeyError, FileNotFoundError) as e:  # rows that cannot stand in one table
+        print(f"error: {e!s} (the rows' folders: {', '.join(map(str, folders))}); nothing was written",
+              file=sys.stderr)  # fmt: skip
+        raise SystemExit(2) from None
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     md = results_md.read_text() if results_md.exists() else ""
     lines = equal_budget_section(data)

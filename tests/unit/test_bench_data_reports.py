@@ -206,3 +206,21 @@ def test_the_decoders_round_is_split_like_llama_cpps_and_set_beside_it():
         and "| 3 | eagle3 decoder | 1.600 | 1.45 | 0.15 | 1.20 | 0.10 |" in text
     )
     assert decoder_rounds({}) == []
+
+
+def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    a = _recipes_out(tmp_path, "a", "bf16", 4600, {"chosen": (2.0, 1.5)})
+    b = _recipes_out(tmp_path, "b", "fp8", 2350, {"chosen": (2.0, 1.5)}, budget=600.0)
+    repo = Path(__file__).resolve().parents[2]
+    md = tmp_path / "results.md"
+    r = subprocess.run(
+        [sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--equal-budget", str(a), str(b),
+         "--results-md", str(md)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and "different budgets" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not md.exists() and not md.with_suffix(".json").exists()
