@@ -41,7 +41,8 @@ def corpus_json(folder: Path) -> dict:
         "engine": engine,
         "gen_tok_s": rate.get("completion_tok_s"),
         "conversations_per_s": rate.get("conversations_per_s"),
-        "generation_seconds": rate.get("seconds"),
+        "generation_seconds": rate.get("seconds"),  # clock time; side-by-side `--shard` processes count once
+        "process_seconds": rate.get("process_seconds"),
         "sessions": rate.get("sessions"),
     }
 
@@ -123,7 +124,9 @@ def data_section(data: dict) -> list[str]:
             f"conversations**, {corpus['assistant_turns']:,} assistant turns, {corpus['completion_tokens']:,} "
             f"completion tokens, through `{corpus['backend']}` ({(corpus.get('engine') or {}).get('dtype', '?')}); "
             f"{corpus['gen_tok_s']} completion tok/s and {corpus['conversations_per_s']} conversations/s over "
-            f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s, one core).",
+            f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s of clock, "
+            f"{corpus.get('process_seconds') or corpus['generation_seconds']:,.0f} process-seconds: one core and "
+            f"one engine per process).",
             "",
         ]
     if rows:

@@ -4,9 +4,13 @@
     .venv/bin/python benchmarks/stages/data_scaling.py --cache runs/smollm2-full/cache \
         --target models/smollm2-135m --recipe recipes/smollm2-135m/train.yaml \
         --fractions 1/16,1/8,1/4,1/2,1 --tokens-per-run 2000000 --out runs/data-scaling
+    # or with no cache: every run computes the target's features as it trains (train --online)
+    .venv/bin/python benchmarks/stages/data_scaling.py --data corpora/smollm2-135m-sharegpt-vllm \
+        --target models/smollm2-135m --recipe recipes/smollm2-135m/train-online.yaml ...
 
 For each fraction f, `eagle3 train --train-samples f*N` trains the same recipe on nested subsets of
-the cache (one fixed order: every smaller subset is inside every larger one) and scores the head on
+the cache or corpus (one fixed order: every smaller subset is inside every larger one; N counts the
+samples train reads, with --data the corpus's masked samples) and scores the head on
 the held-out samples every run shares (the held-out tau of train's learning curve) and, unless
 --no-eval, on MT-bench (80 first turns, fp32 greedy chain, depth 8). Budgets (say which you used):
 `--tokens-per-run T` trains every size on the same T tokens (small subsets repeat epochs: the
@@ -16,6 +20,10 @@ Then tau is fitted as a + b*log2(distinct tokens) on all but the largest size, a
 prediction for the largest is set beside the measured value (the test of the fit), and the fit over
 every size says how many distinct tokens tau 2.5 and 3.0 would take. Runs resume (train and eval
 do); `--dry-run` prints the commands. Writes OUT/data_scaling.json and OUT/data_scaling.png.
+
+--cache or --data? A cache computes each token's features once and is cheaper when a size repeats
+epochs; --data needs no disk (a full SmolLM2 cache is ~23-46 GB) and no stage that must finish in the
+session that trains on it: a run killed at a session's end resumes from its checkpoint in the next.
 """
 
 from __future__ import annotations
@@ -96,9 +104,21 @@ def plot(rows: list[dict], fits: dict, out: Path) -> None:
     fig.savefig(out, dpi=120)
 
 
+def count_samples(a: argparse.Namespace, max_length: int) -> int:
+    """Samples train will read: the cache's count, or the corpus's masked samples (train's own function)."""
+    if a.cache:
+        return int(json.loads((Path(a.cache) / "manifest.json").read_text())["counts"]["samples"])
+    from eagle3cli.model.target import open_target
+    from eagle3cli.train.data import online_samples
+
+    return len(online_samples(Path(a.data), open_target(a.target).tokenizer, max_length))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--cache", required=True, help="an eagle3 cache over the whole corpus")
+    source = ap.add_mutually_exclusive_group(required=True)
+    source.add_argument("--cache", help="an eagle3 cache over the whole corpus")
+    source.add_argument("--data", help="a finished gen-data folder: every run trains --online from it (no cache)")
     ap.add_argument("--target", required=True)
     ap.add_argument("--recipe", default=None, help="the train recipe every size uses")
     ap.add_argument("--fractions", default="1/16,1/8,1/4,1/2,1")
@@ -117,19 +137,20 @@ def main() -> None:
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     out = Path(a.out)
+    recipe = yaml.safe_load(Path(a.recipe).read_text(encoding="utf-8")) if a.recipe else {}
+    train_recipe = (recipe or {}).get("train") or recipe or {}
     if a.token_budget is None:  # the recipe's own step size, so --tokens-per-run counts its steps right
-        recipe = yaml.safe_load(Path(a.recipe).read_text(encoding="utf-8")) if a.recipe else {}
-        a.token_budget = int(((recipe or {}).get("train") or recipe or {}).get("token_budget") or 4096)
-    cache_manifest = json.loads((Path(a.cache) / "manifest.json").read_text())
-    n_samples = int(cache_manifest["counts"]["samples"])
-    held = min(32, n_samples // 10)  # train's default --heldout-samples 32 (at most a tenth)
+        a.token_budget = int(train_recipe.get("token_budget") or 4096)
+    n_samples = count_samples(a, int(train_recipe.get("max_length") or 2048))
+    held = min(int(train_recipe.get("heldout_samples", 32)), n_samples // 10)  # as train: at most a tenth
     trainable = n_samples - held
     rec = Recorder()
     rows = []
     for frac in [Fraction(f) for f in a.fractions.split(",")]:
         n = max(1, int(trainable * frac))
         run = out / f"n{n}"
-        cmd = [*E3, "train", "--run", run, "--cache", a.cache, "--train-samples", n, "--token-budget", a.token_budget]
+        cmd = [*E3, "train", "--run", run, *(["--cache", a.cache] if a.cache else ["--online", "--data", a.data]),
+               "--target", a.target, "--train-samples", n, "--token-budget", a.token_budget]  # fmt: skip
         if a.recipe:
             cmd += ["--recipe", a.recipe]
         cmd += (["--max-steps", max(1, a.tokens_per_run // a.token_budget), "--epochs", 10**6]
@@ -164,7 +185,7 @@ def main() -> None:
         return
     fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k))}
     result = {
-        "cache": str(a.cache),
+        **({"cache": str(a.cache)} if a.cache else {"data": str(a.data), "online": True}),
         "budget": {"tokens_per_run": a.tokens_per_run} if a.tokens_per_run else {"epochs": a.epochs},
         "rows": rows,
         "fits": fits,

@@ -319,7 +319,8 @@ def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> 
     from ..local_engine import EngineStartError, tail, vllm_for_target
 
     assert cfg.target is not None
-    log_path = out / PROGRESS / "engine.log"
+    i, n = parse_shard(cfg.shard)  # one engine per `--shard i/N` process, each with its own log
+    log_path = out / PROGRESS / ("engine.log" if n == 1 else f"engine.shard-{i}-of-{n}.log")
     log(f"gen-data: starting vLLM on {cfg.target} ({VLLM_DTYPE_NOTE}); its log: {log_path}")
     try:
         url, _info = stack.enter_context(
@@ -453,12 +454,30 @@ class Session:
 
     def record(self, conversations: int, completion_tokens: int) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        now = time.time()
         d = {
-            "seconds": round(time.time() - self.t0, 2),
+            "seconds": round(now - self.t0, 2),
+            "start": round(self.t0, 2),  # the clock interval: `--shard i/N` processes overlap in time
+            "end": round(now, 2),
             "conversations": conversations,
             "completion_tokens": completion_tokens,
         }
         atomic_write_json(self.path, d)
+
+
+def wall_seconds(rows: list[dict]) -> float:
+    """Clock time covered by sessions: overlapping intervals (`--shard i/N` processes working side by
+    side) count once; a session recorded without its interval (older eagle3) counts its own seconds."""
+    spans = sorted((float(r["start"]), float(r["end"])) for r in rows if "start" in r and "end" in r)
+    total = sum(float(r.get("seconds") or 0) for r in rows if not ("start" in r and "end" in r))
+    cur_start = cur_end = None
+    for a, b in spans:
+        if cur_end is None or a > cur_end:
+            total += 0 if cur_end is None else cur_end - cur_start
+            cur_start, cur_end = a, b
+        else:
+            cur_end = max(cur_end, b)
+    return total + (0 if cur_end is None else cur_end - cur_start)
 
 
 def throughput(out: Path, elapsed: float, session_tokens: int, written: int) -> dict | None:
@@ -467,14 +486,15 @@ def throughput(out: Path, elapsed: float, session_tokens: int, written: int) -> 
     for p in sorted((out / PROGRESS / "sessions").glob("*.json")):
         with contextlib.suppress(OSError, ValueError):
             rows.append(json.loads(p.read_text(encoding="utf-8")))
-    seconds = sum(float(r.get("seconds") or 0) for r in rows)
+    seconds = wall_seconds(rows)
     if seconds <= 0:
         return None
     convs = sum(int(r.get("conversations") or 0) for r in rows)
     toks = sum(int(r.get("completion_tokens") or 0) for r in rows)
     return {
         "sessions": len(rows),
-        "seconds": round(seconds, 1),
+        "seconds": round(seconds, 1),  # clock time (side-by-side processes count once): the rates below are wall rates
+        "process_seconds": round(sum(float(r.get("seconds") or 0) for r in rows), 1),
         "conversations": convs,
         "completion_tokens": toks,
         "conversations_per_s": round(convs / seconds, 3),

@@ -28,6 +28,7 @@ def upgrade_recorded(config: dict) -> dict:
     reads it. Before --draft-vocab-size applied offline, offline runs recorded the online default
     (32000) and ignored it, training the cache's vocab, which is what None says now."""
     d = dict(config)
+    d.setdefault("target_dtype", "auto")  # before --target-dtype every online run ran its target in auto
     if not d.get("online") and d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
         d["draft_vocab_size"] = None
     return d
@@ -45,6 +46,9 @@ class TrainConfig:
     """gen-data folder for --online (default RUN/data)."""
     target: Path | None = None
     """Target model folder (default: the path recorded in the cache manifest)."""
+    target_dtype: TrainDtype = "auto"
+    """--online: the dtype the target computes its features in, as `eagle3 cache --dtype` (auto = fp32 on
+    CPU, bf16 on GPU). Offline the cache's features are already computed: leave it at auto."""
     ttt_steps: int = 7
     """Training-time-test unroll depth K (1 = no TTT, the paper's ablation)."""
     step_weight: float = 0.8
@@ -192,6 +196,11 @@ class TrainConfig:
             not isinstance(self.draft_vocab_size, int) or self.draft_vocab_size <= 0
         ):
             e.append(f"--draft-vocab-size {self.draft_vocab_size!r}: expected a positive integer, e.g. 16384")
+        if self.target_dtype != "auto" and not self.online:
+            e.append(
+                f"--target-dtype {self.target_dtype}: only --online runs the target (a cache's features were "
+                "computed in the cache's --dtype); drop it, or add --online"
+            )
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps <= 0):
             e.append(f"--max-steps {self.max_steps!r}: expected a positive integer")
         if not 0 <= self.min_lr_ratio <= 1:

@@ -160,6 +160,23 @@ def read_conversations(data_dir: Path) -> list[dict]:
     return records
 
 
+def online_samples(data_dir: Path, tokenizer, max_length: int) -> list[tuple[list[int], list[bool]]]:
+    """(input_ids, loss_mask) of every sample --online trains on, in order: exactly the cache's samples
+    (per-turn reasoning samples, cut turns; template refusals and samples with no loss token skipped).
+    benchmarks/stages/data_scaling.py counts a corpus's samples with it."""
+    from ..cache import mask_data_record
+    from ..model.chat import TemplateRefusal
+
+    samples = []
+    for r in read_conversations(data_dir):
+        try:
+            masked = mask_data_record(tokenizer, r, max_length)
+        except TemplateRefusal:
+            continue
+        samples += [(ms.input_ids, ms.loss_mask) for ms in masked if any(ms.loss_mask)]
+    return samples
+
+
 class OnlineSource:
     """Online: tokenise gen-data conversations with the cache stage's masks and run the target
     in-process per batch (no cache on disk; features cost one target forward per batch)."""
@@ -175,19 +192,9 @@ class OnlineSource:
         draft_vocab_size: int,
         max_length: int,
     ):
-        from ..cache import mask_data_record
-        from ..model.chat import TemplateRefusal
-
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
         self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))
-        self.samples: list[tuple[list[int], list[bool]]] = []
-        for r in read_conversations(data_dir):
-            # exactly the cache's samples: per-turn reasoning samples, cut turns, template refusals skipped
-            try:
-                masked = mask_data_record(tokenizer, r, max_length)
-            except TemplateRefusal:
-                continue
-            self.samples += [(ms.input_ids, ms.loss_mask) for ms in masked if any(ms.loss_mask)]
+        self.samples = online_samples(data_dir, tokenizer, max_length)
         if not self.samples:
             raise UsageError(
                 f"{data_dir} has no conversation with an assistant turn",

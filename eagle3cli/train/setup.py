@@ -202,7 +202,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
-        target = open_target(tpath, load=True, device=str(device))
+        target = open_target(tpath, load=True, device=str(device), dtype=cfg.target_dtype)
         target_model, tok, tpath = target.model, target.tokenizer, target.path
         tcfg = text_config(target_model.config.to_dict())
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)

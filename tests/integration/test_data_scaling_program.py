@@ -15,12 +15,16 @@ from train_fixtures import REPO, make_run
 pytestmark = pytest.mark.slow
 
 
-def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path):
+@pytest.mark.parametrize("source", ["cache", "data"])
+def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path, source):
+    # --data: every run trains --online from the corpus (no cache); the same nested sizes and held-out set
     run = make_run(tmp_path / "run", tiny_target_dir, n=60, draft_vocab_size=256, max_length=160)
     recipe = tmp_path / "train.yaml"
-    recipe.write_text("train:\n  ttt_steps: 2\n  compile: false\n  heldout_depth: 4\n  log_every: 1\n  save_every: 2\n")
+    recipe.write_text(
+        "train:\n  ttt_steps: 2\n  compile: false\n  draft_vocab_size: 256\n  max_length: 160\n  heldout_depth: 4\n  log_every: 1\n  save_every: 2\n"
+    )
     out = tmp_path / "scaling"
-    cmd = [sys.executable, str(REPO / "benchmarks/stages/data_scaling.py"), "--cache", str(run / "cache"),
+    cmd = [sys.executable, str(REPO / "benchmarks/stages/data_scaling.py"), f"--{source}", str(run / source),
            "--target", str(tiny_target_dir), "--recipe", str(recipe), "--fractions", "1/4,1/2,1",
            "--tokens-per-run", "1536", "--token-budget", "512", "--no-eval", "--out", str(out)]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env={"OMP_NUM_THREADS": "1",
@@ -39,3 +43,8 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path)
     assert fit["fit_on"] == "the 2 smaller sizes" and math.isfinite(fit["predicted_full"])
     assert (out / "data_scaling.png").stat().st_size > 0
     assert result["budget"] == {"tokens_per_run": 1536}
+    if source == "data":
+        assert result["online"] is True
+        for x in rows:  # each size really trained online, from the corpus
+            manifest = json.loads((out / f"n{x['conversations']}" / "train" / "manifest.json").read_text())
+            assert manifest["config"]["online"] is True, manifest["config"]

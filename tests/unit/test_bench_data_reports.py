@@ -42,6 +42,26 @@ def test_corpus_counts_finished_shards_and_the_journal_of_the_shard_in_progress(
     assert c["gen_tok_s"] == pytest.approx(107 / 40, abs=0.05) and c["sessions"] == 2
 
 
+def test_side_by_side_shard_processes_count_their_clock_time_once(tmp_path):
+    # two `--shard i/2` processes worked 0-100 s and 50-150 s (150 s of clock, 200 process-seconds);
+    # a session of an older eagle3 (no interval) adds its own 40 s
+    from eagle3cli.data.run import throughput
+
+    sessions = tmp_path / "progress" / "sessions"
+    sessions.mkdir(parents=True)
+    for name, d in {
+        "a": {"seconds": 100, "start": 1000.0, "end": 1100.0, "conversations": 30, "completion_tokens": 3000},
+        "b": {"seconds": 100, "start": 1050.0, "end": 1150.0, "conversations": 30, "completion_tokens": 3000},
+        "c": {"seconds": 40, "conversations": 10, "completion_tokens": 1900},
+        "d": {"seconds": 5, "start": 1200.0, "end": 1205.0, "conversations": 1, "completion_tokens": 100},
+    }.items():
+        (sessions / f"{name}.json").write_text(json.dumps(d))
+    t = throughput(tmp_path, 0.0, 0, 0)
+    assert t["seconds"] == 150 + 40 + 5 and t["process_seconds"] == 245
+    assert t["completion_tok_s"] == pytest.approx(8000 / 195, abs=0.05)
+    assert t["conversations_per_s"] == pytest.approx(71 / 195, abs=0.001)
+
+
 def test_throughput_rows_carry_every_ratio_the_issue_asks_for(tmp_path):
     bench = {
         "target": "t",

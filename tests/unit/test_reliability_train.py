@@ -284,6 +284,7 @@ def test_resume_with_other_settings_names_both_values(run_dir, capsys):
         (["--grad-clip", "-1"], "--grad-clip -1.0: expected >= 0"),
         (["--keep-checkpoints", "-1"], "--keep-checkpoints -1: expected >= 0"),
         (["--lr", "nan"], "--lr nan: expected a finite number"),
+        (["--target-dtype", "bf16"], "--target-dtype bf16: only --online runs the target"),
         (["RECIPE", "ttt_steps: 2.5"], "--ttt-steps 2.5: expected an integer"),
         (["RECIPE", "save_every: 10.0"], "--save-every 10.0: expected an integer"),
     ],

@@ -400,3 +400,22 @@ def test_train_samples_are_nested_subsets_that_never_touch_the_held_out_set(run_
     # more samples than the cache can train on: exit 2 before anything is written
     assert main(["train", "--run", str(run_dir), "--train-samples", "1000", "--no-resume", *FAST]) == 2
     assert "trainable samples" in capsys.readouterr().err
+
+
+def test_online_target_dtype_computes_the_features_and_a_resume_keeps_it(run_dir, tmp_path, tiny_target_dir, capsys):
+    # --target-dtype is the online twin of `eagle3 cache --dtype`: bf16 features train another first step
+    # than fp32 ones, and a resume in another dtype would mix two feature sets, so it is refused
+    shutil.rmtree(run_dir / "cache")
+    base = ["train", "--online", "--target", str(tiny_target_dir), "--draft-vocab-size", "300", "--log-every", "1",
+            "--save-every", "1", "--ttt-steps", "2", *FAST]  # fmt: skip
+    other = tmp_path / "other"
+    shutil.copytree(run_dir / "data", other / "data")
+    assert main([*base, "--run", str(run_dir), "--max-steps", "1", "--target-dtype", "bf16"]) == 0
+    assert main([*base, "--run", str(other), "--max-steps", "1", "--target-dtype", "fp32"]) == 0
+    bf16, fp32 = metrics(run_dir)[0], metrics(other)[0]
+    assert bf16["tokens"] == fp32["tokens"] and bf16["loss"] != fp32["loss"]
+    assert json.loads((run_dir / "train" / "manifest.json").read_text())["config"]["target_dtype"] == "bf16"
+    capsys.readouterr()
+    assert main([*base, "--run", str(run_dir), "--max-steps", "2", "--target-dtype", "fp32"]) == 2
+    text = "".join(capsys.readouterr().err.split())  # rich wraps long paths at any character
+    assert "target_dtype:checkpointhas'bf16',thiscommand'fp32'" in text, text
