@@ -470,14 +470,13 @@ def wall_seconds(rows: list[dict]) -> float:
     side) count once; a session recorded without its interval (older eagle3) counts its own seconds."""
     spans = sorted((float(r["start"]), float(r["end"])) for r in rows if "start" in r and "end" in r)
     total = sum(float(r.get("seconds") or 0) for r in rows if not ("start" in r and "end" in r))
-    cur_start = cur_end = None
+    merged: list[list[float]] = []
     for a, b in spans:
-        if cur_end is None or a > cur_end:
-            total += 0 if cur_end is None else cur_end - cur_start
-            cur_start, cur_end = a, b
+        if merged and a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], b)
         else:
-            cur_end = max(cur_end, b)
-    return total + (0 if cur_end is None else cur_end - cur_start)
+            merged.append([a, b])
+    return total + sum(b - a for a, b in merged)
 
 
 def throughput(out: Path, elapsed: float, session_tokens: int, written: int) -> dict | None:
