@@ -508,7 +508,18 @@ def write_report(
     if earlier:
         machine.update({k: v for k, v in earlier.items() if k not in machine and k not in SUPERSEDED})
     json_path.write_text(json.dumps(machine, indent=2) + "\n")
+    write_figures(md_path)
     print(f"wrote {md_path} and {json_path}")
+
+
+def write_figures(results_md: Path) -> None:
+    """The page's figures from its JSON (the numbers its tables show), each linked under its heading."""
+    from benchmarks.smollm2.report_figures import draw_figures, link_figures
+
+    data = json.loads(results_md.with_suffix(".json").read_text())
+    drawn = draw_figures(data, results_md.parent)
+    results_md.write_text(link_figures(results_md.read_text(), drawn))
+    print(f"drew {', '.join(drawn) or 'no figure'} in {results_md.parent} from {results_md.with_suffix('.json').name}")
 
 
 def _yes(ok) -> str:
@@ -667,7 +678,19 @@ def main() -> None:
         help="write llama_cpp.round_cost.eagle3_decoder from benchmarks/stages/round_cost.py --out (the decoder's "
         "rounds beside llama.cpp's)",
     )
+    ap.add_argument(
+        "--figures",
+        action="store_true",
+        help="only redraw the page's figures from its JSON (learning curve, sweep) and link them",
+    )
     a = ap.parse_args()
+    if a.figures:
+        if not a.results_md.with_suffix(".json").exists():
+            print(f"error: no {a.results_md.with_suffix('.json')} (a full report writes it); nothing was drawn",
+                  file=sys.stderr)  # fmt: skip
+            raise SystemExit(2)
+        write_figures(a.results_md)
+        return
     if a.decoder_rounds is not None:
         write_decoder_rounds(a.results_md.with_suffix(".json"), a.decoder_rounds)
         return

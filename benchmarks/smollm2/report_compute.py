@@ -9,6 +9,8 @@ import json
 import math
 from pathlib import Path
 
+from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, figure_line
+
 BARS = {"mt_bench_tau": 2.5, "sweep_fp32": 1.1, "sweep_bf16": 1.5, "one_core_hour_ratio": 1.3}
 
 
@@ -217,9 +219,11 @@ def sections(
             "",
             "## Learning curve of the published head",
             "",
+            figure_line(LEARNING_CURVE),
+            "",
             f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {published.name}'s held-out",
-            f"conversations), every {_every(published)} steps; `{published.name}/train/learning_curve.png` plots it "
-            f"against tokens and time. Budget: {_budget(published)}.",
+            f"conversations), every {_every(published)} steps; the figure plots it against tokens and CPU time. "
+            f"Budget: {_budget(published)}.",
             "",
         ]
         step = max(1, len(curve) // 12)
@@ -278,7 +282,7 @@ def sections(
             ],
         )
     if any(sweep.values()):
-        lines += ["", "## `eval --sweep` on MT-bench: measured speed of each configuration", ""]
+        lines += ["", "## `eval --sweep` on MT-bench: measured speed of each configuration", "", figure_line(SWEEP), ""]
         names = next(s for s in sweep.values() if s)["configurations"]
         lines += md_table(
             ["configuration", *[f"{dt} tau / speedup" for dt in sweep]],

@@ -244,3 +244,27 @@ def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and "different budgets" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not md.exists() and not md.with_suffix(".json").exists()
+
+
+def test_page_figures_are_drawn_from_its_json_and_linked_once(tmp_path):
+    from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line, link_figures
+
+    conf = {"chain d=1": {"tau": 1.3, "speedup": 1.1}, "chain d=2": {"tau": 1.5, "speedup": 0.9}}
+    data = {
+        "learning_curve": [
+            {"tokens": 1000 * 2**i, "cpu_seconds": 60.0 * (i + 1), "heldout_tau": 1.2 + 0.1 * i} for i in range(4)
+        ],
+        "sweep": {
+            "fp32": {"configurations": conf, "best": "chain d=1", "speedup_interval": [1.0, 1.2], "prompts": 8},
+            "bf16": None,  # a dtype the sweep did not run is left out, not drawn empty
+        },
+    }
+    assert draw_figures(data, tmp_path) == [LEARNING_CURVE, SWEEP]
+    assert all((tmp_path / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in (LEARNING_CURVE, SWEEP))
+    assert draw_figures({"sweep": {"fp32": None}}, tmp_path / "none") == []  # no key, no figure
+    md = "# R\n\n## Learning curve of the published head\n\ntext\n\n## `eval --sweep` on MT-bench: x\n\n| t |\n"
+    once = link_figures(md, [LEARNING_CURVE, SWEEP])
+    assert link_figures(once, [LEARNING_CURVE, SWEEP]) == once
+    lines = once.splitlines()
+    assert lines[lines.index("## Learning curve of the published head") + 2] == figure_line(LEARNING_CURVE)
+    assert lines[lines.index("## `eval --sweep` on MT-bench: x") + 2] == figure_line(SWEEP)

@@ -1,0 +1,121 @@
+"""The results page's figures, drawn from the keys of docs/results-smollm2.json that the page's own
+tables are written from, so a picture cannot disagree with its page:
+
+- `learning_curve` -> results-smollm2-learning-curve.png (held-out tau against trained tokens and CPU s);
+- `sweep`          -> results-smollm2-sweep.png (tau and measured speedup of every configuration, per dtype).
+
+Each figure's link sits under its section's heading (`figure_line`); report.py writes both with the
+full report and alone with `--figures`. Nothing here measures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+LEARNING_CURVE = "results-smollm2-learning-curve.png"
+SWEEP = "results-smollm2-sweep.png"
+# the section each figure belongs to (the heading's start, as report_compute writes it)
+SECTIONS = {
+    LEARNING_CURVE: "## Learning curve of the published head",
+    SWEEP: "## `eval --sweep` on MT-bench",
+}
+ALT = {
+    LEARNING_CURVE: "held-out tau against trained tokens and CPU seconds",
+    SWEEP: "tau and measured speedup of each sweep configuration, fp32 and bf16",
+}
+
+
+def figure_line(name: str) -> str:
+    return f"![{ALT[name]}]({name})"
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def learning_curve_png(curve: list[dict], out: Path) -> None:
+    plt = _pyplot()
+    fig, (by_tokens, by_cpu) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    tau = [p["heldout_tau"] for p in curve]
+    by_tokens.plot([p["tokens"] for p in curve], tau, "o-", ms=3)
+    by_tokens.set_xscale("log", base=2)
+    by_tokens.set_xlabel("trained tokens (log2)")
+    by_tokens.set_ylabel("held-out chain tau, depth 8")
+    by_cpu.plot([p["cpu_seconds"] / 3600 for p in curve], tau, "o-", ms=3)
+    by_cpu.set_xlabel("CPU hours (one thread)")
+    for ax in (by_tokens, by_cpu):
+        ax.grid(alpha=0.3)
+    last = curve[-1]
+    fig.suptitle(f"learning curve: {last['tokens']:,} tokens, held-out tau {last['heldout_tau']:.3f} at the end")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def sweep_png(sweep: dict, out: Path) -> None:
+    plt = _pyplot()
+    runs = {dt: s for dt, s in sweep.items() if s}
+    names = list(next(iter(runs.values()))["configurations"])
+    fig, (ax_tau, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
+    width = 0.8 / len(runs)
+    for j, (dt, s) in enumerate(runs.items()):
+        xs = [i + (j - (len(runs) - 1) / 2) * width for i in range(len(names))]
+        conf = s["configurations"]
+        ax_tau.bar(xs, [conf.get(n, {}).get("tau", 0) for n in names], width, label=dt)
+        bars = ax_speed.bar(xs, [conf.get(n, {}).get("speedup", 0) for n in names], width, label=dt)
+        best = s.get("best")
+        if best in names:  # the measured best, with its 90% interval where the sweep gave one
+            i = names.index(best)
+            lo, hi = s.get("speedup_interval") or (None, None)
+            if lo is not None:
+                sp = conf[best]["speedup"]
+                ax_speed.errorbar([xs[i]], [sp], yerr=[[sp - lo], [hi - sp]], color="black", capsize=3)
+            bars[i].set_edgecolor("black")
+            bars[i].set_linewidth(1.5)
+    ax_speed.axhline(1.0, color="grey", lw=1, ls=":")
+    ax_tau.set_ylim(bottom=1.0)  # tau counts the bonus token: 1 is no speculation
+    ax_tau.set_ylabel("tau (tokens per target pass)")
+    ax_speed.set_ylabel("speedup vs plain decoding")
+    for ax in (ax_tau, ax_speed):
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.grid(alpha=0.3, axis="y")
+        ax.legend(fontsize=8)
+    first = next(iter(runs.values()))
+    fig.suptitle(
+        f"eval --sweep, MT-bench, {first.get('prompts')} prompts x {first.get('max_new_tokens')} tokens "
+        "(outlined: the measured best, with its 90% interval)"
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def draw_figures(data: dict, docs: Path) -> list[str]:
+    """Draw every figure whose key is in `data` into `docs`; the names drawn."""
+    drawn = []
+    if data.get("learning_curve"):
+        learning_curve_png(data["learning_curve"], docs / LEARNING_CURVE)
+        drawn.append(LEARNING_CURVE)
+    if any((data.get("sweep") or {}).values()):
+        sweep_png(data["sweep"], docs / SWEEP)
+        drawn.append(SWEEP)
+    return drawn
+
+
+def link_figures(md: str, drawn: list[str]) -> str:
+    """`md` with each drawn figure's link as the first line under its section's heading (once)."""
+    text = md.splitlines()
+    for name in drawn:
+        line = figure_line(name)
+        if line in text:
+            continue
+        at = next((i for i, x in enumerate(text) if x.startswith(SECTIONS[name])), None)
+        if at is not None:
+            text[at + 1 : at + 1] = ["", line]
+    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
