@@ -20,6 +20,7 @@ Then tau is fitted as a + b*log2(distinct tokens) on all but the largest size, a
 prediction for the largest is set beside the measured value (the test of the fit), and the fit over
 every size says how many distinct tokens tau 2.5 and 3.0 would take. Runs resume (train and eval
 do); `--dry-run` prints the commands. Writes OUT/data_scaling.json and OUT/data_scaling.png.
+`--jobs N` trains N sizes side by side, each pinned to its own core with one thread, largest first.
 
 --cache or --data? A cache computes each token's features once and is cheaper when a size repeats
 epochs; --data needs no disk (a full SmolLM2 cache is ~23-46 GB) and no stage that must finish in the
@@ -31,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -114,6 +116,62 @@ def count_samples(a: argparse.Namespace, max_length: int) -> int:
     return len(online_samples(Path(a.data), open_target(a.target).tokenizer, max_length))
 
 
+def one_size(frac: Fraction, run: Path, cmd: list, ev: list, a: argparse.Namespace, rec: Recorder, core) -> dict:
+    """Train one size (and eval it), pinned to `core` when sizes run side by side; its row."""
+    pin = ["taskset", "-c", str(core)] if core is not None else []
+    env = {"OMP_NUM_THREADS": "1"} if core is not None else None  # one thread a core: two on one core crawl
+    rec.sh([*pin, *cmd], env=env)
+    m = json.loads((run / "train" / "manifest.json").read_text())
+    row = {
+        "fraction": str(frac),
+        "conversations": m["trained_samples"],
+        "tokens": m["trained_sample_tokens"],
+        "trained_tokens": m.get("tokens_seen"),
+        "heldout_tau": (m.get("final_metrics") or {}).get("heldout_tau"),  # train's last held-out point
+    }
+    if row["heldout_tau"] is None:
+        raise SystemExit(f"{run}/train/manifest.json has no held-out tau (final_metrics.heldout_tau): "
+                         "train with --heldout-samples > 0")  # fmt: skip
+    if not a.no_eval:
+        rec.sh([*pin, *ev], env=env)
+        report = json.loads((run / "eval" / "report.json").read_text())
+        head = next(iter(report["heads"].values()))
+        row["mt_bench_tau"] = round(head["chain"]["acceptance"]["tau"], 4)
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def run_sizes(jobs: list, a: argparse.Namespace, rec: Recorder) -> list[dict]:
+    """Every size's row, in the order given. With --jobs N, N sizes at a time, each on its own core,
+    largest first (so the big run does not start last and leave the other cores idle)."""
+    if a.jobs <= 1:
+        return [one_size(frac, run, cmd, ev, a, rec, None) for frac, _n, run, cmd, ev in jobs]
+    import queue
+    import shutil
+    from concurrent.futures import ThreadPoolExecutor
+
+    usable = sorted(os.sched_getaffinity(0))
+    if shutil.which("taskset") is None or a.jobs > len(usable):
+        raise SystemExit(f"--jobs {a.jobs}: pins each size to its own core with taskset (util-linux); this process "
+                         f"may use {len(usable)} core(s) and taskset is {'' if shutil.which('taskset') else 'not '}"
+                         "on PATH. Use --jobs 1, or at most the cores you have.")  # fmt: skip
+    cores: queue.Queue[int] = queue.Queue()
+    for c in usable[: a.jobs]:
+        cores.put(c)
+
+    def pinned(job):
+        frac, _n, run, cmd, ev = job
+        core = cores.get()
+        try:
+            return one_size(frac, run, cmd, ev, a, rec, core)
+        finally:
+            cores.put(core)
+
+    with ThreadPoolExecutor(max_workers=a.jobs) as pool:
+        futures = {id(j): pool.submit(pinned, j) for j in sorted(jobs, key=lambda j: -j[1])}
+        return [futures[id(j)].result() for j in jobs]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     source = ap.add_mutually_exclusive_group(required=True)
@@ -132,6 +190,8 @@ def main() -> None:
         help="tokens per training batch (train's --token-budget; default: the recipe's, else 4096)",
     )
     ap.add_argument("--no-eval", action="store_true", help="held-out tau only (no MT-bench eval)")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="sizes trained side by side, each pinned to its own core with one thread (default 1)")  # fmt: skip
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--out", default="runs/data-scaling")
     ap.add_argument("--dry-run", action="store_true")
@@ -145,7 +205,7 @@ def main() -> None:
     held = min(int(train_recipe.get("heldout_samples", 32)), n_samples // 10)  # as train: at most a tenth
     trainable = n_samples - held
     rec = Recorder()
-    rows = []
+    jobs = []
     for frac in [Fraction(f) for f in a.fractions.split(",")]:
         n = max(1, int(trainable * frac))
         run = out / f"n{n}"
@@ -162,25 +222,8 @@ def main() -> None:
             if not a.no_eval:
                 print(rec.show(ev))
             continue
-        rec.sh(cmd)
-        m = json.loads((run / "train" / "manifest.json").read_text())
-        row = {
-            "fraction": str(frac),
-            "conversations": m["trained_samples"],
-            "tokens": m["trained_sample_tokens"],
-            "trained_tokens": m.get("tokens_seen"),
-            "heldout_tau": (m.get("final_metrics") or {}).get("heldout_tau"),  # train's last held-out point
-        }
-        if row["heldout_tau"] is None:
-            raise SystemExit(f"{run}/train/manifest.json has no held-out tau (final_metrics.heldout_tau): "
-                             "train with --heldout-samples > 0")  # fmt: skip
-        if not a.no_eval:
-            rec.sh(ev)
-            report = json.loads((run / "eval" / "report.json").read_text())
-            head = next(iter(report["heads"].values()))
-            row["mt_bench_tau"] = round(head["chain"]["acceptance"]["tau"], 4)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
+        jobs.append((frac, n, run, cmd, ev))
+    rows = run_sizes(jobs, a, rec)
     if a.dry_run:
         return
     fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k))}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -17,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("source", ["cache", "data"])
 def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path, source):
-    # --data: every run trains --online from the corpus (no cache); the same nested sizes and held-out set
+    # --data: every run trains --online from the corpus (no cache); the same nested sizes and held-out set.
+    # It also runs the sizes two at a time (--jobs 2, each on its own core): rows still come in the order given
     run = make_run(tmp_path / "run", tiny_target_dir, n=60, draft_vocab_size=256, max_length=160)
     recipe = tmp_path / "train.yaml"
     recipe.write_text(
@@ -26,7 +28,8 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path,
     out = tmp_path / "scaling"
     cmd = [sys.executable, str(REPO / "benchmarks/stages/data_scaling.py"), f"--{source}", str(run / source),
            "--target", str(tiny_target_dir), "--recipe", str(recipe), "--fractions", "1/4,1/2,1",
-           "--tokens-per-run", "1536", "--token-budget", "512", "--no-eval", "--out", str(out)]  # fmt: skip
+           "--tokens-per-run", "1536", "--token-budget", "512", "--no-eval", "--out", str(out),
+           *(["--jobs", str(min(2, len(os.sched_getaffinity(0))))] if source == "data" else [])]  # fmt: skip
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env={"OMP_NUM_THREADS": "1",
                        "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})  # fmt: skip
     assert r.returncode == 0, r.stderr[-3000:]
