@@ -144,6 +144,7 @@ SAMPLES = {
     ("train", "save_every"): (["--save-every", "30"], 30),
     ("train", "log_every"): (["--log-every", "20"], 20),
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
+    ("train", "target_dtype"): (["--online", "--target-dtype", "bf16"], "bf16"),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
     ("export", "target"): (["--format", "gguf", "--target", "t"], Path("t")),
     ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
