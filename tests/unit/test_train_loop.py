@@ -87,11 +87,16 @@ def _losses(run_dir):
 
 
 @pytest.mark.slow
-def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir):
+@pytest.mark.parametrize("online", [False, True], ids=["cache", "online"])
+def test_kill9_then_rerun_resumes_with_identical_losses(tmp_path, run_dir, tiny_target_dir, online):
+    # online too: a run over a corpus too large to cache resumes across sessions, its features recomputed
     args = ["--max-steps", "10", "--log-every", "1", "--save-every", "2", "--ttt-steps", "2", *FAST]
+    if online:
+        shutil.rmtree(run_dir / "cache")
+        args += ["--online", "--target", str(tiny_target_dir), "--target-dtype", "bf16", "--draft-vocab-size", "300"]
     ref = tmp_path / "ref"
     ref.mkdir()
-    for sub in ("data", "cache"):
+    for sub in ("data",) if online else ("data", "cache"):
         shutil.copytree(run_dir / sub, ref / sub)
     r = eagle3("train", "--run", ref, *args)
     assert r.returncode == 0, r.stderr[-3000:]
