@@ -361,7 +361,13 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
     # shard_size conversations cost a third of the engine's throughput at concurrency 32).
     streamed = cfg.backend == "openai" and backend is not None
     groups = [mine] if streamed else [[k] for k in mine]
-    with progress("gen-data", total=len(plan), unit="conv", completed=already) as bar:
+    label, total = "gen-data", len(plan)
+    if world > 1:  # --shard i/N: this process's slice, so its count and ETA are its own
+        slice_ks = [k for k in range(n_shards) if k % world == rank]
+        total = sum(len(shard_range(k, cfg.shard_size, len(plan))) for k in slice_ks)
+        already = total - sum(len(shard_range(k, cfg.shard_size, len(plan))) - len(journals[k]) for k in mine)
+        label = f"gen-data slice {rank}/{world}"
+    with progress(label, total=total, unit="conv", completed=already) as bar:
         for group in groups:
             down = getattr(backend, "unavailable", None)
             if down is not None:  # the endpoints are down: later shards would only wait through retries

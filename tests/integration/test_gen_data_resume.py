@@ -173,8 +173,11 @@ def test_shard_slices_in_two_processes_equal_one_run(tiny_target_dir, tmp_path, 
     assert not (two / "manifest.json").exists() and sorted(p.name for p in two.glob("shard-*.jsonl")) == [
         "shard-00001.jsonl"
     ]
-    assert "the last `--shard i/2` process to finish writes the manifest" in " ".join(capsys.readouterr().err.split())
+    err = " ".join(capsys.readouterr().err.split())
+    assert "the last `--shard i/2` process to finish writes the manifest" in err
+    assert "gen-data slice 1/2 3/3" in err  # the progress of its own slice (shard 1: plan rows 3-5), not the run's
     assert main([*_args(tiny_target_dir, two), "--shard", "0/2"]) == 0
+    assert "gen-data slice 0/2 5/5" in " ".join(capsys.readouterr().err.split())  # shards 0 and 2
     assert _folder_bytes(one).keys() == _folder_bytes(two).keys()
     for name, data in _folder_bytes(one).items():
         if name.startswith("shard-"):
