@@ -3,7 +3,7 @@ paired bootstrap intervals over prompts, losslessness, the head comparison, the 
 
 from __future__ import annotations
 
-from ..speculate.acceptance import acceptance_by_depth
+from ..speculate.acceptance import acceptance_by_depth, tau_by_position
 from .config import EvalConfig
 from .decoder import DecodeResult
 from .lanes import Decoded
@@ -55,6 +55,7 @@ def mode_stats(cfg: EvalConfig, run: Decoded, key: tuple[str, str], plain: dict,
     acc = acceptance_by_depth([a for r in results for a in r.accept_lens], cfg.depth, mode)
     emitted, rounds = tau_pairs(results)
     acc["tau_interval"] = interval(bootstrap_ratio((emitted, rounds))) if any(rounds) else [1.0, 1.0]
+    acc["tau_by_position"] = tau_by_position([r.accept_lens for r in results])  # answer tokens in, by span
     s = speed(results)
     return {
         "config": served_config(cfg, mode),

@@ -106,6 +106,30 @@ def tau_of(accept_lens: Sequence[int]) -> float:
     return (sum(accept_lens) + len(accept_lens)) / len(accept_lens) if accept_lens else 1.0
 
 
+POSITION_EDGES = (0, 64, 128, 256, 512, 1024, 2048)
+
+
+def tau_by_position(per_prompt: Sequence[Sequence[int]], edges: Sequence[int] = POSITION_EDGES) -> list[dict]:
+    """Tau of the rounds that start in each span of the answer ([edges[i], edges[i+1]) tokens in; the
+    last span is open). A round starting at answer token t emits accept_len + 1 tokens, so the next
+    starts that much later. Late tokens of long answers are easier to draft than an answer's opening:
+    an eval capped at 128 new tokens and a benchmark decoding whole answers measure different taus, and
+    this says by how much. Spans no round started in are left out."""
+    spans: list[list[int]] = [[] for _ in edges]
+    for lens in per_prompt:
+        pos = 0
+        for a in lens:
+            i = max(j for j, e in enumerate(edges) if pos >= e)
+            spans[i].append(a)
+            pos += a + 1
+    rows = []
+    for i, lens in enumerate(spans):
+        if lens:
+            hi = edges[i + 1] if i + 1 < len(edges) else None
+            rows.append({"from": edges[i], "to": hi, "rounds": len(lens), "tau": tau_of(lens)})
+    return rows
+
+
 # ---------------------------------------------------------------- the held-out walk (train)
 def accept_lengths(hiddens, logits_fn, teacher: Teacher, loss_mask: torch.Tensor) -> torch.Tensor:
     """[B, T] accepted draft tokens of a round anchored at t (the target has just produced token

@@ -57,3 +57,22 @@ def test_every_route_gives_the_same_tau_and_alpha():
     assert alpha == pytest.approx(ALPHA)
     assert simulated_tau(alpha) == pytest.approx(TAU)
     assert simulated_accept_length(alpha) == pytest.approx(TAU - 1)  # metrics.jsonl's sim_accept_len: no bonus
+
+
+def test_tau_by_position_assigns_each_round_to_the_span_it_starts_in():
+    from eagle3cli.speculate.acceptance import tau_by_position
+
+    # prompt A: rounds start at 0, 3 (a=2), 4 (a=0), 8 (a=3); spans [0,4), [4,8), [8,...)
+    # prompt B: one round of 4 accepted at 0, then 0 at 5
+    rows = tau_by_position([[2, 0, 3, 1], [4, 0]], edges=(0, 4, 8))
+    assert rows == [
+        {"from": 0, "to": 4, "rounds": 3, "tau": (2 + 0 + 4 + 3) / 3},
+        {"from": 4, "to": 8, "rounds": 2, "tau": (3 + 0 + 2) / 2},
+        {"from": 8, "to": None, "rounds": 1, "tau": 2.0},
+    ]
+    # every round is counted once: the spans' rounds and emitted tokens add up to the whole run's
+    lens = [[1, 0, 2, 2, 0, 1], [0, 0, 5]]
+    rows = tau_by_position(lens, edges=(0, 3, 6, 12))
+    assert sum(r["rounds"] for r in rows) == 9
+    assert sum(r["tau"] * r["rounds"] for r in rows) == sum(a + 1 for x in lens for a in x)
+    assert tau_by_position([]) == []
