@@ -209,8 +209,8 @@ def main() -> None:
     for frac in [Fraction(f) for f in a.fractions.split(",")]:
         n = max(1, int(trainable * frac))
         run = out / f"n{n}"
-        cmd = [*E3, "train", "--run", run, *(["--cache", a.cache] if a.cache else ["--online", "--data", a.data]),
-               "--target", a.target, "--train-samples", n, "--token-budget", a.token_budget]  # fmt: skip
+        source = ["--cache", a.cache] if a.cache else ["--online", "--data", a.data, "--target", a.target]
+        cmd = [*E3, "train", "--run", run, *source, "--train-samples", n, "--token-budget", a.token_budget]
         if a.recipe:
             cmd += ["--recipe", a.recipe]
         cmd += (["--max-steps", max(1, a.tokens_per_run // a.token_budget), "--epochs", 10**6]

@@ -52,10 +52,16 @@ def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     def logits(h: torch.Tensor) -> torch.Tensor:
         return inner.logits(h, module_calls=True)  # ZeRO-3: module calls gather the partitioned weights
 
+    if tr.heldout_batches is not None and tr.source.online:
+        made = tr.heldout_batches
+    else:
+        made = [tr.source.batch([indices[i] for i in b], tr.cfg.max_length) for b in batches]
+        if tr.source.online:  # each would cost a target forward at every point of the curve: the set never changes
+            tr.heldout_batches = made
     accepted = torch.zeros(depth, dtype=torch.float64)
     rounds = 0
-    for b in batches:
-        batch = {k: v.to(tr.device) for k, v in tr.source.batch([indices[i] for i in b], tr.cfg.max_length).items()}
+    for made_batch in made:
+        batch = {k: v.to(tr.device) for k, v in made_batch.items()}
         teacher = teacher_for(tr, batch)
         aux = batch["aux_hidden"].to(inner.fc.weight.dtype)
         with torch.autocast(tr.device.type, dtype=tr.autocast, enabled=tr.autocast is not None):

@@ -158,6 +158,7 @@ class Trainer:
     logit_spec: LogitSpec | None = None  # the target's logit processing (Gemma-2 softcapping)
     heldout: list[int] = field(default_factory=list)  # sample indices never trained on (the learning curve)
     unused: list[int] = field(default_factory=list)  # not trained on: held out, and beyond --train-samples
+    heldout_batches: list[dict] | None = None  # --online: the held-out features, made once (heldout.py)
 
     @property
     def step(self) -> int:

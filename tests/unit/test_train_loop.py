@@ -424,3 +424,25 @@ def test_online_target_dtype_computes_the_features_and_a_resume_keeps_it(run_dir
     assert main([*base, "--run", str(run_dir), "--max-steps", "2", "--target-dtype", "fp32"]) == 2
     text = "".join(capsys.readouterr().err.split())  # rich wraps long paths at any character
     assert "target_dtype:checkpointhas'bf16',thiscommand'fp32'" in text, text
+
+
+def test_online_held_out_features_are_made_once_per_run(run_dir, tmp_path, tiny_target_dir, monkeypatch):
+    # the held-out set never changes, so its target forwards are made at the first point of the curve
+    # and kept: two more steps with a curve point at each cost two more training forwards, not more
+    import eagle3cli.speculate.target as target_mod
+
+    shutil.rmtree(run_dir / "cache")
+    calls = []
+    real = target_mod.capture_features
+    monkeypatch.setattr(target_mod, "capture_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    base = ["train", "--online", "--target", str(tiny_target_dir), "--draft-vocab-size", "300", "--log-every", "1",
+            "--save-every", "100", "--ttt-steps", "2", "--heldout-every", "1", "--heldout-samples", "4", *FAST]  # fmt: skip
+    counts = {}
+    for steps in (2, 4):
+        run = tmp_path / f"s{steps}"
+        shutil.copytree(run_dir / "data", run / "data")
+        calls.clear()
+        assert main([*base, "--run", str(run), "--max-steps", str(steps)]) == 0
+        assert sum("heldout_tau" in r for r in metrics(run)) >= steps  # a curve point at every step
+        counts[steps] = len(calls)
+    assert counts[4] - counts[2] == 2, counts
