@@ -201,7 +201,13 @@ def main() -> None:
     train_recipe = (recipe or {}).get("train") or recipe or {}
     if a.token_budget is None:  # the recipe's own step size, so --tokens-per-run counts its steps right
         a.token_budget = int(train_recipe.get("token_budget") or 4096)
-    n_samples = count_samples(a, int(train_recipe.get("max_length") or 2048))
+    from eagle3cli.errors import UsageError
+
+    try:
+        n_samples = count_samples(a, int(train_recipe.get("max_length") or 2048))
+    except UsageError as e:  # a corpus still being made (no manifest), a target without a tokenizer
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     held = min(int(train_recipe.get("heldout_samples", 32)), n_samples // 10)  # as train: at most a tenth
     trainable = n_samples - held
     rec = Recorder()

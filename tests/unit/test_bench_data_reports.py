@@ -4,6 +4,7 @@ wrote (a corpus folder mid-regeneration, a llama-server log, llama-bench's JSON)
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -268,3 +269,20 @@ def test_page_figures_are_drawn_from_its_json_and_linked_once(tmp_path):
     lines = once.splitlines()
     assert lines[lines.index("## Learning curve of the published head") + 2] == figure_line(LEARNING_CURVE)
     assert lines[lines.index("## `eval --sweep` on MT-bench: x") + 2] == figure_line(SWEEP)
+
+
+def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, tiny_target_dir):
+    # a gen-data folder without manifest.json (shards still being written): the reason, exit 2, nothing made
+    import subprocess
+    import sys
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "shard-00000.jsonl").write_text(json.dumps(_record(0, [5])) + "\n")
+    out = tmp_path / "scaling"
+    r = subprocess.run([sys.executable, "benchmarks/stages/data_scaling.py", "--data", str(corpus), "--target",
+                        str(tiny_target_dir), "--epochs", "1", "--out", str(out)],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "has no manifest.json" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
