@@ -7,6 +7,7 @@ nothing here measures or assumes. Called by run_bench.py; also runs alone:
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
         --gen-data-engine runs/bench/gen-data-engine.json                                        # those keys only
+    .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json  # and its figure
 """
 
 from __future__ import annotations
@@ -467,10 +468,11 @@ def write_report(
     json_path = md_path.with_suffix(".json")
     earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
     at = next(i for i, line in enumerate(lines) if line.startswith("## Acceptance and speed by bench (depth 8)"))
-    from benchmarks.smollm2.report_data import data_section
+    from benchmarks.smollm2.report_data import data_section, scaling_section
     from benchmarks.smollm2.report_rows import equal_budget_section
 
-    lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier)]
+    lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier),
+                    *scaling_section(earlier)]  # fmt: skip
     md_path.write_text("\n".join(lines))
     machine = {
         "rows": [
@@ -663,6 +665,14 @@ def main() -> None:
         help="write the `gen_data_throughput` key from benchmarks/stages/gen_data_engine.py's JSON (and print its table)",
     )
     ap.add_argument(
+        "--data-scaling",
+        type=Path,
+        default=None,
+        metavar="SCALING_JSON",
+        help="write the `data_scaling` keys, their section and docs/results-data-scaling.png from "
+        "benchmarks/stages/data_scaling.py's data_scaling.json",
+    )
+    ap.add_argument(
         "--equal-budget",
         type=Path,
         nargs="+",
@@ -697,16 +707,20 @@ def main() -> None:
     if a.equal_budget is not None:
         write_equal_budget(a.results_md, a.equal_budget)
         return
-    if a.corpus is not None or a.gen_data_engine is not None:
+    if a.corpus is not None or a.gen_data_engine is not None or a.data_scaling is not None:
         from benchmarks.smollm2.report_data import (
+            SCALING_HEADING,
             corpus_json,
+            data_scaling_json,
             data_section,
             gen_data_throughput_json,
             replace_section,
+            scaling_section,
             throughput_table,
         )
 
-        for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON")):
+        for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON"),
+                            (a.data_scaling, "data_scaling.py's data_scaling.json")):  # fmt: skip
             if given is not None and not given.exists():
                 print(f"error: {given} does not exist (expected {what}); nothing was written", file=sys.stderr)
                 raise SystemExit(2)
@@ -720,10 +734,18 @@ def main() -> None:
                 a.gen_data_engine
             )
             print(throughput_table(data["gen_data_throughput"]))
+        if a.data_scaling is not None:
+            data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
+                a.data_scaling
+            )
         json_path.write_text(json.dumps(data, indent=2) + "\n")
         md = a.results_md.read_text() if a.results_md.exists() else ""
-        a.results_md.write_text(replace_section(md, data_section(data), "## Acceptance and speed by bench"))
-        print(f"wrote {json_path} and the data section of {a.results_md}")
+        md = replace_section(md, data_section(data), "## Acceptance and speed by bench")
+        md = replace_section(md, scaling_section(data), "## Acceptance and speed by bench", SCALING_HEADING)
+        a.results_md.write_text(md)
+        if a.data_scaling is not None:
+            write_figures(a.results_md)
+        print(f"wrote {json_path} and the data sections of {a.results_md}")
         return
     if a.llama_cpp is not None:
         json_path = a.results_md.with_suffix(".json")

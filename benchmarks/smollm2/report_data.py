@@ -2,9 +2,10 @@
 
 - `corpus`: the regenerated corpus folder (finished shards and journals, the sessions' clocks);
 - `gen_data_throughput`: benchmarks/stages/gen_data_engine.py's JSON (gen-data vs the engine's
-  own capacity vs the hf backend, by concurrency).
+  own capacity vs the hf backend, by concurrency);
+- `data_scaling`, `data_scaling_fit`, `data_scaling_settings`: benchmarks/stages/data_scaling.py's JSON.
 
-Used by report.py (`--corpus DIR --gen-data-engine FILE`); nothing here measures.
+Used by report.py (`--corpus DIR --gen-data-engine FILE --data-scaling FILE`); nothing here measures.
 """
 
 from __future__ import annotations
@@ -159,3 +160,91 @@ def replace_section(md: str, lines: list[str], before: str, heading: str = DATA_
         at = next((i for i, x in enumerate(text) if x.startswith(before)), len(text))
     text[at:at] = lines
     return "\n".join(text) + ("\n" if md.endswith("\n") else "")
+
+
+SCALING_HEADING = "## Data scaling: acceptance against distinct training data"
+# commands: each row's train and eval command lines, so data_scaling.py --reuse docs/results-smollm2.json
+# grows the committed curve on a fresh machine instead of retraining its sizes
+ROW_KEYS = ("fraction", "conversations", "tokens", "trained_tokens", "heldout_tau", "mt_bench_tau", "commands")
+
+
+def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
+    """`data_scaling` rows, `data_scaling_fit` (MT-bench's fit when the sizes were evaluated, else the
+    held-out one; the held-out fit under `heldout`) and the settings, from data_scaling.py's JSON."""
+    r = json.loads(bench.read_text(encoding="utf-8"))
+    rows = [{k: row.get(k) for k in ROW_KEYS} for row in r["rows"]]
+    fits = r.get("fits") or {}
+    main = fits.get("mt_bench_tau") or fits.get("heldout_tau") or {}
+    fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau", **main}
+    if fits.get("mt_bench_tau") and fits.get("heldout_tau"):
+        fit["heldout"] = fits["heldout_tau"]
+    settings = {k: r.get(k) for k in ("data", "cache", "online", "budget", "corpus") if r.get(k) is not None}
+    return rows, fit, settings
+
+
+def _tokens(n, per_sample: float | None) -> str:
+    """Distinct tokens, and the samples of this corpus's mean length that hold them."""
+    if n is None:
+        return "never (tau does not grow with data)"
+    text = f"{n / 1e6:,.1f}M distinct tokens" if n >= 1e5 else f"{n:,.0f} distinct tokens"
+    return text + (f" (~{n / per_sample:,.0f} samples of this corpus's mean length)" if per_sample else "")
+
+
+def scaling_section(data: dict) -> list[str]:
+    """The page's data-scaling section from its three keys ([] when there is no curve)."""
+    rows, fit, s = data.get("data_scaling"), data.get("data_scaling_fit") or {}, data.get("data_scaling_settings") or {}
+    if not rows:
+        return []
+    corpus = s.get("corpus") or {}
+    budget = s.get("budget") or {}
+    how = (f"{budget['epochs']} epoch(s) over each subset (budget proportional to its size)" if "epochs" in budget
+           else f"{budget.get('tokens_per_run'):,} trained tokens per size (equal compute)")  # fmt: skip
+    lines = [
+        SCALING_HEADING,
+        "",
+        f"The same recipe on nested subsets of `{s.get('data') or s.get('cache')}` ({'online' if s.get('online') else 'cache'}; "
+        f"{corpus.get('samples', '?'):,} trainable samples, {corpus.get('tokens', 0):,} distinct tokens, "
+        f"{corpus.get('heldout_samples', '?')} held out), {how}; held-out tau on the one held-out set every "
+        "size shares, MT-bench tau from `eagle3 eval` (80 first turns, fp32, greedy, chain, depth 8). "
+        "Command: `benchmarks/stages/data_scaling.py` (docs/train.md).",
+        "",
+        "| fraction | conversations | distinct tokens | trained tokens | held-out tau | MT-bench tau |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(f"| {r['fraction']} | {r['conversations']:,} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | "
+                     f"{_cell(r.get('heldout_tau'))} | {_cell(r.get('mt_bench_tau'))} |")  # fmt: skip
+    if fit.get("a") is not None:
+        name = "MT-bench tau" if fit["tau"] == "mt_bench_tau" else "held-out tau"
+        err = fit["measured_full"] - fit["predicted_full"]
+        lines += [
+            "",
+            f"**The fit, tested** ({name} = a + b log2(distinct tokens)): fitted on {fit['fit_on']}, it predicted "
+            f"**{fit['predicted_full']:.3f}** for the largest size ({fit['largest_tokens']:,} tokens); measured "
+            f"**{fit['measured_full']:.3f}** ({err:+.3f}). Fitted on every size: +{fit['fit_all']['b_per_doubling']:.3f} "
+            f"tau per doubling of distinct tokens.",
+        ]
+        want = fit.get("tokens_for_tau") or {}
+        per = corpus["tokens"] / corpus["samples"] if corpus.get("samples") else None  # tokens per sample here
+        lines.append(
+            f"By that fit, {name} 2.5 takes {_tokens(want.get('2.5'), per)} and 3.0 takes "
+            f"{_tokens(want.get('3.0'), per)} (an extrapolation: a log law need not hold that far)."
+        )
+        if fit.get("predicted_corpus") is not None:
+            lines.append(
+                f"The largest size measured is {fit['largest_tokens'] / fit['corpus_tokens']:.1%} of the corpus; for "
+                f"the whole corpus ({fit['corpus_tokens']:,} tokens, one epoch) the fit says {name} "
+                f"**{fit['predicted_corpus']:.3f}** — a prediction until that run is measured."
+            )
+        held = fit.get("heldout")
+        if held:
+            lines.append(
+                f"Held-out tau: fitted on {held['fit_on']} it predicted {held['predicted_full']:.3f}, measured "
+                f"{held['measured_full']:.3f}; +{held['fit_all']['b_per_doubling']:.3f} per doubling over every size."
+            )
+    lines.append("")
+    return lines
+
+
+def _cell(x) -> str:
+    return "-" if x is None else f"{x:.3f}"

@@ -2,7 +2,9 @@
 tables are written from, so a picture cannot disagree with its page:
 
 - `learning_curve` -> results-smollm2-learning-curve.png (held-out tau against trained tokens and CPU s);
-- `sweep`          -> results-smollm2-sweep.png (tau and measured speedup of every configuration, per dtype).
+- `sweep`          -> results-smollm2-sweep.png (tau and measured speedup of every configuration, per dtype);
+- `data_scaling`   -> results-data-scaling.png (tau against distinct training tokens, with the fits the
+                      page states; drawn by benchmarks/stages/data_scaling.py's own `plot`).
 
 Each figure's link sits under its section's heading (`figure_line`); report.py writes both with the
 full report and alone with `--figures`. Nothing here measures.
@@ -14,14 +16,17 @@ from pathlib import Path
 
 LEARNING_CURVE = "results-smollm2-learning-curve.png"
 SWEEP = "results-smollm2-sweep.png"
+DATA_SCALING = "results-data-scaling.png"
 # the section each figure belongs to (the heading's start, as report_compute writes it)
 SECTIONS = {
     LEARNING_CURVE: "## Learning curve of the published head",
     SWEEP: "## `eval --sweep` on MT-bench",
+    DATA_SCALING: "## Data scaling",
 }
 ALT = {
     LEARNING_CURVE: "held-out tau against trained tokens and CPU seconds",
     SWEEP: "tau and measured speedup of each sweep configuration, fp32 and bf16",
+    DATA_SCALING: "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law",
 }
 
 
@@ -105,6 +110,15 @@ def draw_figures(data: dict, docs: Path) -> list[str]:
     if any((data.get("sweep") or {}).values()):
         sweep_png(data["sweep"], docs / SWEEP)
         drawn.append(SWEEP)
+    if data.get("data_scaling"):
+        from benchmarks.stages.data_scaling import plot
+
+        fit = data.get("data_scaling_fit") or {}
+        fits = {"mt_bench_tau": {k: v for k, v in fit.items() if k != "heldout"}, "heldout_tau": fit.get("heldout")}
+        corpus = (data.get("data_scaling_settings") or {}).get("corpus") or {}
+        plot(data["data_scaling"], {k: v for k, v in fits.items() if v and "a" in v}, docs / DATA_SCALING,
+             corpus.get("tokens"))  # fmt: skip
+        drawn.append(DATA_SCALING)
     return drawn
 
 

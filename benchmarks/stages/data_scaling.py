@@ -61,31 +61,40 @@ def tokens_for(tau: float, a: float, b: float) -> float | None:
     return 2 ** ((tau - a) / b) if b > 0 else None
 
 
-def analyse(rows: list[dict], key: str) -> dict | None:
+def analyse(rows: list[dict], key: str, corpus_tokens: int | None = None) -> dict | None:
+    """The fit of `key` against log2(distinct tokens), tested: fitted on all sizes but the largest, its
+    prediction for the largest beside the measured value; then the fit over every size, the tokens it
+    says tau 2.5 and 3.0 take, and (when the largest size is not the whole corpus) its tau for the corpus."""
     pts = [(r["tokens"], r[key]) for r in rows if r.get(key) is not None]
     if len(pts) < 3:
         return None
     pts.sort()
     a, b = fit_log2(pts[:-1])
     full_a, full_b = fit_log2(pts)
-    return {
+    fit = {
         "fit_on": f"the {len(pts) - 1} smaller sizes",
         "a": round(a, 4),
         "b_per_doubling": round(b, 4),
+        "largest_tokens": pts[-1][0],
         "predicted_full": round(a + b * math.log2(pts[-1][0]), 4),
         "measured_full": round(pts[-1][1], 4),
         "fit_all": {"a": round(full_a, 4), "b_per_doubling": round(full_b, 4)},
         "tokens_for_tau": {str(t): tokens_for(t, full_a, full_b) for t in (2.5, 3.0)},
     }
+    if corpus_tokens and corpus_tokens > pts[-1][0]:
+        fit["corpus_tokens"] = corpus_tokens
+        fit["predicted_corpus"] = round(full_a + full_b * math.log2(corpus_tokens), 4)
+    return fit
 
 
-def plot(rows: list[dict], fits: dict, out: Path) -> None:
+def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = None) -> None:
+    """tau against distinct tokens (log2), each fit dashed from the smallest size to past the corpus's size."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for key, label, style in (("heldout_tau", "held-out tau", "o-"), ("mt_bench_tau", "MT-bench tau (d8)", "s-")):
         pts = sorted((r["tokens"], r[key]) for r in rows if r.get(key) is not None)
         if not pts:
@@ -93,10 +102,17 @@ def plot(rows: list[dict], fits: dict, out: Path) -> None:
         line = ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=label)[0]
         f = fits.get(key)
         if f:
-            xs = [pts[0][0], pts[-1][0] * 4]
+            xs = [pts[0][0], max(pts[-1][0] * 4, corpus_tokens or 0)]
             ax.plot(xs, [f["a"] + f["b_per_doubling"] * math.log2(x) for x in xs], "--", color=line.get_color(),
-                    alpha=0.6, label=f"{label} fit on smaller sizes: predicts {f['predicted_full']}, "
-                    f"measured {f['measured_full']}")  # fmt: skip
+                    alpha=0.6, label=f"fit on smaller sizes: predicts {f['predicted_full']:.3f}, "
+                    f"measured {f['measured_full']:.3f}")  # fmt: skip
+            if f.get("predicted_corpus") is not None:
+                ax.plot([f["corpus_tokens"]], [f["predicted_corpus"]], "x", color=line.get_color(), ms=9,
+                        label=f"fit on all sizes at the whole corpus: {f['predicted_corpus']:.3f}")  # fmt: skip
+    if corpus_tokens:
+        ax.axvline(corpus_tokens, color="grey", lw=0.8, ls=":")
+        ax.annotate("whole corpus", (corpus_tokens, ax.get_ylim()[0]), rotation=90, va="bottom", ha="right",
+                    fontsize=7, color="grey")  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_xlabel("distinct training tokens (log2)")
     ax.set_ylabel("tau (tokens per target forward)")
@@ -104,41 +120,87 @@ def plot(rows: list[dict], fits: dict, out: Path) -> None:
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
+    plt.close(fig)
 
 
-def count_samples(a: argparse.Namespace, max_length: int) -> int:
-    """Samples train will read: the cache's count, or the corpus's masked samples (train's own function)."""
+def sample_lengths(a: argparse.Namespace, max_length: int) -> list[int]:
+    """Token length of every sample train will read, in train's order: the cache's, or the corpus's
+    masked samples (train's own function), so the full corpus's distinct tokens count as a size's do."""
     if a.cache:
-        return int(json.loads((Path(a.cache) / "manifest.json").read_text())["counts"]["samples"])
+        from eagle3cli.cache import CacheReader
+
+        return [int(n) for n in CacheReader(Path(a.cache)).lengths]
     from eagle3cli.model.target import open_target
     from eagle3cli.train.data import online_samples
 
-    return len(online_samples(Path(a.data), open_target(a.target).tokenizer, max_length))
+    return [len(ids) for ids, _ in online_samples(Path(a.data), open_target(a.target).tokenizer, max_length)]
+
+
+def corpus_size(lengths: list[int], heldout_wanted: int) -> dict:
+    """Samples and distinct tokens of the whole corpus minus train's held-out set (what fraction 1 trains on)."""
+    from eagle3cli.train.heldout import heldout_indices
+
+    held = set(heldout_indices(len(lengths), heldout_wanted))
+    return {
+        "samples": len(lengths) - len(held),
+        "tokens": sum(n for i, n in enumerate(lengths) if i not in held),
+        "heldout_samples": len(held),
+    }
 
 
 def one_size(frac: Fraction, run: Path, cmd: list, ev: list, a: argparse.Namespace, rec: Recorder, core) -> dict:
-    """Train one size (and eval it), pinned to `core` when sizes run side by side; its row."""
+    """Train one size (and eval it), pinned to `core` when sizes run side by side; its row. A size
+    finished by an earlier call with the same train command is not trained again (its row file), and
+    its eval runs only when asked for and not yet made by the same eval command: a curve grows across
+    calls and sessions (a held-out-only pass with --no-eval first, MT-bench later, or one more size)."""
+    done = run / "data_scaling_row.json"
+    row = json.loads(done.read_text()) if done.exists() else None
+    if row is not None and row.get("commands", [None])[0] != rec.show(cmd):
+        row = None  # another recipe or budget in this folder: train decides (it refuses a changed config)
     pin = ["taskset", "-c", str(core)] if core is not None else []
     env = {"OMP_NUM_THREADS": "1"} if core is not None else None  # one thread a core: two on one core crawl
-    rec.sh([*pin, *cmd], env=env)
-    m = json.loads((run / "train" / "manifest.json").read_text())
-    row = {
-        "fraction": str(frac),
-        "conversations": m["trained_samples"],
-        "tokens": m["trained_sample_tokens"],
-        "trained_tokens": m.get("tokens_seen"),
-        "heldout_tau": (m.get("final_metrics") or {}).get("heldout_tau"),  # train's last held-out point
-    }
-    if row["heldout_tau"] is None:
-        raise SystemExit(f"{run}/train/manifest.json has no held-out tau (final_metrics.heldout_tau): "
-                         "train with --heldout-samples > 0")  # fmt: skip
-    if not a.no_eval:
+    if row is None:
+        rec.sh([*pin, *cmd], env=env)
+        m = json.loads((run / "train" / "manifest.json").read_text())
+        row = {
+            "fraction": str(frac),
+            "conversations": m["trained_samples"],
+            "tokens": m["trained_sample_tokens"],
+            "trained_tokens": m.get("tokens_seen"),
+            "heldout_tau": (m.get("final_metrics") or {}).get("heldout_tau"),  # train's last held-out point
+            "commands": [rec.show(cmd), None],
+        }
+        if row["heldout_tau"] is None:
+            raise SystemExit(f"{run}/train/manifest.json has no held-out tau (final_metrics.heldout_tau): "
+                             "train with --heldout-samples > 0")  # fmt: skip
+        done.write_text(json.dumps(row, indent=1) + "\n")
+    if not a.no_eval and row["commands"][1] != rec.show(ev):
         rec.sh([*pin, *ev], env=env)
         report = json.loads((run / "eval" / "report.json").read_text())
         head = next(iter(report["heads"].values()))
         row["mt_bench_tau"] = round(head["chain"]["acceptance"]["tau"], 4)
+        row["commands"][1] = rec.show(ev)
+        done.write_text(json.dumps(row, indent=1) + "\n")
     print(json.dumps(row), flush=True)
     return row
+
+
+def seed_rows(path: Path, jobs: list, rec: Recorder) -> None:
+    """Write each reusable row of `path` as its size's row file (never over one this folder made)."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        earlier = data["rows"] if "rows" in data else data["data_scaling"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"--reuse {path}: expected data_scaling.py's data_scaling.json or a results JSON with a "
+                         f"`data_scaling` key ({e})") from None  # fmt: skip
+    by_train = {(r.get("commands") or [None])[0]: r for r in earlier}
+    for _frac, _n, run, cmd, _ev in jobs:
+        row = by_train.get(rec.show(cmd))
+        done = run / "data_scaling_row.json"
+        if row is not None and not done.exists():
+            run.mkdir(parents=True, exist_ok=True)
+            done.write_text(json.dumps(row, indent=1) + "\n")
+            print(f"reused from {path}: {row['fraction']} ({row['conversations']} samples)", flush=True)
 
 
 def run_sizes(jobs: list, a: argparse.Namespace, rec: Recorder) -> list[dict]:
@@ -194,6 +256,10 @@ def main() -> None:
                     help="sizes trained side by side, each pinned to its own core with one thread (default 1)")  # fmt: skip
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--out", default="runs/data-scaling")
+    ap.add_argument("--reuse", default=None, metavar="JSON",
+                    help="rows of an earlier curve (its data_scaling.json, or a results page's JSON with a "
+                    "`data_scaling` key) count as done where their train command is this call's: a curve kept "
+                    "in git grows on a fresh machine")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
     out = Path(a.out)
@@ -204,12 +270,12 @@ def main() -> None:
     from eagle3cli.errors import UsageError
 
     try:
-        n_samples = count_samples(a, int(train_recipe.get("max_length") or 2048))
+        lengths = sample_lengths(a, int(train_recipe.get("max_length") or 2048))
     except UsageError as e:  # a corpus still being made (no manifest), a target without a tokenizer
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-    held = min(int(train_recipe.get("heldout_samples", 32)), n_samples // 10)  # as train: at most a tenth
-    trainable = n_samples - held
+    corpus = corpus_size(lengths, int(train_recipe.get("heldout_samples", 32)))  # as train's held-out set
+    trainable = corpus["samples"]
     rec = Recorder()
     jobs = []
     for frac in [Fraction(f) for f in a.fractions.split(",")]:
@@ -229,20 +295,23 @@ def main() -> None:
                 print(rec.show(ev))
             continue
         jobs.append((frac, n, run, cmd, ev))
+    if a.reuse:
+        seed_rows(Path(a.reuse), jobs, rec)
     rows = run_sizes(jobs, a, rec)
     if a.dry_run:
         return
-    fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k))}
+    fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k, corpus["tokens"]))}
     result = {
         **({"cache": str(a.cache)} if a.cache else {"data": str(a.data), "online": True}),
         "budget": {"tokens_per_run": a.tokens_per_run} if a.tokens_per_run else {"epochs": a.epochs},
+        "corpus": corpus,
         "rows": rows,
         "fits": fits,
         "commands": rec.commands,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "data_scaling.json").write_text(json.dumps(result, indent=1) + "\n")
-    plot(rows, fits, out / "data_scaling.png")
+    plot(rows, fits, out / "data_scaling.png", corpus["tokens"])
     print(json.dumps(result, indent=1))
     print(f"wrote {out / 'data_scaling.json'} and {out / 'data_scaling.png'} (repo {REPO})")
 

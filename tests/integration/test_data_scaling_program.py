@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 
@@ -46,6 +47,26 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path,
     assert fit["fit_on"] == "the 2 smaller sizes" and math.isfinite(fit["predicted_full"])
     assert (out / "data_scaling.png").stat().st_size > 0
     assert result["budget"] == {"tokens_per_run": 1536}
+    # fraction 1 is the whole corpus less the held-out set: its distinct tokens are the corpus's
+    assert result["corpus"] == {"samples": 54, "tokens": rows[-1]["tokens"], "heldout_samples": 6}
+    if source == "cache":  # a second call reuses every finished size: same rows, nothing retrained
+        stamps = {x["conversations"]: (out / f"n{x['conversations']}" / "train" / "manifest.json").stat().st_mtime_ns
+                  for x in rows}  # fmt: skip
+        again = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO,
+                               env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert again.returncode == 0, again.stderr[-3000:]
+        assert json.loads((out / "data_scaling.json").read_text())["rows"] == rows
+        for n, stamp in stamps.items():
+            assert (out / f"n{n}" / "train" / "manifest.json").stat().st_mtime_ns == stamp
+        # a fresh machine: only the curve's JSON survives (in git); --reuse takes its rows, trains nothing
+        kept = tmp_path / "kept.json"
+        kept.write_text((out / "data_scaling.json").read_text())
+        shutil.rmtree(out)
+        fresh = subprocess.run([*cmd, "--reuse", str(kept)], capture_output=True, text=True, timeout=300, cwd=REPO,
+                               env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert fresh.returncode == 0, fresh.stderr[-3000:]
+        assert json.loads((out / "data_scaling.json").read_text())["rows"] == rows
+        assert not any(out.glob("n*/train")), "a reused size was trained again"
     if source == "data":
         assert result["online"] is True
         for x in rows:  # each size really trained online, from the corpus

@@ -286,3 +286,50 @@ def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, ti
     assert r.returncode == 2, r.stderr[-2000:]
     assert "has no manifest.json" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+
+
+def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(tmp_path):
+    # report.py --data-scaling: rows and the tested fit in the JSON, a section stating both, the figure
+    # drawn from those keys and linked under the section; a second report replaces the section in place
+    import subprocess
+    import sys
+
+    from benchmarks.stages.data_scaling import analyse
+
+    rows = [{"fraction": f"1/{2**k}", "conversations": 100 * 2 ** (4 - k), "tokens": 50_000 * 2 ** (4 - k),
+             "trained_tokens": 50_000 * 2 ** (4 - k), "heldout_tau": 1.1 + 0.1 * (4 - k),
+             "mt_bench_tau": 1.0 + 0.08 * (4 - k), "commands": ["train ...", "eval ..."]} for k in (4, 3, 2, 1)]  # fmt: skip
+    corpus = {"samples": 3200, "tokens": 1_600_000, "heldout_samples": 32}
+    fits = {k: analyse(rows, k, corpus["tokens"]) for k in ("heldout_tau", "mt_bench_tau")}
+    bench = tmp_path / "data_scaling.json"
+    bench.write_text(json.dumps({"data": "corpora/c", "online": True, "budget": {"epochs": 1}, "corpus": corpus,
+                                 "rows": rows, "fits": fits}))  # fmt: skip
+    md = tmp_path / "results.md"
+    md.write_text("# R\n\n## Acceptance and speed by bench (depth 8)\n\nx\n")
+    repo = Path(__file__).resolve().parents[2]
+    cmd = [
+        sys.executable,
+        str(repo / "benchmarks/smollm2/report.py"),
+        "--data-scaling",
+        str(bench),
+        "--results-md",
+        str(md),
+    ]
+    for _ in range(2):
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [x["tokens"] for x in data["data_scaling"]] == [x["tokens"] for x in rows]
+    assert data["data_scaling"][0]["commands"] == ["train ...", "eval ..."]  # what --reuse matches
+    fit = data["data_scaling_fit"]
+    assert fit["tau"] == "mt_bench_tau" and fit["measured_full"] == pytest.approx(1.24)
+    assert fit["predicted_full"] == pytest.approx(1.24) and fit["predicted_corpus"] == pytest.approx(
+        1.40
+    )  # two doublings past 400k
+    assert fit["heldout"]["measured_full"] == pytest.approx(1.4)
+    assert data["data_scaling_settings"]["corpus"] == corpus
+    text = md.read_text()
+    assert text.count("## Data scaling") == 1 and text.index("## Data scaling") < text.index("## Acceptance")
+    assert "predicted **1.240** for the largest size" in text and "MT-bench tau **1.400**" in text
+    assert "![" in text.split("## Data scaling")[1].split("\n\n")[1]  # the figure, first under its heading
+    assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"

@@ -20,6 +20,15 @@ def test_the_fit_recovers_a_log_law_and_predicts_the_largest_size():
     rows[-1]["heldout_tau"] = 5.5
     f = analyse(rows, "heldout_tau")
     assert f["predicted_full"] == pytest.approx(6.0) and f["measured_full"] == 5.5
+    assert "predicted_corpus" not in f  # the largest size was the whole corpus
+
+
+def test_a_curve_short_of_the_corpus_predicts_the_corpus_from_every_size():
+    rows = [{"tokens": 2**k, "mt_bench_tau": 1.0 + 0.25 * k} for k in (16, 17, 18, 19)]
+    f = analyse(rows, "mt_bench_tau", corpus_tokens=2**23)
+    assert f["largest_tokens"] == 2**19 and f["corpus_tokens"] == 2**23
+    assert f["predicted_corpus"] == pytest.approx(1.0 + 0.25 * 23)
+    assert "predicted_corpus" not in analyse(rows, "mt_bench_tau", corpus_tokens=2**19)
 
 
 def test_no_fit_from_too_few_sizes_and_no_tokens_when_tau_does_not_grow():
