@@ -28,7 +28,8 @@ def corpus_json(folder: Path) -> dict:
         if not (folder / journal.name.replace(".journal", "")).exists():  # a shard still being made
             records += [e["record"] for e in read_records(journal) if "record" in e]
     tokens = sum(t.get("completion_tokens", 0) for r in records for t in (r.get("meta") or {}).get("turns") or [])
-    rate = throughput(folder, 0.0, 0, len(records)) or {}
+    # a finished folder's sessions are gone (progress/ is cleared): its manifest keeps their rate
+    rate = (manifest or {}).get("throughput") or throughput(folder, 0.0, 0, len(records)) or {}
     engine = _engine(folder, manifest)
     planned = _planned(folder, manifest)
     return {

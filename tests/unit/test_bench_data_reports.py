@@ -43,6 +43,18 @@ def test_corpus_counts_finished_shards_and_the_journal_of_the_shard_in_progress(
     assert c["gen_tok_s"] == pytest.approx(107 / 40, abs=0.05) and c["sessions"] == 2
 
 
+def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
+    # gen-data clears progress/ when it writes the manifest: the sessions' rate lives on in the manifest
+    (tmp_path / "shard-00000.jsonl").write_text("".join(json.dumps(_record(i, [10])) + "\n" for i in range(2)))
+    rate = {"sessions": 3, "seconds": 100.0, "process_seconds": 180.0, "conversations": 2, "completion_tokens": 20,
+            "conversations_per_s": 0.02, "completion_tok_s": 0.2}  # fmt: skip
+    (tmp_path / "manifest.json").write_text(json.dumps({"counts": {"planned": 2}, "throughput": rate,
+                                                        "engine": {"engine": "vllm", "version": "v1"}}))  # fmt: skip
+    c = corpus_json(tmp_path)
+    assert c["complete"] is True and c["planned"] == 2 and c["conversations"] == 2
+    assert c["gen_tok_s"] == 0.2 and c["generation_seconds"] == 100.0 and c["process_seconds"] == 180.0
+
+
 def test_side_by_side_shard_processes_count_their_clock_time_once(tmp_path):
     # two `--shard i/2` processes worked 0-100 s and 50-150 s (150 s of clock, 200 process-seconds);
     # a session of an older eagle3 (no interval) adds its own 40 s
