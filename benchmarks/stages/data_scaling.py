@@ -189,7 +189,7 @@ def seed_rows(path: Path, jobs: list, rec: Recorder) -> None:
     """Write each reusable row of `path` as its size's row file (never over one this folder made)."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        earlier = data["rows"] if "rows" in data else data["data_scaling"]
+        earlier = data["data_scaling"] if "data_scaling" in data else data["rows"]  # a results page has `rows` too
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"--reuse {path}: expected data_scaling.py's data_scaling.json or a results JSON with a "
                          f"`data_scaling` key ({e})") from None  # fmt: skip

@@ -58,9 +58,10 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path,
         assert json.loads((out / "data_scaling.json").read_text())["rows"] == rows
         for n, stamp in stamps.items():
             assert (out / f"n{n}" / "train" / "manifest.json").stat().st_mtime_ns == stamp
-        # a fresh machine: only the curve's JSON survives (in git); --reuse takes its rows, trains nothing
-        kept = tmp_path / "kept.json"
-        kept.write_text((out / "data_scaling.json").read_text())
+        # a fresh machine: only the curve survives, in the results page's JSON (in git, beside the page's own
+        # `rows`); --reuse takes its `data_scaling` rows and trains nothing
+        kept = tmp_path / "results.json"
+        kept.write_text(json.dumps({"rows": [{"bench": "mt_bench", "tau": 1.5}], "data_scaling": rows}))
         shutil.rmtree(out)
         fresh = subprocess.run([*cmd, "--reuse", str(kept)], capture_output=True, text=True, timeout=300, cwd=REPO,
                                env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})  # fmt: skip
