@@ -90,6 +90,15 @@ class TrainConfig:
     """Train on N of the cache's samples (default: all but the held-out ones): the first N of one fixed
     seeded order, so subsets are nested (N < M: every sample of N is in M) and the held-out set is the
     same for every N. For a data-scaling curve (benchmarks/data_scaling.py)."""
+    skip_samples: int = 0
+    """Skip the first N samples of --train-samples' fixed order and train on the ones after them (the
+    next --train-samples, or all the rest): a continuation that sees new data, e.g. the next session of a
+    run over a corpus too large for one, warm-started with --init-head from the head the first N made."""
+    init_head: Path | None = None
+    """Start from this head's weights (a head folder of any layout eagle3 reads: ours, SpecForge/SGLang,
+    vLLM, speculators) rather than the target's rows: its draft vocab, aux layers and norms become the
+    run's. Continues a head in a new session, or fine-tunes a published one on new data. The optimizer
+    starts fresh (a head holds no Adam moments), under this run's warmup and schedule."""
     epochs: int = 1
     """Passes over the data."""
     time_budget_s: float | None = None
@@ -167,6 +176,8 @@ class TrainConfig:
             e.append("--run is required (the run folder, e.g. runs/demo)")
         if self.train_samples is not None and (not isinstance(self.train_samples, int) or self.train_samples < 1):
             e.append(f"--train-samples {self.train_samples!r}: expected an integer >= 1 (or leave it out: all)")
+        if not isinstance(self.skip_samples, int) or self.skip_samples < 0:
+            e.append(f"--skip-samples {self.skip_samples!r}: expected an integer >= 0")
         if not 0.0 <= self.feature_noise <= 1.0:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:

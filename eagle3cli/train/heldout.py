@@ -27,16 +27,18 @@ def heldout_indices(n_samples: int, wanted: int) -> list[int]:
     return sorted({(j * n_samples) // k for j in range(k)}) if k > 0 else []
 
 
-def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None) -> list[int]:
+def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None, skip: int = 0) -> list[int]:
     """Sample indices a run does not train on: the held-out ones, and with `train_samples` = N every
-    sample after the first N of one fixed order (a seeded permutation independent of --seed, so the
-    subsets of a data-scaling curve are nested and share the held-out set)."""
-    if train_samples is None:
+    sample outside the first N of one fixed order (a seeded permutation independent of --seed, so the
+    subsets of a data-scaling curve are nested and share the held-out set). With `skip` = S the run
+    takes the N after the first S instead (all after S when N is None): a continuation's new data."""
+    if train_samples is None and not skip:
         return list(heldout)
     held = set(heldout)
     order = [i for i in range(n_samples) if i not in held]
     perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(20261202)).tolist()
-    keep = {order[j] for j in perm[:train_samples]}
+    end = None if train_samples is None else skip + train_samples
+    keep = {order[j] for j in perm[skip:end]}
     return sorted(i for i in range(n_samples) if i not in keep)
 
 

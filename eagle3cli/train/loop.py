@@ -198,6 +198,18 @@ def measure_heldout(tr: Trainer) -> dict:
     return point
 
 
+def starting_point(tr: Trainer) -> None:
+    """--init-head: the learning curve's point at step 0, the head as it came (what the run adds is
+    measured on the same held-out conversations)."""
+    m = {"step": 0, "epoch": 0, "tokens": 0, "tokens_seen": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0}
+    m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in measure_heldout(tr).items()})
+    tr.model.train()
+    if tr.rank == 0:
+        ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
+        console.log(f"  held-out ({m['heldout_samples']} conversations): tau {m['heldout_tau']:.3f} at depth "
+                    f"{m['heldout_depth']} before training (--init-head {tr.cfg.init_head})")  # fmt: skip
+
+
 def learning_curve(tr: Trainer) -> list[dict]:
     """[{tokens, steps, seconds, heldout_tau, heldout_alpha_k}] from metrics.jsonl."""
     return [
@@ -305,6 +317,8 @@ def fit(tr: Trainer) -> None:
     iv = Interval()
     plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
+    if cfg.init_head is not None and tr.heldout and tr.loop.step == 0 and not learning_curve(tr):
+        starting_point(tr)
     with console.progress("train", total=total, unit="step", completed=tr.loop.step) as bar:
         while tr.loop.step < tr.total_steps and not tr.out_of_time():
             mine = next_step_batches(tr, plan)

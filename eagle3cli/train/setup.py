@@ -266,6 +266,7 @@ def setup(cfg: TrainConfig) -> Trainer:
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
     source, identity, tcfg, weights, aux_ids = load_source(cfg, run_dir, device)
+    start = start_head(cfg, source, identity, tcfg, aux_ids) if cfg.init_head is not None else None
     draft_vocab = len(source.d2t)
 
     # ---- the draft
@@ -283,18 +284,20 @@ def setup(cfg: TrainConfig) -> Trainer:
         norm_offset=final_norm_offset(tcfg),
     )
     apply_init(draft, cfg.init, cfg.lm_head)
+    if start is not None:  # the head's weights over the fresh ones (requires_grad as apply_init set it)
+        draft.load_state_dict({**start.state_dict(), "embed_tokens.weight": draft.embed_tokens.weight})
     draft.to(device)
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     per_step = world * cfg.grad_accum
     heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
-    unused = unused_indices(len(source.lengths), heldout, cfg.train_samples)
+    unused = unused_indices(len(source.lengths), heldout, cfg.train_samples, cfg.skip_samples)
     trainable = len(source.lengths) - len(heldout)
-    if cfg.train_samples is not None and cfg.train_samples > trainable:
+    if (cfg.train_samples or 0) + cfg.skip_samples > trainable or cfg.skip_samples >= trainable:
         raise UsageError(
-            f"--train-samples {cfg.train_samples}: the cache has {trainable} trainable samples "
-            f"({len(heldout)} of {len(source.lengths)} are held out)",
-            f"at most {trainable}",
-            "a smaller --train-samples, or leave it out to train on all of them",
+            f"--skip-samples {cfg.skip_samples} + --train-samples {cfg.train_samples}: the data has {trainable} "
+            f"trainable samples ({len(heldout)} of {len(source.lengths)} are held out)",
+            f"skip + train at most {trainable}",
+            "a smaller --train-samples or --skip-samples (leave --train-samples out to train on all the rest)",
         )
     n_batches = len(plan_for(cfg, source.lengths, 0, exclude=unused))
     if n_batches < per_step:
@@ -356,8 +359,53 @@ def setup(cfg: TrainConfig) -> Trainer:
     return tr
 
 
+def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tuple[int, ...]) -> Eagle3Draft:
+    """--init-head: the head to start from, checked against this run (target, aux layers, norms, vocab);
+    its d2t becomes the source's, so the loss and the exported head use the head's draft vocab."""
+    from ..model.heads import load_any_head
+
+    draft, spec = load_any_head(Path(cfg.init_head), None, torch.float32)  # type: ignore[arg-type]
+    where = f"--init-head {cfg.init_head}"
+    check_matches(
+        where,
+        {k: spec.target.get(k) for k in identity if k != "path"},
+        {k: v for k, v in identity.items() if k != "path"},
+        "start from a head trained for this target, or leave --init-head out",
+    )
+    problems = []
+    if spec.vocab_size != int(tcfg["vocab_size"]) or spec.target_hidden_size != int(tcfg["hidden_size"]):
+        problems.append(
+            f"it is for a target with vocab {spec.vocab_size} and hidden size {spec.target_hidden_size}; "
+            f"this target has {tcfg['vocab_size']} and {tcfg['hidden_size']}"
+        )
+    if tuple(spec.aux_layer_ids) != tuple(aux_ids):
+        problems.append(
+            f"it reads aux layers {list(spec.aux_layer_ids)}, this run {list(aux_ids)} "
+            f"(--aux-layers {','.join(map(str, spec.aux_layer_ids))})"
+        )
+    for name in ("norm_before_fc", "norm_before_residual"):
+        if getattr(spec, name) != getattr(cfg, name):
+            flag = name.replace("_", "-")
+            problems.append(
+                f"its {name} is {getattr(spec, name)}, this run's {getattr(cfg, name)} (--{'' if getattr(spec, name) else 'no-'}{flag})"
+            )
+    if cfg.draft_vocab_size is not None and cfg.draft_vocab_size != spec.draft_vocab_size:
+        problems.append(
+            f"its draft vocab is {spec.draft_vocab_size}, this run asks for {cfg.draft_vocab_size} (--draft-vocab-size {spec.draft_vocab_size})"
+        )
+    if problems:
+        raise UsageError(
+            f"{where} cannot start this run: " + "; ".join(problems),
+            "a head whose target, aux layers, norms and draft vocab are this run's",
+            "give this run the head's settings (the flags in brackets), or leave --init-head out",
+        )
+    source.d2t, source.t2d = draft.d2t.clone(), draft.t2d.clone()
+    console.log(f"starting from {cfg.init_head} ({spec.layout} layout, draft vocab {spec.draft_vocab_size})")
+    return draft
+
+
 # Path-valued settings: compared resolved, so `runs/x` and `/abs/.../runs/x` are the same run.
-PATH_KEYS = ("cache", "data", "target", "hostfile")
+PATH_KEYS = ("cache", "data", "target", "hostfile", "init_head")
 
 
 def _resolved(v: str | None) -> str | None:

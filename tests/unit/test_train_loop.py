@@ -404,7 +404,7 @@ def test_train_samples_are_nested_subsets_that_never_touch_the_held_out_set(run_
     assert m["trained_sample_tokens"] == sum(tr.source.lengths[i] for i in trained)
     # more samples than the cache can train on: exit 2 before anything is written
     assert main(["train", "--run", str(run_dir), "--train-samples", "1000", "--no-resume", *FAST]) == 2
-    assert "trainable samples" in capsys.readouterr().err
+    assert "trainablesamples" in "".join(capsys.readouterr().err.split())  # rich wraps anywhere
 
 
 def test_online_target_dtype_computes_the_features_and_a_resume_keeps_it(run_dir, tmp_path, tiny_target_dir, capsys):
@@ -446,3 +446,45 @@ def test_online_held_out_features_are_made_once_per_run(run_dir, tmp_path, tiny_
         assert sum("heldout_tau" in r for r in metrics(run)) >= steps  # a curve point at every step
         counts[steps] = len(calls)
     assert counts[4] - counts[2] == 2, counts
+
+
+def test_init_head_continues_a_head_on_the_next_samples(run_dir, tmp_path, tiny_target_dir, capsys):
+    # a run over a corpus too large for one session goes on in the next from the head the first made,
+    # on samples it has not seen: the continuation starts where the first run ended (its step-0 held-out
+    # tau is the first run's last, on the same held-out set) and keeps the head's draft vocab
+    shutil.rmtree(run_dir / "cache")
+    base = ["train", "--online", "--target", str(tiny_target_dir), "--draft-vocab-size", "300", "--log-every", "1",
+            "--save-every", "1", "--ttt-steps", "2", "--heldout-samples", "2", "--train-samples", "8", *FAST]  # fmt: skip
+    nxt = tmp_path / "next"
+    shutil.copytree(run_dir / "data", nxt / "data")
+    assert main([*base, "--run", str(run_dir), "--max-steps", "2"]) == 0
+    first = metrics(run_dir)
+    cont = [*base, "--run", str(nxt), "--init-head", str(run_dir / "head"), "--skip-samples", "8", "--max-steps", "1"]
+    assert main(cont) == 0
+    second = metrics(nxt)
+    assert second[0]["step"] == 0 and second[0]["heldout_tau"] == first[-1]["heldout_tau"]
+    assert [m["step"] for m in second] == [0, 1]
+    a, b = load_head(run_dir / "head"), load_head(nxt / "head")
+    assert torch.equal(a.d2t, b.d2t) and not torch.equal(a.fc.weight, b.fc.weight)
+
+    from eagle3cli.train.heldout import heldout_indices, unused_indices
+
+    held = heldout_indices(24, 2)
+    seen = set(range(24)) - set(unused_indices(24, held, 8))
+    new = set(range(24)) - set(unused_indices(24, held, 8, skip=8))
+    rest = set(range(24)) - set(unused_indices(24, held, None, skip=8))
+    assert len(seen) == len(new) == 8 and not seen & new and new < rest and not rest & (seen | set(held))
+    # a rerun resumes the continuation (its step-0 point is not measured twice)
+    assert main([*cont[:-1], "2"]) == 0
+    assert [m["step"] for m in metrics(nxt)] == [0, 1, 2]
+
+    # a head that does not fit the run is refused before anything is trained, naming the flag to give
+    capsys.readouterr()
+    other = tmp_path / "other"
+    shutil.copytree(run_dir / "data", other / "data")
+    assert main([*cont, "--run", str(other), "--norm-before-fc"]) == 2
+    err = "".join(capsys.readouterr().err.split())
+    assert "norm_before_fcisFalse" in err and "--no-norm-before-fc" in err, err
+    assert not (other / "train" / "checkpoints").exists()
+    assert main([*base, "--run", str(other), "--skip-samples", "20"]) == 2
+    assert "trainablesamples" in "".join(capsys.readouterr().err.split())
