@@ -397,7 +397,7 @@ def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tu
         raise UsageError(
             f"{where} cannot start this run: " + "; ".join(problems),
             "a head whose target, aux layers, norms and draft vocab are this run's",
-            "give this run the head's settings (the flags in brackets), or leave --init-head out",
+            "give this run the head's settings (the flags in parentheses), or leave --init-head out",
         )
     source.d2t, source.t2d = draft.d2t.clone(), draft.t2d.clone()
     console.log(f"starting from {cfg.init_head} ({spec.layout} layout, draft vocab {spec.draft_vocab_size})")
