@@ -13,7 +13,8 @@ TRAIN_EPILOG = examples(
     "eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   # DeepSpeed",
     "# ablations: --ttt-steps 1; --aux-layers top (a cache with the top layer)",
     "# the next session of a long run: the head so far, on samples it has not seen",
-    "eagle3 train --run runs/s2 --online --data DATA --init-head runs/s1/head --skip-samples 1500 --train-samples 1500",
+    "eagle3 train --run runs/s2 --online --data DATA --init-head runs/s1/head \\\n"
+    "    --skip-samples 1500 --train-samples 1500",
 )
 
 
