@@ -33,7 +33,13 @@ if [ ! -x "$dir/build/bin/llama-server" ]; then
   cmake --build "$dir/build" -j "$jobs" --target llama-server llama-bench 2>&1 | tee "$dir/build.log" \
     | awk '/^\[ *[0-9]+%\]/ { if (systime() - t >= 30) { print "llama-cpp: " $1 " " $2; fflush(); t = systime() } }'
   test -x "$dir/build/bin/llama-server"
-  echo "llama-cpp: built in $(( $(date +%s) - start )) s" | tee "$dir/build-time.txt"
+  # CPU seconds as well as wall: on a loaded machine only the CPU time says what the build costs
+  # (`times` prints this shell's children, i.e. cmake and every compiler it waited for).
+  times > "$dir/times.txt"  # in this shell: a $(...) subshell would report its own, empty, children
+  cpu=$(tail -1 "$dir/times.txt" | awk '{ n = split($0, f, " "); s = 0; for (i = 1; i <= n; i++) {
+    split(f[i], p, "m"); s += p[1] * 60 + p[2] } printf "%d", s }')
+  echo "llama-cpp: built in $(( $(date +%s) - start )) s wall, ${cpu} CPU s, $jobs jobs, load $(cut -d' ' -f1-3 /proc/loadavg)" \
+    | tee "$dir/build-time.txt"
 fi
 ln -sfn "$dir" .llama-cpp
 echo "llama-cpp: $(readlink .llama-cpp)/build/bin/llama-server ($("$dir/build/bin/llama-server" --version 2>&1 | head -1))"

