@@ -180,7 +180,8 @@ def bars31_section(data: dict) -> list[str]:
             "",
             f"vLLM's CPU build (`benchmarks/vllm_cpu/run_bench.py`, head `{s.get('head')}`, {s.get('num_prompts')} "
             f"{s.get('bench')} prompts, {s.get('max_new_tokens')} tokens, greedy, two runs per k against a plain "
-            "vLLM server on the same prompts; speed-up is the geometric mean of the two runs):",
+            f"vLLM server on the same prompts; speed-up is the geometric mean of the two runs; measured "
+            f"{v.get('measured_at')}):",
             "",
             "| k | dtype | engine tau | eval tau | speed-up (runs) | identical outputs |",
             "|---|---|---|---|---|---|",
