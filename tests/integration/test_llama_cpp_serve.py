@@ -95,7 +95,6 @@ def test_tokenizer_check_passes_for_the_converted_tokenizer_and_catches_another(
     import shutil
 
     from eagle3cli.gguf_export import export_gguf, read_gguf
-
     from eagle3cli.serve.llama_cpp import tokenizer_check
 
     tiny = REPO / "models" / "tiny-target"
