@@ -752,7 +752,12 @@ def main() -> None:
                 a.data_scaling
             )
         if a.vllm_cpu is not None:
-            data.setdefault("engine_speedup", {})["vllm_cpu"] = v = vllm_engine_json(a.vllm_cpu)
+            try:
+                v = vllm_engine_json(a.vllm_cpu)
+            except ValueError as e:
+                print(f"error: {e}; nothing was written", file=sys.stderr)
+                raise SystemExit(2) from e
+            data.setdefault("engine_speedup", {})["vllm_cpu"] = v
             print(f"vllm_cpu: best k={v['k']} {v['speedup_vs_plain']:.2f}x, tau {v['tau']:.3f}")
         data["bar_issue31"] = bars31_json(data)
         json_path.write_text(json.dumps(data, indent=2) + "\n")

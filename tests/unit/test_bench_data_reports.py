@@ -401,3 +401,18 @@ def test_issue31_bars_say_what_is_missed_by_how_much_and_what_it_would_take(tmp_
         "1.15x (k=1, tau 1.50, identical: True)" in text
         and "| 3 | fp32 | 1.700 | - | 0.80x (0.80 / 0.80) | False |" in text
     )
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"engine": {}}', "[1, 2]"])
+def test_report_vllm_cpu_refuses_a_file_that_is_not_a_bench_result_with_exit_2(tmp_path, text):
+    import subprocess
+    import sys
+
+    bad = tmp_path / "results.json"
+    bad.write_text(text)
+    md = tmp_path / "page.md"
+    md.write_text("# page\n")
+    r = subprocess.run([sys.executable, "benchmarks/smollm2/report.py", "--vllm-cpu", str(bad), "--results-md", str(md)],
+                       capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+    assert r.returncode == 2 and "run_bench.py" in r.stderr and "nothing was written" in r.stderr
+    assert md.read_text() == "# page\n" and not md.with_suffix(".json").exists()
