@@ -238,6 +238,80 @@ def _round(x):
     return None if x is None else round(x, 3)
 
 
+def json_row(r: dict) -> dict:
+    """An eval_rows row as the page's JSON keeps it (intervals and tau by depth too, so a later
+    report that only re-measures some evals can draw the others' rows again)."""
+    keys = ("bench", "decoder", "depth", "tau", "speedup_vs_generate", "greedy_mismatches", "prompts", "eval", "turns")
+    keys += ("temperature", "head", "speedup_vs_plain", "alpha_k", "unconditional_k", "tau_interval")
+    return {k: r[k] for k in keys} | {k: r.get(k) for k in ("speedup_interval", "tau_by_depth_estimate")}
+
+
+def bench_lines(rows: list[dict], reports: dict, name: str) -> list[str]:
+    """The per-bench section of the head of run NAME: tau and speed, alpha_k, tau by depth, the
+    T=1 sampling check. ROWS as eval_rows makes them (or the page's JSON rows, without intervals)."""
+    lines = [f"## Acceptance and speed by bench (depth 8): the head of `{name}`", ""]
+    lines += _table(
+        [
+            "eval",
+            "bench",
+            "turns",
+            "T",
+            "decoder",
+            "prompts",
+            "tau [90%]",
+            "vs plain [90%]",
+            "vs generate",
+            "greedy mismatches",
+        ],
+        [
+            [
+                r["eval"],
+                r["bench"],
+                r["turns"],
+                r["temperature"],
+                r["decoder"],
+                r["prompts"],
+                f"{_f(r['tau'])} {_iv(r.get('tau_interval'))}",
+                f"{_f(r['speedup_vs_plain'])}x {_iv(r.get('speedup_interval'))}",
+                "-" if r["speedup_vs_generate"] is None else f"{_f(r['speedup_vs_generate'])}x",
+                "-" if r["greedy_mismatches"] is None else f"{r['greedy_mismatches']}/{r['prompts']}",
+            ]
+            for r in rows
+        ],
+    )
+    lines += [
+        "",
+        "alpha_k (chain: P(draft token k accepted | 1..k-1 accepted); tree: P(the accepted path reaches depth",
+        "k | it reached k-1)) and the unconditional P(accepted length >= k), k = 1..8:",
+        "",
+    ]
+    lines += _table(
+        ["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
+        [[r["eval"], r["decoder"], *map(_cell, r["alpha_k"]), *map(_cell, r["unconditional_k"])] for r in rows],
+    )
+    est = [r for r in rows if r.get("tau_by_depth_estimate")]
+    if est:
+        lines += [
+            "",
+            "tau(d) for d = 1..8, chain: an estimate from truncating the depth-8 rounds (not a separate run):",
+            "",
+        ]
+        lines += _table(
+            ["eval", *[f"d={d}" for d in range(1, 9)]],
+            [[r["eval"], *map(_cell, r["tau_by_depth_estimate"][1:9])] for r in est],
+        )
+    sc = reports.get("mt_bench_t1", {}).get("sampling_check")
+    if sc:
+        lines += [
+            "",
+            f"Sampling at T=1.0 ({reports['mt_bench_t1']['num_prompts']} MT-bench prompts): {sc['test']}, "
+            f"{sc['draws']} draws each: min p = {sc['min_p_value']:.3g} over {len(sc['positions'])} positions -> "
+            f"{'consistent with the target distribution' if sc['passed'] else 'REJECTED: the distributions differ'}.",
+        ]
+
+    return lines
+
+
 # ---------------------------------------------------------------- the page
 def write_report(
     out: Path,
@@ -269,65 +343,7 @@ def write_report(
     ]
     issue22, issue22_json = sections(out, hour or out.with_name(out.name + "-hour"), reports, rows, published)
     lines += [*issue22, "", WHY_MISSED, ""]
-    lines += [f"## Acceptance and speed by bench (depth 8): the head of `{published.name}`", ""]
-    lines += _table(
-        [
-            "eval",
-            "bench",
-            "turns",
-            "T",
-            "decoder",
-            "prompts",
-            "tau [90%]",
-            "vs plain [90%]",
-            "vs generate",
-            "greedy mismatches",
-        ],
-        [
-            [
-                r["eval"],
-                r["bench"],
-                r["turns"],
-                r["temperature"],
-                r["decoder"],
-                r["prompts"],
-                f"{_f(r['tau'])} {_iv(r['tau_interval'])}",
-                f"{_f(r['speedup_vs_plain'])}x {_iv(r['speedup_interval'])}",
-                "-" if r["speedup_vs_generate"] is None else f"{_f(r['speedup_vs_generate'])}x",
-                "-" if r["greedy_mismatches"] is None else f"{r['greedy_mismatches']}/{r['prompts']}",
-            ]
-            for r in rows
-        ],
-    )
-    lines += [
-        "",
-        "alpha_k (chain: P(draft token k accepted | 1..k-1 accepted); tree: P(the accepted path reaches depth",
-        "k | it reached k-1)) and the unconditional P(accepted length >= k), k = 1..8:",
-        "",
-    ]
-    lines += _table(
-        ["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
-        [[r["eval"], r["decoder"], *map(_cell, r["alpha_k"]), *map(_cell, r["unconditional_k"])] for r in rows],
-    )
-    est = [r for r in rows if r["tau_by_depth_estimate"]]
-    if est:
-        lines += [
-            "",
-            "tau(d) for d = 1..8, chain: an estimate from truncating the depth-8 rounds (not a separate run):",
-            "",
-        ]
-        lines += _table(
-            ["eval", *[f"d={d}" for d in range(1, 9)]],
-            [[r["eval"], *map(_cell, r["tau_by_depth_estimate"][1:9])] for r in est],
-        )
-    sc = reports.get("mt_bench_t1", {}).get("sampling_check")
-    if sc:
-        lines += [
-            "",
-            f"Sampling at T=1.0 ({reports['mt_bench_t1']['num_prompts']} MT-bench prompts): {sc['test']}, "
-            f"{sc['draws']} draws each: min p = {sc['min_p_value']:.3g} over {len(sc['positions'])} positions -> "
-            f"{'consistent with the target distribution' if sc['passed'] else 'REJECTED: the distributions differ'}.",
-        ]
+    lines += bench_lines(rows, reports, published.name)
 
     bf = _json(out / "eval-ttt1_mt_bench_bf16" / "report.json")
     fp = reports.get("ttt1_mt_bench")
@@ -479,22 +495,7 @@ def write_report(
     lines[at:at] = bars31_section({**earlier, "rows": rows, **issue22_json})
     md_path.write_text("\n".join(lines))
     machine = {
-        "rows": [
-            {
-                k: r[k]
-                for k in ("bench", "decoder", "depth", "tau", "speedup_vs_generate", "greedy_mismatches", "prompts")
-            }
-            | {
-                "eval": r["eval"],
-                "turns": r["turns"],
-                "temperature": r["temperature"],
-                "head": r["head"],
-                "speedup_vs_plain": r["speedup_vs_plain"],
-                "alpha_k": r["alpha_k"],
-                "unconditional_k": r["unconditional_k"],
-            }
-            for r in rows
-        ],
+        "rows": [json_row(r) for r in rows],
         "train_tokens_per_s": None if train is None else train["tok_per_s_steady"],
         "train": train,
         "train_ttt1": train1,

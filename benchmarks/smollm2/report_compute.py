@@ -173,6 +173,20 @@ def sections(
     hour_row = one_core_hour(out, hour)
     sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
     mt = next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+    lines = bars22_lines(mt, sweep, hour_row)
+    if curve:
+        about = (
+            f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {published.name}'s "
+            f"held-out\nconversations), every {_every(published)} steps; the figure plots it against tokens and "
+            f"CPU time. Budget: {_budget(published)}."
+        )
+        lines += curve_lines(curve, about, proj, eval_proj)
+    lines += hour_lines(hour_row) + sweep_lines(sweep)
+    return lines, issue22_json(curve, proj, eval_proj, hour_row, sweep, mt)
+
+
+def bars22_lines(mt: dict | None, sweep: dict, hour_row: dict | None) -> list[str]:
+    """Issue 22's bar table: MT-bench tau of the published head (MT, its chain row), the sweeps, one core-hour."""
 
     def met(ok) -> str:
         return "yes" if ok else "**no**"
@@ -213,6 +227,12 @@ def sections(
     lines = ["## Issue 22's bars (acceptance per unit of compute)", ""]
     lines += md_table(["criterion", "bar", "measured", "met"], bar)
 
+    return lines
+
+
+def curve_lines(curve: list[dict], about: str, proj: dict | None, eval_proj: dict | None) -> list[str]:
+    """The learning-curve section: ABOUT (what the points are), a table of them, the projections."""
+    lines: list[str] = []
     if curve:
         last = curve[-1]
         lines += [
@@ -221,16 +241,20 @@ def sections(
             "",
             figure_line(LEARNING_CURVE),
             "",
-            f"Held-out chain tau at depth 8 (the TTT unroll walked like a chain decoder, on {published.name}'s held-out",
-            f"conversations), every {_every(published)} steps; the figure plots it against tokens and CPU time. "
-            f"Budget: {_budget(published)}.",
+            about,
             "",
         ]
         step = max(1, len(curve) // 12)
         shown = curve[::step] + ([last] if curve[::step][-1] is not last else [])
+        # a head trained across sessions: each session counts its own steps
+        sessions = any(p.get("session") for p in curve)
         lines += md_table(
-            ["steps", "tokens", "CPU s", "held-out tau"],
-            [[p["steps"], f"{p['tokens']:,}", f"{p['cpu_seconds']:.0f}", f"{p['heldout_tau']:.3f}"] for p in shown],
+            [*(["session"] if sessions else []), "steps", "tokens", "CPU s", "held-out tau"],
+            [
+                [*([p.get("session") or "before"] if sessions else []), p["steps"], f"{p['tokens']:,}"]
+                + [f"{p['cpu_seconds']:.0f}", f"{p['heldout_tau']:.3f}"]
+                for p in shown
+            ],
         )
         if proj:
             lines += [
@@ -261,6 +285,11 @@ def sections(
                 + ". Curves flatten, so this is the least it would take, and far more distinct data than one "
                 "corpus of ~3k conversations (1.05M trained tokens) would be needed well before then.",
             ]
+    return lines
+
+
+def hour_lines(hour_row: dict | None) -> list[str]:
+    lines: list[str] = []
     if hour_row:
         c, b = hour_row["chosen"], hour_row["before"]
         lines += [
@@ -281,6 +310,12 @@ def sections(
                 ],
             ],
         )
+    return lines
+
+
+def sweep_lines(sweep: dict) -> list[str]:
+    """The sweep section: every configuration's tau and measured speedup per dtype, and what a missed bar needs."""
+    lines: list[str] = []
     if any(sweep.values()):
         lines += ["", "## `eval --sweep` on MT-bench: measured speed of each configuration", "", figure_line(SWEEP), ""]
         names = next(s for s in sweep.values() if s)["configurations"]
@@ -310,7 +345,14 @@ def sections(
         for dt, s in sweep.items():
             if s and s["speedup_vs_plain"] < BARS[f"sweep_{dt}"]:
                 lines.append(f"- {dt}, what the {BARS[f'sweep_{dt}']}x bar needs: " + needs(s, BARS[f"sweep_{dt}"]))
-    data = {
+    return lines
+
+
+def issue22_json(
+    curve: list[dict], proj: dict | None, eval_proj: dict | None, hour_row: dict | None, sweep: dict, mt: dict | None
+) -> dict:
+    tau = mt and mt["tau"]
+    return {
         "learning_curve": [
             {k: p[k] for k in ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau")} for p in curve
         ],
@@ -328,7 +370,6 @@ def sections(
             },
         },
     }
-    return lines, data
 
 
 def kept_sections(earlier: dict) -> list[str]:

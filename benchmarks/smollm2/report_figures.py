@@ -46,13 +46,21 @@ def _pyplot():
 def learning_curve_png(curve: list[dict], out: Path) -> None:
     plt = _pyplot()
     fig, (by_tokens, by_cpu) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-    tau = [p["heldout_tau"] for p in curve]
-    by_tokens.plot([p["tokens"] for p in curve], tau, "o-", ms=3)
+    # a head trained on across sessions is held out on its sessions' corpus: a second series
+    series = {}
+    for p in curve:
+        series.setdefault(p.get("heldout_set") and f"sessions, held out on {p['heldout_set']}", []).append(p)
+    for label, pts in series.items():
+        tau = [p["heldout_tau"] for p in pts]
+        name = label or ("before the sessions" if len(series) > 1 else None)
+        by_tokens.plot([p["tokens"] for p in pts], tau, "o-", ms=3, label=name)
+        by_cpu.plot([p["cpu_seconds"] / 3600 for p in pts], tau, "o-", ms=3, label=name)
+    if len(series) > 1:
+        by_tokens.legend(fontsize=8)
     by_tokens.set_xscale("log", base=2)
     by_tokens.set_xlabel("trained tokens (log2)")
     by_tokens.set_ylabel("held-out chain tau, depth 8")
-    by_cpu.plot([p["cpu_seconds"] / 3600 for p in curve], tau, "o-", ms=3)
-    by_cpu.set_xlabel("CPU hours (one thread)")
+    by_cpu.set_xlabel("CPU hours (core-hours)")
     for ax in (by_tokens, by_cpu):
         ax.grid(alpha=0.3)
     last = curve[-1]

@@ -111,6 +111,43 @@ def before_cmd(out: Path, hour: Path, budget_s: float) -> list:
     ]
 
 
+def eval_plan(pub: Path, out: Path, ttt1: Path, args) -> dict:
+    """Every eval of the page: {name: (run, bench, prompts, extra flags)}. PUB is the run whose head
+    is published; OUT and TTT1 hold the equal-compute pair (report.PAIR_EVALS). ARGS: the sizes
+    (mt_bench_prompts, eval_prompts, sweep_prompts, sampling_prompts)."""
+    n = args.eval_prompts
+    # the sweep: every chain depth 1..8 and two trees, timed interleaved on the first MT-bench prompts
+    sweep = ["--sweep", "--sweep-prompts", args.sweep_prompts, "--sweep-repeats", 2]
+    return {
+        "mt_bench": (pub, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline", *sweep]),
+        # speed in bf16 (exactness is checked in fp32, see eval_cmd): the sweep's best configuration
+        "mt_bench_bf16": (pub, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
+        "mt_bench_tree": (pub, "mt_bench", n, ["--mode", "tree", "--no-generate-baseline"]),
+        "mt_bench_both_turns": (pub, "mt_bench", n, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
+        "gsm8k": (pub, "gsm8k", n, ["--mode", "both"]),
+        "humaneval": (pub, "humaneval", n, ["--mode", "both"]),
+        # held-out ShareGPT has pasted documents of 20k tokens: skipped, listed in the report
+        "sharegpt_heldout": (pub, "sharegpt", n, ["--mode", "both", "--max-prompt-tokens", 2048]),
+        "mt_bench_t1": (
+            pub,
+            "mt_bench",
+            args.sampling_prompts,
+            ["--mode", "chain", "--temperature", "1.0", "--sampling-check", 200, "--no-generate-baseline"],
+        ),
+        # the paper's claim at equal compute: K=1 against the recipe's K, both --train-budget-s (OUT/train)
+        "ttt1_mt_bench": (ttt1, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
+        "ttt_k_mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
+        # the K=1 head served: its own sweeps (depth 1 is where it leads)
+        "ttt1_sweep_fp32": (
+            ttt1,
+            "mt_bench",
+            args.sweep_prompts,
+            ["--mode", "chain", "--no-generate-baseline", *sweep],
+        ),
+        "ttt1_sweep_bf16": (ttt1, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
@@ -225,38 +262,7 @@ def main() -> None:
     published = long if done(long / "train" / "manifest.json") else out  # the head the evals measure
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
-    n = args.eval_prompts
-    # the sweep: every chain depth 1..8 and two trees, timed interleaved on the first MT-bench prompts
-    sweep = ["--sweep", "--sweep-prompts", args.sweep_prompts, "--sweep-repeats", 2]
-    pub = published
-    evals = {
-        "mt_bench": (pub, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline", *sweep]),
-        # speed in bf16 (exactness is checked in fp32, see eval_cmd): the sweep's best configuration
-        "mt_bench_bf16": (pub, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
-        "mt_bench_tree": (pub, "mt_bench", n, ["--mode", "tree", "--no-generate-baseline"]),
-        "mt_bench_both_turns": (pub, "mt_bench", n, ["--mode", "chain", "--turns", "all", "--no-generate-baseline"]),
-        "gsm8k": (pub, "gsm8k", n, ["--mode", "both"]),
-        "humaneval": (pub, "humaneval", n, ["--mode", "both"]),
-        # held-out ShareGPT has pasted documents of 20k tokens: skipped, listed in the report
-        "sharegpt_heldout": (pub, "sharegpt", n, ["--mode", "both", "--max-prompt-tokens", 2048]),
-        "mt_bench_t1": (
-            pub,
-            "mt_bench",
-            args.sampling_prompts,
-            ["--mode", "chain", "--temperature", "1.0", "--sampling-check", 200, "--no-generate-baseline"],
-        ),
-        # the paper's claim at equal compute: K=1 against the recipe's K, both --train-budget-s (OUT/train)
-        "ttt1_mt_bench": (ttt1, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
-        "ttt_k_mt_bench": (out, "mt_bench", args.mt_bench_prompts, ["--mode", "chain", "--no-generate-baseline"]),
-        # the K=1 head served: its own sweeps (depth 1 is where it leads)
-        "ttt1_sweep_fp32": (
-            ttt1,
-            "mt_bench",
-            args.sweep_prompts,
-            ["--mode", "chain", "--no-generate-baseline", *sweep],
-        ),
-        "ttt1_sweep_bf16": (ttt1, "mt_bench", args.sweep_prompts, ["--mode", "chain", "--dtype", "bf16", *sweep]),
-    }
+    evals = eval_plan(published, out, ttt1, args)
     assert tuple(evals) == EVAL_NAMES
 
     ttt1_lock = threading.Lock()

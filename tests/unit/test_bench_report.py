@@ -176,3 +176,103 @@ def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_p
     with pytest.raises(SystemExit, match="best_k"):
         update_llama_cpp(page, bench)
     assert json.loads(page.read_text())["llama_cpp"]["best_k"] == 2
+
+
+def _eval_report(tau: float, sweep_speedup: float | None = None) -> dict:
+    per_depth = [{"alpha": 0.5, "attempts": 10, "unconditional": 0.5}]
+    acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05], "per_depth": per_depth}
+    rep = {"bench": "mt_bench", "depth": 8, "num_prompts": 80, "temperature": 0.0, "dtype": "fp32"}
+    rep["heads"] = {"h": {"chain": {"acceptance": acc, "speedup_vs_plain": 0.9, "lossless": {"mismatches": 0}}}}
+    if sweep_speedup is not None:
+        conf = {"name": "chain d=1", "tau": tau - 0.3, "speedup": sweep_speedup, "greedy_mismatches": 0}
+        conf["speedup_interval"] = [sweep_speedup - 0.05, sweep_speedup + 0.05]
+        rep["sweep"] = {"configurations": [conf], "prompts": ["a"] * 8, "max_new_tokens": 64, "recommended": {}}
+    return rep
+
+
+def _page(tmp_path):
+    """A results page as a full report leaves it: the head before the sessions, and the pair's row."""
+    md = tmp_path / "results.md"
+    old_rows = [
+        {"eval": "mt_bench", "decoder": "chain", "tau": 1.5, "head": "smollm2-long/head", "prompts": 80},
+        {"eval": "ttt1_mt_bench", "decoder": "chain", "tau": 1.4, "head": "smollm2-ttt1/head", "prompts": 80},
+    ]
+    for r in old_rows:
+        r |= {"bench": "mt_bench", "turns": "first", "temperature": 0.0, "speedup_vs_plain": 0.8, "depth": 8}
+        r |= {"greedy_mismatches": 0, "speedup_vs_generate": None, "alpha_k": [0.4], "unconditional_k": [0.4]}
+    curve = [{"tokens": 1000 * 2**i, "steps": i, "seconds": 1.0 * i, "cpu_seconds": 2.0 * i, "heldout_tau": 1.2}
+             for i in (1, 2)]  # fmt: skip
+    md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve}))
+    md.write_text(
+        "# page\n\n## Issue 22's bars (x)\n\nold bars\n\n## Learning curve of the published head\n\nold curve\n\n"
+        "## One core-hour each\n\nkept\n\n## Acceptance and speed by bench (depth 8): the head of `smollm2-long`\n\n"
+        "old table\n\n### Why the target runs in fp32 here\n\nkept reason\n\n## Training-time test\n\nkept\n\n"
+        "## `eval --sweep` on MT-bench: old\n\nold sweep\n\n## Recipe choices\n\nkept\n\n## Costs\n\n| eval mt_bench | - | 13.1 min | - | - | 2152 MiB |\n\n## Commands\n\n```\nold\n```\n"
+    )
+    return md
+
+
+def _session(tmp_path, name, taus, skip, init):
+    run = _run(tmp_path, name, [])
+    lines = [{"step": 0, "tokens_seen": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0, "heldout_tau": taus[0]}]
+    lines += [
+        {"step": 100 * i, "tokens_seen": 500 * i, "train_seconds": 10.0 * i, "train_cpu_seconds": 20.0 * i,
+         "heldout_tau": t} for i, t in enumerate(taus[1:], 1)
+    ]  # fmt: skip
+    (run / "train" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    cfg = {"data": "corpora/c", "skip_samples": skip, "train_samples": 10, "init_head": init}
+    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "steps": 100, "tokens_seen": 500}))
+    (run / "head").mkdir()
+    return run
+
+
+def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_keeps_the_rest(tmp_path):
+    """publish.py's report: the last session's evals replace the published head's rows, sweeps and
+    bars; the learning curve runs on from the head before (a later session's step 0 dropped); the
+    equal-compute pair, other sections and `###` notes stay; publishing twice changes nothing more."""
+    from benchmarks.smollm2.report_publish import PublishError, publish_report
+
+    md = _page(tmp_path)
+    s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
+    s2 = _session(tmp_path, "long-s2", [2.1, 2.3], 10, "models/next")
+    evals = {"mt_bench": None, "mt_bench_bf16": None}
+    with pytest.raises(PublishError, match="no MT-bench eval"):
+        publish_report(md, [s1, s2], evals, {})
+    for name, rep in (("mt_bench", _eval_report(1.8, 1.21)), ("mt_bench_bf16", _eval_report(1.7, 1.31))):
+        (s2 / f"eval-{name}").mkdir()
+        (s2 / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
+    steps = {"eval_mt_bench": {"seconds": 600.0, "peak_rss_mib": 2000.0, "command": "eagle3 eval"}}
+    data = publish_report(md, [s1, s2], evals, steps)
+
+    assert [(r["eval"], r["tau"]) for r in data["rows"]] == [
+        ("mt_bench", 1.8), ("mt_bench_bf16", 1.7), ("ttt1_mt_bench", 1.4)
+    ]  # fmt: skip
+    assert data["rows"][0]["tau_interval"] == [1.75, 1.85]  # kept for a later partial report
+    curve = data["learning_curve"]
+    assert [(p["tokens"], p["heldout_tau"], p.get("session")) for p in curve] == [
+        (2000, 1.2, None), (4000, 1.2, None), (4000, 2.0, "long-s1"), (4500, 2.1, "long-s1"), (5000, 2.3, "long-s2")
+    ]  # fmt: skip
+    assert curve[-1]["cpu_seconds"] == 4.0 + 20.0 + 20.0
+    assert data["published"]["mt_bench_tau_before"] == 1.5 and data["published"]["trained_tokens"] == 5000
+    assert [s["samples"] for s in data["published"]["sessions"]] == [[0, 9], [10, 19]]
+    assert data["sweep"]["fp32"]["speedup_vs_plain"] == 1.21 and data["sweep"]["bf16"]["speedup_vs_plain"] == 1.31
+    assert data["bar_issue22"]["mt_bench_tau_ge_2.5"]["measured"] == 1.8
+    text = md.read_text()
+    assert "old bars" not in text and "| 1.800 |" in text and "old table" not in text
+    assert "old sweep" not in text and "| chain d=1 | 1.50 / 1.21x | 1.40 / 1.31x |" in text
+    assert "kept reason" in text and text.count("## One core-hour each\n\nkept") == 1
+    assert "| ttt1_mt_bench |" in text and "the head of `long-s2`" in text
+    assert "| eval mt_bench | - | 10.0 min | - | - | 2000 MiB |" in text
+    assert "long-s1` | `models/h` | 0-9 | 100 | 500 | 2.000 -> 2.100 |" in text  # the sessions, in a table
+    again = publish_report(md, [s1, s2], evals, steps)
+    assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
+    assert md.read_text() == text
+
+
+def test_publish_refuses_a_session_that_did_not_finish_with_exit_2(tmp_path, capsys):
+    from benchmarks.smollm2 import publish
+
+    with pytest.raises(SystemExit) as e:
+        publish.check_sessions([tmp_path / "long-s9"])
+    assert e.value.code == 2
+    assert "not a finished training run" in capsys.readouterr().err

@@ -1,0 +1,263 @@
+"""The published-head part of docs/results-smollm2.{md,json} for a head trained across working
+sessions (benchmarks/smollm2/publish.py): per-bench rows, sweeps, the learning curve and the bars,
+read from the last session's eval folders. The rest of the page (recipe rows, the equal-compute
+pair, data sections) is measured by other programs and kept as it is. Pure reading, no measuring.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.common import REPO
+from benchmarks.smollm2.report import PAIR_EVALS, WHY_MISSED, bench_lines, eval_command, eval_rows, json_row
+from benchmarks.smollm2.report_bars import BARS31_HEADING, bars31_json, bars31_section
+from benchmarks.smollm2.report_compute import (
+    BARS,
+    bars22_lines,
+    curve_lines,
+    eval_projection,
+    heldout_curve,
+    issue22_json,
+    md_table,
+    projection,
+    sweep_lines,
+    sweep_summary,
+)
+from benchmarks.smollm2.report_data import replace_section
+
+BENCH_HEADING = "## Acceptance and speed by bench (depth 8)"
+CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau")
+
+
+class PublishError(ValueError):
+    """What is missing for a publish report, said so that the caller can exit 2."""
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def session_rows(sessions: list[Path]) -> list[dict]:
+    """One row per session: what it trained on and its held-out curve's ends."""
+    rows = []
+    for run in sessions:
+        m, curve = _json(run / "train" / "manifest.json"), heldout_curve(run)
+        cfg = m.get("config") or {}
+        skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
+        rows.append(
+            {
+                "run": _rel(run),
+                "init_head": cfg.get("init_head"),
+                "data": cfg.get("data"),
+                "samples": None if n is None else [skip, skip + n - 1],
+                "steps": m.get("steps"),
+                "tokens": m.get("tokens_seen"),
+                "heldout_start": curve[0]["heldout_tau"] if curve else None,
+                "heldout_end": curve[-1]["heldout_tau"] if curve else None,
+                "finished": m.get("stopped") in (None, "done", "finished", "complete"),
+            }
+        )
+    return rows
+
+
+def session_curve(sessions: list[Path], before: dict) -> list[dict]:
+    """The sessions' held-out points on one axis: tokens, seconds and CPU seconds counted on from
+    BEFORE (the last point of the head the first session started from). A later session's step 0
+    re-measures the previous session's end and is left out."""
+    out: list[dict] = []
+    tok0, sec0, cpu0 = before["tokens"], before.get("seconds") or 0.0, before.get("cpu_seconds") or 0.0
+    for i, run in enumerate(sessions):
+        curve = heldout_curve(run)
+        if not curve:
+            raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
+        data = (_json(run / "train" / "manifest.json").get("config") or {}).get("data")
+        for p in curve:
+            if i and p["steps"] == 0:
+                continue
+            out.append(
+                {
+                    "tokens": tok0 + p["tokens"],
+                    "steps": p["steps"],
+                    "seconds": round(sec0 + (p["seconds"] or 0.0), 2),
+                    "cpu_seconds": round(cpu0 + (p["cpu_seconds"] or 0.0), 2),
+                    "heldout_tau": p["heldout_tau"],
+                    "session": run.name,
+                    "heldout_set": data,
+                }
+            )
+        last = curve[-1]
+        tok0, sec0, cpu0 = tok0 + last["tokens"], sec0 + (last["seconds"] or 0.0), cpu0 + (last["cpu_seconds"] or 0.0)
+    return out
+
+
+def _mt_chain(rows: list[dict]) -> dict | None:
+    return next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+
+
+def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict) -> dict:
+    """Rewrite the page's published-head sections for the head of SESSIONS[-1]; the JSON written."""
+    json_path = md_path.with_suffix(".json")
+    if not json_path.exists() or not md_path.exists():
+        raise PublishError(f"no {json_path} and {md_path} to update (make bench-smollm2 writes them)")
+    data, md = json.loads(json_path.read_text()), md_path.read_text()
+    last = sessions[-1]
+    rows, reports = eval_rows(last, evals, last)
+    mt = _mt_chain(rows)
+    if mt is None:
+        raise PublishError(f"no MT-bench eval in {last}/eval-mt_bench (run publish.py without --report-only)")
+
+    # what the head published before the sessions was, kept once so a later publish counts from it
+    old = data.get("published_before_sessions")
+    if old is None:
+        prev = _mt_chain(data.get("rows", [])) or {}
+        old = {
+            "head": prev.get("head"),
+            "mt_bench_tau": prev.get("tau"),
+            "learning_curve": [p for p in data.get("learning_curve", []) if "session" not in p],
+        }
+        data["published_before_sessions"] = old
+    before = old["learning_curve"]
+    if not before:
+        raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
+    curve = session_curve(sessions, before[-1])
+    proj = projection(curve, BARS["mt_bench_tau"])
+    points = [
+        {"run": old["head"], **{k: before[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")},
+         "tau": old["mt_bench_tau"]},
+        {"run": last.name, **{k: curve[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")}, "tau": mt["tau"]},
+    ]  # fmt: skip
+    eval_proj = eval_projection(points, BARS["mt_bench_tau"])
+    sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
+    hour_row = data.get("one_core_hour")
+
+    pair = [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
+    data["rows"] = [json_row(r) for r in rows] + pair
+    data.update(issue22_json(curve, proj, eval_proj, hour_row, sweep, mt))
+    data["learning_curve"] = [{k: p[k] for k in CURVE_KEYS} for p in before] + curve
+    data["published"] = {
+        "head": "models/smollm2-135m-eagle3",
+        "run": _rel(last),
+        "sessions": session_rows(sessions),
+        "mt_bench_tau": mt["tau"],
+        "mt_bench_eval": _eval_settings(reports["mt_bench"]),
+        "mt_bench_tau_before": old["mt_bench_tau"],
+        "trained_tokens": curve[-1]["tokens"],
+    }
+    data["bar_issue31"] = bars31_json(data)
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+
+    md = replace_section(md, [*bars22_lines(mt, sweep, hour_row), ""], "## Learning curve", "## Issue 22's bars")
+    md = replace_section(md, _curve_section(data, curve, proj, eval_proj), "## One core-hour",
+                         "## Learning curve of the published head")  # fmt: skip
+    md = replace_section(md, [*sweep_lines(sweep)[1:], "", WHY_MISSED, ""], "## Recipe choices",
+                         "## `eval --sweep` on MT-bench")  # fmt: skip
+    kept = _subsections(md, BENCH_HEADING)  # e.g. "Why the target runs in fp32 here", from the pair's evals
+    bench = [*bench_lines(rows + pair, reports, last.name), "", *kept]
+    md = replace_section(md, bench, "## Training-time test", BENCH_HEADING)
+    md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
+    md = _costs(md, steps)
+    md = _commands(md, sessions, evals)
+    md_path.write_text(md)
+    return data
+
+
+def _curve_section(data: dict, curve: list[dict], proj: dict | None, eval_proj: dict | None) -> list[str]:
+    pub, old = data["published"], data["published_before_sessions"]
+    about = (
+        f"Held-out chain tau at depth 8 of the published head's training: the head published before "
+        f"(`{old['head']}`, {old['learning_curve'][-1]['tokens']:,} tokens, on the ~2.9k-conversation corpus's "
+        f"held-out conversations), then the long run's sessions, each started from the last one's head on "
+        f"conversations it never saw (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md), "
+        f"held out on `{curve[-1]['heldout_set']}`'s 32 held-out conversations: a different set, so the curve "
+        f"steps where the sessions begin. Tokens and CPU seconds count on from the head before."
+    )
+    lines = curve_lines(data["learning_curve"], about, proj, None)[1:]
+    lines += ["", "The sessions:", ""]
+    lines += md_table(
+        ["session", "started from", "samples", "steps", "new tokens", "held-out tau (start -> end)"],
+        [
+            [
+                f"`{s['run']}`",
+                f"`{s['init_head']}`",
+                "-" if not s["samples"] else f"{s['samples'][0]:,}-{s['samples'][1]:,}",
+                s["steps"],
+                f"{s['tokens']:,}",
+                f"{s['heldout_start']:.3f} -> {s['heldout_end']:.3f}",
+            ]
+            for s in pub["sessions"]
+        ],
+    )
+    if eval_proj:
+        a, b = eval_proj["points"]
+        lines += [
+            "",
+            f"MT-bench ({pub['mt_bench_eval']}): {b['tau']:.3f} after "
+            f"{b['tokens']:,} trained tokens, against {a['tau']:.3f} for the head before ({a['tokens']:,}): "
+            f"{eval_proj['tau_per_doubling_of_tokens']:.3f} per doubling of trained tokens between the two. A "
+            f"straight line in log tokens through them reaches {BARS['mt_bench_tau']} after "
+            f"~{eval_proj.get('tokens_for_goal', float('nan')):,.0f} tokens; the data-scaling section below "
+            "answers the same question from heads trained from scratch on nested subsets.",
+        ]
+    return [*lines, ""]
+
+
+def _eval_settings(rep: dict) -> str:
+    dtype = rep.get("dtype") or (rep.get("target") or {}).get("dtype")
+    return (
+        f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "
+        f"{dtype}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens"
+    )
+
+
+def _subsections(md: str, heading: str) -> list[str]:
+    """The `### ` subsections of the section under HEADING, as they stand."""
+    text = md.splitlines()
+    start = next((i for i, x in enumerate(text) if x.startswith(heading)), None)
+    if start is None:
+        return []
+    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+    sub = next((i for i in range(start + 1, end) if text[i].startswith("### ")), None)
+    return [] if sub is None else text[sub:end]
+
+
+def _costs(md: str, steps: dict) -> str:
+    """The Costs table's eval rows, from this publish's recorded wall time and peak memory."""
+    text = md.splitlines()
+    for name, st in steps.items():
+        label = name.replace("_", " ", 1)
+        row = f"| {label} | - | {st['seconds'] / 60:.1f} min | - | - | {st['peak_rss_mib']:.0f} MiB |"
+        at = next((i for i, x in enumerate(text) if x.startswith(f"| {label} |")), None)
+        if at is not None:
+            text[at] = row
+    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
+
+
+PUBLISH_HEADING = "### The published head: its sessions and evals"
+
+
+def _commands(md: str, sessions: list[Path], evals: dict) -> str:
+    """The Commands section's block for the published head, replaced on every publish."""
+    last = sessions[-1]
+    cmds = [".venv/bin/python benchmarks/smollm2/publish.py --sessions " + " ".join(_rel(s) for s in sessions)]
+    cmds += [eval_command(m, f) for name in evals if (m := _json(f := last / f"eval-{name}" / "manifest.json"))]
+    block = ["", PUBLISH_HEADING, "", "The sessions' train commands are in docs/train.md.", "", "```", *cmds, "```", ""]
+    text = md.splitlines()
+    at = next((i for i, x in enumerate(text) if x == PUBLISH_HEADING), None)
+    if at is not None:
+        end = next((i for i in range(at + 1, len(text)) if text[i].startswith("#")), len(text))
+        at -= 1 if at and not text[at - 1] else 0  # the blank line the block starts with
+        del text[at:end]
+    else:
+        start = next((i for i, x in enumerate(text) if x == "## Commands"), None)
+        if start is None:
+            text += ["", "## Commands", ""]
+            at = len(text)
+        else:
+            at = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
+    text[at:at] = block
+    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
