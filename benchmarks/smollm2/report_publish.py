@@ -59,7 +59,7 @@ def session_rows(sessions: list[Path]) -> list[dict]:
                 "tokens": m.get("tokens_seen"),
                 "heldout_start": curve[0]["heldout_tau"] if curve else None,
                 "heldout_end": curve[-1]["heldout_tau"] if curve else None,
-                "finished": m.get("stopped") in (None, "done", "finished", "complete"),
+                "stopped": m.get("stopped"),
             }
         )
     return rows
