@@ -144,7 +144,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         "run": _rel(last),
         "sessions": session_rows(sessions),
         "mt_bench_tau": mt["tau"],
-        "mt_bench_eval": _eval_settings(reports["mt_bench"]),
+        "mt_bench_eval": _eval_settings(last / "eval-mt_bench"),
         "mt_bench_tau_before": old["mt_bench_tau"],
         "trained_tokens": curve[-1]["tokens"],
     }
@@ -160,6 +160,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     bench = [*bench_lines(rows + pair, reports, last.name), "", *kept]
     md = replace_section(md, bench, "## Training-time test", BENCH_HEADING)
     md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
+    md = _header_note(md, last)
     md = _costs(md, steps)
     md = _commands(md, sessions, evals)
     md_path.write_text(md)
@@ -176,20 +177,31 @@ def _curve_section(data: dict, curve: list[dict], proj: dict | None, eval_proj: 
         f"held out on `{curve[-1]['heldout_set']}`'s 32 held-out conversations: a different set, so the curve "
         f"steps where the sessions begin. Tokens and CPU seconds count on from the head before."
     )
-    lines = curve_lines(data["learning_curve"], about, proj, None)[1:]
-    lines += ["", "The sessions:", ""]
+    lines = curve_lines(data["learning_curve"], about, None, None)[1:]
+    if proj:
+        lines += [
+            "",
+            f"Over the second half of the sessions' points (one held-out set) held-out tau grows "
+            f"{proj['tau_per_doubling_of_tokens']:.3f} per doubling of trained tokens.",
+        ]
+    lines += [
+        "",
+        "The sessions (each from the previous one's head, exported into the folder named when the session "
+        "began; an export overwrites that folder, so a path here names the head it held then):",
+        "",
+    ]
     lines += md_table(
         ["session", "started from", "samples", "steps", "new tokens", "held-out tau (start -> end)"],
         [
             [
                 f"`{s['run']}`",
-                f"`{s['init_head']}`",
+                f"`{s['init_head']}`" + (f" (then: {old['head']})" if i == 0 else ""),
                 "-" if not s["samples"] else f"{s['samples'][0]:,}-{s['samples'][1]:,}",
                 s["steps"],
                 f"{s['tokens']:,}",
                 f"{s['heldout_start']:.3f} -> {s['heldout_end']:.3f}",
             ]
-            for s in pub["sessions"]
+            for i, s in enumerate(pub["sessions"])
         ],
     )
     if eval_proj:
@@ -206,11 +218,12 @@ def _curve_section(data: dict, curve: list[dict], proj: dict | None, eval_proj: 
     return [*lines, ""]
 
 
-def _eval_settings(rep: dict) -> str:
-    dtype = rep.get("dtype") or (rep.get("target") or {}).get("dtype")
+def _eval_settings(folder: Path) -> str:
+    """How an eval was run, from its report and the config its manifest records."""
+    rep, cfg = _json(folder / "report.json"), _json(folder / "manifest.json").get("config") or {}
     return (
         f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "
-        f"{dtype}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens"
+        f"{cfg.get('dtype', '?')}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens"
     )
 
 
@@ -223,6 +236,22 @@ def _subsections(md: str, heading: str) -> list[str]:
     end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
     sub = next((i for i in range(start + 1, end) if text[i].startswith("### ")), None)
     return [] if sub is None else text[sub:end]
+
+
+HEADER_NOTE = "The published head's sections (the bars, its learning curve, the sweep, the per-bench table) are"
+
+
+def _header_note(md: str, last: Path) -> str:
+    """A line under the page's opening paragraph saying which program wrote the published head's sections."""
+    note = f"{HEADER_NOTE} rewritten by `benchmarks/smollm2/publish.py` from `{_rel(last)}`'s eval folders."
+    text = md.splitlines()
+    at = next((i for i, x in enumerate(text) if x.startswith(HEADER_NOTE)), None)
+    if at is not None:
+        text[at] = note
+    else:
+        first = next((i for i, x in enumerate(text) if x.startswith("## ")), len(text))
+        text[first:first] = [note, ""]
+    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
 
 
 def _costs(md: str, steps: dict) -> str:

@@ -263,10 +263,11 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     assert "kept reason" in text and text.count("## One core-hour each\n\nkept") == 1
     assert "| ttt1_mt_bench |" in text and "the head of `long-s2`" in text
     assert "| eval mt_bench | - | 10.0 min | - | - | 2000 MiB |" in text
-    assert "long-s1` | `models/h` | 0-9 | 100 | 500 | 2.000 -> 2.100 |" in text  # the sessions, in a table
+    assert "long-s1` | `models/h` (then: smollm2-long/head) | 0-9 | 100 | 500 | 2.000 -> 2.100 |" in text  # sessions
     again = publish_report(md, [s1, s2], evals, steps)
     assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
     assert md.read_text() == text
+    assert text.count("rewritten by `benchmarks/smollm2/publish.py`") == 1  # the page says which sections
 
 
 def test_publish_refuses_a_session_that_did_not_finish_with_exit_2(tmp_path, capsys):
