@@ -273,7 +273,9 @@ def _commands(md: str, sessions: list[Path], evals: dict) -> str:
     """The Commands section's block for the published head, replaced on every publish."""
     last = sessions[-1]
     cmds = [".venv/bin/python benchmarks/smollm2/publish.py --sessions " + " ".join(_rel(s) for s in sessions)]
-    cmds += [eval_command(m, f) for name in evals if (m := _json(f := last / f"eval-{name}" / "manifest.json"))]
+    folders = [last / f"eval-{name}" for name in evals]
+    # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
+    cmds += [eval_command(m, f).replace(f"{REPO}/", "") for f in folders if (m := _json(f / "manifest.json"))]
     block = ["", PUBLISH_HEADING, "", "The sessions' train commands are in docs/train.md.", "", "```", *cmds, "```", ""]
     text = md.splitlines()
     at = next((i for i, x in enumerate(text) if x == PUBLISH_HEADING), None)

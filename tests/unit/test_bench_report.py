@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from benchmarks.common import REPO
 from benchmarks.smollm2.report_compute import (
     heldout_curve,
     needs,
@@ -241,6 +242,8 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     for name, rep in (("mt_bench", _eval_report(1.8, 1.21)), ("mt_bench_bf16", _eval_report(1.7, 1.31))):
         (s2 / f"eval-{name}").mkdir()
         (s2 / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
+        cfg = {"bench": "mt_bench", "run": str(s2), "target": str(REPO / "models" / "smollm2-135m")}
+        (s2 / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": cfg}))
     steps = {"eval_mt_bench": {"seconds": 600.0, "peak_rss_mib": 2000.0, "command": "eagle3 eval"}}
     data = publish_report(md, [s1, s2], evals, steps)
 
@@ -268,6 +271,9 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
     assert md.read_text() == text
     assert text.count("rewritten by `benchmarks/smollm2/publish.py`") == 1  # the page says which sections
+    # each eval's command, as its manifest records it, from the repo root
+    assert f"--target models/smollm2-135m --run {s2} --out {s2}/eval-mt_bench --bench mt_bench" in text
+    assert str(REPO) not in text
 
 
 def test_publish_refuses_a_session_that_did_not_finish_with_exit_2(tmp_path, capsys):
