@@ -345,6 +345,11 @@ def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(t
     assert "predicted **1.240** for the largest size" in text and "MT-bench tau **1.400**" in text
     assert "![" in text.split("## Data scaling")[1].split("\n\n")[1]  # the figure, first under its heading
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
+    # a later report of another key rewrites the data sections too: the figure stays linked, once
+    vllm = _vllm_results(tmp_path / "vllm.json")
+    r = subprocess.run([*cmd[:2], "--vllm-cpu", str(vllm), "--results-md", str(md)], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert md.read_text().count("(results-data-scaling.png)") == 1
 
 
 def _vllm_results(path: Path) -> Path:
