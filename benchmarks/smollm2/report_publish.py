@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import PAIR_EVALS, WHY_MISSED, bench_lines, eval_command, eval_rows, json_row
+from benchmarks.smollm2.report import PAIR_EVALS, WHY_MISSED, _minutes, bench_lines, eval_command, eval_rows, json_row
+from benchmarks.smollm2.report import _json as _read_json
 from benchmarks.smollm2.report_bars import BARS31_HEADING, bars31_json, bars31_section
 from benchmarks.smollm2.report_compute import (
     BARS,
@@ -35,7 +36,7 @@ class PublishError(ValueError):
 
 
 def _json(path: Path) -> dict:
-    return json.loads(path.read_text()) if path.exists() else {}
+    return _read_json(path) or {}
 
 
 def _rel(path: Path) -> str:
@@ -259,7 +260,7 @@ def _costs(md: str, steps: dict) -> str:
     text = md.splitlines()
     for name, st in steps.items():
         label = name.replace("_", " ", 1)
-        row = f"| {label} | - | {st['seconds'] / 60:.1f} min | - | - | {st['peak_rss_mib']:.0f} MiB |"
+        row = f"| {label} | - | {_minutes(st['seconds'])} | - | - | {st['peak_rss_mib']:.0f} MiB |"
         at = next((i for i, x in enumerate(text) if x.startswith(f"| {label} |")), None)
         if at is not None:
             text[at] = row
