@@ -94,7 +94,7 @@ def _cli_type(tp: Any) -> Any:
 
 
 # Placeholders in --help: what kind of value a flag takes (`--target DIR`, `--num-samples N`).
-_FOLDER_FIELDS = {"target", "run", "out", "data", "cache", "head", "from_eval", "verify", "compare"}
+_FOLDER_FIELDS = {"target", "run", "out", "data", "cache", "head", "from_eval", "verify", "compare", "extra_data"}
 _OTHER_FIELDS = {"engine_python": "PYTHON"}  # an executable, not a folder
 
 

@@ -29,6 +29,8 @@ def upgrade_recorded(config: dict) -> dict:
     (32000) and ignored it, training the cache's vocab, which is what None says now."""
     d = dict(config)
     d.setdefault("target_dtype", "auto")  # before --target-dtype every online run ran its target in auto
+    d.setdefault("extra_data", [])  # before --extra-data a run read one folder
+    d.setdefault("extra_data_from", 0)
     if not d.get("online") and d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
         d["draft_vocab_size"] = None
     return d
@@ -44,6 +46,16 @@ class TrainConfig:
     """Train from RUN/data conversations, running the target in-process (no cache)."""
     data: Path | None = None
     """gen-data folder for --online (default RUN/data)."""
+    extra_data: tuple[str, ...] = ()
+    """--online: more gen-data folders (repeat the flag), trained beside --data: a corpus of several
+    sources kept in their own folders (e.g. ShareGPT and GSM8K). Each keeps its own fixed order; a
+    --skip-samples/--train-samples window over --data takes the same share of every extra folder, so
+    sessions that walk --data walk them all in step. The held-out set stays --data's: a learning
+    curve stays comparable when a source is added (score the others with `eagle3 eval --bench`)."""
+    extra_data_from: int = 0
+    """The --skip-samples at which --extra-data joined a run already under way (the sessions before it
+    saw --data alone): the extra folders' windows are shares of --data's samples after this point,
+    so the sessions from then on cover every extra folder exactly once."""
     target: Path | None = None
     """Target model folder (default: the path recorded in the cache manifest)."""
     target_dtype: TrainDtype = "auto"
@@ -178,6 +190,13 @@ class TrainConfig:
             e.append(f"--train-samples {self.train_samples!r}: expected an integer >= 1 (or leave it out: all)")
         if not isinstance(self.skip_samples, int) or self.skip_samples < 0:
             e.append(f"--skip-samples {self.skip_samples!r}: expected an integer >= 0")
+        if self.extra_data and not self.online:
+            e.append("--extra-data: only --online reads gen-data folders (a cache is one folder); add --online")
+        if not isinstance(self.extra_data_from, int) or not 0 <= self.extra_data_from <= self.skip_samples:
+            e.append(
+                f"--extra-data-from {self.extra_data_from!r}: expected 0..--skip-samples ({self.skip_samples}): "
+                "the point of --data's order where the extra folders joined, at or before this session's start"
+            )
         if not 0.0 <= self.feature_noise <= 1.0:
             e.append(f"--feature-noise {self.feature_noise}: expected a fraction in 0..1")
         if self.optimizer == "muon" and self.deepspeed is not None:

@@ -185,7 +185,7 @@ class OnlineSource:
 
     def __init__(
         self,
-        data_dir: Path,
+        data_dirs: list[Path],
         target_model,
         tokenizer,
         aux_layer_ids: tuple[int, ...],
@@ -193,14 +193,21 @@ class OnlineSource:
         max_length: int,
     ):
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
-        self.fingerprint = folder_fingerprint(read_json(Path(data_dir) / "manifest.json"))
-        self.samples = online_samples(data_dir, tokenizer, max_length)
-        if not self.samples:
-            raise UsageError(
-                f"{data_dir} has no conversation with an assistant turn",
-                "gen-data output",
-                "eagle3 gen-data ... --run runs/NAME",
-            )
+        # --data first, then each --extra-data folder: one fingerprint, the first folder's alone as before
+        prints = [folder_fingerprint(read_json(Path(d) / "manifest.json")) for d in data_dirs]
+        self.fingerprint = "+".join(prints)
+        self.samples: list[tuple[list[int], list[bool]]] = []
+        self.folder_sizes: list[int] = []
+        for d in data_dirs:
+            samples = online_samples(d, tokenizer, max_length)
+            if not samples:
+                raise UsageError(
+                    f"{d} has no conversation with an assistant turn",
+                    "gen-data output",
+                    "eagle3 gen-data ... --run runs/NAME",
+                )
+            self.samples += samples
+            self.folder_sizes.append(len(samples))
         vocab = target_model.config.vocab_size
         if draft_vocab_size > vocab:
             raise UsageError(

@@ -42,6 +42,29 @@ def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None
     return sorted(i for i in range(n_samples) if i not in keep)
 
 
+def unused_indices_in_folders(
+    sizes: list[int], heldout: list[int], train_samples: int | None, skip: int = 0, joined_at: int = 0
+) -> list[int]:
+    """unused_indices over several gen-data folders whose samples are concatenated, --data's first (the
+    held-out set lies in it). --data is windowed exactly as alone. Every other folder, in its own fixed
+    order, takes the same share of its samples as the window takes of --data's trainable samples after
+    `joined_at`: consecutive sessions take consecutive, disjoint shares (session k's end is session
+    k+1's start, computed alike), and from `joined_at` to the end they cover each folder once."""
+    first = unused_indices(sizes[0], heldout, train_samples, skip)
+    if len(sizes) == 1:
+        return first
+    span = sizes[0] - len(heldout) - joined_at
+    lo = (skip - joined_at) / span
+    hi = 1.0 if train_samples is None else min(1.0, (skip + train_samples - joined_at) / span)
+    out, offset = list(first), sizes[0]
+    for n in sizes[1:]:
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(20261202)).tolist()
+        keep = set(perm[round(lo * n) : round(hi * n)])
+        out += [offset + i for i in range(n) if i not in keep]
+        offset += n
+    return out
+
+
 @torch.no_grad()
 def heldout_acceptance(tr, indices: list[int], depth: int, teacher_for) -> dict:
     """The chain summary of the draft on the held-out samples (every rank computes all of it:

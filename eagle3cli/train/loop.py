@@ -58,6 +58,16 @@ class Interval:
         self.tokens += tokens
 
 
+
+def trained_by_folder(tr, unused: set[int]) -> list[dict]:
+    """Samples and sample tokens each gen-data folder gave the run, --data's first (with --extra-data)."""
+    rows, start = [], 0
+    for folder, n in zip([tr.cfg.data or tr.run_dir / "data", *tr.cfg.extra_data], tr.source.folder_sizes):
+        used = [i for i in range(start, start + n) if i not in unused]
+        rows.append({"folder": str(folder), "samples": len(used), "tokens": sum(tr.source.lengths[i] for i in used)})
+        start += n
+    return rows
+
 def save_checkpoint(tr: Trainer) -> None:
     is_best = tr.loop.metrics.get("sim_accept_len", -1.0) > tr.loop.best
     if is_best:
@@ -393,6 +403,7 @@ def finish(tr: Trainer) -> Path:
             {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
             if not tr.cfg.online
             else {"data": str(tr.cfg.data or tr.run_dir / "data")}
+            | ({"extra_data": list(tr.cfg.extra_data)} if tr.cfg.extra_data else {})
         )
         cache_manifest = Path(source.get("cache", "")) / "manifest.json"
         unused = set(tr.unused)
@@ -410,6 +421,7 @@ def finish(tr: Trainer) -> Path:
             world_size=tr.world,
             trained_samples=len(tr.source.lengths) - len(unused),
             trained_sample_tokens=sum(n for i, n in enumerate(tr.source.lengths) if i not in unused),
+            **({"trained_by_folder": trained_by_folder(tr, unused)} if tr.cfg.extra_data else {}),
             **summary,
         )
         atomic_write_json(tr.train_dir / "summary.json", summary)

@@ -32,7 +32,7 @@ from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
-from .heldout import heldout_indices, unused_indices
+from .heldout import heldout_indices, unused_indices_in_folders
 from .optim import apply_init, build_optimizer
 
 CACHE_NEXT = "eagle3 cache --run runs/NAME"
@@ -208,7 +208,7 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tcfg = text_config(target_model.config.to_dict())
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
-            data_dir, target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
+            [data_dir, *map(Path, cfg.extra_data)], target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
         )
         weights = {
             "embed": target_model.get_input_embeddings().weight.float().cpu(),
@@ -289,16 +289,17 @@ def setup(cfg: TrainConfig) -> Trainer:
     draft.to(device)
     lm_head = weights["lm_head"].to(device) if source.teacher == "last_hidden" else None
     per_step = world * cfg.grad_accum
-    heldout = heldout_indices(len(source.lengths), cfg.heldout_samples)
-    unused = unused_indices(len(source.lengths), heldout, cfg.train_samples, cfg.skip_samples)
-    trainable = len(source.lengths) - len(heldout)
+    sizes = getattr(source, "folder_sizes", [len(source.lengths)])  # --data first, then --extra-data
+    heldout = heldout_indices(sizes[0], cfg.heldout_samples)
+    trainable = sizes[0] - len(heldout)
     if (cfg.train_samples or 0) + cfg.skip_samples > trainable or cfg.skip_samples >= trainable:
         raise UsageError(
             f"--skip-samples {cfg.skip_samples} + --train-samples {cfg.train_samples}: the data has {trainable} "
-            f"trainable samples ({len(heldout)} of {len(source.lengths)} are held out)",
+            f"trainable samples ({len(heldout)} of {sizes[0]} are held out)",
             f"skip + train at most {trainable}",
             "a smaller --train-samples or --skip-samples (leave --train-samples out to train on all the rest)",
         )
+    unused = unused_indices_in_folders(sizes, heldout, cfg.train_samples, cfg.skip_samples, cfg.extra_data_from)
     n_batches = len(plan_for(cfg, source.lengths, 0, exclude=unused))
     if n_batches < per_step:
         raise UsageError(
@@ -406,6 +407,7 @@ def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tu
 
 # Path-valued settings: compared resolved, so `runs/x` and `/abs/.../runs/x` are the same run.
 PATH_KEYS = ("cache", "data", "target", "hostfile", "init_head")
+LIST_PATH_KEYS = ("extra_data",)
 
 
 def _resolved(v: str | None) -> str | None:
@@ -420,6 +422,8 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         if k in d:
             d[k] = _resolved(d[k])
     d = upgrade_recorded(d)
+    for k in LIST_PATH_KEYS:  # a tuple on the line, a list in a recorded JSON config
+        d[k] = [_resolved(v) for v in d.get(k) or ()]
     if d.get("online"):  # the vocab an online run trains, whichever way it was spelled
         d["draft_vocab_size"] = d.get("draft_vocab_size") or ONLINE_DRAFT_VOCAB
     for k in (

@@ -488,3 +488,49 @@ def test_init_head_continues_a_head_on_the_next_samples(run_dir, tmp_path, tiny_
     assert not (other / "train" / "checkpoints").exists()
     assert main([*base, "--run", str(other), "--skip-samples", "20"]) == 2
     assert "trainablesamples" in "".join(capsys.readouterr().err.split())
+
+
+def test_extra_data_windows_walk_every_folder_in_step_and_cover_each_once():
+    # --data alone is windowed exactly as before; an extra folder takes the same share of its own
+    # fixed order, so sessions from the join point on take disjoint shares that cover it once
+    from eagle3cli.train.heldout import heldout_indices, unused_indices, unused_indices_in_folders
+
+    held = heldout_indices(40, 4)
+    assert unused_indices_in_folders([40], held, 8, 8) == unused_indices(40, held, 8, 8)
+    sizes = [40, 30]
+
+    def used(train, skip, joined=0):
+        out = set(range(70)) - set(unused_indices_in_folders(sizes, held, train, skip, joined))
+        return {i for i in out if i < 40}, {i for i in out if i >= 40}
+
+    first, extra = used(9, 0)
+    assert first == set(range(40)) - set(unused_indices(40, held, 9)) and len(extra) == round(9 / 36 * 30)
+    # a run under way since 12 of --data's 36 trainable samples adds the folder: sessions of 7, 7, the rest
+    windows = [used(7, 12, 12), used(7, 19, 12), used(None, 26, 12)]
+    shares = [w[1] for w in windows]
+    assert all(shares) and all(not a & b for i, a in enumerate(shares) for b in shares[i + 1 :])
+    assert set().union(*shares) == set(range(40, 70)) and not set(held) & set().union(*(w[0] for w in windows))
+    assert [len(s) for s in shares] == [round(7 / 24 * 30), round(14 / 24 * 30) - round(7 / 24 * 30), 30 - 18]
+
+
+def test_online_training_reads_extra_gen_data_folders(run_dir, tmp_path, tiny_target_dir, capsys):
+    # two sources in two folders: both feed the run, the manifest says how much each gave, the
+    # held-out set stays --data's, and a resume with another folder list is refused
+    shutil.rmtree(run_dir / "cache")
+    extra = tmp_path / "extra"
+    shutil.copytree(run_dir / "data", extra)
+    base = ["train", "--online", "--target", str(tiny_target_dir), "--draft-vocab-size", "300", "--log-every", "1",
+            "--save-every", "1", "--ttt-steps", "2", "--heldout-samples", "2", *FAST]  # fmt: skip
+    assert main([*base, "--run", str(run_dir), "--extra-data", str(extra), "--train-samples", "8", "--max-steps", "1"]) == 0
+    m = json.loads((run_dir / "train" / "manifest.json").read_text())
+    rows = m["trained_by_folder"]
+    assert [r["folder"] for r in rows][1:] == [str(extra)] and all(r["samples"] > 0 for r in rows)
+    assert rows[0]["samples"] == 8 and sum(r["samples"] for r in rows) == m["trained_samples"]
+    assert m["input"]["extra_data"] == [str(extra)] and "+" in m["input_fingerprint"]
+    capsys.readouterr()
+    assert main([*base, "--run", str(run_dir), "--train-samples", "8", "--max-steps", "2"]) == 2
+    assert "extra_data" in capsys.readouterr().err
+    # only --online reads folders; a join point after this session's start is refused
+    assert main([*base[:1], "--run", str(run_dir), "--extra-data", str(extra)]) == 2
+    assert main([*base, "--run", str(tmp_path / "o"), "--extra-data", str(extra), "--extra-data-from", "4"]) == 2
+    assert "--extra-data-from" in "".join(capsys.readouterr().err.split())
