@@ -6,7 +6,7 @@ nothing here measures or assumes. Called by run_bench.py; also runs alone:
     .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
-        --gen-data-engine runs/bench/gen-data-engine.json                                        # those keys only
+        corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json  # and its figure
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
 """
@@ -662,7 +662,13 @@ def main() -> None:
         help="write only the `llama_cpp` key of the results JSON, from benchmarks/llama_cpp/run_bench.py's "
         f"results.json (a full report reads {LLAMA_CPP_RESULTS.relative_to(REPO)} when it exists)",
     )
-    ap.add_argument("--corpus", type=Path, default=None, help="write the `corpus` key from this gen-data folder")
+    ap.add_argument(
+        "--corpus",
+        type=Path,
+        nargs="+",
+        default=None,
+        help="write the `corpus` key from these gen-data folders (one per source: their sums and each one)",
+    )
     ap.add_argument(
         "--gen-data-engine",
         type=Path,
@@ -723,7 +729,7 @@ def main() -> None:
     if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, a.vllm_cpu)):
         from benchmarks.smollm2.report_data import (
             SCALING_HEADING,
-            corpus_json,
+            corpus_sources_json,
             data_scaling_json,
             data_section,
             gen_data_throughput_json,
@@ -732,7 +738,8 @@ def main() -> None:
             throughput_table,
         )
 
-        for given, what in ((a.corpus, "a gen-data folder"), (a.gen_data_engine, "gen_data_engine.py's JSON"),
+        for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
+                            (a.gen_data_engine, "gen_data_engine.py's JSON"),
                             (a.data_scaling, "data_scaling.py's data_scaling.json"),
                             (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json")):  # fmt: skip
             if given is not None and not given.exists():
@@ -741,7 +748,7 @@ def main() -> None:
         json_path = a.results_md.with_suffix(".json")
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
         if a.corpus is not None:
-            data["corpus"] = corpus_json(a.corpus)
+            data["corpus"] = corpus_sources_json(a.corpus)
             print(f"corpus: {data['corpus']['conversations']} of {data['corpus']['planned']} conversations")
         if a.gen_data_engine is not None:
             data["gen_data_throughput"], data["gen_data_throughput_settings"] = gen_data_throughput_json(

@@ -49,6 +49,38 @@ def corpus_json(folder: Path) -> dict:
     }
 
 
+def corpus_sources_json(folders: list[Path]) -> dict:
+    """The `corpus` key: one folder's corpus_json, or for a corpus kept one folder per source (ShareGPT,
+    GSM8K...) their sums, each source's own numbers under `sources`, and the rate over all of them."""
+    parts = [corpus_json(f) for f in folders]
+    if len(parts) == 1:
+        return parts[0]
+    backends = sorted({p["backend"] for p in parts})
+    total = {
+        k: sum(p[k] or 0 for p in parts)
+        for k in (
+            "conversations",
+            "assistant_turns",
+            "completion_tokens",
+            "planned",
+            "generation_seconds",
+            "process_seconds",
+            "sessions",
+        )
+    }
+    seconds = total["generation_seconds"]
+    return {
+        "folder": " + ".join(p["folder"] for p in parts),
+        **total,
+        "complete": all(p["complete"] for p in parts),
+        "backend": " / ".join(backends),  # one per source: a source never mixes backends within itself
+        "engine": parts[0]["engine"] if len(backends) == 1 else None,
+        "gen_tok_s": round(total["completion_tokens"] / seconds, 1) if seconds else None,
+        "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None,
+        "sources": parts,
+    }
+
+
 def _state(folder: Path) -> dict:
     p = folder / PROGRESS / STATE
     return json.loads(p.read_text(encoding="utf-8")) if p.exists() else {}
@@ -113,6 +145,19 @@ def throughput_table(rows: list[dict]) -> str:
 DATA_HEADING = "## Data at engine speed: the corpus and gen-data's throughput"
 
 
+def _corpus_line(corpus: dict) -> str:
+    state = "complete" if corpus["complete"] else "being regenerated (resumes across sessions)"
+    return (
+        f"`{corpus['folder']}`, {state}: **{corpus['conversations']:,} of {corpus['planned'] or '?':,} "
+        f"conversations**, {corpus['assistant_turns']:,} assistant turns, {corpus['completion_tokens']:,} "
+        f"completion tokens, through `{corpus['backend']}` ({(corpus.get('engine') or {}).get('dtype', '?')}); "
+        f"{corpus['gen_tok_s']} completion tok/s and {corpus['conversations_per_s']} conversations/s over "
+        f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s of clock, "
+        f"{corpus.get('process_seconds') or corpus['generation_seconds']:,.0f} process-seconds: one core and "
+        f"one engine per process)."
+    )
+
+
 def data_section(data: dict) -> list[str]:
     """The page's section for the `corpus` and `gen_data_throughput` keys ([] when neither is there)."""
     corpus, rows = data.get("corpus"), data.get("gen_data_throughput")
@@ -120,17 +165,15 @@ def data_section(data: dict) -> list[str]:
         return []
     lines = [DATA_HEADING, ""]
     if corpus:
-        state = "complete" if corpus["complete"] else "being regenerated (resumes across sessions)"
-        lines += [
-            f"`{corpus['folder']}`, {state}: **{corpus['conversations']:,} of {corpus['planned'] or '?':,} "
-            f"conversations**, {corpus['assistant_turns']:,} assistant turns, {corpus['completion_tokens']:,} "
-            f"completion tokens, through `{corpus['backend']}` ({(corpus.get('engine') or {}).get('dtype', '?')}); "
-            f"{corpus['gen_tok_s']} completion tok/s and {corpus['conversations_per_s']} conversations/s over "
-            f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s of clock, "
-            f"{corpus.get('process_seconds') or corpus['generation_seconds']:,.0f} process-seconds: one core and "
-            f"one engine per process).",
-            "",
-        ]
+        sources = corpus.get("sources") or [corpus]
+        if len(sources) > 1:
+            lines += [
+                f"{len(sources)} sources, one folder each: **{corpus['conversations']:,} of "
+                f"{corpus['planned'] or '?':,} conversations**, {corpus['completion_tokens']:,} completion tokens "
+                f"in all, {corpus['gen_tok_s']} completion tok/s over their generation time.",
+                "",
+            ]
+        lines += [line for c in sources for line in (_corpus_line(c), "")]
     if rows:
         s = data.get("gen_data_throughput_settings") or {}
         eng = s.get("engine") or {}

@@ -55,6 +55,27 @@ def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
     assert c["gen_tok_s"] == 0.2 and c["generation_seconds"] == 100.0 and c["process_seconds"] == 180.0
 
 
+def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(tmp_path):
+    from benchmarks.smollm2.report_data import corpus_sources_json, data_section
+
+    for name, n, toks, secs in (("sharegpt", 3, 10, 100.0), ("gsm8k", 2, 4, 20.0)):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "shard-00000.jsonl").write_text("".join(json.dumps(_record(i, [toks])) + "\n" for i in range(n)))
+        rate = {"sessions": 1, "seconds": secs, "process_seconds": 2 * secs, "conversations": n,
+                "completion_tokens": n * toks, "conversations_per_s": n / secs, "completion_tok_s": n * toks / secs}  # fmt: skip
+        (folder / "manifest.json").write_text(json.dumps({"counts": {"planned": n}, "throughput": rate,
+                                                          "engine": {"engine": "vllm", "version": "v1"}}))  # fmt: skip
+    one = corpus_sources_json([tmp_path / "sharegpt"])
+    assert "sources" not in one and one["conversations"] == 3
+    c = corpus_sources_json([tmp_path / "sharegpt", tmp_path / "gsm8k"])
+    assert c["conversations"] == 5 and c["planned"] == 5 and c["completion_tokens"] == 38 and c["complete"] is True
+    assert c["gen_tok_s"] == pytest.approx(38 / 120, abs=0.05) and c["backend"] == "openai -> vllm v1"
+    assert [s["conversations"] for s in c["sources"]] == [3, 2]
+    text = "\n".join(data_section({"corpus": c}))
+    assert "2 sources" in text and "5 of 5 conversations" in text and text.count("complete:") == 2
+
+
 def test_side_by_side_shard_processes_count_their_clock_time_once(tmp_path):
     # two `--shard i/2` processes worked 0-100 s and 50-150 s (150 s of clock, 200 process-seconds);
     # a session of an older eagle3 (no interval) adds its own 40 s

@@ -521,7 +521,10 @@ def test_online_training_reads_extra_gen_data_folders(run_dir, tmp_path, tiny_ta
     shutil.copytree(run_dir / "data", extra)
     base = ["train", "--online", "--target", str(tiny_target_dir), "--draft-vocab-size", "300", "--log-every", "1",
             "--save-every", "1", "--ttt-steps", "2", "--heldout-samples", "2", *FAST]  # fmt: skip
-    assert main([*base, "--run", str(run_dir), "--extra-data", str(extra), "--train-samples", "8", "--max-steps", "1"]) == 0
+    assert (
+        main([*base, "--run", str(run_dir), "--extra-data", str(extra), "--train-samples", "8", "--max-steps", "1"])
+        == 0
+    )
     m = json.loads((run_dir / "train" / "manifest.json").read_text())
     rows = m["trained_by_folder"]
     assert [r["folder"] for r in rows][1:] == [str(extra)] and all(r["samples"] > 0 for r in rows)
