@@ -58,7 +58,6 @@ class Interval:
         self.tokens += tokens
 
 
-
 def trained_by_folder(tr, unused: set[int]) -> list[dict]:
     """Samples and sample tokens each gen-data folder gave the run, --data's first (with --extra-data)."""
     rows, start = [], 0
@@ -67,6 +66,7 @@ def trained_by_folder(tr, unused: set[int]) -> list[dict]:
         rows.append({"folder": str(folder), "samples": len(used), "tokens": sum(tr.source.lengths[i] for i in used)})
         start += n
     return rows
+
 
 def save_checkpoint(tr: Trainer) -> None:
     is_best = tr.loop.metrics.get("sim_accept_len", -1.0) > tr.loop.best

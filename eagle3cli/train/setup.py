@@ -208,7 +208,12 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tcfg = text_config(target_model.config.to_dict())
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
         source: CacheSource | OnlineSource = OnlineSource(
-            [data_dir, *map(Path, cfg.extra_data)], target_model, tok, aux_ids, cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB, cfg.max_length
+            [data_dir, *map(Path, cfg.extra_data)],
+            target_model,
+            tok,
+            aux_ids,
+            cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB,
+            cfg.max_length,
         )
         weights = {
             "embed": target_model.get_input_embeddings().weight.float().cpu(),
