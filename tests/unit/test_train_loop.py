@@ -530,7 +530,8 @@ def test_online_training_reads_extra_gen_data_folders(run_dir, tmp_path, tiny_ta
     assert [r["folder"] for r in rows][1:] == [str(extra)] and all(r["samples"] > 0 for r in rows)
     assert rows[0]["samples"] == 8 and sum(r["samples"] for r in rows) == m["trained_samples"]
     assert m["input"]["extra_data"] == [str(extra)] and "+" in m["input_fingerprint"]
-    capsys.readouterr()
+    out = " ".join("".join(capsys.readouterr()).split())
+    assert "training samples: 8 of" in out and f"{rows[1]['samples']} of" in out, out
     assert main([*base, "--run", str(run_dir), "--train-samples", "8", "--max-steps", "2"]) == 2
     assert "extra_data" in capsys.readouterr().err
     # only --online reads folders; a join point after this session's start is refused
