@@ -56,6 +56,10 @@ def session_rows(sessions: list[Path]) -> list[dict]:
                 "init_head": cfg.get("init_head"),
                 "data": cfg.get("data"),
                 "samples": None if n is None else [skip, skip + n - 1],
+                # --extra-data: what each other source gave (train's manifest, trained_by_folder)
+                "extra": [
+                    {"folder": f["folder"], "samples": f["samples"]} for f in (m.get("trained_by_folder") or [])[1:]
+                ],
                 "steps": m.get("steps"),
                 "tokens": m.get("tokens_seen"),
                 "heldout_start": curve[0]["heldout_tau"] if curve else None,
@@ -197,7 +201,8 @@ def _curve_section(data: dict, curve: list[dict], proj: dict | None, eval_proj: 
             [
                 f"`{s['run']}`",
                 f"`{s['init_head']}`" + (f" (then: {old['head']})" if i == 0 else ""),
-                "-" if not s["samples"] else f"{s['samples'][0]:,}-{s['samples'][1]:,}",
+                ("-" if not s["samples"] else f"{s['samples'][0]:,}-{s['samples'][1]:,}")
+                + "".join(f" + {e['samples']:,} of `{e['folder']}`" for e in s.get("extra") or ()),
                 s["steps"],
                 f"{s['tokens']:,}",
                 f"{s['heldout_start']:.3f} -> {s['heldout_end']:.3f}",

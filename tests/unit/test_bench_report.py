@@ -213,7 +213,7 @@ def _page(tmp_path):
     return md
 
 
-def _session(tmp_path, name, taus, skip, init):
+def _session(tmp_path, name, taus, skip, init, by_folder=None):
     run = _run(tmp_path, name, [])
     lines = [{"step": 0, "tokens_seen": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0, "heldout_tau": taus[0]}]
     lines += [
@@ -222,7 +222,8 @@ def _session(tmp_path, name, taus, skip, init):
     ]  # fmt: skip
     (run / "train" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     cfg = {"data": "corpora/c", "skip_samples": skip, "train_samples": 10, "init_head": init}
-    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "steps": 100, "tokens_seen": 500}))
+    m = {"config": cfg, "steps": 100, "tokens_seen": 500} | ({"trained_by_folder": by_folder} if by_folder else {})
+    (run / "train" / "manifest.json").write_text(json.dumps(m))
     (run / "head").mkdir()
     return run
 
@@ -235,7 +236,11 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
 
     md = _page(tmp_path)
     s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
-    s2 = _session(tmp_path, "long-s2", [2.1, 2.3], 10, "models/next")
+    by_folder = [
+        {"folder": "corpora/c", "samples": 10, "tokens": 400},
+        {"folder": "corpora/g", "samples": 4, "tokens": 100},
+    ]
+    s2 = _session(tmp_path, "long-s2", [2.1, 2.3], 10, "models/next", by_folder)
     evals = {"mt_bench": None, "mt_bench_bf16": None}
     with pytest.raises(PublishError, match="no MT-bench eval"):
         publish_report(md, [s1, s2], evals, {})
@@ -267,6 +272,7 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     assert "| ttt1_mt_bench |" in text and "the head of `long-s2`" in text
     assert "| eval mt_bench | - | 10.0 min | - | - | 2000 MiB |" in text
     assert "long-s1` | `models/h` (then: smollm2-long/head) | 0-9 | 100 | 500 | 2.000 -> 2.100 |" in text  # sessions
+    assert "long-s2` | `models/next` | 10-19 + 4 of `corpora/g` | 100 | 500 |" in text  # a source that joined
     again = publish_report(md, [s1, s2], evals, steps)
     assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
     assert md.read_text() == text
