@@ -13,6 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -399,7 +400,7 @@ def finish(tr: Trainer) -> Path:
             raise StageError(
                 f"exported head reproduces the trained logits only to {diff:.2e}", "a lossless export (< 1e-4)"
             )
-        source = (
+        source: dict[str, Any] = (
             {"cache": str(tr.cfg.cache or tr.run_dir / "cache")}
             if not tr.cfg.online
             else {"data": str(tr.cfg.data or tr.run_dir / "data")}

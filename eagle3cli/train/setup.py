@@ -306,11 +306,11 @@ def setup(cfg: TrainConfig) -> Trainer:
         )
     unused = unused_indices_in_folders(sizes, heldout, cfg.train_samples, cfg.skip_samples, cfg.extra_data_from)
     if len(sizes) > 1:  # what each folder gives this run, before it starts
-        skipped, start = set(unused), 0
+        skipped, offset = set(unused), 0
         parts = []
         for folder, n in zip([cfg.data or run_dir / "data", *cfg.extra_data], sizes):
-            parts.append(f"{sum(i not in skipped for i in range(start, start + n)):,} of {n:,} from {folder}")
-            start += n
+            parts.append(f"{sum(i not in skipped for i in range(offset, offset + n)):,} of {n:,} from {folder}")
+            offset += n
         console.log("training samples: " + "; ".join(parts))
     n_batches = len(plan_for(cfg, source.lengths, 0, exclude=unused))
     if n_batches < per_step:
