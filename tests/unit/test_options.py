@@ -145,6 +145,8 @@ SAMPLES = {
     ("train", "log_every"): (["--log-every", "20"], 20),
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("train", "target_dtype"): (["--online", "--target-dtype", "bf16"], "bf16"),
+    ("train", "extra_data"): (["--online", "--extra-data", "a", "--extra-data", "b"], ("a", "b")),
+    ("train", "extra_data_from"): (["--skip-samples", "5", "--extra-data-from", "3"], 3),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
     ("export", "target"): (["--format", "gguf", "--target", "t"], Path("t")),
     ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
