@@ -32,7 +32,7 @@ from . import checkpoint as ckpt
 from .config import TrainConfig
 from .data import plan_for
 from .heldout import heldout_acceptance, plot_curve
-from .setup import Trainer, config_key, setup
+from .setup import Trainer, config_key, folder_shares, setup
 
 
 # ---------------------------------------------------------------- state of the loop
@@ -57,16 +57,6 @@ class Interval:
         self.loss += float(out.loss.detach())
         self.micro += 1
         self.tokens += tokens
-
-
-def trained_by_folder(tr, unused: set[int]) -> list[dict]:
-    """Samples and sample tokens each gen-data folder gave the run, --data's first (with --extra-data)."""
-    rows, start = [], 0
-    for folder, n in zip([tr.cfg.data or tr.run_dir / "data", *tr.cfg.extra_data], tr.source.folder_sizes):
-        used = [i for i in range(start, start + n) if i not in unused]
-        rows.append({"folder": str(folder), "samples": len(used), "tokens": sum(tr.source.lengths[i] for i in used)})
-        start += n
-    return rows
 
 
 def save_checkpoint(tr: Trainer) -> None:
@@ -422,7 +412,9 @@ def finish(tr: Trainer) -> Path:
             world_size=tr.world,
             trained_samples=len(tr.source.lengths) - len(unused),
             trained_sample_tokens=sum(n for i, n in enumerate(tr.source.lengths) if i not in unused),
-            **({"trained_by_folder": trained_by_folder(tr, unused)} if tr.cfg.extra_data else {}),
+            **(
+                {"trained_by_folder": folder_shares(tr.cfg, tr.run_dir, tr.source, unused)} if tr.cfg.extra_data else {}
+            ),
             **summary,
         )
         atomic_write_json(tr.train_dir / "summary.json", summary)

@@ -306,12 +306,10 @@ def setup(cfg: TrainConfig) -> Trainer:
         )
     unused = unused_indices_in_folders(sizes, heldout, cfg.train_samples, cfg.skip_samples, cfg.extra_data_from)
     if len(sizes) > 1:  # what each folder gives this run, before it starts
-        skipped, offset = set(unused), 0
-        parts = []
-        for folder, n in zip([cfg.data or run_dir / "data", *cfg.extra_data], sizes):
-            parts.append(f"{sum(i not in skipped for i in range(offset, offset + n)):,} of {n:,} from {folder}")
-            offset += n
-        console.log("training samples: " + "; ".join(parts))
+        shares = folder_shares(cfg, run_dir, source, set(unused))
+        console.log(
+            "training samples: " + "; ".join(f"{r['samples']:,} of {r['of']:,} from {r['folder']}" for r in shares)
+        )
     n_batches = len(plan_for(cfg, source.lengths, 0, exclude=unused))
     if n_batches < per_step:
         raise UsageError(
@@ -370,6 +368,18 @@ def setup(cfg: TrainConfig) -> Trainer:
             ) from e
         tr.tb = SummaryWriter(str(train_dir / "tb"), purge_step=tr.loop.step + 1 if tr.loop.step else None)
     return tr
+
+
+def folder_shares(cfg: TrainConfig, run_dir: Path, source, unused: set[int]) -> list[dict]:
+    """Samples and sample tokens each gen-data folder gives the run, --data's first (with --extra-data)."""
+    rows, start = [], 0
+    for folder, n in zip([cfg.data or run_dir / "data", *cfg.extra_data], source.folder_sizes):
+        used = [i for i in range(start, start + n) if i not in unused]
+        rows.append(
+            {"folder": str(folder), "samples": len(used), "of": n, "tokens": sum(source.lengths[i] for i in used)}
+        )
+        start += n
+    return rows
 
 
 def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tuple[int, ...]) -> Eagle3Draft:
