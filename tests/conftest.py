@@ -94,3 +94,30 @@ def bundled_data() -> Path:
     from eagle3cli.sources import bundled
 
     return bundled("README.md").parent
+
+
+@pytest.fixture(scope="module")
+def tiny_model_tok(tiny_target_dir):
+    from eagle3cli.model.target import load_target
+
+    model, tok, _ = load_target(tiny_target_dir)
+    return model, tok
+
+
+@pytest.fixture
+def model_server(tiny_model_tok):
+    """A factory of real OpenAI-compatible servers over the tiny target (127.0.0.1, a free port),
+    each with the faults it is given (`fail_first=`, `bad_first=`, ...); all stopped after the test."""
+    from eagle3cli.data.http_server import ModelServer
+
+    servers = []
+
+    def make(**faults) -> ModelServer:
+        srv = ModelServer(*tiny_model_tok, served_model_name="tiny", **faults)
+        srv.start("127.0.0.1", 0)
+        servers.append(srv)
+        return srv
+
+    yield make
+    for s in servers:
+        s.stop()

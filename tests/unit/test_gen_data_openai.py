@@ -5,43 +5,14 @@ whose retries run out pending (not rejected) for the rerun to complete."""
 from __future__ import annotations
 
 import json
-import socket
 
 import httpx
 import pytest
 
 from eagle3cli.data.config import GenDataConfig
-from eagle3cli.data.http_server import ModelServer
 from eagle3cli.data.run import run_gen_data
 from eagle3cli.errors import IncompleteError
-from eagle3cli.model.target import load_target
-
-
-@pytest.fixture(scope="module")
-def model_tok(tiny_target_dir):
-    model, tok, _ = load_target(tiny_target_dir)
-    return model, tok
-
-
-@pytest.fixture
-def server_factory(model_tok):
-    servers = []
-
-    def make(**faults) -> ModelServer:
-        srv = ModelServer(*model_tok, served_model_name="tiny", **faults)
-        srv.start("127.0.0.1", 0)
-        servers.append(srv)
-        return srv
-
-    yield make
-    for s in servers:
-        s.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from eagle3cli.local_engine import free_port
 
 
 @pytest.fixture
@@ -75,8 +46,8 @@ def _records(out):
     return [json.loads(line) for f in sorted(out.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
 
 
-def test_server_endpoints(server_factory):
-    srv = server_factory()
+def test_server_endpoints(model_server):
+    srv = model_server()
     assert httpx.get(f"{srv.url}/health").json() == {"status": "ok"}
     assert httpx.get(f"{srv.url}/v1/models").json()["data"][0]["id"] == "tiny"
     chat = httpx.post(
@@ -97,9 +68,9 @@ def test_server_endpoints(server_factory):
     assert httpx.post(f"{srv.url}/v1/chat/completions", json={"messages": []}).status_code == 400
 
 
-def test_openai_backend_regenerates_and_survives_5xx_and_timeouts(server_factory, tiny_target_dir, mt_input, tmp_path):
-    srv = server_factory(fail_first=3, sleep_first=1, sleep_s=9.0)  # 9 s > the 6 s client timeout
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens: connect errors, retried on the live one
+def test_openai_backend_regenerates_and_survives_5xx_and_timeouts(model_server, tiny_target_dir, mt_input, tmp_path):
+    srv = model_server(fail_first=3, sleep_first=1, sleep_s=9.0)  # 9 s > the 6 s client timeout
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: connect errors, retried on the live one
     out = run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url, dead]))
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0 and m["backend"] == "openai"
@@ -114,9 +85,9 @@ def test_openai_backend_regenerates_and_survives_5xx_and_timeouts(server_factory
 
 
 def test_openai_backend_leaves_failed_records_pending_and_the_rerun_completes(
-    server_factory, tiny_target_dir, mt_input, tmp_path
+    model_server, tiny_target_dir, mt_input, tmp_path
 ):
-    srv = server_factory(fail_first=2)  # with retries=1: the first record's first turn fails twice
+    srv = model_server(fail_first=2)  # with retries=1: the first record's first turn fails twice
     cfg = _cfg(tiny_target_dir, mt_input, tmp_path / "data", [srv.url], retries=1, concurrency=1)
     with pytest.raises(IncompleteError, match="pending after endpoint failures") as e:
         run_gen_data(cfg)
@@ -128,7 +99,7 @@ def test_openai_backend_leaves_failed_records_pending_and_the_rerun_completes(
     assert (out / "rejects.jsonl").read_text() == ""
 
 
-def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(server_factory, tiny_target_dir, tmp_path):
+def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(model_server, tiny_target_dir, tmp_path):
     """Every shard's conversations go out in one stream (no drain at each shard's tail); the shards
     written are the same bytes as a one-shard-at-a-time run of the same plan."""
     p = tmp_path / "q.jsonl"
@@ -137,7 +108,7 @@ def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(server
     )
     # the server holds its first four answers 2 s each, so what is in flight then is what the client
     # sent, not how fast this machine answered (a loaded CI box answered the first before the third went)
-    srv = server_factory(sleep_first=4, sleep_s=2.0)
+    srv = model_server(sleep_first=4, sleep_s=2.0)
     out = run_gen_data(_cfg(tiny_target_dir, p, tmp_path / "a", [srv.url], shard_size=2, concurrency=4))
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 9 and len(m["shards"]) == 5
@@ -150,11 +121,11 @@ def test_openai_backend_streams_across_shards_and_writes_each_shard_whole(server
         assert (out / name).read_bytes() == (one / name).read_bytes()
 
 
-def test_a_conversation_keeps_its_slot_for_all_its_turns(server_factory, tiny_target_dir, mt_input, tmp_path):
+def test_a_conversation_keeps_its_slot_for_all_its_turns(model_server, tiny_target_dir, mt_input, tmp_path):
     """With C conversations in flight, a conversation's second turn goes out before later conversations'
     first turns (a slot per request would send every first turn of the run before any second one, so
     no conversation, and no shard, would finish until the end)."""
-    srv = server_factory()
+    srv = model_server()
     run_gen_data(_cfg(tiny_target_dir, mt_input, tmp_path / "d", [srv.url], concurrency=2, shard_size=1))
     turns = [len(r["body"]["messages"]) for r in srv.requests]  # 1: a first turn, 3: a second turn
     assert turns.count(1) == 4 and turns.count(3) == 4

@@ -4,7 +4,6 @@ credentials never reach disk or the screen; bad rows are rejected one by one, wi
 from __future__ import annotations
 
 import json
-import socket
 from pathlib import Path
 
 import pytest
@@ -13,40 +12,12 @@ from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.formats import parse_input_spec, read_input
-from eagle3cli.data.http_server import ModelServer
-from eagle3cli.model.target import load_target
+from eagle3cli.local_engine import free_port
 
 
 @pytest.fixture(autouse=True)
 def wide_console(monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
-
-
-@pytest.fixture(scope="module")
-def model_tok(tiny_target_dir):
-    model, tok, _ = load_target(tiny_target_dir)
-    return model, tok
-
-
-@pytest.fixture
-def server(model_tok):
-    servers = []
-
-    def make(**faults) -> ModelServer:
-        srv = ModelServer(*model_tok, served_model_name="tiny", **faults)
-        srv.start("127.0.0.1", 0)
-        servers.append(srv)
-        return srv
-
-    yield make
-    for s in servers:
-        s.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -84,12 +55,12 @@ def err(capsys) -> str:
 
 # ---------------------------------------------------------------- 3. no record lost to the endpoint
 def test_a_flaky_server_loses_nothing_and_the_rerun_matches_a_clean_run(
-    server, tiny_target_dir, prompts, tmp_path, capsys
+    model_server, tiny_target_dir, prompts, tmp_path, capsys
 ):
-    clean = server()
+    clean = model_server()
     assert gen(tiny_target_dir, prompts, tmp_path / "ref", clean.url) == 0
 
-    flaky = server(fail_first=3)  # retries=2: the first request fails all three attempts
+    flaky = model_server(fail_first=3)  # retries=2: the first request fails all three attempts
     out = tmp_path / "data"
     assert gen(tiny_target_dir, prompts, out, flaky.url, concurrency=1) == 3  # 3: pending, rerun later
     text = err(capsys)
@@ -101,8 +72,8 @@ def test_a_flaky_server_loses_nothing_and_the_rerun_matches_a_clean_run(
     assert shards(out) == shards(tmp_path / "ref")  # byte for byte what an undisturbed run wrote
 
 
-def test_a_malformed_200_is_retried_not_rejected(server, tiny_target_dir, prompts, tmp_path):
-    srv = server(bad_first=2)  # two answers without choices[], then good ones
+def test_a_malformed_200_is_retried_not_rejected(model_server, tiny_target_dir, prompts, tmp_path):
+    srv = model_server(bad_first=2)  # two answers without choices[], then good ones
     out = tmp_path / "data"
     assert gen(tiny_target_dir, prompts, out, srv.url) == 0
     m = json.loads((out / "manifest.json").read_text())
@@ -110,21 +81,21 @@ def test_a_malformed_200_is_retried_not_rejected(server, tiny_target_dir, prompt
 
 
 def test_a_dead_server_leaves_everything_pending_and_a_live_one_completes_it(
-    server, tiny_target_dir, prompts, tmp_path, capsys
+    model_server, tiny_target_dir, prompts, tmp_path, capsys
 ):
-    dead = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     out = tmp_path / "data"
     assert gen(tiny_target_dir, prompts, out, dead) == 3
     text = err(capsys)
     assert "4 of 4 conversations are pending" in text and "ConnectError" in text
     assert not (out / "manifest.json").exists() and not list(out.glob("shard-*"))
-    live = server()
+    live = model_server()
     assert gen(tiny_target_dir, prompts, out, live.url) == 0
     assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 4
 
 
-def test_only_a_request_level_4xx_rejects_a_record(server, tiny_target_dir, prompts, tmp_path):
-    srv = server()
+def test_only_a_request_level_4xx_rejects_a_record(model_server, tiny_target_dir, prompts, tmp_path):
+    srv = model_server()
     real = srv.chat
 
     def reject_q2(body):
@@ -149,8 +120,10 @@ def _tree_text(folder: Path) -> str:
     return "".join(p.read_bytes().decode("utf-8", "replace") for p in folder.rglob("*") if p.is_file())
 
 
-def test_credentials_in_the_endpoint_never_reach_disk_or_the_screen(server, tiny_target_dir, prompts, tmp_path, capsys):
-    srv = server()
+def test_credentials_in_the_endpoint_never_reach_disk_or_the_screen(
+    model_server, tiny_target_dir, prompts, tmp_path, capsys
+):
+    srv = model_server()
     host = srv.url.split("://")[1]
     url = f"http://alice:{SECRETS[0]}@{host}/?api_key={SECRETS[1]}"
     out = tmp_path / "data"
@@ -161,7 +134,7 @@ def test_credentials_in_the_endpoint_never_reach_disk_or_the_screen(server, tiny
     assert not any(s in text for s in SECRETS)
 
     # failing: the error message, progress files and journal hold no secret either
-    dead = f"http://alice:{SECRETS[0]}@127.0.0.1:{_free_port()}/v1?token={SECRETS[1]}"
+    dead = f"http://alice:{SECRETS[0]}@127.0.0.1:{free_port()}/v1?token={SECRETS[1]}"
     out2 = tmp_path / "data2"
     assert gen(tiny_target_dir, prompts, out2, dead) == 3
     text = err(capsys) + _tree_text(out2)
@@ -264,14 +237,14 @@ def test_a_recipe_input_with_a_space_is_one_path(tmp_path):
 
 # ---------------------------------------------------------------- ending or resuming an unfinished run
 def test_finish_early_keeps_the_finished_shards_and_says_how_much_of_the_plan(
-    server, tiny_target_dir, prompts, tmp_path, capsys
+    model_server, tiny_target_dir, prompts, tmp_path, capsys
 ):
     shard2 = ("--shard-size", "2")
     ref = tmp_path / "ref"
-    assert gen(tiny_target_dir, prompts, ref, server().url, extra=shard2) == 0
+    assert gen(tiny_target_dir, prompts, ref, model_server().url, extra=shard2) == 0
     # an interrupted run: shard 0 finished, one conversation of shard 1 in its journal (as a kill leaves it)
     out = tmp_path / "data"
-    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{_free_port()}", extra=shard2) == 3
+    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{free_port()}", extra=shard2) == 3
     finished = (ref / "shard-00000.jsonl").read_bytes()
     (out / "shard-00000.jsonl").write_bytes(finished)
     (out / "progress" / "rejects-00000.jsonl").write_text("")
@@ -280,7 +253,7 @@ def test_finish_early_keeps_the_finished_shards_and_says_how_much_of_the_plan(
         json.dumps({"plan_index": 2, "record": first_of_1}) + "\n"
     )
     capsys.readouterr()
-    assert gen(tiny_target_dir, prompts, out, server().url, extra=(*shard2, "--finish-early")) == 0
+    assert gen(tiny_target_dir, prompts, out, model_server().url, extra=(*shard2, "--finish-early")) == 0
     text = err(capsys)
     assert "1 conversation(s) of unfinished shards are left out" in text
     m = json.loads((out / "manifest.json").read_text())
@@ -291,28 +264,28 @@ def test_finish_early_keeps_the_finished_shards_and_says_how_much_of_the_plan(
     assert not (out / "progress").exists()
 
 
-def test_finish_early_without_a_finished_shard_is_refused(server, tiny_target_dir, prompts, tmp_path, capsys):
+def test_finish_early_without_a_finished_shard_is_refused(model_server, tiny_target_dir, prompts, tmp_path, capsys):
     out = tmp_path / "data"
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{free_port()}"
     assert gen(tiny_target_dir, prompts, out, dead) == 3
     capsys.readouterr()
     assert gen(tiny_target_dir, prompts, out, dead, extra=("--finish-early",)) == 2
     assert "has no finished shard yet" in err(capsys) and not (out / "manifest.json").exists()
 
 
-def test_a_run_begun_before_a_plan_setting_existed_resumes(server, tiny_target_dir, prompts, tmp_path):
+def test_a_run_begun_before_a_plan_setting_existed_resumes(model_server, tiny_target_dir, prompts, tmp_path):
     """A setting added since (thinking, reasoning_effort) is absent from an older run's state: its
     default is what that version did, so the run resumes instead of being refused."""
     out = tmp_path / "data"
-    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{_free_port()}") == 3
+    assert gen(tiny_target_dir, prompts, out, f"http://127.0.0.1:{free_port()}") == 3
     state_path = out / "progress" / "state.json"
     state = json.loads(state_path.read_text())
     for k in ("thinking", "reasoning_effort"):
         del state["plan_config"][k]
     state_path.write_text(json.dumps(state))
-    assert gen(tiny_target_dir, prompts, out, server().url) == 0
+    assert gen(tiny_target_dir, prompts, out, model_server().url) == 0
     assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 4
     # a setting that did change is still refused
     other = tmp_path / "other"
-    assert gen(tiny_target_dir, prompts, other, f"http://127.0.0.1:{_free_port()}") == 3
-    assert gen(tiny_target_dir, prompts, other, server().url, extra=("--seed", "5")) != 0
+    assert gen(tiny_target_dir, prompts, other, f"http://127.0.0.1:{free_port()}") == 3
+    assert gen(tiny_target_dir, prompts, other, model_server().url, extra=("--seed", "5")) != 0

@@ -20,6 +20,7 @@ import eagle3cli.train.loop as loop
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.errors import StageError
+from eagle3cli.local_engine import free_port
 from eagle3cli.model.heads import load_head
 from eagle3cli.serve import preflight as pf
 from eagle3cli.train import checkpoint as ckpt
@@ -330,7 +331,7 @@ def test_deepspeed_checkpoints_load_without_running_code(tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(_free_port()))
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
     import deepspeed
 
     deepspeed.init_distributed(dist_backend=None)
@@ -351,14 +352,6 @@ def test_deepspeed_checkpoints_load_without_running_code(tmp_path, monkeypatch):
     with pytest.raises(StageError, match="cannot be loaded"):
         ckpt.load_deepspeed(engine, tmp_path / "ds", "t")
     assert not marker.exists()
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_eval_warns_when_the_head_was_trained_with_another_chat_template(good_head, tmp_path, tiny_target_dir, capsys):
