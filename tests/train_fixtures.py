@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,12 @@ def eagle3(*args: str, timeout: int = 300, **kw) -> subprocess.CompletedProcess:
 def metrics(run_dir: Path) -> list[dict]:
     p = Path(run_dir) / "train" / "metrics.jsonl"
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()] if p.exists() else []
+
+
+def copy_run(base: Path, dest: Path) -> Path:
+    """A fresh run folder at `dest` with `base`'s gen-data folder and cache (a module's base run is
+    built once; each test trains in its own copy)."""
+    dest.mkdir()
+    for sub in ("data", "cache"):
+        shutil.copytree(base / sub, dest / sub)
+    return dest

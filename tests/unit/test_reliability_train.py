@@ -8,13 +8,12 @@ import errno
 import json
 import math
 import os
-import shutil
 import struct
 
 import pytest
 import torch
 from serve_helpers import copy_head, edit_tensors, export_head
-from train_fixtures import make_run, metrics
+from train_fixtures import copy_run, make_run, metrics
 
 import eagle3cli.train.loop as loop
 from eagle3cli.cli import main
@@ -41,11 +40,7 @@ def base_run(tmp_path_factory, tiny_target_dir):
 
 @pytest.fixture
 def run_dir(tmp_path, base_run):
-    d = tmp_path / "run"
-    d.mkdir()
-    for sub in ("data", "cache"):
-        shutil.copytree(base_run / sub, d / sub)
-    return d
+    return copy_run(base_run, tmp_path / "run")
 
 
 def train(run_dir, *flags) -> int:

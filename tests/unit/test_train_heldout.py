@@ -3,11 +3,9 @@ scored as a chain decoder would score it, and training writes it to metrics.json
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
-from train_fixtures import make_run, metrics
+from train_fixtures import copy_run, make_run, metrics
 
 from eagle3cli.config import build_config
 from eagle3cli.speculate.acceptance import accept_lengths, chain_summary, walk_rounds
@@ -78,10 +76,7 @@ def base_run(tmp_path_factory, tiny_target_dir):
 
 
 def test_training_writes_the_learning_curve(tmp_path, base_run, capsys):
-    run = tmp_path / "run"
-    run.mkdir()
-    for sub in ("data", "cache"):
-        shutil.copytree(base_run / sub, run / sub)
+    run = copy_run(base_run, tmp_path / "run")
     cfg = build_config(
         TrainConfig,
         None,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO, eagle3, make_run, metrics
+from train_fixtures import REPO, copy_run, eagle3, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
@@ -33,11 +33,7 @@ def base_run(tmp_path_factory, tiny_target_dir):
 
 @pytest.fixture
 def run_dir(tmp_path, base_run):
-    d = tmp_path / "run"
-    d.mkdir()
-    for sub in ("data", "cache"):
-        shutil.copytree(base_run / sub, d / sub)
-    return d
+    return copy_run(base_run, tmp_path / "run")
 
 
 def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_target_dir):

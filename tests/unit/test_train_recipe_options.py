@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 
 import pytest
 import torch
 from cli_helpers import err
-from train_fixtures import make_run, metrics
+from train_fixtures import copy_run, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
@@ -36,11 +35,7 @@ def trained_run(tmp_path_factory, trained_target_dir):
 
 
 def _copy(base, tmp_path, name="run"):
-    d = tmp_path / name
-    d.mkdir()
-    for sub in ("data", "cache"):
-        shutil.copytree(base / sub, d / sub)
-    return d
+    return copy_run(base, tmp_path / name)
 
 
 def _cfg(run, **kw):
