@@ -1,5 +1,5 @@
 """What a verification costs in llama.cpp on this CPU, by the target's weight type: one target pass
-over n = 1..5 tokens (`llama-bench -p n -d 256`, one thread), in units of a decoded token (`-n`:
+over n = 1..5 tokens (`llama-bench -p n -d 256`, one thread unless `--threads`), in units of a decoded token (`-n`:
 what plain decoding pays per token; llama-bench's 1-token `-p` pass is slower than that on this CPU).
 
 A round of EAGLE-3 at chain length k verifies k+1 tokens, so this ratio at n = k+1 is the least a
@@ -27,11 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 from benchmarks.llama_cpp.round_cost import llama_bench  # noqa: E402
 from eagle3cli.local_engine import which_llama_server  # noqa: E402
 
-ENV = dict(os.environ, OMP_NUM_THREADS="1")
 
-
-def measure(label: str, gguf: Path, binary: Path, reps: int) -> dict:
-    b = llama_bench(binary, gguf, [1, 2, 3, 4, 5], 1, ENV, reps=reps)
+def measure(label: str, gguf: Path, binary: Path, reps: int, threads: int = 1) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    b = llama_bench(binary, gguf, [1, 2, 3, 4, 5], threads, env, reps=reps)
     one = b["tg_ms_per_token"]  # a plain decoding step
     return {
         "type": label,
@@ -58,8 +57,14 @@ def main() -> None:
     ap.add_argument("ggufs", nargs="+", metavar="LABEL=PATH", help="target GGUFs to measure, each with its label")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="llama.cpp threads (the serving benches use 1; 2 asks whether more cores make a pass over "
+                         "several tokens cheaper relative to a decoded one)")  # fmt: skip
     a = ap.parse_args()
     server = which_llama_server()
+    if a.threads < 1:
+        print(f"error: --threads {a.threads}: expected 1 or more", file=sys.stderr)
+        raise SystemExit(2)
     if server is None:
         print("error: llama.cpp is not built here (expected .llama-cpp/build/bin/llama-bench): run `make llama-cpp`",
               file=sys.stderr)  # fmt: skip
@@ -74,12 +79,12 @@ def main() -> None:
         pairs.append((label, Path(path)))
     rows = []
     for label, path in pairs:
-        rows.append(measure(label, path, Path(server).with_name("llama-bench"), a.reps))
+        rows.append(measure(label, path, Path(server).with_name("llama-bench"), a.reps, a.threads))
         print(json.dumps(rows[-1]), flush=True)
     print(table(rows))
     if a.out is not None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(json.dumps({"rows": rows, "threads": 1, "depth": 256}, indent=2) + "\n")
+        a.out.write_text(json.dumps({"rows": rows, "threads": a.threads, "depth": 256}, indent=2) + "\n")
 
 
 if __name__ == "__main__":
