@@ -56,6 +56,26 @@ def check_sessions(sessions: list[Path]) -> None:
             raise SystemExit(2)
 
 
+def check_done_evals(last: Path, evals: dict, steps: dict, args, rec: Recorder) -> None:
+    """An eval folder publish would skip must hold this plan's eval: one it did not run (no entry
+    in publish-steps.json, e.g. a hand-run `eagle3 eval --out LAST/eval-gsm8k`) or ran with other
+    settings would be published silently in its place, so exit 2 naming it."""
+    for name, (run, bench, prompts, extra) in evals.items():
+        dest = last / f"eval-{name}"
+        if not (dest / "report.json").exists():
+            continue
+        planned = rec.show(eval_cmd(run, dest, bench, prompts, args, *extra))
+        recorded = steps.get(f"eval_{name}", {}).get("command")
+        if recorded != planned:
+            why = "was not written by publish.py" if recorded is None else f"was run as `{recorded}`"
+            print(
+                f"error: {dest} {why}; expected `{planned}`. Move that folder aside (or delete it) and "
+                "rerun publish.py: it runs the page's eval there.",
+                file=sys.stderr,
+            )
+            raise SystemExit(2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=Path, nargs="+", required=True, help="the sessions' run folders, oldest first")
@@ -94,6 +114,7 @@ def main() -> None:
             }
             steps_file.write_text(json.dumps(steps, indent=2) + "\n")
 
+    check_done_evals(last, evals, steps, args, rec)
     if not args.report_only:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for f in [pool.submit(run_eval, name) for name in evals]:

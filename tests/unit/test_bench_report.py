@@ -289,3 +289,30 @@ def test_publish_refuses_a_session_that_did_not_finish_with_exit_2(tmp_path, cap
         publish.check_sessions([tmp_path / "long-s9"])
     assert e.value.code == 2
     assert "not a finished training run" in capsys.readouterr().err
+
+
+def test_publish_refuses_an_eval_folder_it_did_not_write_with_exit_2(tmp_path, capsys):
+    """A hand-run eval left in LAST/eval-NAME would be published in place of the page's eval."""
+    import argparse
+
+    from benchmarks.common import Recorder
+    from benchmarks.smollm2 import publish
+
+    last = tmp_path / "long-s9"
+    args = argparse.Namespace(mt_bench_prompts=80, eval_prompts=40, max_new_tokens=64, sampling_prompts=20,
+                              sweep_prompts=8, threads=1)  # fmt: skip
+    evals = publish.published_evals(last, args)
+    name = next(iter(evals))
+    (last / f"eval-{name}").mkdir(parents=True)
+    (last / f"eval-{name}" / "report.json").write_text("{}")
+    rec = Recorder()
+    run, bench, prompts, extra = evals[name]
+    planned = rec.show(publish.eval_cmd(run, last / f"eval-{name}", bench, prompts, args, *extra))
+    for steps, said in (({}, "was not written by publish.py"),
+                        ({f"eval_{name}": {"command": planned.replace("64", "128")}}, "was run as")):  # fmt: skip
+        with pytest.raises(SystemExit) as e:
+            publish.check_done_evals(last, evals, steps, args, rec)
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert said in err and f"eval-{name}" in err and "Move that folder aside" in err
+    publish.check_done_evals(last, evals, {f"eval_{name}": {"command": planned}}, args, rec)  # its own: kept
