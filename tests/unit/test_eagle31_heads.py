@@ -231,6 +231,7 @@ def test_vllm_reads_the_speculators_export_as_written(flagged, tmp_path):
     assert got["eagle_aux_hidden_state_layer_ids"] == [2, 4, 5]
 
 
+@pytest.mark.slow  # llama.cpp's converter in a subprocess: ~8 s
 @pytest.mark.skipif(llama_cpp_source() is None, reason="llama.cpp's converter is not here: run `make llama-cpp`")
 def test_gguf_export_hands_both_flags_to_llama_cpp(deep_target_dir, tmp_path):
     """llama.cpp's converter writes eagle3.norm_before_fc/_residual and input_norm as

