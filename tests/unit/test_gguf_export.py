@@ -143,6 +143,7 @@ def test_pre_tokenizer_named_by_regex(tmp_path, trained_target_dir):
 
 
 # ---------------------------------------------------------------- converted and read back
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_export_writes_checked_gguf_files(exported, head, deep_target_dir):
     manifest = json.loads((exported / "manifest.json").read_text())
@@ -162,6 +163,7 @@ def test_export_writes_checked_gguf_files(exported, head, deep_target_dir):
     assert t.fields["tokenizer.ggml.tokens"] == g.fields["tokenizer.ggml.tokens"]
 
 
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_read_back_finds_every_kind_of_difference(exported, head):
     spec = read_head(head, 8)
@@ -189,6 +191,7 @@ def test_read_back_finds_every_kind_of_difference(exported, head):
     assert any("target_layers" in p for p in check_head_gguf(g, draft, (2, 4, 6), 8, 4096))
 
 
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_other_settings_into_the_same_folder_are_refused(exported, head, deep_target_dir, capsys):
     args = ["export", "--head", str(head), "--format", "gguf", "--target", str(deep_target_dir), "--out", str(exported)]
@@ -198,6 +201,7 @@ def test_other_settings_into_the_same_folder_are_refused(exported, head, deep_ta
 
 
 # ---------------------------------------------------------------- serve --engine llama.cpp (preflight, dry run)
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_serve_dry_run_prints_the_llama_server_command(exported, deep_target_dir, capsys):
     args = ["serve", "--engine", "llama.cpp", "--target", str(deep_target_dir), "--head", str(exported)]
@@ -207,6 +211,7 @@ def test_serve_dry_run_prints_the_llama_server_command(exported, deep_target_dir
     assert "--spec-type draft-eagle3" in text and "--spec-draft-n-max 5" in text and "--metrics" in text
 
 
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_serve_takes_k_from_the_eval_report(exported, deep_target_dir, tmp_path, capsys):
     (tmp_path / "report.json").write_text(json.dumps({"recommended": {"steps": 4, "topk": 1, "num_draft_tokens": 5}}))
@@ -215,6 +220,7 @@ def test_serve_takes_k_from_the_eval_report(exported, deep_target_dir, tmp_path,
     assert "--spec-draft-n-max 4" in err(capsys)
 
 
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_serve_refuses_a_tree_and_flags_it_owns(exported, deep_target_dir, capsys):
     args = ["serve", "--engine", "llama.cpp", "--target", str(deep_target_dir), "--head", str(exported), "--dry-run"]
@@ -224,6 +230,7 @@ def test_serve_refuses_a_tree_and_flags_it_owns(exported, deep_target_dir, capsy
     assert "-md" in err(capsys)
 
 
+@pytest.mark.slow  # the `exported` fixture runs llama.cpp's converter: ~10 s
 @needs_converter
 def test_pair_preflight_finds_what_llama_cpp_refuses(exported):
     from eagle3cli.serve.llama_cpp import check_pair
