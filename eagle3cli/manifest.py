@@ -256,6 +256,10 @@ def file_digest(path: Path) -> str:
     return digest
 
 
+# config.json keys that record the library that saved the folder, not the model it describes
+WRITER_KEYS = ("transformers_version",)
+
+
 def model_fingerprint(model_dir: Path) -> str:
     """The identity of a local model folder: its config and every byte of its weight files.
 
@@ -263,11 +267,16 @@ def model_fingerprint(model_dir: Path) -> str:
     hash missed exactly that). The per-file sha256 is remembered by size, mtime, inode and ctime, see file_digest.
     """
     model_dir = Path(model_dir)
-    h = hashlib.sha256(b"eagle3-fingerprint/2\n")
+    h = hashlib.sha256(b"eagle3-fingerprint/3\n")
     cfg = model_dir / "config.json"
     if cfg.exists():
         try:
-            h.update(json.dumps(json.loads(cfg.read_text()), sort_keys=True).encode())
+            config = json.loads(cfg.read_text())
+            # who wrote the file is not the model: a target converted again under a newer transformers
+            # (5.24 -> 5.25 changed only this key) is the same target and keeps its data and heads
+            for k in WRITER_KEYS:
+                config.pop(k, None)
+            h.update(json.dumps(config, sort_keys=True).encode())
         except ValueError as e:
             raise UsageError(f"{cfg} is not valid JSON ({e})", "a transformers config.json") from e
     for f in sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")]):

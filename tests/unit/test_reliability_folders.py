@@ -189,6 +189,19 @@ def test_a_changed_lm_head_changes_the_fingerprint(tiny_target_dir, tmp_path):
     assert model_fingerprint(_scaled) == base != before
 
 
+def test_the_transformers_version_that_saved_a_target_is_not_its_identity(tiny_target_dir, tmp_path):
+    """A target converted again under a newer transformers (the SmolLM2 conversion under 5.25
+    wrote the same bytes and config but `transformers_version`) keeps its data and heads; any
+    other config change is another target."""
+    base = model_fingerprint(tiny_target_dir)
+    for key, value, same in [("transformers_version", "9.99.0", True), ("rms_norm_eps", 1e-3, False)]:
+        copy = tmp_path / key
+        shutil.copytree(tiny_target_dir, copy)
+        cfg = json.loads((copy / "config.json").read_text())
+        (copy / "config.json").write_text(json.dumps(cfg | {key: value}))
+        assert (model_fingerprint(copy) == base) is same, key
+
+
 def test_a_cache_refuses_a_target_whose_lm_head_changed(tmp_path, tiny_target_dir, capsys):
     scaled = _scaled_copy(tiny_target_dir, tmp_path / "scaled")
     run = tmp_path / "run"
