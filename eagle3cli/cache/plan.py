@@ -21,7 +21,7 @@ from ..config import config_dict
 from ..console import log, warn
 from ..errors import StageError, UsageError
 from ..jsonl import iter_file
-from ..manifest import atomic_write_json, check_matches, read_json, read_manifest, verify_shards
+from ..manifest import atomic_write_json, check_matches, read_json, read_manifest, same_fingerprint, verify_shards
 from ..speculate import vocab as V
 from .config import CacheConfig
 from .masks import TemplateRefusal, _special_ids, has_assistant_output, mask_data_record
@@ -102,7 +102,11 @@ def check_target_matches_data(data_manifest: dict, ident, data_dir: Path) -> Non
     recorded = data_manifest.get("target") or {}
     nxt = "cache with the target the data was made with (--target), or regenerate the data: " + GEN_DATA_CMD
     same_place = recorded.get("path") and str(recorded.get("path")) == str(ident.as_dict().get("path"))
-    if same_place and recorded.get("fingerprint") not in (None, expected.get("fingerprint")):
+    if (
+        same_place
+        and recorded.get("fingerprint")
+        and not same_fingerprint(recorded["fingerprint"], expected.get("fingerprint"))
+    ):
         # passing --target would name the same, changed folder: say what changed instead
         inputs = (
             " ".join(f"--input {i}" for i in (data_manifest.get("config") or {}).get("inputs") or []) or "--input FILE"

@@ -18,7 +18,7 @@ from ..errors import UsageError
 from ..extras import draw_plot
 from ..folders import claim_output, refuse_replacing
 from ..lock import locked_stage
-from ..manifest import atomic_write_json, remove_dead_temps, write_manifest
+from ..manifest import atomic_write_json, remove_dead_temps, same_fingerprint, write_manifest
 from ..prompts import load_conversations, render
 from ..speculate.acceptance import TAU_NOTE
 from .config import EvalConfig
@@ -141,7 +141,7 @@ def check_head_fits(spec, target_cfg, ident) -> None:
             f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
             "prompts here are rendered differently and acceptance may suffer"
         )
-    if rec.get("fingerprint") and rec["fingerprint"] != ident.fingerprint:
+    if rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], ident.fingerprint):
         warn(
             f"head {spec.path} records target weights {rec['fingerprint'][:12]}, this target is "
             f"{ident.fingerprint[:12]}: acceptance may suffer"

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..manifest import for_run, model_fingerprint, read_json_object
+from ..manifest import for_run, model_fingerprint, read_json_object, same_fingerprint
 from ..model.engines import SGLANG_NORM_FIX, sglang_norm_problem, target_support
 from ..model.heads import (
     HEAD_ARCH,
@@ -297,7 +297,7 @@ def _check_training_target(head_cfg: dict, t: Target) -> list[Problem]:
                 f"--target {target_id.get('path') or '<the training target>'}",
             )
         )
-    if target_id.get("fingerprint") and target_id["fingerprint"] != model_fingerprint(t.path):
+    if target_id.get("fingerprint") and not same_fingerprint(target_id["fingerprint"], model_fingerprint(t.path)):
         problems.append(
             warning(
                 f"--target {t.path} is not byte-identical to the training target "

@@ -202,6 +202,26 @@ def test_the_transformers_version_that_saved_a_target_is_not_its_identity(tiny_t
         assert (model_fingerprint(copy) == base) is same, key
 
 
+def test_folders_recorded_before_fingerprint_3_still_match_their_target(tiny_target_dir, tmp_path):
+    """Scheme /2 hashed config.json whole: data, caches and heads recorded by it still match a target
+    whose config was not re-saved, and still refuse another target."""
+    import hashlib
+
+    from eagle3cli.manifest import check_matches, file_digest
+
+    cfg = json.loads((tiny_target_dir / "config.json").read_text())
+    weights = b"".join(
+        f.name.encode() + b"\0" + file_digest(f).encode() for f in sorted(tiny_target_dir.glob("*.safetensors"))
+    )
+    before = hashlib.sha256(b"eagle3-fingerprint/2\n" + json.dumps(cfg, sort_keys=True).encode() + weights)
+    now = model_fingerprint(tiny_target_dir)
+    assert before.hexdigest()[:16] != now
+    check_matches("data folder", {"fingerprint": before.hexdigest()[:16]}, {"fingerprint": now}, "next")
+    scaled = model_fingerprint(_scaled_copy(tiny_target_dir, tmp_path / "scaled"))
+    with pytest.raises(StageError, match="fingerprint"):
+        check_matches("data folder", {"fingerprint": before.hexdigest()[:16]}, {"fingerprint": scaled}, "next")
+
+
 def test_a_cache_refuses_a_target_whose_lm_head_changed(tmp_path, tiny_target_dir, capsys):
     scaled = _scaled_copy(tiny_target_dir, tmp_path / "scaled")
     run = tmp_path / "run"
