@@ -2,10 +2,12 @@
 published head, rewrite the page's published-head sections, and export it.
 
     .venv/bin/python benchmarks/smollm2/publish.py --sessions runs/long-s1 runs/long-s2 runs/long-s3
+    .venv/bin/python benchmarks/smollm2/publish.py --continue --sessions runs/long-s4   # s1-s3 from the page
 
 A long run that spans sessions is several run folders, each started from the last one's head
 (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md). The last session's head is the
-one published. Steps, each skipped when its output exists, so an interrupted publish resumes:
+one published. Run folders do not outlive a machine: `--continue` keeps the sessions an earlier
+publish wrote on the page and adds the ones named, which must carry on where the page's last stops. Steps, each skipped when its output exists, so an interrupted publish resumes:
 
 1. the page's evals of the published head (run_bench.eval_plan, less the equal-compute pair that
    stays as it was) into LAST/eval-NAME, one at a time on one thread (`--jobs 2` on an idle machine);
@@ -88,6 +90,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=1, help="evals run this many at a time")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     ap.add_argument("--report-only", action="store_true", help="no eval runs: write the page from the evals done")
+    ap.add_argument("--continue", dest="keep", action="store_true",
+                    help="keep the sessions the page already publishes (their run folders may be gone); "
+                         "--sessions names only the ones trained since, oldest first")  # fmt: skip
     ap.add_argument("--export", action="store_true", help=f"then export the head into {PUBLISHED_HEAD.name}")
     args = ap.parse_args()
     sessions = [s.resolve() for s in args.sessions]
@@ -120,7 +125,7 @@ def main() -> None:
             for f in [pool.submit(run_eval, name) for name in evals]:
                 f.result()
     try:
-        data = publish_report(args.results_md, sessions, evals, steps)
+        data = publish_report(args.results_md, sessions, evals, steps, keep=args.keep)
     except PublishError as e:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from e

@@ -70,10 +70,11 @@ def session_rows(sessions: list[Path]) -> list[dict]:
     return rows
 
 
-def session_curve(sessions: list[Path], before: dict) -> list[dict]:
+def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) -> list[dict]:
     """The sessions' held-out points on one axis: tokens, seconds and CPU seconds counted on from
     BEFORE (the last point of the head the first session started from). A later session's step 0
-    re-measures the previous session's end and is left out."""
+    re-measures the previous session's end and is left out (the first's too when it CARRIES_ON from
+    a session the page keeps)."""
     out: list[dict] = []
     tok0, sec0, cpu0 = before["tokens"], before.get("seconds") or 0.0, before.get("cpu_seconds") or 0.0
     for i, run in enumerate(sessions):
@@ -82,7 +83,7 @@ def session_curve(sessions: list[Path], before: dict) -> list[dict]:
             raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
         data = (_json(run / "train" / "manifest.json").get("config") or {}).get("data")
         for p in curve:
-            if i and p["steps"] == 0:
+            if (i or carries_on) and p["steps"] == 0:
                 continue
             out.append(
                 {
@@ -100,12 +101,35 @@ def session_curve(sessions: list[Path], before: dict) -> list[dict]:
     return out
 
 
+def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[dict]]:
+    """The sessions the page already publishes, kept by `publish.py --continue` when their run folders
+    are gone (a new machine has no runs/): their rows and held-out points, less any of SESSIONS (so a
+    publish run twice writes the same page). SESSIONS must carry on where they stop: the first one's
+    samples start after the last kept session's, on the same corpus, else PublishError."""
+    new = {run.name for run in sessions}
+    rows = [r for r in (data.get("published") or {}).get("sessions") or [] if Path(r["run"]).name not in new]
+    if not rows:
+        raise PublishError("--continue keeps the sessions the page publishes, and it publishes none besides "
+                           f"{', '.join(sorted(new))}; publish without --continue, naming every session's run folder")  # fmt: skip
+    curve = [p for p in data.get("learning_curve", []) if "session" in p and p["session"] not in new]
+    cfg = _json(sessions[0] / "train" / "manifest.json").get("config") or {}
+    last = rows[-1]
+    if last["samples"] and cfg.get("data") == last["data"] and (cfg.get("skip_samples") or 0) != last["samples"][1] + 1:
+        raise PublishError(
+            f"{_rel(sessions[0])} trained from sample {cfg.get('skip_samples') or 0} of {cfg['data']}, expected "
+            f"{last['samples'][1] + 1}: the page's last session `{last['run']}` ended at sample {last['samples'][1]}, "
+            "so the curve would skip or repeat data; name the session that carries on from it"
+        )
+    return rows, curve
+
+
 def _mt_chain(rows: list[dict]) -> dict | None:
     return next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
 
 
-def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict) -> dict:
-    """Rewrite the page's published-head sections for the head of SESSIONS[-1]; the JSON written."""
+def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict, keep: bool = False) -> dict:
+    """Rewrite the page's published-head sections for the head of SESSIONS[-1]; the JSON written.
+    KEEP (`publish.py --continue`): the sessions the page already publishes come first (page_sessions)."""
     json_path = md_path.with_suffix(".json")
     if not json_path.exists() or not md_path.exists():
         raise PublishError(f"no {json_path} and {md_path} to update (make bench-smollm2 writes them)")
@@ -129,7 +153,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     before = old["learning_curve"]
     if not before:
         raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
-    curve = session_curve(sessions, before[-1])
+    kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
+    curve = kept_curve + session_curve(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
     proj = projection(curve, BARS["mt_bench_tau"])
     points = [
         {"run": old["head"], **{k: before[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")},
@@ -147,7 +172,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     data["published"] = {
         "head": "models/smollm2-135m-eagle3",
         "run": _rel(last),
-        "sessions": session_rows(sessions),
+        "sessions": kept_rows + session_rows(sessions),
         "mt_bench_tau": mt["tau"],
         "mt_bench_eval": _eval_settings(last / "eval-mt_bench"),
         "mt_bench_tau_before": old["mt_bench_tau"],
@@ -159,15 +184,16 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     md = replace_section(md, [*bars22_lines(mt, sweep, hour_row), ""], "## Learning curve", "## Issue 22's bars")
     md = replace_section(md, _curve_section(data, curve, proj, eval_proj), "## One core-hour",
                          "## Learning curve of the published head")  # fmt: skip
-    md = replace_section(md, [*sweep_lines(sweep)[1:], "", WHY_MISSED, ""], "## Recipe choices",
-                         "## `eval --sweep` on MT-bench")  # fmt: skip
+    if sweep_section := sweep_lines(sweep)[1:]:  # none without a sweep: no heading to replace it by next time
+        md = replace_section(md, [*sweep_section, "", WHY_MISSED, ""], "## Recipe choices",
+                             "## `eval --sweep` on MT-bench")  # fmt: skip
     kept = _subsections(md, BENCH_HEADING)  # e.g. "Why the target runs in fp32 here", from the pair's evals
     bench = [*bench_lines(rows + pair, reports, last.name), "", *kept]
     md = replace_section(md, bench, "## Training-time test", BENCH_HEADING)
     md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
     md = _header_note(md, last)
     md = _costs(md, steps)
-    md = _commands(md, sessions, evals)
+    md = _commands(md, sessions, evals, [r["run"] for r in kept_rows])
     md_path.write_text(md)
     return data
 
@@ -275,14 +301,20 @@ def _costs(md: str, steps: dict) -> str:
 PUBLISH_HEADING = "### The published head: its sessions and evals"
 
 
-def _commands(md: str, sessions: list[Path], evals: dict) -> str:
-    """The Commands section's block for the published head, replaced on every publish."""
+def _commands(md: str, sessions: list[Path], evals: dict, kept: list[str]) -> str:
+    """The Commands section's block for the published head, replaced on every publish. KEPT: the
+    runs of the sessions `--continue` took from the page."""
     last = sessions[-1]
-    cmds = [".venv/bin/python benchmarks/smollm2/publish.py --sessions " + " ".join(_rel(s) for s in sessions)]
+    cont = " --continue" if kept else ""
+    cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
     folders = [last / f"eval-{name}" for name in evals]
     # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
     cmds += [eval_command(m, f).replace(f"{REPO}/", "") for f in folders if (m := _json(f / "manifest.json"))]
-    block = ["", PUBLISH_HEADING, "", "The sessions' train commands are in docs/train.md.", "", "```", *cmds, "```", ""]
+    about = "The sessions' train commands are in docs/train.md."
+    if kept:
+        about += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
+                  "page (their run folders did not outlive their machine).")  # fmt: skip
+    block = ["", PUBLISH_HEADING, "", about, "", "```", *cmds, "```", ""]
     text = md.splitlines()
     at = next((i for i, x in enumerate(text) if x == PUBLISH_HEADING), None)
     if at is not None:

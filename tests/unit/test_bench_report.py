@@ -316,3 +316,40 @@ def test_publish_refuses_an_eval_folder_it_did_not_write_with_exit_2(tmp_path, c
         err = capsys.readouterr().err
         assert said in err and f"eval-{name}" in err and "Move that folder aside" in err
     publish.check_done_evals(last, evals, {f"eval_{name}": {"command": planned}}, args, rec)  # its own: kept
+
+
+def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_gone(tmp_path):
+    """A new machine has no runs/: `publish.py --continue --sessions runs/long-s3` keeps sessions 1-2
+    as the page publishes them, counts session 3's tokens on from their end, writes the same page
+    when run twice, and refuses a session that would skip or repeat the corpus's samples."""
+    import shutil
+
+    from benchmarks.smollm2.report_publish import PublishError, publish_report
+
+    md = _page(tmp_path)
+    evals = {"mt_bench": None}
+    runs = [_session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h"),
+            _session(tmp_path, "long-s2", [2.1, 2.3], 10, "models/next")]  # fmt: skip
+    runs.append(_session(tmp_path, "long-s3", [2.3, 2.4], 20, "models/next"))
+    skipping = _session(tmp_path, "long-s4", [2.3, 2.4], 25, "models/next")
+    for s in [*runs[1:], skipping]:
+        (s / "eval-mt_bench").mkdir()
+        (s / "eval-mt_bench" / "report.json").write_text(json.dumps(_eval_report(1.8)))
+    with pytest.raises(PublishError, match="publishes none"):  # nothing published yet to keep
+        publish_report(md, runs[2:], evals, {}, keep=True)
+    published = publish_report(md, runs[:2], evals, {})
+    for s in runs[:2]:
+        shutil.rmtree(s)
+    with pytest.raises(PublishError, match="from sample 25 of corpora/c, expected 20"):
+        publish_report(md, [skipping], evals, {}, keep=True)
+
+    data = publish_report(md, runs[2:], evals, {}, keep=True)
+    assert [s["samples"] for s in data["published"]["sessions"]] == [[0, 9], [10, 19], [20, 29]]
+    curve = data["learning_curve"]
+    assert curve[:-1] == published["learning_curve"]  # session 3's step 0 re-measures session 2's end
+    assert (curve[-1]["tokens"], curve[-1]["session"], curve[-1]["heldout_tau"]) == (5500, "long-s3", 2.4)
+    assert data["published"]["trained_tokens"] == 5500 and data["published"]["run"].endswith("long-s3")
+    text = md.read_text()
+    assert "publish.py --continue --sessions" in text and "`--continue` kept" in text
+    again = publish_report(md, runs[2:], evals, {}, keep=True)
+    assert again["published"]["sessions"] == data["published"]["sessions"] and md.read_text() == text
