@@ -7,7 +7,9 @@ published head, rewrite the page's published-head sections, and export it.
 A long run that spans sessions is several run folders, each started from the last one's head
 (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md). The last session's head is the
 one published. Run folders do not outlive a machine: `--continue` keeps the sessions an earlier
-publish wrote on the page and adds the ones named, which must carry on where the page's last stops. Steps, each skipped when its output exists, so an interrupted publish resumes:
+publish wrote on the page and adds the ones named, which must carry on where the page's last stops
+(checked before any eval runs). Steps, each skipped when its output exists, so an interrupted
+publish resumes:
 
 1. the page's evals of the published head (run_bench.eval_plan, less the equal-compute pair that
    stays as it was) into LAST/eval-NAME, one at a time on one thread (`--jobs 2` on an idle machine);
@@ -32,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
 from benchmarks.smollm2.report import PAIR_EVALS  # noqa: E402
-from benchmarks.smollm2.report_publish import PublishError, publish_report  # noqa: E402
+from benchmarks.smollm2.report_publish import PublishError, page_sessions, publish_report  # noqa: E402
 from benchmarks.smollm2.run_bench import eval_cmd, eval_plan  # noqa: E402
 
 PUBLISHED_HEAD = REPO / "models" / "smollm2-135m-eagle3"
@@ -120,6 +122,12 @@ def main() -> None:
             steps_file.write_text(json.dumps(steps, indent=2) + "\n")
 
     check_done_evals(last, evals, steps, args, rec)
+    if args.keep:  # refused before an hour of evals, not after them
+        try:
+            page_sessions(json.loads(args.results_md.with_suffix(".json").read_text()), sessions)
+        except (PublishError, OSError) as e:
+            print(f"error: {e}; nothing was run or written", file=sys.stderr)
+            raise SystemExit(2) from e
     if not args.report_only:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for f in [pool.submit(run_eval, name) for name in evals]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 
 import pytest
 
@@ -353,3 +354,21 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
     assert "publish.py --continue --sessions" in text and "`--continue` kept" in text
     again = publish_report(md, runs[2:], evals, {}, keep=True)
     assert again["published"]["sessions"] == data["published"]["sessions"] and md.read_text() == text
+
+
+def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkeypatch, capsys):
+    """`publish.py --continue` with a session that skips samples exits 2 before its hour of evals."""
+    from benchmarks.smollm2 import publish
+    from benchmarks.smollm2.report_publish import publish_report
+
+    md = _page(tmp_path)
+    s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
+    (s1 / "eval-mt_bench").mkdir()
+    (s1 / "eval-mt_bench" / "report.json").write_text(json.dumps(_eval_report(1.8)))
+    publish_report(md, [s1], {"mt_bench": None}, {})
+    gap = _session(tmp_path, "long-s2", [2.1, 2.2], 15, "models/next")
+    monkeypatch.setattr(sys, "argv", ["publish.py", "--continue", "--sessions", str(gap), "--results-md", str(md)])
+    with pytest.raises(SystemExit) as e:
+        publish.main()
+    assert e.value.code == 2 and "from sample 15 of corpora/c, expected 10" in capsys.readouterr().err
+    assert sorted(p.name for p in gap.iterdir()) == ["head", "train"]  # no eval ran
