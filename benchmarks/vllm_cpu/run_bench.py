@@ -1,7 +1,7 @@
 """vLLM's CPU build on this machine: the tables of docs/serve.md, measured with eagle3's own commands.
 
     .venv/bin/python benchmarks/vllm_cpu/run_bench.py --head runs/demo/head     # tiny target, ~15 min on 2 cores
-    .venv/bin/python benchmarks/vllm_cpu/run_bench.py --target models/smollm2-135m-vllm --dtypes fp32 \\
+    .venv/bin/python benchmarks/vllm_cpu/run_bench.py --target models/smollm2-135m --dtypes fp32 \\
         --out runs/vllm-cpu-smollm2                                   # no --head: the plain engine only
 
 Per dtype a plain vLLM server (no head) runs beside `eagle3 serve --engine vllm` for each k:
@@ -69,8 +69,10 @@ def server(argv: list[str], port: int, log: Path, env: dict):
 
 
 def served_target(target: str, out: Path) -> Path:
-    """OUT/served-target: the copy of the target vLLM loads, as `eagle3 serve` makes one for the head's
-    server (a GGUF-converted target such as SmolLM2 names no architecture, which vLLM refuses)."""
+    """OUT/served-target: the copy of the target vLLM loads (links to its files, a config.json that names
+    its architecture), as gen-data's engine makes one: a GGUF-converted target such as SmolLM2 names
+    none, which vLLM and `eagle3 serve`'s preflight refuse, and editing the target's own config.json
+    would change its fingerprint and orphan its corpora and heads. Both servers run on this copy."""
     copy = out / "served-target"
     if copy.exists():  # a rerun: links to the target as it is now
         shutil.rmtree(copy)
@@ -78,17 +80,16 @@ def served_target(target: str, out: Path) -> Path:
     return served_copy(Path(target).resolve(), copy)
 
 
-def plain_server(target: str, dtype: str, out: Path):
+def plain_server(target: Path, dtype: str, out: Path):
     port = free_port()
-    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(served_target(target, out)),
-            "--enforce-eager",
+    argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--enforce-eager",
             "--dtype", VLLM_DTYPE[dtype], "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
     return server(argv, port, out / f"plain-{dtype}.log", dict(ENV, VLLM_CPU_KVCACHE_SPACE="1"))
 
 
-def spec_server(target: str, head: str, k: int, dtype: str, out: Path):
+def spec_server(target: Path, head: str, k: int, dtype: str, out: Path):
     port = free_port()
-    argv = [*E3, "serve", "--engine", "vllm", "--target", target, "--head", head,
+    argv = [*E3, "serve", "--engine", "vllm", "--target", str(target), "--head", head,
             "--steps", str(k), "--topk", "1", "--draft-tokens", str(k + 1), "--port", str(port),
             "--", "--dtype", VLLM_DTYPE[dtype]]  # fmt: skip
     return server(argv, port, out / f"spec-{dtype}-k{k}.log", ENV)
@@ -118,6 +119,7 @@ def main() -> None:
     ks, dtypes = [int(k) for k in a.ks.split(",")] if a.head else [], a.dtypes.split(",")
     common = ["--target", a.target, "--bench", a.bench, "--num-prompts", a.num_prompts,
               "--max-new-tokens", a.max_new_tokens]  # fmt: skip
+    served = served_target(a.target, out)
     results: dict = {"target": a.target, "head": a.head, **vars(a), "out": str(out), "engine": {}, "eval": {}}
     for dtype in dtypes:
         for k in ks:  # eval's own chain decoder on the same prompts (fp32 or bf16 target, fp32 head)
@@ -127,13 +129,13 @@ def main() -> None:
             (acc,) = [h["chain"]["acceptance"] for h in read(d / "report.json")["heads"].values()]
             results["eval"][f"{dtype}-k{k}"] = {"tau": acc["tau"], "rounds": acc["rounds"],
                                                 "per_position": [x["unconditional"] for x in acc["per_depth"]]}  # fmt: skip
-        with plain_server(a.target, dtype, out) as plain:
+        with plain_server(served, dtype, out) as plain:
             for rep in (1, 2) if not ks else ():  # no head: the plain engine's sequential tokens/s
                 eagle3("eval", "--endpoint", plain, *common, "--out", out / f"plain-{dtype}-run{rep}")
                 r = read(out / f"plain-{dtype}-run{rep}" / "report.json")
                 results.setdefault("plain", {}).setdefault(dtype, []).append(r["tokens_per_s_sequential"])
             for k in ks:
-                with spec_server(a.target, a.head, k, dtype, out) as spec:
+                with spec_server(served, a.head, k, dtype, out) as spec:
                     for rep in (1, 2):  # two runs: this machine is shared, tokens/s moves
                         d = out / f"engine-{dtype}-k{k}-run{rep}"
                         eagle3("eval", "--endpoint", spec, "--base-endpoint", plain, *common, "--out", d)

@@ -31,6 +31,7 @@ from ..errors import UsageError
 from ..manifest import atomic_write_json, write_manifest
 from ..prompts import load_prompts, render
 from .config import EvalConfig
+from .paired import ORDER, paired_speedup, run_interleaved, speedup_cell
 
 SAMPLE_POSITIONS = 8  # positions compared by the engine's sampling check (0 is the prefill's token)
 PLAIN_SEED_OFFSET = 10_000_019
@@ -97,24 +98,31 @@ async def _completion(client: EngineClient, url: str, model: str, body: dict) ->
     }
 
 
-async def _vllm_run(client: EngineClient, url: str, prompts: list, cfg: EvalConfig, stop: list[int]) -> dict:
-    """Sequential greedy/sampled completions; the counters' difference around each one."""
-    model = await client.model_name([url])
-    rows = []
-    for k, (pid, ids) in enumerate(prompts):
-        before = await client.spec_counters(url)
-        body = completion_body(model, ids, cfg.max_new_tokens, cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + k)
-        res = await _completion(client, url, model, {**body, "stop_token_ids": stop})
-        after = await client.spec_counters(url)
-        delta = after.minus(before) if after is not None and before is not None else None
-        res.update(
-            prompt=pid,
-            drafts=delta.drafts if delta else 0,
-            accepted=delta.accepted if delta else 0,
-            per_pos=list(delta.per_pos) if delta else [],
-        )
-        rows.append(res)
-    return {"model": model, "rows": rows}
+async def _vllm_one(
+    client: EngineClient, url: str, model: str, k: int, pid, ids: list[int], cfg: EvalConfig, stop: list[int]
+) -> dict:
+    """One greedy/sampled completion; the spec-decode counters' difference around it."""
+    before = await client.spec_counters(url)
+    body = completion_body(model, ids, cfg.max_new_tokens, cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + k)
+    res = await _completion(client, url, model, {**body, "stop_token_ids": stop})
+    after = await client.spec_counters(url)
+    delta = after.minus(before) if after is not None and before is not None else None
+    res.update(
+        prompt=pid,
+        drafts=delta.drafts if delta else 0,
+        accepted=delta.accepted if delta else 0,
+        per_pos=list(delta.per_pos) if delta else [],
+    )
+    return res
+
+
+async def _vllm_runs(client: EngineClient, urls: list[str], prompts: list, cfg: EvalConfig, stop: list[int]):
+    """(served model name per URL, rows per URL): the prompts on every server, interleaved (eval/paired.py)."""
+    models = {url: await client.model_name([url]) for url in urls}  # each server checks its own name
+    rows = await run_interleaved(
+        urls, prompts, lambda url, k, pid, ids: _vllm_one(client, url, models[url], k, pid, ids, cfg, stop)
+    )
+    return models, rows
 
 
 def acceptance_summary(rows: list[dict]) -> dict:
@@ -265,8 +273,13 @@ def _sglang_report(endpoint: str, rows: list[dict], cfg: EvalConfig) -> dict:
 
 
 async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: EvalConfig, stop: list[int]) -> dict:
-    spec = await _vllm_run(client, endpoint, prompts, cfg, stop)
-    rows = spec["rows"]
+    if cfg.base_endpoint and not await client.is_vllm(cfg.base_endpoint):
+        raise UsageError(
+            f"--base-endpoint {cfg.base_endpoint} is not a vLLM server (no vllm: counters on /metrics)",
+            "the same target served by vLLM without --speculative-config",
+        )
+    urls = [endpoint, cfg.base_endpoint] if cfg.base_endpoint else [endpoint]
+    models, (rows, *based) = await _vllm_runs(client, urls, prompts, cfg, stop)
     toks = sum(r["completion_tokens"] for r in rows)
     secs = sum(r["seconds"] for r in rows)
     acc = acceptance_summary(rows)
@@ -288,12 +301,7 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
     }
     table = [["speculative", len(rows), toks, _f(acc["tau"]), _f(report["tokens_per_s_sequential"], 1), "", ""]]
     if cfg.base_endpoint:
-        if not await client.is_vllm(cfg.base_endpoint):
-            raise UsageError(
-                f"--base-endpoint {cfg.base_endpoint} is not a vLLM server (no vllm: counters on /metrics)",
-                "the same target served by vLLM without --speculative-config",
-            )
-        base = (await _vllm_run(client, cfg.base_endpoint, prompts, cfg, stop))["rows"]
+        (base,) = based
         btoks, bsecs = sum(r["completion_tokens"] for r in base), sum(r["seconds"] for r in base)
         differ = [s["prompt"] for s, b in zip(rows, base) if s["token_ids"] != b["token_ids"]]
         bt = btoks / bsecs if bsecs else 0.0
@@ -302,12 +310,14 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
             "tokens": btoks,
             "tokens_per_s_sequential": bt,
             "speedup": report["tokens_per_s_sequential"] / bt if bt else None,
+            "speedup_interval": paired_speedup(rows, base)["interval"],
             "outputs_differ": len(differ),
             "differing_prompts": differ,
             "outputs_compared": "generated token ids, speculative vs plain, same seed per prompt",
+            "order": ORDER,
         }
         table.append(
-            ["plain", len(base), btoks, "1", _f(bt, 1), f"{len(differ)}/{len(rows)}", _f(report["baseline"]["speedup"])]
+            ["plain", len(base), btoks, "1", _f(bt, 1), f"{len(differ)}/{len(rows)}", speedup_cell(report["baseline"])]
         )
         if cfg.temperature == 0 and differ:
             warn(
@@ -316,9 +326,11 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
         if cfg.temperature > 0 and cfg.sampling_check > 0:
             pid, ids = prompts[0]
             log(f"sampling check: {cfg.sampling_check} speculative vs plain engine samples on {pid}")
-            s = await _samples(client, endpoint, spec["model"], ids, cfg, stop, cfg.seed)
+            s = await _samples(client, endpoint, models[endpoint], ids, cfg, stop, cfg.seed)
             # other seeds on the plain side: two servers given the same URL are compared on independent draws
-            p = await _samples(client, cfg.base_endpoint, spec["model"], ids, cfg, stop, cfg.seed + PLAIN_SEED_OFFSET)
+            p = await _samples(
+                client, cfg.base_endpoint, models[cfg.base_endpoint], ids, cfg, stop, cfg.seed + PLAIN_SEED_OFFSET
+            )
             report["sampling_check"] = {"prompt": pid, **sampling_comparison(s, p)}
             sc = report["sampling_check"]
             (log if sc["passed"] else warn)(

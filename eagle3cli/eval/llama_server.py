@@ -30,6 +30,7 @@ from ..console import log, print_table, warn
 from ..engine_api import EngineClient, Unreachable, parse_prometheus
 from ..errors import UsageError
 from .config import EvalConfig
+from .paired import ORDER, paired_speedup, run_interleaved, speedup_cell
 
 METRIC_PREFIX = "llamacpp:spec_decode_"
 
@@ -118,13 +119,9 @@ async def _one(client: EngineClient, url: str, k: int, pid, ids: list[int], cfg:
 
 
 async def run_prompts(client: EngineClient, urls: list[str], prompts: list, cfg: EvalConfig) -> list[list[dict]]:
-    """Each prompt on every server in turn (prompt 1 on each, then prompt 2, ...): on a machine whose load
-    moves from minute to minute, the servers' tokens/s are then measured over the same minutes."""
-    rows: list[list[dict]] = [[] for _ in urls]
-    for k, (pid, ids) in enumerate(prompts):
-        for i, url in enumerate(urls):
-            rows[i].append(await _one(client, url, k, pid, ids, cfg))
-    return rows
+    """Each prompt on every server, interleaved (eval/paired.py): their tokens/s are measured over
+    the same minutes of a shared machine's load."""
+    return await run_interleaved(urls, prompts, lambda url, k, pid, ids: _one(client, url, k, pid, ids, cfg))
 
 
 def summary(rows: list[dict]) -> dict:
@@ -223,7 +220,8 @@ async def llama_server_report(
             "differing_prompts": differ,
             "first_difference": [_first_difference(x["token_ids"], y["token_ids"]) for x, y in zip(rows, base)],
             "outputs_compared": "generated token ids, speculative vs plain, same seed per prompt",
-            "order": "interleaved: each prompt on the speculative server, then on the plain one",
+            "speedup_interval": paired_speedup(rows, base)["interval"],
+            "order": ORDER,
         }
         table.append(
             [
@@ -234,7 +232,7 @@ async def llama_server_report(
                 "1",
                 _f(bt, 1),
                 f"{len(differ)}/{len(rows)}",
-                _f(report["baseline"]["speedup"]),
+                speedup_cell(report["baseline"]),
             ]
         )
         if cfg.temperature == 0 and differ:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -101,9 +102,10 @@ class FakeVllm:
     """/v1/completions echoing prompt-derived tokens; with `accept`, each request moves the
     counters as a chain of 3 whose first `accept` positions are accepted every round."""
 
-    def __init__(self, accept: int | None):
+    def __init__(self, accept: int | None, name: str = "served"):
         self.counters = [0.0, 0.0, 0.0, [0.0, 0.0, 0.0]]  # drafts, draft tokens, accepted, per position
         self.bodies: list[dict] = []
+        self.arrivals: list[float] = []  # when each completion came
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -124,13 +126,17 @@ class FakeVllm:
                 elif self.path == "/metrics":
                     self._send(200, outer.metrics(), "text/plain")
                 elif self.path == "/v1/models":
-                    self._send(200, json.dumps({"data": [{"id": "served"}]}))
+                    self._send(200, json.dumps({"data": [{"id": name}]}))
                 else:
                     self._send(404, "{}")
 
             def do_POST(self):  # noqa: N802
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.bodies.append(body)
+                outer.arrivals.append(time.monotonic())
+                if body.get("model") != name:  # as vLLM: another server's model name is a 404
+                    self._send(404, json.dumps({"error": {"message": f"model {body.get('model')} does not exist"}}))
+                    return
                 n = body["max_tokens"]
                 if accept is not None:
                     rounds = -(-n // (accept + 1))
@@ -171,7 +177,7 @@ class FakeVllm:
 
 @pytest.fixture
 def fake_vllm():
-    spec, plain = FakeVllm(accept=2), FakeVllm(accept=None)
+    spec, plain = FakeVllm(accept=2), FakeVllm(accept=None, name="plain-copy")  # two servers, two names
     yield spec, plain
     spec.stop()
     plain.stop()
@@ -197,6 +203,11 @@ def test_eval_endpoint_reads_vllm_counters_per_prompt(fake_vllm, prompts_file, t
     assert rep["tau"] == pytest.approx(3.0) and acc["per_position"] == pytest.approx([1.0, 1.0, 0.0])
     assert [r["drafts"] for r in rep["per_prompt"]] == [4, 4, 4]
     assert rep["baseline"]["outputs_differ"] == 0 and rep["baseline"]["tokens"] == 36
+    assert rep["baseline"]["speedup_interval"][0] <= rep["baseline"]["speedup"] <= rep["baseline"]["speedup_interval"][1]
+    # interleaved, the first server alternating by prompt: the two see the same minutes of load
+    times = sorted([(t, "spec") for t in spec.arrivals] + [(t, "plain") for t in plain.arrivals])
+    assert [who for _, who in times] == ["spec", "plain", "plain", "spec", "spec", "plain"]
+    assert {b["model"] for b in plain.bodies} == {"plain-copy"}  # each server is asked for its own model
     sent = spec.bodies[0]
     assert sent["model"] == "served" and sent["temperature"] == 0.0 and sent["return_token_ids"]
     assert 2 in sent["stop_token_ids"]  # the target's eos, as eval's own decoder stops
