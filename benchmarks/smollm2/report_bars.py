@@ -57,6 +57,9 @@ def vllm_engine_json(results: Path) -> dict:
                 "tau": runs[0]["tau"],
                 "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
                 "speedup_runs": [round(x["tok_s"] / x["plain_tok_s"], 4) for x in runs],
+                "speedup_intervals": [x.get("speedup_interval") for x in runs],
+                "order": runs[0].get("order")
+                or "blocks: every prompt on the speculative server, then on the plain one",
                 "speedup_vs_plain": round(_geomean([x["tok_s"] / x["plain_tok_s"] for x in runs]), 4),
                 "tok_s": [round(x["tok_s"], 2) for x in runs],
                 "plain_tok_s": [round(x["plain_tok_s"], 2) for x in runs],
@@ -185,7 +188,8 @@ def bars31_section(data: dict) -> list[str]:
             "",
             f"vLLM's CPU build (`benchmarks/vllm_cpu/run_bench.py`, head `{s.get('head')}`, {s.get('num_prompts')} "
             f"{s.get('bench')} prompts, {s.get('max_new_tokens')} tokens, greedy, two runs per k against a plain "
-            f"vLLM server on the same prompts; speed-up is the geometric mean of the two runs; measured "
+            f"vLLM server on the same prompts, {v['rows'][0].get('order') or 'in blocks'}; speed-up is the "
+            f"geometric mean of the two runs, [90% interval over prompts] per run where measured; measured "
             f"{v.get('measured_at')}):",
             "",
             "| k | dtype | engine tau | eval tau | speed-up (runs) | identical outputs |",
@@ -193,7 +197,10 @@ def bars31_section(data: dict) -> list[str]:
         ]
         for r in v["rows"]:
             et = "-" if r["eval_tau"] is None else f"{r['eval_tau']:.3f}"
-            runs = " / ".join(f"{x:.2f}" for x in r["speedup_runs"])
+            runs = " / ".join(
+                f"{x:.2f}" + (f" [{iv[0]:.2f}, {iv[1]:.2f}]" if iv else "")
+                for x, iv in zip(r["speedup_runs"], r.get("speedup_intervals") or [None] * len(r["speedup_runs"]))
+            )
             lines.append(f"| {r['k']} | {r['dtype']} | {r['tau']:.3f} | {et} | {r['speedup_vs_plain']:.2f}x ({runs}) | "
                          f"{r['identical']} |")  # fmt: skip
     lines.append("")

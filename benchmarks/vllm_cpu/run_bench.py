@@ -37,6 +37,8 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFF
 
 
 RECORDER = Recorder()
+# how eval measured the two servers before eval/paired.py interleaved them (reports without `order`)
+BLOCKS = "blocks: every prompt on the speculative server, then every prompt on the plain one"
 
 
 def eagle3(*args) -> None:
@@ -148,6 +150,8 @@ def main() -> None:
                                 "per_position": r["acceptance"]["per_position"],
                                 "drafts": r["acceptance"]["drafts"],
                                 "outputs_differ": r["baseline"]["outputs_differ"],
+                                "speedup_interval": r["baseline"].get("speedup_interval"),
+                                "order": r["baseline"].get("order", BLOCKS),
                             }  # fmt: skip
                         )
                     if k == a.sweep_k and dtype == dtypes[0] and not a.no_sweep:

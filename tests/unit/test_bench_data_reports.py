@@ -392,6 +392,21 @@ def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp
     assert v["speedup_vs_plain"] == pytest.approx((1.2 * 1.1) ** 0.5, abs=1e-4)
     k3 = next(r for r in v["rows"] if r["k"] == 3)
     assert k3["identical"] is False and k3["eval_tau"] is None and k3["speedup_vs_plain"] == pytest.approx(0.8)
+    assert v["rows"][0]["order"].startswith("blocks")  # a result from before eval interleaved the servers
+
+
+def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(tmp_path):
+    from benchmarks.smollm2.report_bars import bars31_section, vllm_engine_json
+
+    r = json.loads(_vllm_results(tmp_path / "r.json").read_text())
+    for i, run in enumerate(r["engine"]["fp32-k1"]):
+        run.update(speedup_interval=[1.0 + i / 10, 1.3 + i / 10], order="interleaved: both back to back")
+    (tmp_path / "r.json").write_text(json.dumps(r))
+    v = vllm_engine_json(tmp_path / "r.json")
+    assert v["rows"][0]["speedup_intervals"] == [pytest.approx([1.0, 1.3]), pytest.approx([1.1, 1.4])]
+    text = "\n".join(bars31_section({"engine_speedup": {"vllm_cpu": v}}))
+    assert "same prompts, interleaved: both back to back;" in text
+    assert "| 1 | fp32 | 1.500 | 1.500 | 1.15x (1.20 [1.00, 1.30] / 1.10 [1.10, 1.40]) | True |" in text
 
 
 def test_issue31_bars_say_what_is_missed_by_how_much_and_what_it_would_take(tmp_path):
