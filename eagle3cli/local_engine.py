@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import importlib.util
 import json
 import os
@@ -103,6 +104,38 @@ def served_copy(target: Path, into: Path) -> Path:
             {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(model_type, "LlamaForCausalLM")
         ]
     (into / "config.json").write_text(json.dumps(cfg, indent=1), encoding="utf-8")
+    return into
+
+
+def names_architecture(target: Path) -> bool:
+    try:
+        return bool(json.loads((Path(target) / "config.json").read_text(encoding="utf-8")).get("architectures"))
+    except (OSError, ValueError):
+        return True  # nothing to fix here: the target checks say what is wrong with it
+
+
+def vllm_loadable(target: Path) -> Path:
+    """`target` when its config.json names an architecture, else a served_copy of it that lasts (in
+    `$EAGLE3_CACHE/served/KEY`, ~/.cache/eagle3), so the command `eagle3 serve --dry-run` prints runs
+    later too. The target's own config.json is never edited: its fingerprint (config included) is
+    what its corpora, caches and heads were recorded against. KEY follows the target's path and config."""
+    target = Path(target).resolve()
+    if names_architecture(target):
+        return target
+    cfg = (target / "config.json").read_bytes()
+    key = hashlib.sha256(b"eagle3-served/1\n" + str(target).encode() + b"\0" + cfg).hexdigest()[:16]
+    root = Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "served"
+    into = root / f"{target.name}-{key}"
+    if (into / "config.json").is_file():
+        return into
+    tmp = root / f".{into.name}.{os.getpid()}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    served_copy(target, tmp)
+    try:
+        tmp.rename(into)  # whole or not at all; another process may have made it first
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
     return into
 
 

@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
 from eagle3cli.engine_api import is_healthy  # noqa: E402
-from eagle3cli.local_engine import served_copy  # noqa: E402
+from eagle3cli.local_engine import vllm_loadable  # noqa: E402
 from eagle3cli.serve.machine import VLLM_CPU_VENV, free_port  # noqa: E402
 
 ENGINE_PY = REPO / VLLM_CPU_VENV / "bin" / "python"
@@ -70,18 +69,6 @@ def server(argv: list[str], port: int, log: Path, env: dict):
             proc.wait()
 
 
-def served_target(target: str, out: Path) -> Path:
-    """OUT/served-target: the copy of the target vLLM loads (links to its files, a config.json that names
-    its architecture), as gen-data's engine makes one: a GGUF-converted target such as SmolLM2 names
-    none, which vLLM and `eagle3 serve`'s preflight refuse, and editing the target's own config.json
-    would change its fingerprint and orphan its corpora and heads. Both servers run on this copy."""
-    copy = out / "served-target"
-    if copy.exists():  # a rerun: links to the target as it is now
-        shutil.rmtree(copy)
-    copy.mkdir(parents=True)
-    return served_copy(Path(target).resolve(), copy)
-
-
 def plain_server(target: Path, dtype: str, out: Path):
     port = free_port()
     argv = [str(ENGINE_PY), "-m", "vllm.entrypoints.openai.api_server", "--model", str(target), "--enforce-eager",
@@ -121,7 +108,7 @@ def main() -> None:
     ks, dtypes = [int(k) for k in a.ks.split(",")] if a.head else [], a.dtypes.split(",")
     common = ["--target", a.target, "--bench", a.bench, "--num-prompts", a.num_prompts,
               "--max-new-tokens", a.max_new_tokens]  # fmt: skip
-    served = served_target(a.target, out)
+    served = vllm_loadable(Path(a.target))  # both servers on one model folder vLLM loads
     results: dict = {"target": a.target, "head": a.head, **vars(a), "out": str(out), "engine": {}, "eval": {}}
     for dtype in dtypes:
         for k in ks:  # eval's own chain decoder on the same prompts (fp32 or bf16 target, fp32 head)

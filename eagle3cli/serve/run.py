@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
+from pathlib import Path
 
 from rich.markup import escape
 
 from ..console import log, out, warn
 from ..errors import UsageError
+from ..local_engine import vllm_loadable
 from ..model.target import resolve_model_path
 from .commands import (
     VLLM_API_MODULE,
@@ -57,12 +60,32 @@ def machine_problems(cfg: ServeConfig, engine_python: str | None, cpu_build: boo
     return problems
 
 
+def _loadable_target(cfg: ServeConfig) -> ServeConfig:
+    """vLLM picks the model class from config.json's `architectures`; a GGUF-converted target (SmolLM2
+    from `make smollm2`) names none. Serve a lasting copy that names it (local_engine.vllm_loadable)."""
+    assert cfg.target is not None
+    target = resolve_model_path(cfg.target)
+    if not Path(target).is_dir():
+        return cfg
+    loadable = vllm_loadable(Path(target))
+    if loadable != Path(target).resolve():
+        warn(
+            f"{escape(str(cfg.target))}/config.json names no architectures, which vLLM needs to pick the model "
+            f"class: serving {escape(str(loadable))} (links to its files, config naming the class of its "
+            "model_type); the target itself is unchanged"
+        )
+        return replace(cfg, target=loadable)
+    return cfg
+
+
 def run_serve(cfg: ServeConfig) -> int:
     """Returns the process exit code: 0 for a dry run, else the engine's."""
     if cfg.engine == "llama.cpp":  # GGUF files, llama-server: its own preflight (serve/llama_cpp.py)
         from .llama_cpp import run_llama_cpp
 
         return run_llama_cpp(cfg)
+    if cfg.engine == "vllm":
+        cfg = _loadable_target(cfg)
     flag_problems = check_spec_flags(cfg.steps, cfg.topk, cfg.draft_tokens)
     raise_if_errors(flag_problems, "eagle3 serve --help")
     spec = resolve_spec(cfg.steps, cfg.topk, cfg.draft_tokens, cfg.from_eval, cfg.engine)

@@ -130,19 +130,24 @@ def test_a_corpus_is_not_resumed_on_another_engine_or_dtype(tmp_path):
     check_engine(tmp_path, None, None, "next")
 
 
-def test_the_vllm_bench_serves_its_plain_engine_on_a_copy_vllm_loads(tmp_path):
-    """benchmarks/vllm_cpu/run_bench.py's plain server: SmolLM2 (GGUF-converted, no architecture) is
-    served as is, not from a copy made by hand; a rerun links to the target as it is then."""
-    from benchmarks.vllm_cpu.run_bench import served_target
+def test_a_target_naming_no_architecture_is_loaded_from_one_lasting_copy_per_config(tmp_path, monkeypatch):
+    """local_engine.vllm_loadable (serve, run_bench): the target itself when it names its class; else
+    one copy in eagle3's cache, made again only when the target's config changes."""
+    from eagle3cli.local_engine import vllm_loadable
 
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    named = tmp_path / "named"
+    named.mkdir()
+    (named / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    assert vllm_loadable(named) == named.resolve()
     target = tmp_path / "t"
     target.mkdir()
     (target / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None}))
     (target / "model.safetensors").write_bytes(b"x")
-    out = tmp_path / "run"
-    copy = served_target(str(target), out)
-    assert copy == out / "served-target"
-    assert json.loads((copy / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
-    (target / "tokenizer.json").write_text("{}")
-    served_target(str(target), out)
-    assert (copy / "tokenizer.json").resolve() == (target / "tokenizer.json").resolve()
+    first = vllm_loadable(target)
+    assert first.parent == tmp_path / "cache" / "served" and vllm_loadable(target) == first
+    assert json.loads((first / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None, "x": 1}))
+    again = vllm_loadable(target)
+    assert again != first and json.loads((again / "config.json").read_text())["x"] == 1
+    assert not list((tmp_path / "cache" / "served").glob(".*partial"))

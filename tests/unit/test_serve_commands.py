@@ -284,3 +284,39 @@ def test_the_engine_argument_guard_matches_the_engines_own_spellings(engine, arg
 
     assert check_extra_args(engine, [arg, "x"]), arg
     assert not check_extra_args(engine, ["--max-num-seqs", "4", "--speculative-token-map", "m"])
+
+
+def test_vllm_serves_a_target_that_names_no_architecture_from_a_lasting_copy(
+    head, tiny_target_dir, tmp_path, monkeypatch, capsys
+):
+    """SmolLM2 from `make smollm2` (GGUF-converted) has "architectures": null, which vLLM refuses:
+    serve runs a copy that names the class, kept in eagle3's cache so the printed command runs later,
+    and never edits the target (its fingerprint keys its corpora and heads)."""
+    import shutil
+
+    import eagle3cli.serve.run as serve_run
+
+    monkeypatch.setattr(serve_run, "default_engine_python", lambda engine: None)  # vLLM's parser: slow tier
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "converted"
+    shutil.copytree(tiny_target_dir, target)
+    cfg = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**cfg, "architectures": None}))
+    before = (target / "config.json").read_bytes()
+    args = ["serve", "--target", str(target), "--head", str(head), "--engine", "vllm", "--dry-run",
+            "--steps", "2", "--topk", "1", "--draft-tokens", "3"]  # fmt: skip
+    assert main(args) == 0
+    cap = capsys.readouterr()
+    assert "names no architectures" in " ".join(cap.err.split())
+    argv = shlex.split(cap.out.replace("\\\n", " "))
+    model = argv[argv.index("serve") + 1]  # `vllm serve MODEL` (no CPU build named here)
+    assert model.startswith(str(tmp_path / "cache" / "served" / "converted-"))
+    assert json.loads((tmp_path / "cache" / "served" / model.rsplit("/", 1)[1] / "config.json").read_text())[
+        "architectures"
+    ] == ["LlamaForCausalLM"]
+    assert (target / "config.json").read_bytes() == before  # the target is untouched
+    assert main(args) == 0  # the same copy again, not a second one
+    assert len(list((tmp_path / "cache" / "served").iterdir())) == 1
+    assert main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run",
+                 "--steps", "2", "--topk", "1", "--draft-tokens", "3"]) == 0  # fmt: skip
+    assert str(tiny_target_dir) in capsys.readouterr().out  # a target naming its class is served as is
