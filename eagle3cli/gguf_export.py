@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .errors import UsageError
+from .manifest import cache_dir
 
 HEAD_GGUF = "head.gguf"
 TARGET_GGUF = "target.gguf"
@@ -97,7 +98,7 @@ def llama_cpp_source() -> Path | None:
     candidates = [Path(env)] if env else []
     for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         candidates.append(root / ".llama-cpp" / "src")
-    cache = Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3")
+    cache = cache_dir()
     candidates += sorted(cache.glob("llama.cpp-*/src"), key=lambda p: p.stat().st_mtime, reverse=True)
     for c in candidates:
         if (c / CONVERTER).is_file() and (c / "gguf-py" / "gguf").is_dir():

