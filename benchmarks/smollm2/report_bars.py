@@ -17,6 +17,8 @@ import math
 import time
 from pathlib import Path
 
+from eagle3cli.eval.paired import BLOCKS_ORDER
+
 BARS31 = {
     "conversations": 12000,
     "gen_data_vs_engine_c32": 0.9,
@@ -58,8 +60,7 @@ def vllm_engine_json(results: Path) -> dict:
                 "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
                 "speedup_runs": [round(x["tok_s"] / x["plain_tok_s"], 4) for x in runs],
                 "speedup_intervals": [x.get("speedup_interval") for x in runs],
-                "order": runs[0].get("order")
-                or "blocks: every prompt on the speculative server, then on the plain one",
+                "order": runs[0].get("order") or BLOCKS_ORDER,
                 "speedup_vs_plain": round(_geomean([x["tok_s"] / x["plain_tok_s"] for x in runs]), 4),
                 "tok_s": [round(x["tok_s"], 2) for x in runs],
                 "plain_tok_s": [round(x["plain_tok_s"], 2) for x in runs],

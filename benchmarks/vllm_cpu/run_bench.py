@@ -27,6 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
 from eagle3cli.engine_api import is_healthy  # noqa: E402
+from eagle3cli.eval.paired import BLOCKS_ORDER  # noqa: E402
 from eagle3cli.local_engine import vllm_loadable  # noqa: E402
 from eagle3cli.serve.machine import VLLM_CPU_VENV, free_port  # noqa: E402
 
@@ -36,8 +37,6 @@ ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFF
 
 
 RECORDER = Recorder()
-# how eval measured the two servers before eval/paired.py interleaved them (reports without `order`)
-BLOCKS = "blocks: every prompt on the speculative server, then every prompt on the plain one"
 
 
 def eagle3(*args) -> None:
@@ -138,7 +137,7 @@ def main() -> None:
                                 "drafts": r["acceptance"]["drafts"],
                                 "outputs_differ": r["baseline"]["outputs_differ"],
                                 "speedup_interval": r["baseline"].get("speedup_interval"),
-                                "order": r["baseline"].get("order", BLOCKS),
+                                "order": r["baseline"].get("order", BLOCKS_ORDER),
                             }  # fmt: skip
                         )
                     if k == a.sweep_k and dtype == dtypes[0] and not a.no_sweep:

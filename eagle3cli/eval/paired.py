@@ -16,6 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from .metrics import bootstrap_ratio
 
 ORDER = "interleaved: each prompt on both servers back to back, the first of the two alternating by prompt"
+# the order of reports written before this module (they carry no `order`; vLLM's path measured so)
+BLOCKS_ORDER = "blocks: every prompt on the speculative server, then every prompt on the plain one"
 
 One = Callable[[str, int, object, list[int]], Awaitable[dict]]
 
