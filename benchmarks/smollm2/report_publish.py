@@ -49,7 +49,10 @@ def session_rows(sessions: list[Path]) -> list[dict]:
     for run in sessions:
         m, curve = _json(run / "train" / "manifest.json"), heldout_curve(run)
         cfg = m.get("config") or {}
+        by_folder = m.get("trained_by_folder") or []
         skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
+        if n is None:  # no --train-samples: all the rest, as many as the manifest says --data gave
+            n = by_folder[0]["samples"] if by_folder else m.get("trained_samples")
         rows.append(
             {
                 "run": _rel(run),
@@ -58,7 +61,7 @@ def session_rows(sessions: list[Path]) -> list[dict]:
                 "samples": None if n is None else [skip, skip + n - 1],
                 # --extra-data: what each other source gave (train's manifest, trained_by_folder)
                 "extra": [
-                    {"folder": f["folder"], "samples": f["samples"]} for f in (m.get("trained_by_folder") or [])[1:]
+                    {"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]
                 ],
                 "steps": m.get("steps"),
                 "tokens": m.get("tokens_seen"),

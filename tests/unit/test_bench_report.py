@@ -214,7 +214,7 @@ def _page(tmp_path):
     return md
 
 
-def _session(tmp_path, name, taus, skip, init, by_folder=None):
+def _session(tmp_path, name, taus, skip, init, by_folder=None, train_samples=10):
     run = _run(tmp_path, name, [])
     lines = [{"step": 0, "tokens_seen": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0, "heldout_tau": taus[0]}]
     lines += [
@@ -222,8 +222,9 @@ def _session(tmp_path, name, taus, skip, init, by_folder=None):
          "heldout_tau": t} for i, t in enumerate(taus[1:], 1)
     ]  # fmt: skip
     (run / "train" / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    cfg = {"data": "corpora/c", "skip_samples": skip, "train_samples": 10, "init_head": init}
-    m = {"config": cfg, "steps": 100, "tokens_seen": 500} | ({"trained_by_folder": by_folder} if by_folder else {})
+    cfg = {"data": "corpora/c", "skip_samples": skip, "train_samples": train_samples, "init_head": init}
+    m = {"config": cfg, "steps": 100, "tokens_seen": 500, "trained_samples": 10}
+    m |= {"trained_by_folder": by_folder} if by_folder else {}
     (run / "train" / "manifest.json").write_text(json.dumps(m))
     (run / "head").mkdir()
     return run
@@ -331,7 +332,9 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
     evals = {"mt_bench": None}
     runs = [_session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h"),
             _session(tmp_path, "long-s2", [2.1, 2.3], 10, "models/next")]  # fmt: skip
-    runs.append(_session(tmp_path, "long-s3", [2.3, 2.4], 20, "models/next"))
+    rest = [{"folder": "corpora/c", "samples": 10, "tokens": 400}, {"folder": "corpora/g", "samples": 3, "tokens": 100}]
+    # the last session trains on all the rest (no --train-samples): its range comes from its manifest
+    runs.append(_session(tmp_path, "long-s3", [2.3, 2.4], 20, "models/next", rest, train_samples=None))
     skipping = _session(tmp_path, "long-s4", [2.3, 2.4], 25, "models/next")
     for s in [*runs[1:], skipping]:
         (s / "eval-mt_bench").mkdir()
