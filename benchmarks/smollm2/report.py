@@ -9,6 +9,8 @@ nothing here measures or assumes. Called by run_bench.py; also runs alone:
         corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json  # and its figure
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
+    .venv/bin/python benchmarks/smollm2/report.py --whole-corpus runs/long-s9/eval-mt128 \
+        --sessions runs/long-s8 runs/long-s9   # the long run as the data-scaling curve's whole-corpus point
 """
 
 from __future__ import annotations
@@ -685,6 +687,22 @@ def main() -> None:
         "benchmarks/stages/data_scaling.py's data_scaling.json",
     )
     ap.add_argument(
+        "--whole-corpus",
+        type=Path,
+        default=None,
+        metavar="EVAL_DIR",
+        help="write `data_scaling_whole_corpus` from the MT-bench eval (the sizes' settings) of the head of the long "
+        "run's last session, when the page's published sessions and --sessions train the curve's corpus once",
+    )
+    ap.add_argument(
+        "--sessions",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="RUN",
+        help="with --whole-corpus: the long run's sessions trained since the page's published ones, oldest first",
+    )
+    ap.add_argument(
         "--vllm-cpu",
         type=Path,
         default=None,
@@ -726,7 +744,7 @@ def main() -> None:
     if a.equal_budget is not None:
         write_equal_budget(a.results_md, a.equal_budget)
         return
-    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, a.vllm_cpu)):
+    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, a.vllm_cpu, a.whole_corpus)):
         from benchmarks.smollm2.report_data import (
             SCALING_HEADING,
             corpus_sources_json,
@@ -741,7 +759,9 @@ def main() -> None:
         for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
                             (a.gen_data_engine, "gen_data_engine.py's JSON"),
                             (a.data_scaling, "data_scaling.py's data_scaling.json"),
-                            (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json")):  # fmt: skip
+                            (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
+                            (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
+                            *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
             if given is not None and not given.exists():
                 print(f"error: {given} does not exist (expected {what}); nothing was written", file=sys.stderr)
                 raise SystemExit(2)
@@ -759,6 +779,17 @@ def main() -> None:
             data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
                 a.data_scaling
             )
+        if a.whole_corpus is not None:
+            from benchmarks.smollm2.report_long_run import session_rows, whole_corpus_json
+
+            try:
+                w = whole_corpus_json(data, a.whole_corpus, session_rows([r.resolve() for r in a.sessions]))
+            except (ValueError, KeyError) as e:
+                print(f"error: {e}; nothing was written", file=sys.stderr)
+                raise SystemExit(2) from e
+            data["data_scaling_whole_corpus"] = w
+            print(f"whole corpus: MT-bench tau {w['mt_bench_tau']:.3f} at {w['distinct_tokens']:,} distinct tokens "
+                  f"(the fit says {w['predicted']:.3f})")  # fmt: skip
         if a.vllm_cpu is not None:
             try:
                 v = vllm_engine_json(a.vllm_cpu)

@@ -135,7 +135,13 @@ def bars31(data: dict) -> list[dict]:
             if t
             else ""
         )
-        if t and fit.get("measured_full", 0) > fit.get("predicted_full", math.inf):
+        whole = data.get("data_scaling_whole_corpus") or {}
+        w = (whole.get("tokens_for_tau") or {}).get(str(B["mt_bench_tau"]))
+        if w:  # the measured whole corpus: the line from the largest size to it
+            need += (f"; the line from the largest size to the whole corpus as the long run measured it "
+                     f"(+{whole['b_per_doubling']:.3f} per doubling, {whole['eval']['max_new_tokens']} new tokens) "
+                     f"puts it at ~{w / 1e6:,.0f}M distinct tokens, {w / whole['corpus_tokens']:,.1f}x this corpus")  # fmt: skip
+        elif t and fit.get("measured_full", 0) > fit.get("predicted_full", math.inf):
             need += (" (the largest size measured above the smaller sizes' fit: the curve still bends upward, "
                      "so a log law overstates what it takes)")  # fmt: skip
     add("MT-bench (80 first turns), chain d8, greedy, fp32: tau", f">= {B['mt_bench_tau']}", tau,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from benchmarks.smollm2.report_long_run import whole_corpus_lines
 from eagle3cli.data.journal import PROGRESS, STATE
 from eagle3cli.data.run import throughput
 from eagle3cli.jsonl import read_records
@@ -274,12 +275,15 @@ def scaling_section(data: dict) -> list[str]:
             f"By that fit, {name} 2.5 takes {_tokens(want.get('2.5'), per)} and 3.0 takes "
             f"{_tokens(want.get('3.0'), per)} (an extrapolation: a log law need not hold that far)."
         )
+        whole = data.get("data_scaling_whole_corpus")
         if fit.get("predicted_corpus") is not None:
             lines.append(
                 f"The largest size measured is {fit['largest_tokens'] / fit['corpus_tokens']:.1%} of the corpus; for "
                 f"the whole corpus ({fit['corpus_tokens']:,} tokens, one epoch) the fit says {name} "
-                f"**{fit['predicted_corpus']:.3f}** — a prediction until that run is measured."
+                f"**{fit['predicted_corpus']:.3f}**"
+                + (" (measured: below)." if whole else " — a prediction until that run is measured.")
             )
+        lines += whole_corpus_lines(whole)
         held = fit.get("heldout")
         if held:
             lines.append(

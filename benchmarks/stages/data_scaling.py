@@ -87,8 +87,9 @@ def analyse(rows: list[dict], key: str, corpus_tokens: int | None = None) -> dic
     return fit
 
 
-def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = None) -> None:
-    """tau against distinct tokens (log2), each fit dashed from the smallest size to past the corpus's size."""
+def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = None, whole: dict | None = None) -> None:
+    """tau against distinct tokens (log2), each fit dashed from the smallest size to past the corpus's size;
+    WHOLE (report.py's `data_scaling_whole_corpus`) the long run's whole-corpus MT-bench point, apart."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -109,6 +110,9 @@ def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = No
             if f.get("predicted_corpus") is not None:
                 ax.plot([f["corpus_tokens"]], [f["predicted_corpus"]], "x", color=line.get_color(), ms=9,
                         label=f"fit on all sizes at the whole corpus: {f['predicted_corpus']:.3f}")  # fmt: skip
+    if whole:
+        ax.plot([whole["distinct_tokens"]], [whole["mt_bench_tau"]], "*", color="black", ms=12,
+                label=f"MT-bench, whole corpus by the long run (not the sizes' recipe): {whole['mt_bench_tau']:.3f}")  # fmt: skip
     if corpus_tokens:
         ax.axvline(corpus_tokens, color="grey", lw=0.8, ls=":")
         ax.annotate("whole corpus", (corpus_tokens, ax.get_ylim()[0]), rotation=90, va="bottom", ha="right",
