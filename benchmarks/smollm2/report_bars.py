@@ -17,6 +17,7 @@ import math
 import time
 from pathlib import Path
 
+from benchmarks.smollm2.report_long_run import by_position
 from eagle3cli.eval.paired import BLOCKS_ORDER
 
 BARS31 = {
@@ -139,8 +140,10 @@ def bars31(data: dict) -> list[dict]:
         w = (whole.get("tokens_for_tau") or {}).get(str(B["mt_bench_tau"]))
         if w:  # the measured whole corpus: the line from the largest size to it
             need += (f"; the line from the largest size to the whole corpus as the long run measured it "
-                     f"(+{whole['b_per_doubling']:.3f} per doubling, {whole['eval']['max_new_tokens']} new tokens) "
-                     f"puts it at ~{w / 1e6:,.0f}M distinct tokens, {w / whole['corpus_tokens']:,.1f}x this corpus")  # fmt: skip
+                     f"(+{whole['b_per_doubling']:.3f} per doubling, in the curve's eval of "
+                     f"{whole['eval']['max_new_tokens']} new tokens, where that head measures {whole['mt_bench_tau']:.3f}) "
+                     f"puts it at ~{w / 1e6:,.0f}M distinct tokens, {w / whole['corpus_tokens']:,.1f}x this corpus, "
+                     "and more for a bar measured on fewer new tokens" + by_position(whole))  # fmt: skip
         elif t and fit.get("measured_full", 0) > fit.get("predicted_full", math.inf):
             need += (" (the largest size measured above the smaller sizes' fit: the curve still bends upward, "
                      "so a log law overstates what it takes)")  # fmt: skip

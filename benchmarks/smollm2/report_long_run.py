@@ -130,6 +130,12 @@ def whole_corpus_json(data: dict, eval_dir: Path, new_sessions: list[dict]) -> d
         "extra_data": sorted({e["folder"] for r in sessions for e in r.get("extra") or []}),
         "mt_bench_tau": tau,
         "mt_bench_tau_interval": [round(x, 4) for x in acc.get("tau_interval") or []],
+        # an answer's later tokens accept more (greedy SmolLM2 repeats itself): a bar measured on fewer
+        # new tokens than this eval's sits lower on the same line
+        "tau_by_position": [
+            {k: (round(b[k], 4) if k == "tau" else b[k]) for k in ("from", "to", "tau")}
+            for b in acc.get("tau_by_position") or []
+        ],  # fmt: skip
         "eval": want,
         "predicted": round(full["a"] + full["b_per_doubling"] * math.log2(tokens), 4),
         "largest_size": {"tokens": largest["tokens"], "mt_bench_tau": largest["mt_bench_tau"]},
@@ -142,7 +148,7 @@ def whole_corpus_lines(w: dict | None) -> list[str]:
     """The page's lines for the point (none without it)."""
     if not w:
         return []
-    extra = f" plus {', '.join(f'`{x}`' for x in w['extra_data'])}" if w["extra_data"] else ""
+    extra = f", with --extra-data {', '.join(f'`{x}`' for x in w['extra_data'])}" if w["extra_data"] else ""
     need = w["tokens_for_tau"]
     corpus = w["corpus_tokens"] or w["distinct_tokens"]
 
@@ -161,5 +167,17 @@ def whole_corpus_lines(w: dict | None) -> list[str]:
         "recipe: the long run starts from the head published before it and spans sessions with their own "
         "schedules, so the point is shown apart and not fitted. From the largest size to it tau grows "
         f"+{w['b_per_doubling']:.3f} per doubling of distinct tokens; on that line tau 2.2 takes {at(2.2)}, "
-        f"2.5 {at(2.5)} and 3.0 {at(3.0)}.",
+        f"2.5 {at(2.5)} and 3.0 {at(3.0)}{by_position(w)}.",
     ]
+
+
+def by_position(w: dict) -> str:
+    """' (tau by position in the answer: ...)', or '' when the eval has one bucket."""
+    parts = w.get("tau_by_position") or []
+    if len(parts) < 2:
+        return ""
+    return (
+        " (tau by position in the answer: "
+        + ", ".join(f"tokens {b['from']}-{b['to']} {b['tau']:.2f}" for b in parts)
+        + ")"
+    )

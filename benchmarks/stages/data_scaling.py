@@ -112,7 +112,8 @@ def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = No
                         label=f"fit on all sizes at the whole corpus: {f['predicted_corpus']:.3f}")  # fmt: skip
     if whole:
         ax.plot([whole["distinct_tokens"]], [whole["mt_bench_tau"]], "*", color="black", ms=12,
-                label=f"MT-bench, whole corpus by the long run (not the sizes' recipe): {whole['mt_bench_tau']:.3f}")  # fmt: skip
+                label=f"MT-bench, whole corpus{' + --extra-data' if whole.get('extra_data') else ''} by the long run "
+                      f"(not the sizes' recipe): {whole['mt_bench_tau']:.3f}")  # fmt: skip
     if corpus_tokens:
         ax.axvline(corpus_tokens, color="grey", lw=0.8, ls=":")
         ax.annotate("whole corpus", (corpus_tokens, ax.get_ylim()[0]), rotation=90, va="bottom", ha="right",

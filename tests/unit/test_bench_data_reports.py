@@ -480,7 +480,8 @@ def _whole_corpus_page(tmp_path: Path) -> dict:
 def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128) -> Path:
     d = tmp_path / f"eval-{max_new_tokens}"
     d.mkdir(parents=True)
-    acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05]}
+    acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05],
+           "tau_by_position": [{"from": 0, "to": 64, "rounds": 9, "tau": tau - 0.2}, {"from": 64, "to": 128, "tau": tau + 0.2}]}  # fmt: skip
     rep = {"bench": "mt_bench", "num_prompts": 80, "max_new_tokens": max_new_tokens, "depth": 8, "mode": "chain",
            "temperature": 0.0, "heads": {"h": {"head": {"path": str(tmp_path / "head")}, "chain": {"acceptance": acc}}}}  # fmt: skip
     (d / "report.json").write_text(json.dumps(rep))
@@ -519,6 +520,9 @@ def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_c
     data["rows"] = [{"eval": "mt_bench", "tau": 1.7, "greedy_mismatches": 0, "prompts": 80}]
     need = next(r for r in bars31(data) if r["criterion"].startswith("MT-bench"))["needs"]
     assert "as the long run measured it (+0.280 per doubling" in need and "2.7x this corpus" in need
+    assert "where that head measures 1.800" in need and need.endswith(
+        "(tau by position in the answer: tokens 0-64 1.60, tokens 64-128 2.00)"
+    )
     assert "results-data-scaling.png" in draw_figures(data, tmp_path)
 
 
