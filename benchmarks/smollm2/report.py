@@ -738,6 +738,10 @@ def main() -> None:
             raise SystemExit(2)
         write_figures(a.results_md)
         return
+    if a.sessions and a.whole_corpus is None:
+        print("error: --sessions names the long run's sessions for --whole-corpus EVAL_DIR, which is missing; "
+              "nothing was written", file=sys.stderr)  # fmt: skip
+        raise SystemExit(2)
     if a.decoder_rounds is not None:
         write_decoder_rounds(a.results_md.with_suffix(".json"), a.decoder_rounds)
         return

@@ -24,7 +24,8 @@ from eagle3cli.eval.config import EvalConfig
 
 # the eval settings a point must share with the sizes' MT-bench evals (read from their commands)
 SETTINGS = {"--bench": ("bench", str), "--num-prompts": ("num_prompts", int),
-            "--max-new-tokens": ("max_new_tokens", int), "--depth": ("depth", int), "--mode": ("mode", str)}  # fmt: skip
+            "--max-new-tokens": ("max_new_tokens", int), "--depth": ("depth", int), "--mode": ("mode", str),
+            "--dtype": ("dtype", str)}  # fmt: skip
 GOALS = (2.2, 2.5, 3.0)
 
 
@@ -108,8 +109,11 @@ def whole_corpus_json(data: dict, eval_dir: Path, new_sessions: list[dict]) -> d
     sessions = sessions_through((data.get("published") or {}).get("sessions") or [], new_sessions, s["data"],
                                 corpus["samples"])  # fmt: skip
     rep = json.loads((eval_dir / "report.json").read_text(encoding="utf-8"))
+    if not isinstance(rep, dict) or not isinstance(rep.get("heads"), dict) or not rep["heads"]:
+        raise ValueError(f"{eval_dir}/report.json is not an eagle3 eval report (no heads)")
     want = sizes_eval(rows)
     got = {k: rep.get(k) for k in want}
+    got["dtype"] = (_json(eval_dir / "manifest.json").get("config") or {}).get("dtype")  # the report leaves it out
     if got != want or rep.get("temperature") not in (0, 0.0):
         raise ValueError(f"{eval_dir} evaluated {got} (T={rep.get('temperature')}); the sizes were evaluated "
                          f"with {want} at T=0: run that eval on the last session's head")  # fmt: skip
@@ -117,6 +121,10 @@ def whole_corpus_json(data: dict, eval_dir: Path, new_sessions: list[dict]) -> d
     acc = head["chain"]["acceptance"]
     tokens = sum(r["tokens"] for r in sessions)  # each session's samples are its own: distinct
     largest = max(rows, key=lambda r: r["tokens"])
+    if tokens <= largest["tokens"]:
+        raise ValueError(
+            f"the sessions trained {tokens:,} tokens, no more than the largest size's {largest['tokens']:,}"
+        )
     tau = round(acc["tau"], 4)
     b = (tau - largest["mt_bench_tau"]) / math.log2(tokens / largest["tokens"])
     full = fit["fit_all"]

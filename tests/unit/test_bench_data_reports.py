@@ -477,7 +477,7 @@ def _whole_corpus_page(tmp_path: Path) -> dict:
                                       "corpus": {"samples": 30, "tokens": 1_600_000, "heldout_samples": 2}}}  # fmt: skip
 
 
-def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128) -> Path:
+def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128, dtype: str = "fp32") -> Path:
     d = tmp_path / f"eval-{max_new_tokens}"
     d.mkdir(parents=True)
     acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05],
@@ -485,6 +485,7 @@ def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128) -> Path:
     rep = {"bench": "mt_bench", "num_prompts": 80, "max_new_tokens": max_new_tokens, "depth": 8, "mode": "chain",
            "temperature": 0.0, "heads": {"h": {"head": {"path": str(tmp_path / "head")}, "chain": {"acceptance": acc}}}}  # fmt: skip
     (d / "report.json").write_text(json.dumps(rep))
+    (d / "manifest.json").write_text(json.dumps({"config": {"dtype": dtype}}))
     return d
 
 
@@ -513,6 +514,11 @@ def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_c
             whole_corpus_json(data, _eval_dir(tmp_path / str(i), 1.8), [bad])
     with pytest.raises(ValueError, match="the sizes were evaluated"):  # the page's 64-token eval is another eval
         whole_corpus_json(data, _eval_dir(tmp_path, 1.8, 64), [last])
+    with pytest.raises(ValueError, match="the sizes were evaluated"):  # so is a bf16 one
+        whole_corpus_json(data, _eval_dir(tmp_path / "bf16", 1.8, dtype="bf16"), [last])
+    (tmp_path / "bf16" / "eval-128" / "report.json").write_text("[1, 2]")
+    with pytest.raises(ValueError, match="not an eagle3 eval report"):
+        whole_corpus_json(data, tmp_path / "bf16" / "eval-128", [last])
 
     data["data_scaling_whole_corpus"] = w
     text = "\n".join(scaling_section(data))
@@ -543,3 +549,6 @@ def test_report_long_run_refuses_sessions_that_leave_a_gap_with_exit_2(tmp_path)
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "expected from sample 20" in r.stderr and "nothing was written" in r.stderr
     assert "data_scaling_whole_corpus" not in json.loads(md.with_suffix(".json").read_text())
+    r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
+                        "--sessions", str(run)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 2 and "--whole-corpus EVAL_DIR, which is missing" in r.stderr
