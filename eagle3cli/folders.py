@@ -14,10 +14,14 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .errors import UsageError
-from .manifest import MANIFEST
+from .manifest import MANIFEST, atomic_write_json
 
+# A stage that writes generic names (export: config.json, model.safetensors; serve-bench: bench.json)
+# drops this file before its first write and removes it with its manifest: own-named files with
+# neither beside them are a user's (a head folder with its notes), not a killed run of ours.
+WRITING = ".eagle3-writing"
 # Files any stage leaves in its folder: its lock(s), temps of atomic writes, a placeholder.
-COMMON = (".lock", ".lock.*", ".*.tmp", ".gitkeep", MANIFEST)
+COMMON = (".lock", ".lock.*", ".*.tmp", ".gitkeep", MANIFEST, WRITING)
 EXAMPLES = {"export": "runs/NAME/head-speculators", "serve-bench": "runs/NAME/bench"}  # else runs/NAME/STAGE
 
 
@@ -48,12 +52,19 @@ def foreign_files(folder: Path, own: Iterable[str]) -> list[str]:
 
 
 def claim_output(
-    out: Path, stage: str, own: Iterable[str], inputs: Iterable[tuple[str, Path]] = (), flag: str = "--out"
+    out: Path,
+    stage: str,
+    own: Iterable[str],
+    inputs: Iterable[tuple[str, Path]] = (),
+    flag: str = "--out",
+    marked: bool = False,
 ) -> None:
     """Refuse (exit 2, naming what is there) an output folder that is one of the stage's inputs
     (`inputs`: (what, path) pairs) or lies inside one, that holds another stage's manifest or a
-    manifest eagle3 did not write, or that holds files matching none of `own` (the stage's names)."""
-    out = Path(out)
+    manifest eagle3 did not write, or that holds files matching none of `own` (the stage's names).
+    `marked`: the stage writes through `begin_writing`, so files of its own names with neither its
+    manifest nor its WRITING mark beside them were not written by it and are refused too."""
+    out, own = Path(out), tuple(own)
     example = EXAMPLES.get(stage, f"runs/NAME/{stage}")
     nxt = f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. {example})"
     for what, p in inputs:
@@ -88,6 +99,34 @@ def claim_output(
             f"a new or empty folder, or one `eagle3 {stage}` wrote",
             nxt,
         )
+    if marked and st != stage and not _marked_by(out, stage):
+        found = sorted(p.name for p in out.iterdir() if any(fnmatch.fnmatchcase(p.name, q) for q in own))
+        if found:
+            raise UsageError(
+                f"{out} holds {', '.join(found[:8])} but no manifest of `eagle3 {stage}`: eagle3 did not write "
+                f"them (a head or model folder of your own?), and `eagle3 {stage}` would overwrite them",
+                f"a new or empty folder, or one `eagle3 {stage}` wrote",
+                nxt,
+            )
+
+
+def _marked_by(out: Path, stage: str) -> bool:
+    try:
+        return json.loads((Path(out) / WRITING).read_bytes()).get("stage") == stage
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def begin_writing(out: Path, stage: str) -> None:
+    """Mark `out` as being written by `stage` (before its first file): a run killed before its manifest
+    is then still recognised as this stage's by `claim_output(..., marked=True)`."""
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write_json(Path(out) / WRITING, {"stage": stage})
+
+
+def end_writing(out: Path) -> None:
+    """The manifest is written: the folder speaks for itself now."""
+    (Path(out) / WRITING).unlink(missing_ok=True)
 
 
 # Settings that do not change what a finished output holds: where it goes, the replace switch itself,

@@ -598,7 +598,7 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from .folders import claim_output, refuse_replacing
+    from .folders import begin_writing, claim_output, end_writing, refuse_replacing
     from .manifest import remove_dead_temps, shard_record, write_manifest
     from .model.heads import read_head
     from .model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
@@ -624,7 +624,7 @@ def export_gguf(
         head_for_llama_cpp(Path(head_dir), target_dir)  # refuse a head llama.cpp cannot serve before converting
     src = converter_source()
     inputs = [("--target", target_dir)] + ([("--head", Path(head_dir))] if head_dir is not None else [])
-    claim_output(out_dir, "export", (*GGUF_FILES, "*.partial"), inputs)
+    claim_output(out_dir, "export", (*GGUF_FILES, "*.partial"), inputs, marked=True)
     settings = {
         "head": repo_relative(head_dir) if head_dir is not None else None,
         "target": repo_relative(target_dir),
@@ -633,7 +633,7 @@ def export_gguf(
         "target_gguf": write_target,
     }
     refuse_replacing(out_dir, "export", settings, overwrite)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    begin_writing(out_dir, "export")  # before the old manifest goes: a killed rerun stays ours
     (out_dir / "manifest.json").unlink(missing_ok=True)
     remove_dead_temps(out_dir)
     log_path = out_dir / "convert.log"
@@ -671,4 +671,5 @@ def export_gguf(
         gguf=record,
         shards=shards,
     )
+    end_writing(out_dir)
     return out_dir

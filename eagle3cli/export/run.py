@@ -21,7 +21,7 @@ import torch
 
 from ..console import warn
 from ..errors import UsageError
-from ..folders import claim_output, refuse_replacing
+from ..folders import begin_writing, claim_output, end_writing, refuse_replacing
 from ..head_files import head_state_dict, own_layout_config, target_architectures, write_head_files
 from ..manifest import read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.engines import sglang_norm_problem
@@ -149,7 +149,8 @@ def export_head(
                 "for SGLang, a head trained without --norm-before-fc and --norm-before-residual",
                 f"eagle3 export --head {head_dir} --format vllm --out DIR   (or --format gguf, for llama.cpp)",
             )
-    claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)])
+    # marked: config.json + model.safetensors are any head folder's names; a user's own is refused
+    claim_output(out_dir, "export", EXPORT_FILES, [("--head", head_dir)], marked=True)
     settings = {
         "head": repo_relative(head_dir),
         "format": fmt,
@@ -175,7 +176,7 @@ def export_head(
                 "a target family vLLM supports for EAGLE-3 (docs/serve.md lists them)",
                 f"eagle3 export --head {head_dir} --format sglang --out DIR   (if SGLang supports the target)",
             )
-    out_dir.mkdir(parents=True, exist_ok=True)
+    begin_writing(out_dir, "export")  # before the old manifest goes: a killed rerun stays ours
     (out_dir / "manifest.json").unlink(missing_ok=True)
     tensors = head_state_dict(draft)
     if dtype != "keep":  # floating weights only: d2t (int64) and t2d (bool) are maps
@@ -197,6 +198,7 @@ def export_head(
         target=(cfg.get("eagle3") or {}).get("target", {}),
         shards=[shard_record(out_dir / HEAD_WEIGHTS)],
     )
+    end_writing(out_dir)
     return out_dir
 
 

@@ -24,7 +24,8 @@ from ..console import log, print_table, progress, warn
 from ..engine_api import EngineClient, Unreachable, chat_body, generate_body
 from ..errors import UsageError
 from ..extras import draw_plot
-from ..folders import claim_output
+from ..folders import begin_writing, claim_output, end_writing, refuse_replacing
+from ..lock import locked_stage
 from ..manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
 from .config import BenchConfig
 
@@ -256,10 +257,13 @@ def _fmt(v, digits=3):
     return "-" if v is None else (f"{v:.{digits}g}" if isinstance(v, float) else str(v))
 
 
+@locked_stage("serve-bench", lambda cfg: Path(cfg.out))  # two benches on one folder: the second is refused
 def run_bench(cfg: BenchConfig) -> Path:
     """Measure every level on the speculative (and baseline) server; write bench.json, bench.png, manifest."""
     assert cfg.spec_url is not None  # validate() requires --spec-url
-    claim_output(Path(cfg.out), "serve-bench", ("bench.json", "bench.png"))
+    claim_output(Path(cfg.out), "serve-bench", ("bench.json", "bench.png"), marked=True)
+    # another server, other levels or prompts (the default --out is shared): not replaced silently
+    refuse_replacing(Path(cfg.out), "serve-bench", config_dict(cfg), cfg.overwrite)
     remove_dead_temps(Path(cfg.out))
     prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
@@ -288,7 +292,8 @@ def run_bench(cfg: BenchConfig) -> Path:
     sp = speedups(levels)
     cross = crossover(sp)
     out = Path(cfg.out)
-    out.mkdir(parents=True, exist_ok=True)
+    begin_writing(out, "serve-bench")  # before the old manifest goes: a killed rerun stays ours
+    (out / "manifest.json").unlink(missing_ok=True)
     rows = [
         [
             r.server,
@@ -349,5 +354,6 @@ def run_bench(cfg: BenchConfig) -> Path:
         counts={"requests": sum(r.requests for r in levels), "failed": failed},
         stops_paying_at=cross,
     )
+    end_writing(out)
     log(f"wrote {out / 'bench.json'}" + (f" and {out / 'bench.png'}" if drawn else ""))
     return out

@@ -86,6 +86,9 @@ class BenchConfig:
     """Prompts: a named source (mt_bench, gsm8k, sharegpt = held-out, ...) or a file in any format gen-data reads."""
     out: Path = Path("runs/serve-bench")
     """Folder for bench.json, bench.png and manifest.json."""
+    overwrite: bool = False
+    """Replace a finished bench in --out made with other settings or servers (without it that is
+    refused; the same command again reruns)."""
     timeout: float = 600.0
     """Seconds per request before it counts as failed."""
 
