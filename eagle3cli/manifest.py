@@ -117,6 +117,8 @@ def read_json_object(path: Path, expected: str, next_step: str | None = None) ->
         obj = read_json(path)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not valid JSON ({e})", expected, next_step) from e
+    except RecursionError:  # a hand-made file nested 100k deep: Python's parser gives up
+        raise UsageError(f"{path} nests JSON deeper than Python can read", expected, next_step) from None
     if not isinstance(obj, dict):
         raise UsageError(f"{path} is not a JSON object (it holds a {type(obj).__name__})", expected, next_step)
     return obj
@@ -363,6 +365,13 @@ def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
             produced_by,
         )
     m = read_json_object(path, "a manifest written by eagle3", produced_by)
+    version = m.get("schema_version")
+    if version is not None and version != SCHEMA_VERSION:  # a newer layout read as this one would be misread
+        raise UsageError(
+            f"{path} has schema_version {version!r}; this eagle3 reads version {SCHEMA_VERSION}",
+            f"a manifest of schema version {SCHEMA_VERSION} (written by this eagle3 version)",
+            f"use the eagle3 version that wrote it, or rebuild the folder: {produced_by}",
+        )
     if m.get("stage") != stage:
         raise UsageError(
             f"{path} was written by stage '{m.get('stage')}', not '{stage}'",

@@ -22,8 +22,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, contained, read_json, read_manifest, sha256_file, verify_shards
+from ..manifest import atomic_write_json, read_json, read_manifest, sha256_file, verify_shards
 from .storage import OPTIONAL_KEYS, decode, feature_keys
+from .validate import check_manifest, check_shard, check_vocab_file, damaged, read_header
 
 INDEX_FILE = "index.safetensors"
 VOCAB_FILE = "vocab.safetensors"
@@ -36,8 +37,7 @@ class CacheReader:
         self.dir = Path(cache_dir)
         self.manifest = read_manifest(self.dir, "cache", REBUILD)
         m = self.manifest
-        for s in m["shards"]:
-            contained(self.dir, s["file"])  # a manifest may not name files outside its folder
+        check_manifest(self.dir, m)  # every field read below, with its type; files inside the folder
         missing = [s["file"] for s in m["shards"] if not (self.dir / s["file"]).exists()]
         missing += [f for f in (INDEX_FILE, VOCAB_FILE) if not (self.dir / f).exists()]
         if missing:
@@ -60,12 +60,18 @@ class CacheReader:
         self.draft_vocab_size: int = int(m["draft_vocab_size"])
         self.hidden_size: int = int(m["target"]["hidden_size"])
         self.teacher: str = "topk" if self.storage == "compact" else "last_hidden"
+        read_header(self.dir, self.dir / VOCAB_FILE)  # checksummed, but the manifest may have been rewritten too
+        read_header(self.dir, self.dir / INDEX_FILE)
         vocab = load_file(str(self.dir / VOCAB_FILE))
+        check_vocab_file(self.dir, self.dir / VOCAB_FILE, m, vocab)
         self.d2t: torch.Tensor = vocab["d2t"].to(torch.int64)
         self.t2d: torch.Tensor = vocab["t2d"].to(torch.bool)
         # assistant-token frequencies the draft vocab was chosen from (absent in hand-made caches)
         self.token_counts: torch.Tensor | None = vocab.get("token_counts")
-        self.lengths: list[int] = load_file(str(self.dir / INDEX_FILE))["lengths"].tolist()
+        index = load_file(str(self.dir / INDEX_FILE)).get("lengths")
+        if index is None or index.dim() != 1:
+            raise damaged(self.dir, INDEX_FILE, "lacks a 1-dim `lengths`", "the index `eagle3 cache` writes")
+        self.lengths: list[int] = index.tolist()
         self._starts = [0]
         for s in m["shards"]:
             self._starts.append(self._starts[-1] + int(s["samples"]))
@@ -93,9 +99,11 @@ class CacheReader:
         h = self._handles.get(j)
         if h is None:
             self._verify(j)
+            # structure, dtypes, offsets, ids in the vocab: a crafted shard whose checksum was rewritten too
+            offsets = check_shard(self.dir, self.manifest["shards"][j], self.manifest)
             h = safe_open(str(self.dir / self.manifest["shards"][j]["file"]), framework="pt")
             self._handles[j] = h
-            self._offsets[j] = h.get_tensor("offsets").tolist()
+            self._offsets[j] = offsets
             self._keys[j] = set(h.keys())
         return h
 

@@ -14,6 +14,7 @@ from ..speculate.aux_layers import aux_layer_problems
 from .plan import rerun_cmd
 from .reader import VOCAB_FILE
 from .storage import feature_keys
+from .validate import check_manifest, check_shard, check_vocab_file
 
 
 def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
@@ -41,6 +42,7 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     """Checksums, shard structure, and the manifest against the target; StageError on any problem."""
     cache_dir = Path(cache_dir)
     m = read_manifest(cache_dir, "cache", "eagle3 cache --run runs/NAME")
+    check_manifest(cache_dir, m, verifying=True)  # the fields read below, with their types
     rebuild = rerun_cmd(m.get("config") or {}, cache_dir)
     problems = verify_shards(cache_dir, m["shards"] + m.get("files", []))
     if problems:
@@ -54,15 +56,11 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     from safetensors import safe_open
 
     for s in m["shards"]:
+        try:  # header, dtypes against bytes, shapes against the manifest's counts, offsets, ids in the vocab
+            check_shard(cache_dir, s, m)
+        except StageError as e:
+            raise StageError(e.what, e.expected, f"rm {cache_dir / s['file']} && {rebuild}") from None
         with safe_open(str(cache_dir / s["file"]), framework="pt") as f:
-            offsets = f.get_tensor("offsets")
-            if offsets.numel() != s["samples"] + 1 or int(offsets[-1]) != s["tokens"]:
-                raise StageError(
-                    f"{s['file']}: holds {offsets.numel() - 1} samples / {int(offsets[-1])} tokens, "
-                    f"manifest says {s['samples']} / {s['tokens']}",
-                    "a consistent shard",
-                    f"rm {cache_dir / s['file']} && {rebuild}",
-                )
             nonfinite = nonfinite_features(f, m["storage"])
             if nonfinite:  # written that way (a NaN target forward): the checksum matches, training would not
                 raise StageError(
@@ -91,6 +89,7 @@ def verify_cache(cache_dir: Path, target: str | None = None) -> dict:
     from safetensors.torch import load_file
 
     vocab = load_file(str(cache_dir / VOCAB_FILE))
+    check_vocab_file(cache_dir, cache_dir / VOCAB_FILE, m, vocab)
     d2t, t2d = vocab["d2t"], vocab["t2d"]
     ids = torch.arange(d2t.numel()) + d2t
     if (

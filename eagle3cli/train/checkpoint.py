@@ -43,11 +43,18 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if state.get("cuda") is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def set_rng_state(state: dict, path: Path | None = None) -> None:
+    """Restore the RNG state a checkpoint saved; one that is malformed (edited, crafted) is a
+    StageError naming the checkpoint (`path`), not a traceback from `random.setstate`."""
+    try:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        if state.get("cuda") is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
+    except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
+        if path is None:
+            raise
+        raise _damaged(Path(path), f"its RNG state is malformed ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 # ---------------------------------------------------------------- state <-> (tensors, JSON)
@@ -146,6 +153,12 @@ def prune(d: Path, keep: int) -> None:
         for tag in ds.glob("step-*"):
             if tag.is_dir() and tag.name not in kept:
                 shutil.rmtree(tag, ignore_errors=True)
+
+
+def dangling_last(train_dir: Path) -> str | None:
+    """Where `checkpoints/last` points when that file is gone (a resume would start from step 0)."""
+    link = Path(train_dir) / CKPT_DIR / "last"
+    return os.readlink(link) if link.is_symlink() and not link.resolve().exists() else None
 
 
 def latest(train_dir: Path) -> Path | None:

@@ -494,6 +494,12 @@ def compiled_loss(device: torch.device):
 def resume(tr: Trainer) -> None:
     metrics = tr.train_dir / "metrics.jsonl"
     path = ckpt.latest(tr.train_dir)
+    gone = ckpt.dangling_last(tr.train_dir)
+    if gone is not None and tr.cfg.resume and tr.rank == 0:  # say so rather than restart from step 0 silently
+        console.warn(
+            f"{tr.train_dir / ckpt.CKPT_DIR / 'last'} points at {gone}, which is gone: training starts from step 0 "
+            f"(point it at an older step: ln -sfn step-NNNNNNN.safetensors last, then rerun to resume from there)"
+        )
     if not tr.cfg.resume or path is None:
         if tr.rank == 0:
             if path is not None:
@@ -531,7 +537,7 @@ def resume(tr: Trainer) -> None:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.scheduler.load_state_dict(state["scheduler"])
-    ckpt.set_rng_state(state["rng"])
+    ckpt.set_rng_state(state.get("rng"), path)
     tr.loop.restore(state)
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.loop.step)

@@ -114,3 +114,177 @@ def test_serve_bench_refuses_another_bench_a_users_file_and_a_second_writer(tmp_
         assert "being written by another eagle3 serve-bench" in err(capsys)
     finally:
         os.close(fd)
+
+
+# ---------------------------------------------------------------- 4. crafted caches, manifests, checkpoints
+FAST = ["--token-budget", "640", "--max-length", "160", "--ttt-steps", "2", "--log-every", "1"]
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_target_dir):
+    from train_fixtures import make_run
+
+    return make_run(tmp_path_factory.mktemp("r5-cache") / "base", tiny_target_dir, n=12)
+
+
+@pytest.fixture
+def run_dir(tmp_path, base_run):
+    from train_fixtures import copy_run
+
+    return copy_run(base_run, tmp_path / "run")
+
+
+def _manifest(cache):
+    return json.loads((cache / "manifest.json").read_text())
+
+
+def _reseal(cache, m, shard):
+    """The manifest's checksum made to agree with the edited shard: a crafted cache, not a damaged one."""
+    from eagle3cli.manifest import sha256_file
+
+    m["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
+    (cache / "manifest.json").write_text(json.dumps(m))
+
+
+def _edit_header(cache, edit):
+    m = _manifest(cache)
+    shard = cache / m["shards"][0]["file"]
+    data = shard.read_bytes()
+    n = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + n])
+    raw = edit(header, data[8 + n :])
+    if raw is None:
+        h = json.dumps(header).encode()
+        raw = len(h).to_bytes(8, "little") + h + data[8 + n :]
+    shard.write_bytes(raw)
+    _reseal(cache, m, shard)
+    return shard.name
+
+
+def _edit_tensors(cache, edit):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    m = _manifest(cache)
+    shard = cache / m["shards"][0]["file"]
+    with safe_open(str(shard), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    edit(tensors)
+    save_file(tensors, str(shard), metadata=meta)
+    _reseal(cache, m, shard)
+    return shard.name
+
+
+def _set_ids(value):
+    def edit(t):
+        t["input_ids"][3] = value
+
+    return edit
+
+
+def _header_past_eof(h, body):
+    return (10**12).to_bytes(8, "little") + json.dumps(h).encode() + body
+
+
+def _overlap(h, body):
+    a = h["input_ids"]["data_offsets"][0]
+    h["loss_mask"]["data_offsets"] = [a, a + h["loss_mask"]["data_offsets"][1] - h["loss_mask"]["data_offsets"][0]]
+
+
+def _wrong_dtype(h, body):
+    h["input_ids"]["dtype"] = "I64"
+
+
+def _fp16_features(h, body):
+    h["aux_hidden"]["dtype"] = "F16"  # the same bytes, read as another type
+
+
+import torch  # noqa: E402
+
+SHARD_CASES = {
+    "header-past-eof": (lambda c: _edit_header(c, _header_past_eof), "header length"),
+    "overlapping-offsets": (lambda c: _edit_header(c, _overlap), "overlapping bytes"),
+    "dtype-vs-bytes": (lambda c: _edit_header(c, _wrong_dtype), "that dtype and shape take"),
+    "dtype-of-features": (lambda c: _edit_header(c, _fp16_features), "stores aux_hidden as F16"),
+    "0-dim-offsets": (lambda c: _edit_tensors(c, lambda t: t.update(offsets=torch.tensor(0))), "offsets of shape []"),
+    "no-last-hidden": (lambda c: _edit_tensors(c, lambda t: t.pop("last_hidden")), "lacks last_hidden"),
+    "id-past-vocab": (lambda c: _edit_tensors(c, _set_ids(30000)), "input_ids 30000, outside the target's vocab"),
+    "negative-id": (lambda c: _edit_tensors(c, _set_ids(-7)), "input_ids -7, outside the target's vocab"),
+}
+
+
+def _drop(key):
+    def edit(m):
+        m.pop(key)
+
+    return edit
+
+
+def _set(path, value):
+    def edit(m):
+        d = m
+        for k in path[:-1]:
+            d = d[k]
+        d[path[-1]] = value
+
+    return edit
+
+
+def _nested(cache):
+    (cache / "manifest.json").write_text("[" * 100_000 + "]" * 100_000)
+    return "manifest.json"
+
+
+def _edit_manifest(edit):
+    def craft(cache):
+        m = _manifest(cache)
+        edit(m)
+        (cache / "manifest.json").write_text(json.dumps(m))
+        return "manifest.json"
+
+    return craft
+
+
+MANIFEST_CASES = {
+    "no-shards": (_edit_manifest(_drop("shards")), "shards is missing"),
+    "samples-eleven": (_edit_manifest(lambda m: m["shards"][0].update(samples="eleven")), "samples='eleven'"),
+    "nested-100k": (_nested, "nests JSON deeper than Python can read"),
+    "schema-999": (_edit_manifest(_set(["schema_version"], 999)), "schema_version 999"),
+    "no-fingerprint": (_edit_manifest(lambda m: m["target"].pop("fingerprint")), "target.fingerprint is missing"),
+}
+
+
+@pytest.mark.parametrize("case", [*SHARD_CASES, *MANIFEST_CASES])
+def test_a_crafted_cache_exits_2_naming_the_file_in_train_and_verify(run_dir, tiny_target_dir, capsys, case):
+    craft, what = {**SHARD_CASES, **MANIFEST_CASES}[case]
+    name = craft(run_dir / "cache")
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "1"]) == 2
+    text = err(capsys)
+    assert name in text and what in text, text
+    assert "eagle3 cache --verify" in text or "nests JSON" in text or "schema_version" in text, text
+    assert not (run_dir / "head" / "model.safetensors").exists()
+    assert main(["cache", "--verify", str(run_dir / "cache"), "--target", str(tiny_target_dir)]) == 2
+    text = err(capsys)
+    assert name in text and what in text, text
+
+
+def test_a_malformed_rng_state_or_a_dangling_last_is_named(run_dir, capsys):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    args = ["train", "--run", str(run_dir), *FAST, "--save-every", "1"]
+    assert main([*args, "--max-steps", "2"]) == 0
+    ckdir = run_dir / "train" / "checkpoints"
+    last = ckdir / os.readlink(ckdir / "last")
+    with safe_open(str(last), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    state = json.loads(meta["state"])
+    state["rng"]["python"] = {"$tuple": [3, "not a state", None]}
+    save_file(tensors, str(last), metadata={**meta, "state": json.dumps(state)})
+    assert main([*args, "--max-steps", "3"]) == 2
+    text = err(capsys)
+    assert last.name in text and "RNG state is malformed" in text
+    last.unlink()  # `last` now points at nothing: said, not a silent restart from step 0
+    assert main([*args, "--max-steps", "1"]) == 0
+    text = err(capsys)
+    assert "which is gone" in text and last.name in text
