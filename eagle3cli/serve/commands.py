@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
+from .engine_args import SGLANG_REFUSED, check_engine_args, sglang_parser_unavailable_reason
 from .problems import Problem, error
 
 SGLANG_MODULE = "sglang.launch_server"
@@ -187,65 +188,10 @@ def vllm_cpu_command(target: Path | str, head: Path | str, spec: SpecNumbers, py
 
 ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command, "vllm-cpu": vllm_cpu_command}
 
-# The engine flags serve sets itself (checked by preflight), with serve's own flag for each. Given
-# again after `--` they would win (argparse keeps the last), unchecked: another model, head or port.
-OWNED_FLAGS = {
-    "sglang": {
-        "--model-path": "--target",
-        "--model": "--target",
-        "--speculative-algorithm": "(serve sets EAGLE3)",
-        "--speculative-draft-model-path": "--head",
-        "--speculative-draft-model": "--head",
-        "--speculative-num-steps": "--steps",
-        "--speculative-eagle-topk": "--topk",
-        "--speculative-num-draft-tokens": "--draft-tokens",
-        "--host": "--host",
-        "--port": "--port",
-    },
-    "vllm": {
-        "--model": "--target",
-        "--speculative-config": "--head and --steps",
-        "-sc": "--head and --steps",
-        "--host": "--host",
-        "--port": "--port",
-    },
-}
-
-
-def engine_flag_name(arg: str, owned: dict[str, str]) -> str | None:
-    """The owned flag `arg` sets in the engine's own spellings, or None: `--speculative_config` (vLLM
-    and SGLang accept underscores), `--speculative-config=...`, `--speculative-config.model` (vLLM's
-    dotted keys of a JSON argument), and an unambiguous prefix argparse would expand (`--speculative-conf`)."""
-    if not arg.startswith("-") or arg == "--":
-        return None
-    name = arg.split("=", 1)[0]
-    if name.startswith("--"):
-        name = "--" + name[2:].replace("_", "-").lower()
-        name = name.split(".", 1)[0]
-    if name in owned:
-        return name
-    if name.startswith("--") and len(name) >= 5:  # argparse's allow_abbrev: a unique prefix is the flag
-        hits = [f for f in owned if f.startswith(name)]
-        if hits:
-            return hits[0]
-    return None
-
 
 def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
-    """Extra engine arguments that set what serve already sets (and has checked) are refused."""
-    owned = OWNED_FLAGS.get(engine, {})
-    problems = []
-    for a in extra:
-        name = engine_flag_name(a, owned)
-        if name is not None:
-            problems.append(
-                error(
-                    f"`{a}` after `--` sets what eagle3 serve sets itself (and checks): the engine would take "
-                    "the last value, unchecked",
-                    f"use serve's own flag {owned[name]} instead, and drop {name} after `--`",
-                )
-            )
-    return problems
+    """Serve's guard on the engine arguments after `--` (the tables: `engine_args.py`)."""
+    return check_engine_args(engine, extra)
 
 
 def build_command(
@@ -297,13 +243,13 @@ class ParserCheck:
     sglang_version: str | None = None
 
 
-def sglang_parser_unavailable_reason() -> str | None:
-    """None when `sglang.srt.server_args` imports here; else why not (for skips and doctor)."""
-    try:
-        import sglang.srt.server_args  # noqa: F401
-    except Exception as e:  # noqa: BLE001 — missing package, missing light dep, CUDA-only import...
-        return f"{type(e).__name__}: {e}"
-    return None
+def merged_config(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """The arguments SGLang parses: a `--config FILE` merged in by SGLang's own code, as its launcher does."""
+    if "--config" not in args:
+        return args
+    from sglang.srt.utils.server_args_config_parser import ConfigArgumentMerger
+
+    return ConfigArgumentMerger(parser).merge_config_with_args(args)
 
 
 def validate_sglang_argv(argv: list[str]) -> ParserCheck:
@@ -323,8 +269,8 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
     parser = _StrictParser(prog=SGLANG_MODULE, allow_abbrev=False)
     ServerArgs.add_cli_args(parser)
     try:
-        ns = parser.parse_args(args)
-    except _ParseError as e:
+        ns = parser.parse_args(merged_config(parser, args))
+    except (_ParseError, ValueError, OSError) as e:  # SGLang's --config merge raises ValueError/OSError
         return ParserCheck(True, False, f"sglang {version} rejects the command: {e}", version)
     expect = {"speculative_algorithm": "EAGLE3"}
     flags = {
@@ -350,6 +296,15 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
         f"{k}={getattr(server_args, k, None)!r} (meant {v!r})"
         for k, v in expect.items()
         if str(getattr(server_args, k, None)) != str(v)
+    ]
+    # every other refused dest as SGLang parsed it, whatever the spelling: its default, or a harmless value
+    wrong += [
+        f"{dest}={getattr(ns, dest)!r} (meant SGLang's default {parser.get_default(dest)!r}: {guard.changes})"
+        for dest, guard in SGLANG_REFUSED.items()
+        if guard.own is None
+        and hasattr(ns, dest)
+        and getattr(ns, dest) != parser.get_default(dest)
+        and str(getattr(ns, dest)).lower() not in guard.allowed
     ]
     if wrong:
         return ParserCheck(True, False, f"sglang {version} parses the command differently: {', '.join(wrong)}", version)

@@ -127,7 +127,9 @@ def run_serve(cfg: ServeConfig) -> int:
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
     elif engine_python or importlib.util.find_spec("vllm") is not None:
         spec_cfg = {"method": "eagle3", "model": str(cfg.head), "num_speculative_tokens": spec.steps}
-        check = validate_vllm_argv(argv, engine_python or sys.executable, spec_cfg, cfg.host, cfg.port)
+        check = validate_vllm_argv(
+            argv, engine_python or sys.executable, spec_cfg, cfg.host, cfg.port, model=str(cfg.target)
+        )
         if check.available and not check.ok:
             raise UsageError(
                 check.message,

@@ -13,6 +13,7 @@ import json
 import subprocess
 
 from .commands import VLLM_API_MODULE, ParserCheck
+from .engine_args import VLLM_REFUSED
 
 # Runs in the engine's python: argv[1:] = the engine's arguments after `serve` / the module name.
 _PROBE = r"""
@@ -42,10 +43,13 @@ except Exception as e:
     print(json.dumps({"ok": False, "version": version, "error": f"{type(e).__name__}: {e}"}))
     raise SystemExit(0)
 spec = args.speculative_config
-print(json.dumps({"ok": True, "version": version, "model": args.model_tag or args.model,
+changed = {d: repr(getattr(args, d)) for d in GUARDED if hasattr(args, d) and getattr(args, d) != parser.get_default(d)}
+print(json.dumps({"ok": True, "version": version, "model": getattr(args, "model_tag", None) or args.model,
     "speculative_config": spec if isinstance(spec, dict) or spec is None else dict(spec),
-    "host": args.host, "port": args.port}))
+    "host": args.host, "port": args.port, "changed": changed}))
 """
+# the refused dests serve does not set itself (engine_args.VLLM_REFUSED): vLLM's parser says which are set
+_GUARDED = [d for d, g in VLLM_REFUSED.items() if g.own is None]
 
 
 def engine_args(argv: list[str]) -> list[str]:
@@ -55,19 +59,28 @@ def engine_args(argv: list[str]) -> list[str]:
     return argv[argv.index("serve") + 1 :] if "serve" in argv else argv[1:]
 
 
-def differences(parsed: dict, spec_cfg: dict, host: str, port: int) -> list[str]:
-    """What vLLM parsed that is not what we meant (a later flag after `--` wins in argparse)."""
+def differences(parsed: dict, spec_cfg: dict, host: str, port: int, model: str | None = None) -> list[str]:
+    """What vLLM parsed that is not what we meant (a later flag after `--` wins in argparse), and every
+    refused argument vLLM's parser read, in whatever spelling (engine_args.VLLM_REFUSED)."""
     got = parsed.get("speculative_config") or {}
     wrong = [f"speculative_config.{k}={got.get(k)!r} (meant {v!r})" for k, v in spec_cfg.items() if got.get(k) != v]
+    meant = [("host", host), ("port", port)] + ([("model", model)] if model is not None else [])
+    wrong += [f"{k}={parsed.get(k)!r} (meant {v!r})" for k, v in meant if parsed.get(k) != v]
+    changed = parsed.get("changed") or {}
     return wrong + [
-        f"{k}={parsed.get(k)!r} (meant {v!r})" for k, v in (("host", host), ("port", port)) if parsed.get(k) != v
+        f"{dest}={value} ({VLLM_REFUSED[dest].changes}; meant vLLM's default)"
+        for dest, value in changed.items()
+        if dest in VLLM_REFUSED and str(value).strip("'\"").lower() not in VLLM_REFUSED[dest].allowed
     ]
 
 
-def validate_vllm_argv(argv: list[str], python: str, spec_cfg: dict, host: str, port: int) -> ParserCheck:
+def validate_vllm_argv(
+    argv: list[str], python: str, spec_cfg: dict, host: str, port: int, model: str | None = None
+) -> ParserCheck:
     """Parse `argv` with the vLLM installed for `python`; compare what it parsed with what we meant."""
     try:
-        r = subprocess.run([python, "-c", _PROBE, *engine_args(argv)], capture_output=True, text=True, timeout=300)
+        probe = f"GUARDED = {_GUARDED!r}\n{_PROBE}"
+        r = subprocess.run([python, "-c", probe, *engine_args(argv)], capture_output=True, text=True, timeout=300)
         found = json.loads(r.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError) as e:
         return ParserCheck(False, False, f"vLLM's parser did not run in {python} ({type(e).__name__})")
@@ -77,7 +90,7 @@ def validate_vllm_argv(argv: list[str], python: str, spec_cfg: dict, host: str, 
             (ln for ln in reversed(r.stderr.splitlines()) if "error:" in ln), f"exit {found.get('code')}"
         )
         return ParserCheck(True, False, f"vLLM {version} rejects the command: {why.strip()}", version)
-    wrong = differences(found, spec_cfg, host, port)
+    wrong = differences(found, spec_cfg, host, port, model)
     if wrong:
         return ParserCheck(True, False, f"vLLM {version} parses the command differently: {', '.join(wrong)}", version)
     return ParserCheck(True, True, f"parsed by vLLM {version}'s own argument parser", version)

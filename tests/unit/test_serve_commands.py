@@ -283,7 +283,7 @@ def test_the_engine_argument_guard_matches_the_engines_own_spellings(engine, arg
     from eagle3cli.serve.commands import check_extra_args
 
     assert check_extra_args(engine, [arg, "x"]), arg
-    assert not check_extra_args(engine, ["--max-num-seqs", "4", "--speculative-token-map", "m"])
+    assert not check_extra_args(engine, ["--max-num-seqs", "4", "--dtype", "float32"])
 
 
 def test_vllm_serves_a_target_that_names_no_architecture_from_a_lasting_copy(
