@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -62,3 +64,35 @@ def edit_tensors(
         tensors[new] = tensors.pop(old)
     tensors.update(replace or {})
     save_file(tensors, str(head / "model.safetensors"))
+
+
+# ---------------------------------------------------------------- the serve command line
+CHAIN = ("--steps", "3", "--topk", "1", "--draft-tokens", "4")  # a 3-token chain: what vLLM drafts
+
+
+def serve_args(target: Path, head: Path, *flags: str) -> list[str]:
+    """`eagle3 serve --target T --head H FLAGS...`, as `main` takes it."""
+    return ["serve", "--target", str(target), "--head", str(head), *flags]
+
+
+def printed_command(out: str) -> list[str]:
+    """The engine command `serve --dry-run` printed (one `--flag value` a line, `\\` continued)."""
+    return shlex.split(out.replace("\\\n", " "))
+
+
+def skip_without_sglang_parser() -> None:
+    """SGLang's own parser imports here (`make sglang-cpu`), or the test skips and says why."""
+    from eagle3cli.serve.commands import sglang_parser_unavailable_reason
+
+    reason = sglang_parser_unavailable_reason()
+    if reason is not None:
+        pytest.skip(f"sglang's parser does not import here ({reason}); install it with `make sglang-cpu`")
+
+
+def assert_sglang_parses(argv: list[str]) -> None:
+    """The command parses under SGLang's own parser, as serve meant it (skips where it does not import)."""
+    from eagle3cli.serve.commands import validate_sglang_argv
+
+    skip_without_sglang_parser()
+    check = validate_sglang_argv(argv)
+    assert check.ok, check.message

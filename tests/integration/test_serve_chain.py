@@ -5,14 +5,12 @@ dry-run command parses under SGLang; the bench client measures a real model serv
 from __future__ import annotations
 
 import json
-import shlex
 
 import pytest
-from serve_helpers import export_head
+from serve_helpers import assert_sglang_parses, export_head, printed_command, serve_args
 
 from eagle3cli.cli import main
 from eagle3cli.serve import preflight as pf
-from eagle3cli.serve.commands import sglang_parser_unavailable_reason, validate_sglang_argv
 
 pytestmark = pytest.mark.integration
 
@@ -21,31 +19,10 @@ def test_head_for_trained_target_passes_and_parses(trained_target_dir, tmp_path,
     head = export_head(tmp_path / "head", trained_target_dir, draft_vocab=1024)
     assert pf.check_head(head, trained_target_dir, "sglang") == []
     assert pf.check_head(head, trained_target_dir, "vllm") == []
-    code = main(
-        [
-            "serve",
-            "--target",
-            str(trained_target_dir),
-            "--head",
-            str(head),
-            "--dry-run",
-            "--steps",
-            "6",
-            "--topk",
-            "1",
-            "--draft-tokens",
-            "7",
-        ]
-    )
+    code = main(serve_args(trained_target_dir, head, "--dry-run", "--steps", "6", "--topk", "1", "--draft-tokens", "7"))
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    argv = shlex.split(cap.out.replace("\\\n", " "))
-    reason = sglang_parser_unavailable_reason()
-    if reason is None:
-        check = validate_sglang_argv(argv)
-        assert check.ok, check.message
-    else:
-        pytest.skip(f"command built; sglang's parser not importable here ({reason}): `make sglang-cpu`")
+    assert_sglang_parses(printed_command(cap.out))
 
 
 def test_head_exported_by_eagle3_train_passes_and_parses(tiny_target_dir, tmp_path, capsys):
@@ -73,14 +50,10 @@ def test_head_exported_by_eagle3_train_passes_and_parses(tiny_target_dir, tmp_pa
     for engine in ("sglang", "vllm"):
         assert pf.check_head(head, tiny_target_dir, engine) == [], engine
     capsys.readouterr()
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--dry-run"])
+    code = main(serve_args(tiny_target_dir, head, "--dry-run"))
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    reason = sglang_parser_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"command built; sglang's parser not importable here ({reason}): `make sglang-cpu`")
-    check = validate_sglang_argv(shlex.split(cap.out.replace("\\\n", " ")))
-    assert check.ok, check.message
+    assert_sglang_parses(printed_command(cap.out))
 
 
 @pytest.fixture(scope="module")

@@ -7,17 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
+from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.local_engine import free_port
-
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
 
 
 @pytest.fixture
@@ -46,13 +42,6 @@ def shards(out: Path) -> bytes:
     return b"".join(p.read_bytes() for p in sorted(out.glob("shard-*.jsonl")))
 
 
-def err(capsys) -> str:
-    cap = capsys.readouterr()
-    text = " ".join((cap.out + cap.err).split())
-    assert "Traceback" not in text
-    return text
-
-
 # ---------------------------------------------------------------- 3. no record lost to the endpoint
 def test_a_flaky_server_loses_nothing_and_the_rerun_matches_a_clean_run(
     model_server, tiny_target_dir, prompts, tmp_path, capsys
@@ -72,9 +61,15 @@ def test_a_flaky_server_loses_nothing_and_the_rerun_matches_a_clean_run(
     assert shards(out) == shards(tmp_path / "ref")  # byte for byte what an undisturbed run wrote
 
 
-def test_a_malformed_200_is_retried_not_rejected(model_server, tiny_target_dir, prompts, tmp_path):
-    srv = model_server(bad_first=2)  # two answers without choices[], then good ones
+def test_a_200_without_choices_stops_the_run_with_the_servers_words(
+    model_server, tiny_target_dir, prompts, tmp_path, capsys
+):
+    # issue 52: an error object sent with status 200 is what that server says to every request; retried
+    # as transient it left the run pending forever (exit 3). Now: exit 2 with its words; the rerun completes.
+    srv = model_server(bad_first=1)  # one answer without choices[], then good ones
     out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, srv.url, concurrency=1) == 2
+    assert "injected malformed answer" in err(capsys)
     assert gen(tiny_target_dir, prompts, out, srv.url) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["counts"]["written"] == 4 and m["counts"]["skipped"] == 0

@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
 from train_fixtures import REPO, write_data
 
 from eagle3cli.cli import main
@@ -27,18 +28,6 @@ with stage_lock(Path(sys.argv[1]), "test", *sys.argv[2:]):
     print("held", flush=True)
     time.sleep(300)
 """
-
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
-
-
-def err(capsys) -> str:
-    cap = capsys.readouterr()
-    text = " ".join((cap.out + cap.err).split())
-    assert "Traceback" not in text
-    return text
 
 
 @pytest.fixture

@@ -13,24 +13,13 @@ import subprocess
 import sys
 
 import pytest
+from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
 from disk_fixtures import fill, small_disk
 from head_fixtures import make_head
 from train_fixtures import REPO, make_run, write_data
 
 from eagle3cli.cli import main
 from eagle3cli.manifest import folder_fingerprint, verify_shards
-
-
-@pytest.fixture(autouse=True)
-def wide_console(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
-
-
-def err(capsys) -> str:
-    cap = capsys.readouterr()
-    text = " ".join((cap.out + cap.err).split())
-    assert "Traceback" not in text
-    return text
 
 
 def snapshot(folder):

@@ -11,7 +11,7 @@ import json
 import shlex
 
 import pytest
-from serve_helpers import export_head
+from serve_helpers import CHAIN, export_head, printed_command, serve_args, skip_without_sglang_parser
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
@@ -22,7 +22,6 @@ from eagle3cli.serve.commands import (
     format_command,
     ready_request,
     resolve_spec,
-    sglang_parser_unavailable_reason,
     spec_from_eval,
     validate_sglang_argv,
 )
@@ -30,9 +29,7 @@ from eagle3cli.serve.commands import (
 
 @pytest.fixture(scope="module")
 def sglang_parser():
-    reason = sglang_parser_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"sglang's parser does not import here ({reason}); install it with `make sglang-cpu`")
+    skip_without_sglang_parser()
 
 
 @pytest.fixture(scope="module")
@@ -156,25 +153,12 @@ def test_dry_run_prints_a_command_sglang_parses(sglang_parser, head, tiny_target
     """The exported head passes preflight and its dry-run command parses (the issue's 'done when')."""
     ev = write_report(tmp_path / "eval", {"steps": 4, "topk": 1, "num_draft_tokens": 5})
     code = main(
-        [
-            "serve",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(head),
-            "--from-eval",
-            str(ev),
-            "--dry-run",
-            "--port",
-            "30123",
-            "--",
-            "--mem-fraction-static",
-            "0.7",
-        ]
+        serve_args(tiny_target_dir, head, "--from-eval", str(ev), "--dry-run", "--port", "30123", "--")
+        + ["--mem-fraction-static", "0.7"]
     )
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    argv = shlex.split(cap.out.replace("\\\n", " "))
+    argv = printed_command(cap.out)
     assert argv[argv.index("--speculative-num-steps") + 1] == "4"
     assert argv[argv.index("--speculative-num-draft-tokens") + 1] == "5"
     assert argv[-2:] == ["--mem-fraction-static", "0.7"]
@@ -184,47 +168,28 @@ def test_dry_run_prints_a_command_sglang_parses(sglang_parser, head, tiny_target
 
 
 def test_dry_run_refuses_abbreviated_engine_flag(sglang_parser, head, tiny_target_dir, capsys):
-    code = main(
-        ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--dry-run", "--", "--mem-frac", "0.8"]
-    )
+    code = main(serve_args(tiny_target_dir, head, "--dry-run", "--", "--mem-frac", "0.8"))
     assert code == 2 and "rejects the command" in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_dry_run_vllm(head, tiny_target_dir, capsys):
-    code = main(
-        [
-            "serve",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(head),
-            "--engine",
-            "vllm",
-            "--dry-run",
-            "--steps",
-            "3",
-            "--topk",
-            "1",
-            "--draft-tokens",
-            "4",
-        ]
-    )
+    code = main(serve_args(tiny_target_dir, head, "--engine", "vllm", "--dry-run", *CHAIN))
     cap = capsys.readouterr()
     assert code == 0, cap.err
-    argv = shlex.split(cap.out.replace("\\\n", " "))
+    argv = printed_command(cap.out)
     assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == 3
 
 
 def test_dry_run_vllm_refuses_a_tree(head, tiny_target_dir, capsys):
-    args = ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"]
+    args = serve_args(tiny_target_dir, head, "--engine", "vllm", "--dry-run")
     code = main([*args, "--steps", "5", "--topk", "4", "--draft-tokens", "8"])  # SGLang's default tree
     assert code == 2 and "drafts a chain" in " ".join(capsys.readouterr().err.split())
 
 
 @pytest.mark.slow  # vLLM's own parser in its venv: ~11 s a call
 def test_vllm_without_numbers_drafts_its_default_chain(head, tiny_target_dir, capsys):
-    code = main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run"])
+    code = main(serve_args(tiny_target_dir, head, "--engine", "vllm", "--dry-run"))
     out = " ".join(capsys.readouterr().out.split())
     assert code == 0 and '"num_speculative_tokens": 3' in out
 
@@ -257,9 +222,9 @@ def test_recipe_supplies_flags(head, tiny_target_dir, tmp_path, capsys):
 )
 def test_engine_args_after_dashes_cannot_override_what_serve_checked(head, tiny_target_dir, capsys, engine, extra, own):
     """Issue 24: SGLang takes the last value, so `-- --model-path other` served another model unchecked."""
-    args = ["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", engine, "--dry-run"]
+    args = serve_args(tiny_target_dir, head, "--engine", engine, "--dry-run")
     if engine == "vllm":
-        args += ["--steps", "3", "--topk", "1", "--draft-tokens", "4"]
+        args += CHAIN
     code = main([*args, "--", *extra])
     cap = capsys.readouterr()
     text = " ".join(cap.err.split())
@@ -303,12 +268,12 @@ def test_vllm_serves_a_target_that_names_no_architecture_from_a_lasting_copy(
     cfg = json.loads((target / "config.json").read_text())
     (target / "config.json").write_text(json.dumps({**cfg, "architectures": None}))
     before = (target / "config.json").read_bytes()
-    args = ["serve", "--target", str(target), "--head", str(head), "--engine", "vllm", "--dry-run",
-            "--steps", "2", "--topk", "1", "--draft-tokens", "3"]  # fmt: skip
+    chain = ("--engine", "vllm", "--dry-run", "--steps", "2", "--topk", "1", "--draft-tokens", "3")
+    args = serve_args(target, head, *chain)
     assert main(args) == 0
     cap = capsys.readouterr()
     assert "names no architectures" in " ".join(cap.err.split())
-    argv = shlex.split(cap.out.replace("\\\n", " "))
+    argv = printed_command(cap.out)
     model = argv[argv.index("serve") + 1]  # `vllm serve MODEL` (no CPU build named here)
     assert model.startswith(str(tmp_path / "cache" / "served" / "converted-"))
     assert json.loads((tmp_path / "cache" / "served" / model.rsplit("/", 1)[1] / "config.json").read_text())[
@@ -317,6 +282,5 @@ def test_vllm_serves_a_target_that_names_no_architecture_from_a_lasting_copy(
     assert (target / "config.json").read_bytes() == before  # the target is untouched
     assert main(args) == 0  # the same copy again, not a second one
     assert len(list((tmp_path / "cache" / "served").iterdir())) == 1
-    assert main(["serve", "--target", str(tiny_target_dir), "--head", str(head), "--engine", "vllm", "--dry-run",
-                 "--steps", "2", "--topk", "1", "--draft-tokens", "3"]) == 0  # fmt: skip
+    assert main(serve_args(tiny_target_dir, head, *chain)) == 0
     assert str(tiny_target_dir) in capsys.readouterr().out  # a target naming its class is served as is

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from serve_helpers import export_head
+from serve_helpers import CHAIN, export_head, serve_args, skip_without_sglang_parser
 
 from eagle3cli.cli import main
 from eagle3cli.serve import engine_args
@@ -16,7 +16,6 @@ from eagle3cli.serve.commands import (
     SGLANG_DEFAULTS,
     SpecNumbers,
     build_command,
-    sglang_parser_unavailable_reason,
     validate_sglang_argv,
 )
 from eagle3cli.serve.engine_args import check_engine_args
@@ -27,20 +26,14 @@ def head(tiny_target_dir, tmp_path_factory):
     return export_head(tmp_path_factory.mktemp("serve-guard") / "head", tiny_target_dir)
 
 
-def sglang_parser():
-    reason = sglang_parser_unavailable_reason()
-    if reason is not None:
-        pytest.skip(f"sglang's parser does not import here ({reason}); install it with `make sglang-cpu`")
-
-
 def serve(engine, target, head, extra, monkeypatch):
     """`eagle3 serve --dry-run -- EXTRA` (vLLM's own parser is the slow tier's: not asked here)."""
     import eagle3cli.serve.run as serve_run
 
     monkeypatch.setattr(serve_run, "default_engine_python", lambda engine: None)
-    args = ["serve", "--target", str(target), "--head", str(head), "--engine", engine, "--dry-run"]
+    args = serve_args(target, head, "--engine", engine, "--dry-run")
     if engine == "vllm":
-        args += ["--steps", "3", "--topk", "1", "--draft-tokens", "4"]
+        args += CHAIN
     return main([*args, "--", *extra])
 
 
@@ -106,7 +99,7 @@ def test_serve_refuses_engine_args_that_swap_what_it_checked(
 def test_both_sglang_tables_refuse_every_case(use_parser, tmp_path, monkeypatch):
     """The static table (no SGLang here) refuses what the parser-derived one does."""
     if use_parser:
-        sglang_parser()
+        skip_without_sglang_parser()
     for engine, extra, _ in REFUSED:
         if engine != "sglang":
             continue
@@ -156,7 +149,7 @@ def test_harmless_engine_args_pass_and_the_rest_are_warned_about(
 def test_the_sglang_table_is_sglangs_own():
     """Each dest of the table is a flag of this SGLang, and the static table (used where SGLang does not
     import) spells each refused flag as SGLang's parser does: a renamed flag fails here first."""
-    sglang_parser()
+    skip_without_sglang_parser()
     parsed = engine_args.sglang_table(use_parser=True)
     static = engine_args.sglang_table(use_parser=False)
     assert parsed.complete and "own parser" in parsed.source and "static table" in static.source
@@ -175,7 +168,7 @@ def test_the_sglang_table_is_sglangs_own():
 def test_sglangs_parser_reads_refused_args_back_in_any_spelling(tmp_path):
     """Past the guard, the command SGLang parses (its --config merged by SGLang's own code) must hold
     SGLang's default for every refused flag serve does not set itself."""
-    sglang_parser()
+    skip_without_sglang_parser()
 
     def check(extra):
         return validate_sglang_argv(build_command("sglang", "T", "H", SGLANG_DEFAULTS, "127.0.0.1", 30000, extra))

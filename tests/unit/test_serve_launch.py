@@ -161,7 +161,7 @@ def test_engine_ignoring_sigterm_is_killed(standin):
 
 def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_path, monkeypatch, capfd):
     """`eagle3 serve` (no --dry-run) end to end with the stand-in in place of SGLang."""
-    from serve_helpers import export_head
+    from serve_helpers import CHAIN, export_head, serve_args
 
     from eagle3cli.cli import main
     from eagle3cli.serve import run
@@ -173,25 +173,7 @@ def test_cli_serve_returns_the_engine_exit_code(standin, tiny_target_dir, tmp_pa
     monkeypatch.setattr(run, "check_engine_installed", lambda engine, python=None: [])
     monkeypatch.setattr(run, "build_command", lambda *a, **k: argv)
     monkeypatch.setattr(run, "validate_sglang_argv", lambda a: ParserCheck(True, True, "stand-in"))
-    code = main(
-        [
-            "serve",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(head),
-            "--port",
-            str(port),
-            "--steps",
-            "3",
-            "--topk",
-            "1",
-            "--draft-tokens",
-            "4",
-            "--health-timeout",
-            "30",
-        ]
-    )
+    code = main(serve_args(tiny_target_dir, head, "--port", str(port), *CHAIN, "--health-timeout", "30"))
     err = capfd.readouterr().err
     assert code == 3
     assert "sglang | standin: ready" in err and f"http://127.0.0.1:{port}/generate" in err
