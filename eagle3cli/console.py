@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -25,22 +26,28 @@ from rich.text import Text
 
 from .urls import redact_text
 
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)  # results (tables) go to stdout so they can be piped
+# emoji off: user text such as `gsm8k:-1` (a source and a count) must not print as an emoji code.
+console = Console(stderr=True, highlight=False, emoji=False)
+out = Console(highlight=False, emoji=False)  # results (tables) go to stdout so they can be piped
 
 
 def is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
-def log(msg: str) -> None:
+# Messages are plain text: they carry folder names, record ids and server replies, which rich would
+# read as markup (`[bold red]x[/] [/]` as a folder name raised MarkupError on every rerun). Style
+# comes only from `lead`/`style`, the code's own words.
+def log(msg: str, lead: tuple[str, str] | None = None, style: str = "") -> None:
+    """One line of plain text, after an optional styled `lead` (text, rich style)."""
     if is_rank0():
-        console.print(redact_text(msg))
+        parts = [lead, " "] if lead else []
+        console.print(Text.assemble(*parts, (redact_text(msg), style)))
 
 
 def warn(msg: str) -> None:
     if is_rank0():
-        console.print(f"[yellow]warning:[/] {redact_text(msg)}")
+        console.print(Text.assemble(("warning:", "yellow"), " ", redact_text(msg)))
 
 
 class _RateColumn(ProgressColumn):
@@ -143,7 +150,7 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
     )
     with prog:
         task_id = prog.add_task(
-            description, total=total, completed=completed, unit=unit, tokens=0, session_start=completed
+            escape(description), total=total, completed=completed, unit=unit, tokens=0, session_start=completed
         )
         yield StageProgress(prog, task_id, completed)
 
@@ -159,11 +166,17 @@ def human_bytes(n: float) -> str:
 
 
 def table(title: str, columns: list[str], rows: Sequence[Sequence[object]]) -> Table:
-    t = Table(title=title, title_style="bold", header_style="bold cyan")
+    """Cells and title are plain text (user strings); a cell that is a rich `Text` keeps its style."""
+    t = Table(title=Text(redact_text(title)), title_style="bold", header_style="bold cyan")
     for i, c in enumerate(columns):
-        t.add_column(c, justify="left" if i == 0 else "right")
+        t.add_column(Text(c), justify="left" if i == 0 else "right")
     for r in rows:
-        t.add_row(*[f"{v:,.4g}" if isinstance(v, float) else redact_text(str(v)) for v in r])
+        t.add_row(
+            *[
+                v if isinstance(v, Text) else Text(f"{v:,.4g}" if isinstance(v, float) else redact_text(str(v)))
+                for v in r
+            ]
+        )
     return t
 
 

@@ -14,8 +14,10 @@ from importlib import metadata
 from pathlib import Path
 
 import typer
+from rich.text import Text
 
 from .console import out, print_table
+from .errors import UsageError
 from .options import Command, examples
 
 
@@ -199,6 +201,12 @@ def check_vllm_cpu() -> Check:
 
 
 def check_disk(path: Path) -> Check:
+    if path.exists() and not path.is_dir():  # `--runs-dir /etc/passwd` reported the disk of a file as ok
+        raise UsageError(
+            f"--runs-dir {path} is not a folder ({'a file' if path.is_file() else 'not a regular folder'})",
+            "the folder run folders go in (it may not exist yet)",
+            "eagle3 doctor --runs-dir runs",
+        )
     path = path if path.exists() else Path.cwd()
     u = shutil.disk_usage(path)
     free = u.free / 2**30
@@ -241,7 +249,9 @@ def register(app: typer.Typer) -> None:
                 [
                     [
                         c.name,
-                        "[green]ok[/]" if c.ok else ("[red]missing[/]" if c.required else "[yellow]no[/]"),
+                        Text("ok", "green")
+                        if c.ok
+                        else (Text("missing", "red") if c.required else Text("no", "yellow")),
                         c.detail,
                     ]
                     for c in checks

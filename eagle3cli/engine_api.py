@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from .errors import UsageError
 from .limits import BODY_ENV, UnusableReply, max_body_bytes, strict_json
 from .urls import endpoint_url, redact_text
 
@@ -33,6 +34,12 @@ T = TypeVar("T")
 
 # Statuses that blame the request itself: retrying the same request cannot help.
 CONTENT_STATUSES = (400, 413, 422)
+# Statuses that blame the run's settings: no such model at that endpoint (a wrong --served-model-name,
+# 404), a missing or wrong key (401/403). Every request would get the same, today and on a rerun, so
+# the run stops with the server's words (exit 2) instead of leaving everything pending (exit 3).
+PERMANENT_STATUSES = (401, 403, 404)
+# How long an endpoint that did not answer at all is passed over while another one serves.
+DOWN_S = 30.0
 # The reject reason of a request whose answer we refuse to use (too big, too deep, NaN/Infinity).
 UNUSABLE = "unusable_response"
 
@@ -288,6 +295,32 @@ def is_healthy(url: str, timeout_s: float = 2.0) -> bool:
 
 
 # ---------------------------------------------------------------- retries over endpoints
+class RejectedReply(Exception):
+    """A well-formed answer this request will always get (seeded), that is no usable turn: a finish
+    reason such as `content_filter` or `abort`. The record is rejected with `reason`."""
+
+    def __init__(self, reason: str, detail: str):
+        self.reason, self.detail = reason, detail
+        super().__init__(f"{reason}: {detail}")
+
+
+class NotAnAnswer(Exception):
+    """A 200 whose JSON is not an answer of the route at all (no `choices`: an error object sent with
+    status 200). The server says the same to every request: the run stops (exit 2) with its words."""
+
+
+class EndpointRefused(UsageError):
+    """The endpoint refuses every request of this run (PERMANENT_STATUSES, NotAnAnswer): exit 2."""
+
+
+def usage_count(v: Any) -> int:
+    """A token count from a reply's `usage`; one that is not a finite number is ignored (0), never
+    fatal: the answer is what the run keeps, the counts only feed the summary."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not v == v or v in (float("inf"), float("-inf")):
+        return 0
+    return max(0, int(v))
+
+
 class EndpointError(Exception):
     def __init__(self, reason: str, detail: str, transient: bool = True):
         self.reason, self.detail, self.transient = reason, redact_text(detail), transient
@@ -309,13 +342,33 @@ class Failover:
         self.retried = 0  # attempts that failed and were retried
         self.unavailable: str | None = None
         self._last_success = float("-inf")
+        self._down_until: dict[int, float] = {}  # endpoint -> until when it is passed over (no answer)
+
+    def _pick(self, first: int, attempt: int) -> int:
+        """The endpoint of a request's attempt: its own rotation from `first` (one shared cycle handed
+        concurrent requests' retries out in lockstep, so some requests met only a dead endpoint on
+        every try), over the endpoints not marked down, or all of them when every one is."""
+        now = time.monotonic()
+        order = [(first + i) % len(self.endpoints) for i in range(len(self.endpoints))]
+        up = [i for i in order if self._down_until.get(i, 0.0) <= now] or order
+        return up[attempt % len(up)]
+
+    def _refused(self, shown: str, what: str, text: str) -> EndpointRefused:
+        return EndpointRefused(
+            f"{shown} {what}; the server said: {redact_text(text[:300]) or '(nothing)'}",
+            "an endpoint that serves this model to this client (every request would get the same answer)",
+            "check --endpoint, --served-model-name (curl ENDPOINT/v1/models lists the served names) and "
+            "OPENAI_API_KEY, then rerun the same command (finished conversations are kept)",
+        )
 
     async def post(self, client: EngineClient, route: str, body: dict, parse: Callable[[Reply], T]) -> T:
         if self.unavailable is not None:
             raise EndpointError("endpoint_error", f"not sent: {self.unavailable}")
         started, last, attempt = time.monotonic(), "", 0
+        first = next(self._rr)
         for attempt in range(self.retries + 1):
-            base = self.endpoints[next(self._rr)]
+            i = self._pick(first, attempt)
+            base = self.endpoints[i]
             shown = redact_text(endpoint_url(base, route))
             try:
                 r = await client.post(base, route, body)
@@ -323,12 +376,19 @@ class Failover:
                 raise EndpointError(UNUSABLE, e.detail, transient=False) from e
             except Unreachable as e:
                 last = e.detail
+                if not e.timeout:  # no answer at all: pass it over while another one serves
+                    self._down_until[i] = time.monotonic() + DOWN_S
             else:
+                self._down_until.pop(i, None)
                 if r.status == 200:
                     try:
                         out = parse(r)
                     except UnusableReply as e:  # valid HTTP, hostile JSON: this request's answer, not an outage
                         raise EndpointError(UNUSABLE, f"{shown} answered 200 with {e}", transient=False) from e
+                    except RejectedReply as e:  # a seeded request gets the same answer again: reject the record
+                        raise EndpointError(e.reason, f"{shown}: {e.detail}", transient=False) from e
+                    except NotAnAnswer as e:
+                        raise self._refused(shown, f"answered 200 with no answer in it ({e})", r.text) from e
                     except ValueError as e:  # a proxy's HTML page, a cut body: the next try may be fine
                         last = f"{shown} answered 200 without choices[0].message.content ({e})"
                     else:
@@ -337,6 +397,8 @@ class Failover:
                 elif r.status in CONTENT_STATUSES:
                     detail = f"HTTP {r.status} from {shown}: {r.text[:200]}"
                     raise EndpointError("request_rejected", detail, transient=False)
+                elif r.status in PERMANENT_STATUSES:
+                    raise self._refused(shown, f"answered HTTP {r.status} (model {body.get('model')!r})", r.text)
                 else:
                     last = f"HTTP {r.status} from {shown}: {r.text[:200]}"
             if attempt < self.retries and self.unavailable is None:

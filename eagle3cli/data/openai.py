@@ -20,16 +20,33 @@ through its own retries (a dead server ends the run in seconds, with everything 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 
-from ..engine_api import EndpointError, EngineClient, Failover, Reply, chat_body
+from ..console import warn
+from ..engine_api import (
+    EndpointError,
+    EngineClient,
+    Failover,
+    NotAnAnswer,
+    RejectedReply,
+    Reply,
+    chat_body,
+    usage_count,
+)
 from ..limits import UnusableReply
 from ..model.chat import TemplateRefusal, render, split_reasoning
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
+# The finish reasons of an answer the target ended (stop; tool_calls: it ended by calling a tool) or
+# max_tokens cut (length). Any other (content_filter, abort, error) is a rejected turn with its reason.
+ANSWER_ENDS = ("stop", "length", "tool_calls")
+
 
 class OpenAIBackend:
     name = "openai"
+    _warned_cut = False  # an answer cut at a template marker is said once per run
 
     def __init__(
         self,
@@ -115,20 +132,57 @@ class OpenAIBackend:
                 else:
                     conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
                 return
-            conv.add(out)
+            conv.add(self._cut_at_markers(out, conv))
+
+    @functools.cached_property
+    def markers(self) -> tuple[str, ...]:
+        """The template's own special tokens as text (end of turn, role headers: `<|im_end|>`,
+        `<|im_start|>`, `<|eot_id|>`...) and the EOS: none of them belongs inside an answer."""
+        tok = self.tokenizer
+        if tok is None:
+            return ()
+        template = getattr(tok, "chat_template", None) or ""
+        specials = set(getattr(tok, "all_special_tokens", None) or ())
+        specials |= {t.content for t in (getattr(tok, "added_tokens_decoder", None) or {}).values() if t.special}
+        eos = getattr(tok, "eos_token", None)
+        return tuple(sorted((t for t in specials if t and (t in template or t == eos)), key=len, reverse=True))
+
+    def _cut_at_markers(self, out: TurnOutput, conv: Conversation) -> TurnOutput:
+        """An answer holding the template's end-of-turn or a role marker is cut there, not rejected and
+        not kept whole. Kept whole, a fake `<|im_start|>user` turn would be trained as assistant text;
+        the text before the marker is what the target wrote before ending its turn (the server did not
+        stop at that token: its stop tokens are not the template's), so it is the answer the target
+        gives, and a seeded rerun would return the same reply, so a reject would lose it for good. The
+        cut turn ends as `stop`; an answer that is nothing but the marker is then an empty_generation."""
+        hits = [i for i in (out.text.find(m) for m in self.markers) if i >= 0]
+        if not hits:
+            return out
+        cut = min(hits)
+        if not self._warned_cut:
+            self._warned_cut = True
+            warn(
+                f"record {conv.record['id']}: the answer holds the chat template's own marker "
+                f"({out.text[cut : cut + 24]!r}); answers are cut there (the server does not stop at the template's "
+                "end-of-turn token: check its stop tokens / generation_config)"
+            )
+        return dataclasses.replace(out, text=out.text[:cut], finish_reason="stop")
 
     @staticmethod
     def _parse(r: Reply) -> TurnOutput:
         try:
             data = r.json()
+            if not isinstance(data, dict) or not isinstance(data.get("choices"), list) or not data["choices"]:
+                # JSON, but no answer (an error object sent with 200): every request gets it, stop the run
+                raise NotAnAnswer("no choices")
             choice = data["choices"][0]
             msg = choice["message"]
             text = msg["content"] or ""
-            usage = data.get("usage") or {}
+            usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
             if not isinstance(text, str):
                 raise TypeError(f"content is {type(text).__name__}")
-            prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            completion_tokens = int(usage.get("completion_tokens") or 0)
+            # counts that are not numbers ("n/a") are ignored: they made a good answer pending forever
+            prompt_tokens = usage_count(usage.get("prompt_tokens"))
+            completion_tokens = usage_count(usage.get("completion_tokens"))
             calls = tool_calls(msg["tool_calls"], "response") if msg.get("tool_calls") else None
         except UnusableReply:
             raise
@@ -142,6 +196,11 @@ class OpenAIBackend:
         if not reasoning:
             reasoning, text = split_reasoning(text)
         finish = choice.get("finish_reason") or "stop"
+        if finish not in ANSWER_ENDS:  # content_filter, abort...: the text is not the target's whole answer
+            raise RejectedReply(
+                "finish_reason", f"the server ended the answer with finish_reason {str(finish)[:40]!r}, not stop/length"
+            )
+        model = data.get("model")
         return TurnOutput(
             text,
             "length" if finish == "length" else "stop",
@@ -149,4 +208,5 @@ class OpenAIBackend:
             completion_tokens,
             reasoning or None,
             calls,
+            model=model[:200] if isinstance(model, str) and model else None,
         )

@@ -32,6 +32,7 @@ class TurnOutput:
     completion_tokens: int
     reasoning: str | None = None  # the thinking, when the model wrote some (<think>, analysis channel)
     tool_calls: list | None = None  # OpenAI tool calls the server parsed out of the answer
+    model: str | None = None  # the model that answered (`model` in an engine's reply), for the manifest
 
 
 def turn_seed(seed: int, record_id: str, turn: int) -> int:
@@ -147,6 +148,7 @@ class Conversation:
                 "finish_reason": out.finish_reason,
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,
+                **({"model": out.model} if out.model else {}),
             }
         )
         following = self.messages[slot + 1] if slot + 1 < len(self.messages) else None

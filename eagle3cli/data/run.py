@@ -211,7 +211,7 @@ def dry_run(cfg: GenDataConfig, results, plan, rejects, tokenizer) -> None:
     )
     if plan:
         first = conversation(cfg, 0, plan[0])
-        log(f"[bold]first prompt[/] ({plan[0]['id']}), rendered with the target's chat template:")
+        log(f"({plan[0]['id']}), rendered with the target's chat template:", ("first prompt", "bold"))
         try:
             text = render_prompt(tokenizer, first.history(), first.tools, first.template_kwargs)
         except TemplateRefusal as e:
@@ -729,6 +729,8 @@ def finalize(
         chat_template_hash=identity.chat_template_hash,
         config=config_dict(cfg),
         backend=None if cfg.no_regenerate else cfg.backend,
+        # the model each reply named (`model` in an engine's answers), with its turn count: which model wrote the data
+        answered_by=dict(Counter(t["model"] for t in turns if t.get("model")).most_common()) or None,
         regenerated=not cfg.no_regenerate,
         inputs=input_fingerprints(results),
         counts=counts,

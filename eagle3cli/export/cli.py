@@ -23,6 +23,6 @@ def register(app: typer.Typer) -> None:
         cfg = flags.config()
         path = run_export(cfg)  # refuses targets vLLM cannot serve
         if cfg.format == "gguf":
-            log(f"[bold green]done:[/] GGUF for llama.cpp in {path} (checked tensor by tensor; see manifest.json)")
+            log(f"GGUF for llama.cpp in {path} (checked tensor by tensor; see manifest.json)", ("done:", "bold green"))
         else:
-            log(f"[bold green]done:[/] {cfg.format} head in {path}")
+            log(f"{cfg.format} head in {path}", ("done:", "bold green"))

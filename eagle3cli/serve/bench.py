@@ -333,7 +333,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             if cross is not None
             else f"speculation pays at every tested concurrency (up to {max(sp)})"
         )
-        log(f"[bold]{verdict}[/]")
+        log(verdict, style="bold")
     failed = sum(r.failed for r in levels)
     if failed:
         first = next(r.first_error for r in levels if r.first_error)

@@ -168,8 +168,9 @@ def launch(
     url = f"http://{local_host(host)}:{port}"
     try:
         log(
-            f"[bold]engine[/] started (pid {proc.pid}, own process group); waiting for {url}{health_path} "
-            f"(up to {health_timeout_s:.0f}s)"
+            f"started (pid {proc.pid}, own process group); waiting for {url}{health_path} "
+            f"(up to {health_timeout_s:.0f}s)",
+            ("engine", "bold"),
         )
         state = wait_healthy(url + health_path, proc, health_timeout_s, stop)
         wrong = on_ready(url) if state == "healthy" and on_ready is not None else None
@@ -179,14 +180,14 @@ def launch(
             proc.wait()
             return 2
         if state == "healthy":
-            console.print(f"[bold green]ready[/] at {url}")
+            console.print(f"[bold green]ready[/] at {escape(url)}")
             if ready_message:
                 console.print(ready_message, markup=False, highlight=False)
             while proc.poll() is None and not stop.is_set():
                 stop.wait(0.2)
         if state == "timeout":
             console.print(
-                f"[bold red]error:[/] the engine was not healthy at {url}{health_path} after "
+                f"[bold red]error:[/] the engine was not healthy at {escape(url + health_path)} after "
                 f"{health_timeout_s:.0f}s; stopping it (raise --health-timeout for large models)"
             )
         if proc.poll() is None:

@@ -30,4 +30,4 @@ def register(app: typer.Typer) -> None:
         from .loop import run_train
 
         head = run_train(flags.config())
-        log(f"[bold green]done:[/] head in {head}")
+        log(f"head in {head}", ("done:", "bold green"))
