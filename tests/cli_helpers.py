@@ -17,3 +17,13 @@ def err(capsys) -> str:
     text = " ".join((cap.out + cap.err).split())
     assert "Traceback" not in text
     return text
+
+
+def gen_data_args(target, out, *flags: str) -> list[str]:
+    """`eagle3 gen-data --target T --out OUT FLAGS...`, as `main` takes it."""
+    return ["gen-data", "--target", str(target), "--out", str(out), *flags]
+
+
+def eval_args(target, head, out, *flags: str) -> list[str]:
+    """`eagle3 eval --target T --head H --out OUT FLAGS...`, as `main` takes it."""
+    return ["eval", "--target", str(target), "--head", str(head), "--out", str(out), *flags]

@@ -17,6 +17,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # pytest-xdist's workers start with COLUMNS=80, which rich reads once, when eagle3cli's console is
+    # made: the width would be fixed and `wide_console` could not widen it (a message holding a long
+    # tmp path then wraps). Leave the width to each test, as in one process (`make test` runs -n 2).
+    os.environ.pop("COLUMNS", None)
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_TARGET = REPO / "models" / "tiny-target"

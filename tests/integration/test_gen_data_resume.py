@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cli_helpers import gen_data_args
 
 from eagle3cli.cli import main
 from eagle3cli.sources import bundled
@@ -19,35 +20,14 @@ from eagle3cli.sources import bundled
 pytestmark = pytest.mark.integration
 
 
-def _args(target, out, *extra):
-    return [
-        "gen-data",
-        "--target",
-        str(target),
-        "--input",
-        str(GSM8K_TEST),
-        "--input",
-        str(MT_BENCH),
-        "--keep-eval",  # eval benches' files read as any file (gen-data refuses their prompts by default)
-        "--num-samples",
-        "8",
-        "--max-new-tokens",
-        "12",
-        "--temperature",
-        "0.8",
-        "--seed",
-        "3",
-        "--batch-size",
-        "2",
-        "--shard-size",
-        "3",
-        "--out",
-        str(out),
-        *extra,
-    ]
-
-
 GSM8K_TEST, MT_BENCH = bundled("gsm8k_test.jsonl"), bundled("mt_bench_questions.jsonl")
+# eval benches' files read as any file (gen-data refuses their prompts by default)
+BOTH = ("--input", str(GSM8K_TEST), "--input", str(MT_BENCH), "--keep-eval")
+
+
+def _args(target, out, *extra):
+    sampling = ("--num-samples", "8", "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "3")
+    return gen_data_args(target, out, *BOTH, *sampling, "--batch-size", "2", "--shard-size", "3", *extra)
 
 
 def _folder_bytes(out: Path) -> dict:
@@ -112,26 +92,7 @@ def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir,
 
 def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
     out = tmp_path / "orig"
-    assert (
-        main(
-            [
-                "gen-data",
-                "--target",
-                str(tiny_target_dir),
-                "--input",
-                str(GSM8K_TEST),
-                "--input",
-                str(MT_BENCH),
-                "--keep-eval",
-                "--num-samples",
-                "20",
-                "--no-regenerate",
-                "--out",
-                str(out),
-            ]
-        )
-        == 0
-    )
+    assert main(gen_data_args(tiny_target_dir, out, *BOTH, "--num-samples", "20", "--no-regenerate")) == 0
     m = json.loads((out / "manifest.json").read_text())
     assert m["regenerated"] is False and m["counts"]["regenerated"] == 0
     recs = [json.loads(line) for line in (out / "shard-00000.jsonl").read_text().splitlines()]
@@ -144,22 +105,7 @@ def test_no_regenerate_keeps_original_answers(tiny_target_dir, tmp_path):
 
 def test_dry_run_writes_nothing(tiny_target_dir, tmp_path, capsys):
     out = tmp_path / "dry"
-    assert (
-        main(
-            [
-                "gen-data",
-                "--target",
-                str(tiny_target_dir),
-                "--input",
-                str(MT_BENCH),
-                "--keep-eval",
-                "--out",
-                str(out),
-                "--dry-run",
-            ]
-        )
-        == 0
-    )
+    assert main(gen_data_args(tiny_target_dir, out, "--input", str(MT_BENCH), "--keep-eval", "--dry-run")) == 0
     captured = capsys.readouterr()
     assert "<|im_start|>user" in captured.err and "mt-bench" in captured.out
     assert not out.exists()

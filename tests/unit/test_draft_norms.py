@@ -14,6 +14,7 @@ import math
 
 import pytest
 import torch
+from tiny_configs import tiny_llama_config
 from transformers import LlamaConfig
 
 from eagle3cli.model import cpu_kernels
@@ -26,15 +27,7 @@ FLAGS = [(False, False), (True, False), (False, True), (True, True)]
 
 
 def target_config() -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=64,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    return tiny_llama_config(V, layers=6, hidden=H)
 
 
 def tiny_draft(fc: bool, residual: bool, seed: int = 0) -> Eagle3Draft:

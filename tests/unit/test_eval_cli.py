@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_helpers import eval_args
 from head_fixtures import make_head
 
 from eagle3cli.cli import main
@@ -36,33 +37,9 @@ def prompts_file(tmp_path_factory) -> Path:
 def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, tmp_path):
     head, other = heads
     out = tmp_path / "eval"
-    rc = main(
-        [
-            "eval",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(head),
-            "--compare",
-            str(other),
-            "--bench",
-            str(prompts_file),
-            "--num-prompts",
-            "3",
-            "--max-new-tokens",
-            "10",
-            "--depth",
-            "3",
-            "--mode",
-            "both",
-            "--topk",
-            "2",
-            "--num-draft-tokens",
-            "6",
-            "--out",
-            str(out),
-        ]
-    )
+    prompts = ("--bench", str(prompts_file), "--num-prompts", "3", "--max-new-tokens", "10")
+    tree = ("--depth", "3", "--mode", "both", "--topk", "2", "--num-draft-tokens", "6")
+    rc = main(eval_args(tiny_target_dir, head, out, "--compare", str(other), *prompts, *tree))
     assert rc == 0
     assert {p.name for p in out.iterdir()} == {"report.json", "acceptance.png", "manifest.json"}
     rep = json.loads((out / "report.json").read_text())
@@ -114,20 +91,7 @@ def test_eval_writes_report_plot_manifest(tiny_target_dir, heads, prompts_file, 
     ],
 )
 def test_bad_inputs_exit_2(tiny_target_dir, heads, args, needle, capsys, tmp_path):
-    rc = main(
-        [
-            "eval",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(heads[0]),
-            "--out",
-            str(tmp_path / "e"),
-            "--num-prompts",
-            "1",
-            *args,
-        ]
-    )
+    rc = main(eval_args(tiny_target_dir, heads[0], tmp_path / "e", "--num-prompts", "1", *args))
     assert rc == 2
     assert needle in " ".join(capsys.readouterr().err.split())
 
@@ -153,9 +117,8 @@ def test_bf16_target_head_dtype_follows_the_cpu_kernels(
 
     monkeypatch.setattr(run_module, "SpeculativeDecoder", Recording)
     out = tmp_path / "eval"
-    args = ["eval", "--target", str(tiny_target_dir), "--head", str(heads[0]), "--bench", str(prompts_file)]
-    args += ["--num-prompts", "1", "--max-new-tokens", "8", "--depth", "2", "--dtype", "bf16", "--out", str(out)]
-    assert main([*args, "--cpu-kernels", kernels]) == 0
+    args = ["--bench", str(prompts_file), "--num-prompts", "1", "--max-new-tokens", "8", "--depth", "2"]
+    assert main(eval_args(tiny_target_dir, heads[0], out, *args, "--dtype", "bf16", "--cpu-kernels", kernels)) == 0
     assert seen and set(seen) == {(torch.bfloat16, head_dtype)}
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["config"]["dtype"] == "bf16" and manifest["config"]["cpu_kernels"] == kernels
@@ -167,19 +130,7 @@ def test_bf16_target_head_dtype_follows_the_cpu_kernels(
 
 def test_head_for_another_target_exits_2(deep_target_dir, tiny_target_dir, tmp_path, capsys):
     head = make_head(deep_target_dir, tmp_path / "deep-head")  # aux layers [2, 4, 5] of an 8-layer target
-    rc = main(
-        [
-            "eval",
-            "--target",
-            str(tiny_target_dir),
-            "--head",
-            str(head),
-            "--num-prompts",
-            "1",
-            "--out",
-            str(tmp_path / "e"),
-        ]
-    )
+    rc = main(eval_args(tiny_target_dir, head, tmp_path / "e", "--num-prompts", "1"))
     assert rc == 2
     err = " ".join(capsys.readouterr().err.split())
     assert "aux layers hidden_states[2, 4, 5]" in err and "a 4-layer target does not have" in err

@@ -13,7 +13,8 @@ import pytest
 import torch
 from chi_square import chi_square_pvalue
 from draft_stubs import OracleDraft
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_configs import tiny_llama_config
+from transformers import LlamaForCausalLM
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.model.target import load_target
@@ -162,15 +163,7 @@ def test_sampled_outputs_follow_target_distribution(mode):
     from a speculation round that accepts, rejects and adds bonus tokens."""
     v = 5
     torch.manual_seed(3)
-    cfg = LlamaConfig(
-        vocab_size=v,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    )
+    cfg = tiny_llama_config(v, layers=4, max_positions=64)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(20)  # peaky rows: a few hundred draws fill the likely cells

@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from cli_helpers import gen_data_args
 
 from eagle3cli.cli import main
 from eagle3cli.data.formats import BadRecord, check_messages, parse_input_spec, read_input
@@ -162,25 +163,12 @@ def test_unknown_format_file_is_a_usage_error_exit_2(tmp_path, tiny_target_dir, 
     for path in (csv, odd):
         with pytest.raises(UsageError, match="not in any known format"):
             _read(path)
-        rc = main(["gen-data", "--target", str(tiny_target_dir), "--input", str(path), "--out", str(tmp_path / "o")])
+        rc = main(gen_data_args(tiny_target_dir, tmp_path / "o", "--input", str(path)))
         assert rc == 2
         err = " ".join(capsys.readouterr().err.split())  # rich wraps lines
         assert "not in any known format" in err and "ShareGPT" in err
     assert not (tmp_path / "o").exists()
-    assert (
-        main(
-            [
-                "gen-data",
-                "--target",
-                str(tiny_target_dir),
-                "--input",
-                str(tmp_path / "missing.jsonl"),
-                "--out",
-                str(tmp_path / "o"),
-            ]
-        )
-        == 2
-    )
+    assert main(gen_data_args(tiny_target_dir, tmp_path / "o", "--input", str(tmp_path / "missing.jsonl"))) == 2
 
 
 def test_hf_dataset_offline_is_a_clear_usage_error(monkeypatch):

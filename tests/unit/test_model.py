@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_configs import tiny_llama_config
+from transformers import LlamaForCausalLM
 
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
@@ -12,14 +13,7 @@ from eagle3cli.speculate.target import capture_features
 
 def _target(layers=8):
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=120,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
+    cfg = tiny_llama_config(120, layers=layers, max_positions=2048)  # transformers' default
     return LlamaForCausalLM(cfg).eval()
 
 

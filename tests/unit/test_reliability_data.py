@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
+from cli_helpers import err, gen_data_args, wide_console  # noqa: F401  (wide_console: autouse here)
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
@@ -172,7 +172,7 @@ def test_a_lone_surrogate_rejects_its_row_and_the_run_goes_on(tmp_path, tiny_tar
         ],
     )
     out = tmp_path / "data"
-    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out), "--no-regenerate"]
+    args = gen_data_args(tiny_target_dir, out, "--input", str(src), "--no-regenerate")
     assert main(args) == 0
     err(capsys)
     m = json.loads((out / "manifest.json").read_text())

@@ -138,13 +138,18 @@ def two_caches(tmp_path_factory, tiny_target_dir):
     return make_run(base / "a", tiny_target_dir, n=24), make_run(base / "b", tiny_target_dir, n=20)
 
 
-def test_train_refuses_to_resume_on_another_cache(tmp_path, two_caches, capsys):
-    a, b = two_caches
-    run = tmp_path / "run"
+def trained_two_steps(source_run, run):
+    """`run` with a copy of `source_run`'s cache, trained 2 steps (a checkpoint at step 2); and the train args."""
     run.mkdir()
-    shutil.copytree(a / "cache", run / "cache")
+    shutil.copytree(source_run / "cache", run / "cache")
     args = ["train", "--run", str(run), *TRAIN_FAST, "--save-every", "2"]
     assert main([*args, "--max-steps", "2"]) == 0
+    return run, args
+
+
+def test_train_refuses_to_resume_on_another_cache(tmp_path, two_caches, capsys):
+    a, b = two_caches
+    run, args = trained_two_steps(a, tmp_path / "run")
     capsys.readouterr()
     head = snapshot(run / "head")
     shutil.rmtree(run / "cache")
@@ -260,11 +265,7 @@ def killed_write(path) -> str:
 
 def test_every_stage_removes_the_temps_of_killed_writes(tmp_path, two_caches, tiny_target_dir, capsys):
     a, _ = two_caches
-    run = tmp_path / "run"
-    run.mkdir()
-    shutil.copytree(a / "cache", run / "cache")
-    args = ["train", "--run", str(run), *TRAIN_FAST, "--save-every", "2"]
-    assert main([*args, "--max-steps", "2"]) == 0
+    run, args = trained_two_steps(a, tmp_path / "run")
     dead = {
         run / "train" / "checkpoints": killed_write(run / "train" / "checkpoints" / "step-0000004.safetensors"),
         run / "train": killed_write(run / "train" / "metrics.jsonl"),

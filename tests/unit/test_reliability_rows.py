@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import err, wide_console  # noqa: F401  (wide_console: autouse here)
+from cli_helpers import err, gen_data_args, wide_console  # noqa: F401  (wide_console: autouse here)
 from http_fixtures import FixedAnswerServer
 
 from eagle3cli.cli import main
@@ -55,7 +55,7 @@ def test_gen_data_completes_over_a_file_with_rows_beyond_the_limits(tmp_path, ti
     src = tmp_path / "in.jsonl"
     src.write_text("\n".join([json.dumps(conv("first", "a")), DEEP, HUGE]) + "\n")
     out = tmp_path / "data"
-    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(src), "--out", str(out), "--no-regenerate"]
+    args = gen_data_args(tiny_target_dir, out, "--input", str(src), "--no-regenerate")
     assert main(args) == 0
     err(capsys)
     m = json.loads((out / "manifest.json").read_text())

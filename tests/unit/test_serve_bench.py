@@ -12,9 +12,10 @@ import json
 import math
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from http_fixtures import ThreadedServer
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
@@ -22,7 +23,7 @@ from eagle3cli.serve.bench import crossover, load_prompts, run_bench
 from eagle3cli.serve.config import BenchConfig
 
 
-class StandIn:
+class StandIn(ThreadedServer):
     def __init__(self, speculative: bool, step_s: float, accept: int = 4):
         self.speculative, self.step_s, self.accept = speculative, step_s, accept
         self.inflight = 0
@@ -92,15 +93,7 @@ class StandIn:
                 else:
                     self._send({"error": "not found"}, 404)
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), H)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
-
-    def stop(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serve(H, daemon_threads=True)
 
 
 @pytest.fixture

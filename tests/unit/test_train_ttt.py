@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig
+from tiny_configs import tiny_llama_config
 
 from eagle3cli.speculate.acceptance import conditional_acceptance, simulated_accept_length
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
@@ -24,15 +24,7 @@ V, H, VD, T, B, K = 96, 32, 40, 11, 2, 4
 
 
 def tiny_draft(seed: int = 0, norm_before_fc: bool = False, norm_before_residual: bool = False) -> Eagle3Draft:
-    tcfg = LlamaConfig(
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=64,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    tcfg = tiny_llama_config(V, layers=4, hidden=H)
     torch.manual_seed(seed)
     draft = Eagle3Draft(draft_config_from_target(tcfg, VD, (2, 2, 1), norm_before_fc, norm_before_residual)).double()
     for p in draft.parameters():  # non-trivial norms, so a wrong norm placement shows
