@@ -99,12 +99,26 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _fsize_limit() -> str:
+    import resource
+
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return "unlimited here" if soft == resource.RLIM_INFINITY else f"{soft} bytes here"
+
+
 def os_error(e: OSError) -> UsageError | None:
     """A full disk, an unwritable or occupied path: what and where, exit 2, never a traceback.
     Every stage writes atomically and resumes, so the advice is always: fix it, rerun."""
     where = e.filename or "the output folder"
     rerun = "then rerun the same command: finished work is kept and the stage resumes where it stopped"
-    if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+    if e.errno == errno.EFBIG:  # a limit on one file's size, not a full disk: freeing space changes nothing
+        return UsageError(
+            f"file too large writing {where} ({e.strerror}): it reached a file-size limit (the shell's "
+            f"`ulimit -f`, {_fsize_limit()}, or the filesystem's largest file)",
+            "a file-size limit above the files the stage writes",
+            f"raise the limit (ulimit -f unlimited) or write to another filesystem (another --run/--out), {rerun}",
+        )
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
         return UsageError(
             f"no space left writing {where} ({e.strerror})",
             "free space on that filesystem",

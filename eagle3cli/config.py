@@ -12,6 +12,7 @@ import dataclasses
 import math
 import os
 import reprlib
+import stat
 import types
 import typing
 from pathlib import Path
@@ -92,14 +93,23 @@ def load_recipe(path: Path | None, section: str) -> dict:
         raise UsageError(
             f"recipe {path} is a folder", "a YAML file, e.g. recipes/tiny/gen-data.yaml", f"ls {path}   (pick a file)"
         )
-    if path.stat().st_size > MAX_RECIPE_BYTES:
+    mode = path.stat().st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):  # /dev/zero reports 0 bytes, then never ends
         raise UsageError(
-            f"recipe {path} is {path.stat().st_size} bytes: a recipe is a page of settings, at most {MAX_RECIPE_BYTES}",
+            f"recipe {path} is not a regular file (a {'socket' if stat.S_ISSOCK(mode) else 'device'})",
+            "a YAML file of stage settings (a pipe such as <(cat recipe.yaml) is read too)",
+            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
+        )
+    with open(path, "rb") as f:  # bounded: a pipe has no size to check first
+        raw = f.read(MAX_RECIPE_BYTES + 1)
+    if len(raw) > MAX_RECIPE_BYTES:
+        raise UsageError(
+            f"recipe {path} is over {MAX_RECIPE_BYTES} bytes: a recipe is a page of settings",
             "a YAML file of stage settings",
             "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
         )
     try:
-        text = path.read_bytes().decode("utf-8-sig")
+        text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         raise UsageError(
             f"recipe {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
@@ -222,6 +232,13 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
             data[k] = None  # spelled out on the command line: clears the recipe's value
         elif v is not None:
             data[k] = v
+    empty = [k for k, v in data.items() if k in fields and isinstance(v, str) and not v.strip() and _names_path(hints[k])]
+    if empty:  # Path("") is the current folder: `--run ""` wrote a run into wherever the shell stood
+        raise UsageError(
+            f"{', '.join('--' + k.replace('_', '-') for k in empty)} is empty",
+            "a folder or file path (write `.` for the current folder)",
+            "give the path, e.g. --run runs/NAME",
+        )
     kwargs = {k: _coerce(v, hints[k]) for k, v in data.items() if k in fields}
     cfg = cls(**kwargs)
     errors = type_errors(cfg)
@@ -234,6 +251,10 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
     if errors:
         raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
     return cfg
+
+
+def _names_path(tp: Any) -> bool:
+    return tp is Path or Path in typing.get_args(tp)
 
 
 def _type_ok(value: Any, tp: Any) -> bool:

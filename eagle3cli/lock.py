@@ -19,6 +19,7 @@ import functools
 import json
 import os
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -39,7 +40,8 @@ def _held() -> list[str]:
 LOCK_MODE = 0o644
 # O_NOFOLLOW: a `.lock` that is a symbolic link (planted, or left by a copy) is refused (ELOOP),
 # never followed: we would truncate and write the file it points to.
-OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+# O_NONBLOCK: a `.lock` that is a FIFO must not block the open (it is then refused below).
+OPEN_FLAGS = os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0) | os.O_NONBLOCK
 
 
 def _holder_info(stage: str) -> bytes:
@@ -68,6 +70,13 @@ def _open(path: Path, flags: int) -> int:
             "a lock file eagle3 creates itself (or none)",
             f"remove the link (rm {path}) if no eagle3 runs there, then rerun the same command",
         ) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO or device: flock/pread on it end in OSError
+        os.close(fd)
+        raise UsageError(
+            f"{path} is not a regular file (a FIFO, socket or device): eagle3 cannot keep its lock there",
+            "a lock file eagle3 creates itself (or none)",
+            f"remove it (rm {path}) if no eagle3 runs there, then rerun the same command",
+        )
     return fd
 
 

@@ -221,6 +221,17 @@ def cache_dir() -> Path:
     for all of them and tools/build_llama_cpp.sh: `$EAGLE3_CACHE`, else `$EAGLE3_CACHE_DIR` (the digest
     memo's older name), else `$XDG_CACHE_HOME/eagle3`, else ~/.cache/eagle3."""
     base = os.environ.get("EAGLE3_CACHE") or os.environ.get("EAGLE3_CACHE_DIR")
+    if base:  # `/` (or a file) would spread file-digests.json, llama.cpp's source and model copies over it
+        p = Path(base).expanduser()
+        if p.resolve() == Path(p.resolve().anchor) or (p.exists() and not p.is_dir()):
+            var = "EAGLE3_CACHE" if os.environ.get("EAGLE3_CACHE") else "EAGLE3_CACHE_DIR"
+            raise UsageError(
+                f"{var}={base} is {'the filesystem root' if p.exists() and p.is_dir() else 'not a folder'}: "
+                "eagle3 keeps its own files there (file digests, GGUF conversions, llama.cpp's source)",
+                "a folder of eagle3's own, e.g. ~/.cache/eagle3",
+                f"unset {var} or point it at a folder such as ~/.cache/eagle3",
+            )
+        return p
     return Path(base or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "eagle3"))
 
 

@@ -88,6 +88,10 @@ def _cli_type(tp: Any) -> Any:
     string for a tuple of numbers ("2,6,9"; build_config splits it), and text for an optional
     number (so that `none` can clear it; build_config converts and checks the number)."""
     item = _tuple_item(tp)
+    if item is None and (tp is Path or Path in typing.get_args(tp)):
+        # text, made a Path by build_config: the parser's Path("") is ".", so `--run ""` wrote into the
+        # current folder; as text the empty value reaches build_config, which refuses it
+        return str | None if type(None) in typing.get_args(tp) else str
     if item is None:
         return str | None if _optional_number(tp) else tp
     return list[str] if item is str else str | None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -75,8 +76,11 @@ def parse_input_spec(spec: str, default_split: str = "train") -> Source:
     head, sep, tail = spec.rpartition(":")
     if sep and _is_number(tail) and not Path(spec).exists():
         body, weight = head, float(tail)
-    if weight <= 0:
-        raise UsageError(f"--input {spec}: weight must be > 0", "SOURCE[:WEIGHT] with WEIGHT > 0, e.g. data.jsonl:0.5")
+    if not math.isfinite(weight) or weight <= 0:  # nan passed `<= 0`; inf and 1e400 (= inf) broke the mixture
+        raise UsageError(
+            f"--input {spec}: weight must be a finite number > 0",
+            "SOURCE[:WEIGHT] with WEIGHT > 0, e.g. data.jsonl:0.5",
+        )
     try:
         src = resolve_source(body, default_split)
     except UsageError as e:

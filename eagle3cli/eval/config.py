@@ -16,6 +16,11 @@ Turns = Literal["first", "all"]
 EvalDtype = Literal["auto", "fp32", "bf16"]
 
 
+# The largest EAGLE-2 tree eval drafts (depth x topk nodes per round): the draft's attention over the
+# tree grows with its square; 1024 is two orders above SGLang's usual 5-8 steps x topk 1-10.
+MAX_TREE_NODES = 1024
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     target: str | None = None
@@ -125,6 +130,14 @@ class EvalConfig:
             e.append(f"--temperature must be >= 0, got {self.temperature!r}")
         if not isinstance(self.top_p, (int, float)) or not 0 < self.top_p <= 1:
             e.append(f"--top-p must be in (0, 1], got {self.top_p!r}")
+        nodes = self.depth * self.topk if isinstance(self.depth, int) and isinstance(self.topk, int) else 0
+        if self.mode != "chain" and nodes > MAX_TREE_NODES:  # refused up front: it ran silently until killed
+            e.append(
+                f"--depth {self.depth} --topk {self.topk}: a tree of {nodes:,} drafted nodes per round (depth x topk), "
+                f"{nodes * self.topk:,} candidates scored and ~{nodes * nodes // 2:,} draft attention pairs over the "
+                f"tree per target pass: hours per prompt on this machine. Expected depth x topk <= {MAX_TREE_NODES:,} "
+                "(SGLang's EAGLE trees: 5-8 steps x topk 1-10)"
+            )
         if isinstance(self.num_draft_tokens, int) and self.num_draft_tokens < 2:
             e.append(f"--num-draft-tokens counts the root too: it must be >= 2, got {self.num_draft_tokens}")
         for name in ("sweep_prompts", "sweep_max_new_tokens", "sweep_repeats"):

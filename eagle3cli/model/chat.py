@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -123,8 +124,9 @@ def render(
     sample_id: str = "?",
 ) -> str:
     """The conversation as the target's template renders it; `TemplateRefusal` when it raises."""
+    seconds = template_seconds()  # a bad EAGLE3_TEMPLATE_SECONDS is the run's error, not this record's
     try:
-        with _time_limit(template_seconds()):  # reasoning_style renders the template too
+        with _time_limit(seconds):  # reasoning_style renders the template too
             msgs = template_messages(messages, reasoning_style(tokenizer))
             return _call_template(tokenizer, msgs, add_generation_prompt, tools, dict(template_kwargs or {}))
     except Exception as e:  # noqa: BLE001 — Jinja raise_exception(), a template error on this data, or too slow
@@ -137,10 +139,19 @@ TEMPLATE_SECONDS_ENV = "EAGLE3_TEMPLATE_SECONDS"
 def template_seconds() -> float:
     """How long one rendering may take (a template is code from the model folder: a loop in it must
     cost one rejected record, not the run). 10 s; EAGLE3_TEMPLATE_SECONDS changes it."""
+    raw = os.environ.get(TEMPLATE_SECONDS_ENV, "10")
     try:
-        return max(0.01, float(os.environ.get(TEMPLATE_SECONDS_ENV, "10")))
+        seconds = float(raw)
     except ValueError:
-        return 10.0
+        seconds = math.nan
+    # inf made the alarm fail on every record (each one "refused"); nan, 0 and negatives meant nothing
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise UsageError(
+            f"{TEMPLATE_SECONDS_ENV}={raw!r} is not a time limit",
+            "seconds > 0, finite (default 10)",
+            f"unset {TEMPLATE_SECONDS_ENV} or set it to e.g. 30",
+        )
+    return max(0.01, seconds)
 
 
 class TemplateTooSlow(Exception):

@@ -372,7 +372,9 @@ def test_openai_finish_reasons_markers_usage_and_the_answering_model(tiny_target
     assert m["counts"]["written"] == 3 and m["counts"]["skipped_by_reason"] == {"finish_reason": 1}
     rejects = [json.loads(x) for x in (out / "rejects.jsonl").read_text().splitlines()]
     assert "content_filter" in rejects[0]["detail"]
-    records = {r["id"]: r for p in sorted(out.glob("shard-*.jsonl")) for r in map(json.loads, p.read_text().splitlines())}
+    records = {
+        r["id"]: r for p in sorted(out.glob("shard-*.jsonl")) for r in map(json.loads, p.read_text().splitlines())
+    }
     assert records["p:q1"]["messages"][-1]["content"] == "Sure."  # no fake user turn trained as assistant text
     assert records["p:q2"]["messages"][-1]["content"] == "Two."  # non-numeric counts ignored, not pending
     assert m["answered_by"] == {"scripted-model": 3}
@@ -408,3 +410,83 @@ def test_openai_a_dead_endpoint_among_several_is_skipped(tiny_target_dir, tmp_pa
     assert gen_openai(tiny_target_dir, p, out, dead, live.url, retries=1) == 0
     assert json.loads((out / "manifest.json").read_text())["counts"]["written"] == 12
     capsys.readouterr()
+
+
+# ---------------------------------------------------------------- 6. absurd trees, markup, numbers, odd paths
+def test_an_absurd_tree_is_refused_up_front_saying_what_it_would_cost(head, capsys):
+    args = ["eval", "--head", str(head), "--mode", "tree", "--depth", "1000", "--topk", "1000"]
+    assert main(args) == 2
+    text = err(capsys)
+    assert "1,000,000 drafted nodes per round" in text and "depth x topk <= 1,024" in text
+
+
+def test_user_text_never_reaches_rich_markup(tmp_path, head, tiny_target_dir, capsys):
+    out = tmp_path / "[bold red]x[/] [/]"
+    for _ in range(2):  # the rerun too (MarkupError on every rerun before)
+        assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
+        assert "[bold red]x[/] [/]" in err(capsys)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    assert (
+        main(["gen-data", "--target", str(tiny_target_dir), "--input", "gsm8k:-1:", "--out", str(tmp_path / "d")]) == 2
+    )
+    assert "gsm8k:-1:" in err(capsys)  # not the thumbs-down emoji
+
+
+@pytest.mark.parametrize("weight", ["nan", "inf", "1e400", "-inf"])
+def test_non_finite_input_weights_are_refused(tmp_path, tiny_target_dir, capsys, weight):
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", f"gsm8k:{weight}", "--out", str(tmp_path / "d")]
+    assert main([*args, "--no-regenerate"]) == 2
+    assert "weight must be a finite number > 0" in err(capsys)
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-3", "0", "ten"])
+def test_a_bad_template_time_limit_is_refused(tmp_path, tiny_target_dir, capsys, monkeypatch, value):
+    monkeypatch.setenv("EAGLE3_TEMPLATE_SECONDS", value)
+    inp = tmp_path / "in.jsonl"
+    conv = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
+    inp.write_text(json.dumps({"messages": conv}) + "\n")
+    args = ["gen-data", "--target", str(tiny_target_dir), "--input", str(inp), "--out", str(tmp_path / "d")]
+    assert main([*args, "--no-regenerate"]) == 2
+    assert f"EAGLE3_TEMPLATE_SECONDS={value!r} is not a time limit" in err(capsys)
+
+
+def test_odd_paths_are_refused_with_exit_2(tmp_path, tiny_target_dir, capsys, monkeypatch):
+    assert main(["train", "--run", ""]) == 2  # was: a run written into the current folder
+    assert "--run is empty" in err(capsys)
+    assert main(["train", "--run", str(tmp_path / "r"), "--recipe", "/dev/zero"]) == 2
+    assert "is not a regular file (a device)" in err(capsys)
+    inp = tmp_path / "in.jsonl"
+    inp.write_text(json.dumps({"prompt": "hi"}) + "\n")
+    out = tmp_path / "d"
+    out.mkdir()
+    os.mkfifo(out / ".lock")
+    gen = ["gen-data", "--target", str(tiny_target_dir), "--input", str(inp), "--no-regenerate"]
+    assert main([*gen, "--out", str(out)]) == 2
+    assert "is not a regular file (a FIFO" in err(capsys)
+    monkeypatch.setenv("EAGLE3_CACHE", "/")
+    assert main([*gen, "--out", str(tmp_path / "d2")]) == 2
+    assert "EAGLE3_CACHE=/ is the filesystem root" in err(capsys)
+    monkeypatch.delenv("EAGLE3_CACHE")
+    assert main(["doctor", "--runs-dir", str(inp)]) == 2
+    assert "is not a folder" in err(capsys)
+
+
+def test_efbig_is_named_as_a_file_size_limit(tmp_path, head):
+    import resource
+    import subprocess
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50_000, 50_000))
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1", COLUMNS="300")
+    env["EAGLE3_CACHE"] = str(tmp_path / "cache")
+    out = tmp_path / "exp"
+    r = subprocess.run(
+        [sys.executable, "-m", "eagle3cli", "export", "--head", str(head), "--format", "sglang", "--out", str(out)],
+        capture_output=True, text=True, env=env, preexec_fn=limit, timeout=300,
+    )  # fmt: skip
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "Traceback" not in text, text
+    assert "file-size limit" in text and "50000 bytes here" in text and "no space left" not in text
