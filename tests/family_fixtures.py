@@ -224,6 +224,11 @@ _COMMON = dict(
     num_key_value_heads=2,
     max_position_embeddings=1024,
 )
+# Gemma-2 and -3: a 48-token window, tied embeddings, their turn markers
+_GEMMA_FIELDS = dict(_COMMON, head_dim=16, sliding_window=48, query_pre_attn_scalar=16, tie_word_embeddings=True)
+_GEMMA_TOKENS: dict = dict(
+    special=("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"), bos="<bos>", eos="<end_of_turn>", window=48
+)
 _QWEN_TOKENS = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
 
 FAMILIES = {
@@ -299,42 +304,24 @@ FAMILIES = {
         "gemma2",
         "Gemma2Config",
         "Gemma2ForCausalLM",
-        dict(
-            _COMMON,
-            head_dim=16,
-            sliding_window=48,
-            final_logit_softcapping=30.0,
-            attn_logit_softcapping=50.0,
-            query_pre_attn_scalar=16,
-            tie_word_embeddings=True,
-        ),
+        dict(_GEMMA_FIELDS, final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
         GEMMA2,
-        special=("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
-        bos="<bos>",
-        eos="<end_of_turn>",
-        window=48,
+        **_GEMMA_TOKENS,
     ),
     "gemma3": Family(
         "gemma3",
         "Gemma3TextConfig",
         "Gemma3ForCausalLM",
         dict(
-            _COMMON,
-            head_dim=16,
-            sliding_window=48,
-            query_pre_attn_scalar=16,
+            _GEMMA_FIELDS,
             layer_types=["sliding_attention"] * 5 + ["full_attention"],
             rope_parameters={
                 "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
                 "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             },
-            tie_word_embeddings=True,
         ),
         GEMMA3,
-        special=("<bos>", "<eos>", "<start_of_turn>", "<end_of_turn>"),
-        bos="<bos>",
-        eos="<end_of_turn>",
-        window=48,
+        **_GEMMA_TOKENS,
     ),
     "gpt-oss": Family(
         "gpt-oss",
@@ -373,6 +360,18 @@ FAMILIES = {
         window=32,
         thinking=True,
     ),
+}
+
+# family -> (SGLang serves it with an EAGLE-3 head, vLLM does): "yes" | "no" | "unknown" (a warning)
+ENGINE_SUPPORT = {
+    "llama3.1": ("yes", "yes"),
+    "qwen2.5": ("yes", "yes"),
+    "qwen3": ("yes", "yes"),
+    "mistral": ("yes", "yes"),
+    "qwen3-moe": ("yes", "yes"),
+    "gemma2": ("no", "no"),
+    "gemma3": ("yes", "unknown"),
+    "gpt-oss": ("yes", "yes"),
 }
 
 

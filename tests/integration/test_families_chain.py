@@ -14,20 +14,9 @@ import json
 import subprocess
 
 import pytest
-from family_fixtures import FAMILIES, build_family_target
+from family_fixtures import ENGINE_SUPPORT, FAMILIES, build_family_target
 from train_fixtures import eagle3 as run_eagle3
 
-# family -> (SGLang serves it with an EAGLE-3 head, vLLM does): "yes" | "no" | "unknown" (a warning)
-SUPPORT = {
-    "llama3.1": ("yes", "yes"),
-    "qwen2.5": ("yes", "yes"),
-    "qwen3": ("yes", "yes"),
-    "mistral": ("yes", "yes"),
-    "qwen3-moe": ("yes", "yes"),
-    "gemma2": ("no", "no"),
-    "gemma3": ("yes", "unknown"),
-    "gpt-oss": ("yes", "yes"),
-}
 QUESTIONS = [
     "What is the sum of the first ten odd numbers?",
     "Name three prime numbers larger than twenty.",
@@ -100,7 +89,7 @@ def test_chain_on_every_family(name, tmp_path):
     assert head_cfg["eagle3"]["target_architectures"] == [fam.model_class]
 
     # export + serve preflight per engine: accepted, refused before launch, or warned about
-    for engine, want in zip(("sglang", "vllm"), SUPPORT[name], strict=True):
+    for engine, want in zip(("sglang", "vllm"), ENGINE_SUPPORT[name], strict=True):
         spec = ["--steps", "4", "--topk", "1", "--draft-tokens", "5"]  # a chain: both engines run it
         r = eagle3("serve", "--target", target, "--head", head, "--engine", engine, *spec, "--dry-run")
         out = " ".join((r.stdout + r.stderr).split())
@@ -110,7 +99,7 @@ def test_chain_on_every_family(name, tmp_path):
             assert r.returncode == 0 and "preflight passed" in out, out[-3000:]
             assert ("cannot tell whether" in out) == (want == "unknown")
     r = eagle3("export", "--head", head, "--format", "speculators", "--out", tmp_path / "spec")
-    if SUPPORT[name][1] == "no":
+    if ENGINE_SUPPORT[name][1] == "no":
         assert r.returncode == 2 and "vLLM cannot serve" in r.stderr + r.stdout
     else:
         _ok(r)

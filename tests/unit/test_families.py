@@ -9,7 +9,7 @@ import json
 
 import pytest
 import torch
-from family_fixtures import FAMILIES, build_family_target
+from family_fixtures import ENGINE_SUPPORT, FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
 
 from eagle3cli.head_files import HEAD_TENSOR_NAMES, save_head
@@ -159,18 +159,6 @@ def test_sglang_table_is_what_sglangs_source_says():
     assert not {"Gemma2ForCausalLM", "MixtralForCausalLM"} & SGLANG_EAGLE3_TARGETS
 
 
-EXPECTED_SUPPORT = {  # family -> (sglang, vllm)
-    "llama3.1": ("yes", "yes"),
-    "qwen2.5": ("yes", "yes"),
-    "qwen3": ("yes", "yes"),
-    "mistral": ("yes", "yes"),
-    "qwen3-moe": ("yes", "yes"),
-    "gemma2": ("no", "no"),
-    "gemma3": ("yes", "unknown"),
-    "gpt-oss": ("yes", "yes"),
-}
-
-
 def test_preflight_refuses_targets_the_engine_cannot_serve(family, tmp_path):
     name, path, model = family
     draft = Eagle3Draft(draft_config_from_target(model.config, 300, default_aux_layer_ids(6)))
@@ -178,7 +166,7 @@ def test_preflight_refuses_targets_the_engine_cannot_serve(family, tmp_path):
     head = save_head(draft, tmp_path / "head", {"path": str(path), "num_hidden_layers": 6})
     arch = json.loads((path / "config.json").read_text())["architectures"]
     assert json.loads((head / "config.json").read_text())["eagle3"]["target_architectures"] == arch
-    for engine, want in zip(("sglang", "vllm"), EXPECTED_SUPPORT[name], strict=True):
+    for engine, want in zip(("sglang", "vllm"), ENGINE_SUPPORT[name], strict=True):
         problems = [p for p in check_head(head, path, engine) if "EAGLE-3 head" in p.what]
         if want == "yes":
             assert not problems, problems
