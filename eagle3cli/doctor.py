@@ -134,12 +134,13 @@ def check_llama_cpp() -> Check:
                     f"{link.resolve()}: built, but no tiny inference was checked (rerun `make llama-cpp`)",
                     False,
                 )
-            return Check("llama.cpp", True, f"{kind} build at {link.resolve()}: a tiny inference runs", False)
+            flags = "GGML_NATIVE=OFF, no AMX kernels" if kind.startswith("no-amx") else "GGML_NATIVE=ON"
+            return Check("llama.cpp", True, f"{kind} build ({flags}) at {link.resolve()}: a tiny inference runs", False)
     return Check(
         "llama.cpp",
         False,
-        "not built (`make llama-cpp`: native for this CPU, rebuilt without AMX kernels where the native build "
-        "dies of SIGILL; EAGLE3_LLAMA_CPP_NO_AMX=1 builds that kind directly)",
+        "not built (`make llama-cpp`: GGML_NATIVE=ON for this CPU, rebuilt with GGML_NATIVE=OFF and no AMX kernels "
+        "where the native build dies of SIGILL; EAGLE3_LLAMA_CPP_NO_AMX=1 builds that kind directly)",
         False,
     )
 
