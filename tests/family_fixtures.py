@@ -65,25 +65,34 @@ _CHATML_TOOL_RESULT = """{%- elif m.role == 'tool' %}
     {{- '\\n<tool_response>\\n' + m.content + '\\n</tool_response>' }}
     {%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}"""
 
-QWEN25 = (
-    _CHATML_TOOLS.replace(
-        "DEFAULT_SYSTEM_BLOCK", "'<|im_start|>system\\nYou are Qwen, a helpful assistant.<|im_end|>\\n'"
-    ).replace("DEFAULT_SYSTEM", "'You are Qwen, a helpful assistant.\\n\\n'")
-    + """
+# ChatML's turns as Qwen2.5 and Qwen3 render them: a user or system turn, an assistant turn's start...
+_CHATML_TURNS_OPEN = """
 {%- for m in messages %}
   {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
     {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
   {%- elif m.role == 'assistant' %}
-    {%- set content = m.content or '' %}
-    {{- '<|im_start|>assistant' + ('\\n' + content if content else '\\n') }}"""
-    + _CHATML_TOOL_CALLS
+    {%- set content = m.content or '' %}"""
+# ...and its end: tool calls, the end of the turn, tool results, the generation prompt
+_CHATML_TURNS_CLOSE = (
+    _CHATML_TOOL_CALLS
     + """
     {{- '<|im_end|>\\n' }}"""
     + _CHATML_TOOL_RESULT
     + """
   {%- endif %}
 {%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"""
+)
+
+QWEN25 = (
+    _CHATML_TOOLS.replace(
+        "DEFAULT_SYSTEM_BLOCK", "'<|im_start|>system\\nYou are Qwen, a helpful assistant.<|im_end|>\\n'"
+    ).replace("DEFAULT_SYSTEM", "'You are Qwen, a helpful assistant.\\n\\n'")
+    + _CHATML_TURNS_OPEN
+    + """
+    {{- '<|im_start|>assistant' + ('\\n' + content if content else '\\n') }}"""
+    + _CHATML_TURNS_CLOSE
+    + """{%- endif %}"""
 )
 
 # Qwen3: reasoning (`reasoning_content`, or inline <think>...</think>) is rendered only for
@@ -93,12 +102,9 @@ QWEN3 = (
     _CHATML_TOOLS.replace("DEFAULT_SYSTEM_BLOCK", "''").replace("DEFAULT_SYSTEM", "''")
     + """
 {%- set ns = namespace(last_user=-1) %}
-{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}
-{%- for m in messages %}
-  {%- if m.role == 'user' or (m.role == 'system' and not loop.first) %}
-    {{- '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}
-  {%- elif m.role == 'assistant' %}
-    {%- set content = m.content or '' %}
+{%- for m in messages %}{%- if m.role == 'user' %}{%- set ns.last_user = loop.index0 %}{%- endif %}{%- endfor %}"""
+    + _CHATML_TURNS_OPEN
+    + """
     {%- set reasoning = '' %}
     {%- if m.reasoning_content is string %}{%- set reasoning = m.reasoning_content %}
     {%- elif '</think>' in content %}
@@ -111,14 +117,8 @@ QWEN3 = (
     {%- else %}
       {{- '<|im_start|>assistant\\n' + content }}
     {%- endif %}"""
-    + _CHATML_TOOL_CALLS
+    + _CHATML_TURNS_CLOSE
     + """
-    {{- '<|im_end|>\\n' }}"""
-    + _CHATML_TOOL_RESULT
-    + """
-  {%- endif %}
-{%- endfor %}
-{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}
   {%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}{%- endif %}
 {%- endif %}"""
 )

@@ -8,6 +8,8 @@ import json
 import threading
 import time
 import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
@@ -132,3 +134,13 @@ class HostileServer(ThreadedServer):
                 pass
 
         self.serve(Handler, daemon_threads=True)
+
+
+@contextmanager
+def running(*servers: ThreadedServer) -> Iterator[tuple]:
+    """The servers, stopped when the block ends (a fixture's `with running(a, b) as pair: yield pair`)."""
+    try:
+        yield servers
+    finally:
+        for server in servers:
+            server.stop()

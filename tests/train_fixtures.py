@@ -103,3 +103,11 @@ def copy_run(base: Path, dest: Path) -> Path:
     for sub in ("data", "cache"):
         shutil.copytree(base / sub, dest / sub)
     return dest
+
+
+def fast_train_config(run: Path, **fields):
+    """The TrainConfig the tests train `run` with: batches of 640 tokens, samples cut at 160, and `fields`."""
+    from eagle3cli.config import build_config
+    from eagle3cli.train.config import TrainConfig
+
+    return build_config(TrainConfig, None, "train", run=run, token_budget=640, max_length=160, **fields)

@@ -9,7 +9,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from http_fixtures import ThreadedServer
+from http_fixtures import ThreadedServer, running
 
 from eagle3cli.cli import main
 from eagle3cli.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
@@ -171,10 +171,8 @@ class FakeVllm(ThreadedServer):
 
 @pytest.fixture
 def fake_vllm():
-    spec, plain = FakeVllm(accept=2), FakeVllm(accept=None, name="plain-copy")  # two servers, two names
-    yield spec, plain
-    spec.stop()
-    plain.stop()
+    with running(FakeVllm(accept=2), FakeVllm(accept=None, name="plain-copy")) as pair:  # two servers, two names
+        yield pair
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from http_fixtures import ThreadedServer
+from http_fixtures import ThreadedServer, running
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
@@ -98,10 +98,8 @@ class StandIn(ThreadedServer):
 
 @pytest.fixture
 def servers():
-    spec, base = StandIn(True, step_s=0.004), StandIn(False, step_s=0.004)
-    yield spec, base
-    spec.stop()
-    base.stop()
+    with running(StandIn(True, step_s=0.004), StandIn(False, step_s=0.004)) as pair:
+        yield pair
 
 
 @pytest.fixture

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from train_fixtures import copy_run, make_run, metrics
+from train_fixtures import copy_run, fast_train_config, make_run, metrics
 
-from eagle3cli.config import build_config
 from eagle3cli.speculate.acceptance import accept_lengths, chain_summary, walk_rounds
 from eagle3cli.speculate.ttt import Teacher
-from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.data import plan_epoch
 from eagle3cli.train.heldout import heldout_indices
 from eagle3cli.train.loop import finish, fit, setup
@@ -77,20 +75,7 @@ def base_run(tmp_path_factory, tiny_target_dir):
 
 def test_training_writes_the_learning_curve(tmp_path, base_run, capsys):
     run = copy_run(base_run, tmp_path / "run")
-    cfg = build_config(
-        TrainConfig,
-        None,
-        "train",
-        run=run,
-        max_steps=5,
-        log_every=1,
-        save_every=5,
-        heldout_every=2,
-        heldout_depth=4,
-        token_budget=640,
-        max_length=160,
-        ttt_steps=2,
-    )
+    cfg = fast_train_config(run, max_steps=5, log_every=1, save_every=5, heldout_every=2, heldout_depth=4, ttt_steps=2)
     tr = setup(cfg)
     assert tr.heldout == heldout_indices(40, 32) == [0, 10, 20, 30]
     fit(tr)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from train_fixtures import REPO, copy_run, eagle3, make_run, metrics
+from train_fixtures import REPO, copy_run, eagle3, fast_train_config, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
@@ -24,6 +24,7 @@ from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import finish, fit, setup
 
 FAST = ["--token-budget", "640", "--max-length", "160"]
+ONE_STEP = ["--max-steps", "1", "--log-every", "1", "--save-every", "1", *FAST]
 
 
 @pytest.fixture(scope="module")
@@ -39,18 +40,7 @@ def run_dir(tmp_path, base_run):
 def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_target_dir):
     from transformers import AutoModelForCausalLM
 
-    cfg = build_config(
-        TrainConfig,
-        None,
-        "train",
-        run=run_dir,
-        max_steps=4,
-        log_every=2,
-        save_every=2,
-        token_budget=640,
-        max_length=160,
-        ttt_steps=3,
-    )
+    cfg = fast_train_config(run_dir, max_steps=4, log_every=2, save_every=2, ttt_steps=3)
     tr = setup(cfg)
     fit(tr)
     head = finish(tr)
@@ -329,46 +319,14 @@ def test_offline_checkpoints_recording_the_old_online_default_still_resume():
 
 def test_top_layer_ablation_trains_fc_over_one_hidden(tmp_path, tiny_target_dir):
     run = make_run(tmp_path / "top", tiny_target_dir, n=8, aux_layers=(3,))
-    assert (
-        main(
-            [
-                "train",
-                "--run",
-                str(run),
-                "--aux-layers",
-                "top",
-                "--ttt-steps",
-                "1",
-                "--max-steps",
-                "1",
-                "--log-every",
-                "1",
-                "--save-every",
-                "1",
-                *FAST,
-            ]
-        )
-        == 0
-    )
+    assert main(["train", "--run", str(run), "--aux-layers", "top", "--ttt-steps", "1", *ONE_STEP]) == 0
     head = load_head(run / "head")
     assert head.fc.weight.shape == (64, 64) and head.config.aux_layer_ids == [3]
     assert len(metrics(run)[0]["acc_k"]) == 1
 
 
 def test_tensorboard_scalars_or_a_clear_error(run_dir, capsys):
-    args = [
-        "train",
-        "--run",
-        str(run_dir),
-        "--max-steps",
-        "1",
-        "--log-every",
-        "1",
-        "--save-every",
-        "1",
-        "--tensorboard",
-        *FAST,
-    ]
+    args = ["train", "--run", str(run_dir), *ONE_STEP, "--tensorboard"]
     try:
         import tensorboard  # noqa: F401
     except ImportError:
@@ -388,8 +346,7 @@ def test_train_samples_are_nested_subsets_that_never_touch_the_held_out_set(run_
     assert subsets[0] < subsets[1] < subsets[2] and not subsets[2] & set(held)
     assert unused_indices(200, held, None) == held
     # a run on 5 of the cache's samples trains only those, and says so in its manifest
-    cfg = build_config(TrainConfig, None, "train", run=run_dir, max_steps=2, token_budget=640, max_length=160,
-                       ttt_steps=2, train_samples=5, heldout_samples=4)  # fmt: skip
+    cfg = fast_train_config(run_dir, max_steps=2, ttt_steps=2, train_samples=5, heldout_samples=4)
     tr = setup(cfg)
     trained = set(range(len(tr.source.lengths))) - set(tr.unused)
     assert len(trained) == 5 and not trained & set(tr.heldout)
