@@ -91,12 +91,30 @@ def _write_folder(model, tok, out: Path, dtype: torch.dtype, source: dict) -> No
     cfg.pop("quantization_config", None)
     cfg.pop("_name_or_path", None)
     cfg["dtype"] = str(dtype).removeprefix("torch.")
+    cfg["architectures"] = cfg.get("architectures") or [type(model).__name__]  # SGLang and vLLM load by it
     (tmp / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
     model.generation_config.save_pretrained(str(tmp))
     tok.save_pretrained(str(tmp))
     (tmp / STAMP).write_text(json.dumps(source, indent=2) + "\n")
     shutil.rmtree(out, ignore_errors=True)
     tmp.rename(out)  # the folder appears whole or not at all
+
+
+def name_architecture(out: Path) -> None:
+    """Write `"architectures": ["LlamaForCausalLM"]` (the class a GGUF llama loads as) into a converted
+    folder's config.json that says null: SGLang reads architectures[0] before any weight and vLLM
+    refuses null. Its fingerprint still matches what its corpora and heads recorded
+    (`manifest.model_fingerprint` accepts the unnamed config's)."""
+    from .manifest import atomic_write_text
+
+    path = out / "config.json"
+    cfg = json.loads(path.read_text())
+    if not cfg.get("architectures"):
+        model_type = str(cfg.get("model_type") or "llama")
+        cfg["architectures"] = [
+            {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(model_type, "LlamaForCausalLM")
+        ]
+        atomic_write_text(path, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def _stamp_matches(out: Path, source: dict) -> bool:
@@ -125,6 +143,7 @@ def convert_gguf(gguf: Path, out: Path, dtype: str = "fp32", max_new_tokens: int
     source = {"gguf_file": gguf.name, "gguf_sha256": file_sha256(gguf), "dtype": dtype}
     if _stamp_matches(out, source):
         checks = json.loads((out / STAMP).read_text())["checks"]
+        name_architecture(out)  # a folder converted before the class was written into its config
         return ConversionReport(out, True, time.perf_counter() - start, checks)
     model, tok = _load_gguf(gguf, torch.float32)
     reference = {p: _greedy(model, tok, p, max_new_tokens) for p in CHECK_PROMPTS}

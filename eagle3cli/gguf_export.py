@@ -5,7 +5,7 @@
 (`convert_hf_to_gguf.py`, from the source `make llama-cpp` unpacks), run in a child process with the
 tree's own `gguf-py` (the converter and its gguf-py change together; the PyPI `gguf` here knows no
 eagle3 architecture). The head is handed to it staged in eagle3's layout, from a head of any layout
-`heads.read_head` reads, so what the converter sees was validated first.
+`head.read.read_head` reads, so what the converter sees was validated first.
 
 Then every file is READ BACK (with the `gguf` package) and checked against what llama.cpp's loader
 reads and against our weights, and refused (deleted, exit 2) on any difference:
@@ -252,32 +252,24 @@ def rope_permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 
 def expected_head_tensors(draft) -> dict[str, torch.Tensor]:
-    """What `llama_model_eagle3::load_arch_tensors` reads, in GGUF names, from our weights."""
+    """What `llama_model_eagle3::load_arch_tensors` reads, in GGUF names (`head.table.TENSORS`), from
+    our weights: q/k rope-permuted as the converter does, d2t as absolute target ids (the graph
+    scatters draft logits with `ggml_set_rows` at d2t[i]); with EAGLE-3.1's norm_before_fc the
+    converter writes input_norm.weight as ENC_OUTPUT_NORM, which the loader then creates."""
+    from .head.table import GGUF_TENSOR_NAMES
+    from .speculate.vocab import target_ids
+
     cfg = draft.config
     sd = {k: v.detach().float().cpu() for k, v in draft.state_dict().items()}
-    n_head, n_kv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-    p = "midlayer."
-    d2t = draft.d2t.detach().cpu().to(torch.long)
-    # EAGLE-3.1's norm_before_fc: the converter writes input_norm.weight as ENC_OUTPUT_NORM, which the
-    # loader creates (and the encoder graph applies before fc) only when the flag is set
-    extra = {"enc.output_norm.weight": sd["input_norm.weight"]} if "input_norm.weight" in sd else {}
-    return {
-        **extra,
-        "fc.weight": sd["fc.weight"],
-        "output_norm.weight": sd["norm.weight"],
-        "output.weight": sd["lm_head.weight"],
-        "blk.0.attn_norm.weight": sd[p + "input_layernorm.weight"],
-        "blk.0.attn_norm_2.weight": sd[p + "hidden_norm.weight"],
-        "blk.0.attn_q.weight": rope_permute(sd[p + "self_attn.q_proj.weight"], n_head),
-        "blk.0.attn_k.weight": rope_permute(sd[p + "self_attn.k_proj.weight"], n_kv),
-        "blk.0.attn_v.weight": sd[p + "self_attn.v_proj.weight"],
-        "blk.0.attn_output.weight": sd[p + "self_attn.o_proj.weight"],
-        "blk.0.ffn_norm.weight": sd[p + "post_attention_layernorm.weight"],
-        "blk.0.ffn_gate.weight": sd[p + "mlp.gate_proj.weight"],
-        "blk.0.ffn_up.weight": sd[p + "mlp.up_proj.weight"],
-        "blk.0.ffn_down.weight": sd[p + "mlp.down_proj.weight"],
-        "d2t": torch.arange(len(d2t), dtype=torch.long) + d2t,  # absolute target ids, as the graph reads them
-    }
+    sd["d2t"] = target_ids(draft.d2t.detach().cpu())
+    heads = {"q_proj": int(cfg.num_attention_heads), "k_proj": int(cfg.num_key_value_heads)}
+    out = {}
+    for name, gguf_name in GGUF_TENSOR_NAMES.items():
+        if name not in sd:
+            continue  # input_norm.weight without norm_before_fc
+        proj = next((k for k in heads if f".{k}." in name), None)
+        out[gguf_name] = rope_permute(sd[name], heads[proj]) if proj else sd[name]
+    return out
 
 
 _AS_STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -359,27 +351,6 @@ def _check_d2t(gtype: str | None, got: np.ndarray, want: np.ndarray, target_voca
     if not np.array_equal(got.astype(np.int64), want):
         wrong = int(np.sum(got.astype(np.int64) != want))
         problems.append(f"d2t differs from the head's map at {wrong} of {len(want)} draft ids (absolute target ids)")
-    return problems
-
-
-def d2t_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, vocab: int) -> list[str]:
-    """A draft->target map llama.cpp cannot use as it is: ids outside the vocab, or two draft ids on
-    one target id (`ggml_set_rows` would keep one row's logit), or a t2d that disagrees."""
-    ids = torch.arange(len(d2t)) + d2t.to(torch.long)
-    problems = []
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-        out = int(((ids < 0) | (ids >= vocab)).sum())
-        problems.append(f"d2t sends {out} draft ids outside the target vocab 0..{vocab - 1}")
-    if len(torch.unique(ids)) != len(ids):
-        problems.append(f"d2t maps {len(ids) - len(torch.unique(ids))} draft ids onto target ids already taken")
-    if t2d is not None and t2d.numel() == vocab and bool(t2d.any()):
-        mask = torch.zeros(vocab, dtype=torch.bool)
-        mask[ids.clamp(0, vocab - 1)] = True
-        if not torch.equal(mask, t2d.to(torch.bool)):
-            problems.append(
-                f"t2d marks {int(t2d.sum())} target ids but d2t reaches {int(mask.sum())} others or more: "
-                "the maps were not made together"
-            )
     return problems
 
 
@@ -481,7 +452,7 @@ def _target_config(target_dir: Path) -> dict:
 def stage_head(draft, spec, folder: Path) -> Path:
     """The head as the converter reads it: eagle3's layout, fp32 names, the aux ids top-level (the
     converter reads `eagle_aux_hidden_state_layer_ids` as llama.cpp's extract layers, hidden_states[k])."""
-    from .head_files import head_state_dict, own_layout_config
+    from .head.write import head_state_dict, own_layout_config
     from .manifest import atomic_write_json, atomic_write_tensors
     from .speculate.draft import norm_flags
 
@@ -499,28 +470,17 @@ def stage_head(draft, spec, folder: Path) -> Path:
 def head_for_llama_cpp(head_dir: Path, target_dir: Path):
     """(draft, spec) of a head llama.cpp can serve on `target_dir`, or the UsageError naming every reason
     it cannot (checked before anything is converted or written)."""
-    tcfg = _target_config(target_dir)
-    t = tcfg.get("text_config") or tcfg
-    n_layers, vocab = int(t["num_hidden_layers"]), int(t["vocab_size"])
-    draft, spec = _load_head_for(head_dir, n_layers)
-    problems = []
-    if spec.vocab_size != vocab:
-        problems.append(f"the head's vocab_size {spec.vocab_size} != the target's {vocab} ({target_dir})")
-    if spec.target_hidden_size != int(t["hidden_size"]):
-        problems.append(f"the head reads {spec.target_hidden_size}-wide features; the target's are {t['hidden_size']}")
-    if len(spec.aux_layer_ids) != 3:
-        problems.append(
-            f"the head reads {len(spec.aux_layer_ids)} aux layers {list(spec.aux_layer_ids)}; llama.cpp's eagle3 "
-            "reads exactly 3 (extract_layers)"
-        )
-    problems += d2t_problems(draft.d2t.cpu(), draft.t2d.cpu() if spec.names.get("t2d") else None, vocab)
-    if problems:
-        raise UsageError(
-            f"head {head_dir} cannot be served by llama.cpp, so no GGUF was written:\n  " + "\n  ".join(problems),
-            "a 3-aux-layer EAGLE-3 head whose d2t maps each draft id to its own target id",
-            HEAD_NEXT,
-        )
-    return draft, spec, n_layers, vocab
+    from .head.check import problems, read_target, refuse
+
+    t = read_target(Path(target_dir))
+    refuse(
+        problems(head_dir, t, "llama.cpp"),
+        f"head {head_dir} cannot be served by llama.cpp, so no GGUF was written",
+        "a 3-aux-layer EAGLE-3 head whose d2t maps each draft id to its own target id",
+        HEAD_NEXT,
+    )
+    draft, spec = _load_head_for(head_dir, t.layers)
+    return draft, spec, t.layers, t.vocab
 
 
 HEAD_NEXT = "re-export the head from its training run: eagle3 train --run runs/NAME (writes runs/NAME/head)"
@@ -550,7 +510,7 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
 
 
 def _load_head_for(head_dir: Path, n_layers: int):
-    from .model.heads import load_head_weights, read_head
+    from .head.read import load_head_weights, read_head
 
     spec = read_head(head_dir, n_layers)
     return load_head_weights(spec, None, torch.float32), spec
@@ -599,8 +559,8 @@ def export_gguf(
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
     from .folders import begin_writing, claim_output, end_writing, refuse_replacing
+    from .head.read import read_head
     from .manifest import remove_dead_temps, shard_record, write_manifest
-    from .model.heads import read_head
     from .model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
 
     if head_dir is None and target_dir is None:

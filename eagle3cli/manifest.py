@@ -304,7 +304,17 @@ def model_fingerprint(model_dir: Path) -> str:
         for f in sorted([*model_dir.glob("*.safetensors"), *model_dir.glob("*.bin")])
     )
     now = hashlib.sha256(b"eagle3-fingerprint/3\n" + own + weights).hexdigest()[:16]
-    _BEFORE_3.setdefault(now, set()).add(hashlib.sha256(b"eagle3-fingerprint/2\n" + whole + weights).hexdigest()[:16])
+    before = _BEFORE_3.setdefault(now, set())
+    before.add(hashlib.sha256(b"eagle3-fingerprint/2\n" + whole + weights).hexdigest()[:16])
+    if cfg.exists() and config.get("architectures"):
+        # the class name is how the folder loads, not the model: a GGUF-born config recorded with
+        # "architectures": null (SmolLM2 before `make smollm2` named it) is the same target
+        unnamed = {k: v for k, v in config.items() if k not in WRITER_KEYS} | {"architectures": None}
+        before.add(
+            hashlib.sha256(
+                b"eagle3-fingerprint/3\n" + json.dumps(unnamed, sort_keys=True).encode() + weights
+            ).hexdigest()[:16]
+        )
     return now
 
 

@@ -76,7 +76,7 @@ def build_random_target(out: Path, num_layers: int = 4, hidden: int = 64, seed: 
 
 @pytest.fixture(scope="session")
 def tiny_target_dir(tmp_path_factory) -> Path:
-    """4-layer, 64-wide random target (aux layers [2, 2, 1] by the default rule)."""
+    """4-layer, 64-wide random target (aux layers [1, 2, 2] by the default rule, in layer order)."""
     return build_random_target(tmp_path_factory.mktemp("tiny-random-target") / "model", num_layers=4)
 
 

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.head_files import save_head
-from eagle3cli.model.heads import init_draft_from_weights
+from eagle3cli.head.read import init_draft_from_weights
+from eagle3cli.head.write import save_head
 from eagle3cli.model.target import load_target, target_identity
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.vocab import t2d_of
 
 
 def make_head(
@@ -31,7 +32,8 @@ def make_head(
     if draft.input_norm is not None:
         with torch.no_grad():
             draft.input_norm.weight.uniform_(0.5, 1.5)
-    draft.set_vocab_maps(torch.arange(512) * 2, torch.zeros(model.config.vocab_size, dtype=torch.bool))
+    d2t = torch.arange(512)  # draft id i -> target id 2i
+    draft.set_vocab_maps(d2t, t2d_of(d2t, model.config.vocab_size))
     return save_head(draft, out, target_identity(path, tok, model.config).as_dict())
 
 

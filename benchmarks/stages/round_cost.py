@@ -38,8 +38,8 @@ import torch
 
 from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_logits, plain_decode
 from eagle3cli.eval.target_kv import TargetKV
+from eagle3cli.head.read import load_head
 from eagle3cli.model.cpu_kernels import pack_linears
-from eagle3cli.model.heads import load_head
 from eagle3cli.model.target import load_target
 from eagle3cli.prompts import load_prompts, render
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids

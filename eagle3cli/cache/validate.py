@@ -21,6 +21,7 @@ import torch
 
 from ..errors import StageError
 from ..manifest import MANIFEST, SCHEMA_VERSION, contained, for_run
+from ..speculate.vocab import map_problems
 from .storage import OPTIONAL_KEYS, feature_keys
 
 STORAGES = ("bf16", "fp8", "compact")
@@ -255,8 +256,8 @@ def _check_tensors(cache_dir: Path, rec: Mapping[str, Any], m: Mapping[str, Any]
 
 
 def check_vocab_file(cache_dir: Path, path: Path, m: Mapping[str, Any], tensors: Mapping[str, torch.Tensor]) -> None:
-    """vocab.safetensors holds d2t and t2d of the manifest's sizes (their mapping is checked where
-    heads are read)."""
+    """vocab.safetensors holds d2t and t2d of the manifest's sizes, and a valid map (the one rule for
+    maps, `speculate.vocab.map_problems`, which heads are read through too)."""
     d2t, t2d = tensors.get("d2t"), tensors.get("t2d")
     if d2t is None or t2d is None or d2t.dim() != 1 or t2d.dim() != 1:
         raise damaged(cache_dir, path.name, "lacks a 1-dim d2t or t2d", "the draft vocab maps `eagle3 cache` writes")
@@ -267,3 +268,6 @@ def check_vocab_file(cache_dir: Path, path: Path, m: Mapping[str, Any], tensors:
             f"maps {d2t.numel()} draft tokens over {t2d.numel()} target tokens",
             f"{m['draft_vocab_size']} draft tokens over the target's {m['target']['vocab_size']}",
         )
+    bad = map_problems(d2t, t2d, int(m["target"]["vocab_size"]))
+    if bad:
+        raise damaged(cache_dir, path.name, "; ".join(bad), "a draft vocab map `eagle3 cache` writes")

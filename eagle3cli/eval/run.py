@@ -27,7 +27,7 @@ from .lanes import decode_lanes, split_turns
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
 if TYPE_CHECKING:
-    from ..model.heads import HeadSpec
+    from ..head.read import HeadSpec
     from ..speculate.draft import Eagle3Draft
 
 
@@ -54,7 +54,7 @@ def default_out(run: Path | None, head: Path | None) -> Path:
 
 def recorded_target(head: Path) -> str | None:
     """The target a head names (eagle3.target.path, or a speculators verifier), usable from here."""
-    from ..model.heads import head_file, read_config_json
+    from ..head.folder import head_file, read_config_json
     from ..model.target import resolvable_reference
 
     cfg = read_config_json(head_file(head, "config.json"))
@@ -150,7 +150,7 @@ def check_head_fits(spec, target_cfg, ident) -> None:
 
 def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, Eagle3Draft, HeadSpec]]:
     """[(label, draft, spec)] for the head and every --compare head, of any layout."""
-    from ..model.heads import load_any_head
+    from ..head.read import load_any_head
 
     heads: list[tuple[str, Eagle3Draft, HeadSpec]] = []
     for h in [head, *map(Path, cfg.compare)]:

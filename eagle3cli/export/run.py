@@ -22,10 +22,17 @@ import torch
 from ..console import warn
 from ..errors import UsageError
 from ..folders import begin_writing, claim_output, end_writing, refuse_replacing
-from ..head_files import head_state_dict, own_layout_config, target_architectures, write_head_files
+from ..head.engines import sglang_norm_problem, target_support
+from ..head.read import load_any_head
+from ..head.table import HEAD_WEIGHTS
+from ..head.write import (
+    head_state_dict,
+    own_layout_config,
+    speculators_config,
+    target_architectures,
+    write_head_files,
+)
 from ..manifest import read_json, remove_dead_temps, shard_record, write_manifest
-from ..model.engines import sglang_norm_problem
-from ..model.heads import HEAD_WEIGHTS, load_any_head
 from ..model.target import repo_relative
 from .config import ExportConfig
 
@@ -52,61 +59,8 @@ def run_export(cfg: ExportConfig) -> Path:
     return path
 
 
-def _speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
-    """vLLM `speculators` style: the Llama layer config nested, speculator fields top-level."""
-    layer = {
-        k: v
-        for k, v in cfg.items()
-        if k
-        not in (
-            "eagle3",
-            "eagle_config",
-            "eagle_aux_hidden_state_layer_ids",
-            "architectures",
-            "draft_vocab_size",
-            "target_hidden_size",
-            "norm_output",
-            "norm_before_fc",
-            "norm_before_residual",
-            "fc_norm",
-        )
-    }
-    layer["architectures"] = ["LlamaForCausalLM"]
-    target = (cfg.get("eagle3") or {}).get("target") or {}
-    verifier_archs = (cfg.get("eagle3") or {}).get("target_architectures") or ["LlamaForCausalLM"]
-    return {
-        "architectures": ["Eagle3Speculator"],
-        "speculators_model_type": "eagle3",
-        "speculators_version": "0.1.0",
-        "transformer_layer_config": layer,
-        "draft_vocab_size": cfg["draft_vocab_size"],
-        "target_hidden_size": cfg.get("target_hidden_size"),
-        # vLLM's update_eagle3 reads these here (a missing norm_before_residual means true)
-        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-        "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
-        "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
-        "speculators_config": {
-            "algorithm": "eagle3",
-            "default_proposal_method": "greedy",
-            "proposal_methods": [
-                {
-                    "proposal_type": "greedy",
-                    "speculative_tokens": num_speculative_tokens,
-                    "verifier_accept_k": 1,
-                    "accept_tolerance": 0.0,
-                }
-            ],
-            "verifier": {"name_or_path": target.get("path"), "architectures": verifier_archs},
-        },
-        "torch_dtype": cfg.get("torch_dtype", "float32"),
-        "eagle3": cfg.get("eagle3"),
-    }
-
-
 def speculators_support(head_cfg: dict):
     """vLLM's support for the head's target (speculators heads are vLLM's format)."""
-    from ..model.engines import target_support
-
     return target_support("vllm", (head_cfg.get("eagle3") or {}).get("target_architectures"))
 
 
@@ -184,7 +138,7 @@ def export_head(
         cfg["torch_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
     if fmt == "speculators":
         tensors = {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}
-        cfg = _speculators_config(cfg, num_speculative_tokens)
+        cfg = speculators_config(cfg, num_speculative_tokens)
     else:
         _portable_paths(cfg)
     write_head_files(out_dir, tensors, cfg)

@@ -1,3 +1,3 @@
-"""The shell's model plumbing, which writes no files: opening a target (`target.py`), reading heads
-of any layout (`heads.py`, `headcheck.py`), chat templates, a generation KV cache, CPU kernels
-and the engines' support tables. The method itself is `speculate/`."""
+"""The shell's model plumbing, which writes no files: opening a target (`target.py`), configs checked
+before a tensor is made (`config_check.py`), chat templates, a generation KV cache and CPU kernels.
+Heads are `head/`; the method itself is `speculate/`."""

@@ -1,32 +1,16 @@
 """What a preflight check finds: a problem, its fix, and whether it stops `eagle3 serve`.
 
-Checks return lists of problems rather than raising, so serve reports every one at once.
+Checks return lists of problems rather than raising, so serve reports every one at once. A
+`Problem` is the head check's (`head.check`), which serve's own checks of flags and the machine
+return too.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from ..errors import UsageError
+from ..head.check import Problem, error, warning
 
-
-@dataclass(frozen=True)
-class Problem:
-    what: str
-    fix: str
-    severity: str = "error"  # "error" stops serve; "warning" is printed and serve goes on
-
-    @property
-    def is_error(self) -> bool:
-        return self.severity == "error"
-
-
-def error(what: str, fix: str) -> Problem:
-    return Problem(what, fix, "error")
-
-
-def warning(what: str, fix: str) -> Problem:
-    return Problem(what, fix, "warning")
+__all__ = ["Problem", "error", "raise_if_errors", "warning"]
 
 
 def raise_if_errors(problems: list[Problem], next_step: str) -> None:

@@ -6,17 +6,25 @@ of decoder layer k. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids`
 layer k" (it adds 1 and captures hidden_states[k+1]); vLLM reads a top-level
 `eagle_aux_hidden_state_layer_ids` first, as hidden_states[k]. Both capture [2, L//2, L-3] when a
 head names no layers.
+
+The order is the layers': vLLM's and SGLang's targets capture in their loop over the decoder layers
+(`for idx, layer in enumerate(self.layers): if idx in self.aux_hidden_state_layers:
+aux_hidden_states.append(...)`, vLLM `models/llama.py`; `if i in self.layers_to_capture`, SGLang
+`srt/models/llama.py`) and concatenate in that order, whatever order the config lists. So eagle3
+keeps ids in ascending layer order: a flag or a head listing them otherwise is refused
+(`aux_layer_problems`), an engine field of a foreign head is read sorted, as the engine feeds it.
 """
 
 from __future__ import annotations
 
 # What a user is told to pass instead, in every stage that refuses ids.
-EXPECTED = "aux layer ids in 1..L-1 (k = the input of decoder layer k), e.g. the default 2,L//2,L-3"
+EXPECTED = "aux layer ids in 1..L-1, ascending (k = the input of decoder layer k), e.g. the default 2,L//2,L-3"
 
 
-def default_aux_layer_ids(num_layers: int) -> tuple[int, int, int]:
-    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3]."""
-    return (2, num_layers // 2, num_layers - 3)
+def default_aux_layer_ids(num_layers: int) -> tuple[int, ...]:
+    """What SGLang and vLLM capture when a head names no layers: hidden_states[2, L//2, L-3], in the
+    layer order they capture them (a 4-layer target's [2, 2, 1] is fed as [1, 2, 2])."""
+    return tuple(sorted((2, num_layers // 2, num_layers - 3)))
 
 
 def top_aux_layer_ids(num_layers: int) -> tuple[int]:
@@ -31,10 +39,18 @@ def aux_layer_problems(ids, num_layers: int | None = None) -> list[str]:
 
     k must be 1..L-1: hidden_states[0] (the embedding output) has no SGLang id (SGLang's ids are
     k - 1, and it captures the output of layer id + 1), and a target has no decoder layer L.
-    Without `num_layers` only the lower bound is checked (a flag is checked before the target is
-    opened). Repeats are legal (engines allow them; a 4-layer target's default is [2, 2, 1])."""
+    Without `num_layers` only the lower bound and the order are checked (a flag is checked before
+    the target is opened). Ids must ascend: the engines feed the states in layer order (module
+    docstring), so a head trained on [9, 2, 6] would be fed [2, 6, 9]. Repeats are left alone (a
+    4-layer target's default is [1, 2, 2])."""
     ids = [int(k) for k in ids]
     problems = []
+    if ids != sorted(ids):
+        problems.append(
+            f"aux layer ids {ids} are not in layer order: vLLM and SGLang capture the states in their loop over "
+            f"the layers, so a head trained on them in this order would be fed {sorted(ids)}; "
+            f"use {','.join(map(str, sorted(ids)))}"
+        )
     low = [k for k in ids if k < 1]
     if low:
         problems.append(

@@ -52,6 +52,7 @@ from transformers.models.llama.modeling_llama import (
 
 from ..model.cpu_kernels import is_packed, packed_or_plain
 from .target import text_config
+from .vocab import draft_to_target
 
 
 def draft_config_from_target(
@@ -232,8 +233,9 @@ class Eagle3Draft(nn.Module):
         self.norm = LlamaRMSNorm(h, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(h, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config)
+        # until set_vocab_maps: draft id i is target id i, and t2d says so (the maps always agree)
         self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
-        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.register_buffer("t2d", torch.arange(config.vocab_size) < config.draft_vocab_size)
         # Made last and only when asked for: an RMSNorm draws no random numbers, and a head without
         # the flag keeps exactly the parameters (and checkpoints) it always had.
         self.input_norm: LlamaRMSNorm | None = None
@@ -264,7 +266,7 @@ class Eagle3Draft(nn.Module):
         return fused
 
     def draft_to_target(self, draft_ids: torch.Tensor) -> torch.Tensor:
-        return draft_ids + self.d2t[draft_ids]
+        return draft_to_target(draft_ids, self.d2t)
 
     def logits(self, hidden: torch.Tensor, module_calls: bool | None = None) -> torch.Tensor:
         """Draft-vocab logits from the pre-norm hidden state the layer returns.

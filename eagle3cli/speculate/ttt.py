@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from .target import LogitSpec, apply_logit_spec
-from .vocab import target_to_draft_index
+from .vocab import target_ids, target_to_draft_index
 
 
 @dataclass
@@ -86,7 +86,7 @@ def teacher_from_hidden(
     valid = arg >= 0
     need = needed_rows(valid, loss_mask)
     dtype = compute_dtype or lm_head_weight.dtype
-    head = lm_head_weight.index_select(0, torch.arange(len(d2t), device=d2t.device) + d2t).to(dtype)
+    head = lm_head_weight.index_select(0, target_ids(d2t)).to(dtype)
     hidden = last_hidden[need]
     chunks = [
         torch.softmax(apply_logit_spec(torch.matmul(hidden[s : s + rows].to(dtype), head.t()).float(), spec), dim=-1)

@@ -50,15 +50,65 @@ def build_mapping(draft_token_ids: torch.Tensor, target_vocab_size: int) -> tupl
 
 
 def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    return draft_ids + d2t[draft_ids]
+    """The law every engine applies: target id = draft id + d2t[draft id]."""
+    return draft_ids + d2t[draft_ids].to(torch.long)
+
+
+def target_ids(d2t: torch.Tensor) -> torch.Tensor:
+    """LongTensor[draft vocab]: the target id of every draft id (`draft_to_target` of them all)."""
+    return draft_to_target(torch.arange(len(d2t), device=d2t.device), d2t)
+
+
+def t2d_of(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
+    """The bool mask over the target vocab that a valid `d2t` implies (its target ids marked)."""
+    t2d = torch.zeros(target_vocab, dtype=torch.bool, device=d2t.device)
+    t2d[target_ids(d2t)] = True
+    return t2d
 
 
 def target_to_draft_index(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
     """LongTensor[target_vocab]: the draft id of each target id, -1 outside the draft vocab."""
     index = torch.full((target_vocab,), -1, dtype=torch.long, device=d2t.device)
-    draft = torch.arange(len(d2t), device=d2t.device)
-    index[draft + d2t] = draft
+    index[target_ids(d2t)] = torch.arange(len(d2t), device=d2t.device)
     return index
+
+
+def map_problems(d2t: torch.Tensor, t2d: torch.Tensor | None, target_vocab: int) -> list[str]:
+    """What makes a d2t/t2d pair unusable, [] when nothing does. Every reader of a map (a head in eval,
+    export and serve, a cache in train and `cache --verify`) asks this, so one map is valid everywhere:
+
+      d2t    1-D, an integer dtype (a float d2t would be truncated by one reader and refused by another)
+      range  every target id in 0..target_vocab-1
+      unique no two draft ids on one target id (one of their logits would be lost: llama.cpp scatters
+             them into the target vocab, and the teacher's distribution would count one id twice)
+      t2d    when present: 1-D bool over the target vocab, marking exactly d2t's target ids"""
+    if d2t.dim() != 1 or d2t.dtype == torch.bool or d2t.is_floating_point() or d2t.is_complex():
+        return [f"d2t is {d2t.dtype} of shape {tuple(d2t.shape)}: it must be a 1-D integer tensor (int64)"]
+    problems = []
+    ids = target_ids(d2t.cpu())
+    outside = (ids < 0) | (ids >= target_vocab)
+    if bool(outside.any()):
+        problems.append(
+            f"d2t sends {int(outside.sum())} draft id(s) to target ids outside the target vocab 0..{target_vocab - 1} "
+            f"({int(ids.min())}..{int(ids.max())})"
+        )
+        return problems
+    taken = len(ids) - len(torch.unique(ids))
+    if taken:
+        problems.append(f"d2t maps {taken} draft id(s) to the same target id as another draft id (not injective)")
+        return problems
+    if t2d is not None:
+        if t2d.dim() != 1 or t2d.dtype != torch.bool or t2d.numel() != target_vocab:
+            problems.append(
+                f"t2d is {t2d.dtype} of shape {tuple(t2d.shape)}: it must be a bool mask over the {target_vocab} "
+                "target ids"
+            )
+        elif not torch.equal(t2d.cpu(), t2d_of(d2t.cpu(), target_vocab)):
+            problems.append(
+                f"t2d disagrees with d2t: it marks {int(t2d.sum())} target ids, d2t reaches "
+                f"{len(torch.unique(ids))} (the two maps were not made together)"
+            )
+    return problems
 
 
 def coverage(counts: torch.Tensor, t2d: torch.Tensor) -> float:

@@ -209,10 +209,11 @@ class OnlineSource:
             self.samples += samples
             self.folder_sizes.append(len(samples))
         vocab = target_model.config.vocab_size
-        if draft_vocab_size > vocab:
-            raise UsageError(
-                f"--draft-vocab-size {draft_vocab_size} is larger than the target's vocab ({vocab})", f"at most {vocab}"
-            )
+        if draft_vocab_size > vocab:  # as the cache does: the default 32000 must not refuse a small target
+            from ..console import warn
+
+            warn(f"--draft-vocab-size {draft_vocab_size} exceeds the target vocab {vocab}: capped")
+            draft_vocab_size = vocab
         self.d2t, self.t2d = build_mapping(
             select_draft_tokens(token_counts(self.samples, vocab), draft_vocab_size), vocab
         )

@@ -22,10 +22,10 @@ from ..config import config_dict
 from ..devices import check_device
 from ..errors import StageError
 from ..extras import require
-from ..head_files import save_head, self_check
+from ..head.check import nonfinite_tensors
+from ..head.write import save_head, self_check
 from ..lock import stage_lock
 from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
-from ..model.headcheck import nonfinite_tensors
 from ..speculate.acceptance import conditional_acceptance, simulated_accept_length, simulated_tau
 from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt

@@ -22,13 +22,14 @@ import torch
 from .. import console
 from ..config import config_dict
 from ..errors import UsageError
+from ..head.read import init_draft_from_weights
 from ..manifest import check_matches, read_json
-from ..model.heads import init_draft_from_weights
 from ..model.target import open_target, pick_device, pick_dtype
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
 from ..speculate.draft import Eagle3Draft, draft_config_from_target
 from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
 from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
+from ..speculate.vocab import map_problems
 from . import checkpoint as ckpt
 from .config import ONLINE_DRAFT_VOCAB, TrainConfig, upgrade_recorded
 from .data import CacheSource, OnlineSource, plan_for
@@ -251,11 +252,12 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
             f"rebuild the cache with this target: eagle3 cache --run {run_dir}, or pass --target "
             f"{source.target.get('path')}",
         )
-    vocab, draft_vocab = int(tcfg["vocab_size"]), len(source.d2t)
-    if draft_vocab > vocab or int((torch.arange(draft_vocab) + source.d2t).max()) >= vocab:
+    vocab = int(tcfg["vocab_size"])
+    bad = map_problems(source.d2t, source.t2d, vocab)  # the one rule for maps, as heads are read
+    if bad:
         raise UsageError(
-            f"draft vocab ({draft_vocab}) maps outside the target vocab ({vocab})",
-            f"a draft vocab of at most {vocab} target tokens",
+            f"the draft vocab map does not fit the target (vocab {vocab}): " + "; ".join(bad),
+            f"a draft vocab of at most {vocab} target tokens, one draft id per target id",
             f"{CACHE_NEXT} --draft-vocab-size N",
         )
     return source, identity, tcfg, weights, aux_ids
@@ -385,7 +387,7 @@ def folder_shares(cfg: TrainConfig, run_dir: Path, source, unused: set[int]) -> 
 def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tuple[int, ...]) -> Eagle3Draft:
     """--init-head: the head to start from, checked against this run (target, aux layers, norms, vocab);
     its d2t becomes the source's, so the loss and the exported head use the head's draft vocab."""
-    from ..model.heads import load_any_head
+    from ..head.read import load_any_head
 
     draft, spec = load_any_head(Path(cfg.init_head), None, torch.float32)  # type: ignore[arg-type]
     where = f"--init-head {cfg.init_head}"
@@ -421,6 +423,11 @@ def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tu
             f"{where} cannot start this run: " + "; ".join(problems),
             "a head whose target, aux layers, norms and draft vocab are this run's",
             "give this run the head's settings (the flags in parentheses), or leave --init-head out",
+        )
+    if len(source.d2t) != len(draft.d2t) or not torch.equal(source.d2t.to(torch.long).cpu(), draft.d2t.cpu()):
+        console.warn(
+            f"{where} maps its {spec.draft_vocab_size} draft ids to other target ids than this run's data "
+            "(its own draft vocab): training goes on with the head's map, so the loss covers the head's tokens"
         )
     source.d2t, source.t2d = draft.d2t.clone(), draft.t2d.clone()
     console.log(f"starting from {cfg.init_head} ({spec.layout} layout, draft vocab {spec.draft_vocab_size})")

@@ -12,7 +12,7 @@ import torch
 from head_fixtures import init_draft_from_target
 
 from eagle3cli.cli import main
-from eagle3cli.head_files import save_head
+from eagle3cli.head.write import save_head
 from eagle3cli.model.target import load_target, target_identity
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target

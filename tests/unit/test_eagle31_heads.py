@@ -24,8 +24,8 @@ from eagle3cli.cli import main
 from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.export.run import export_head
 from eagle3cli.gguf_export import HEAD_GGUF, check_head_gguf, llama_cpp_source, read_gguf
-from eagle3cli.model.engines import sglang_norm_flags
-from eagle3cli.model.heads import load_any_head, load_head_weights, read_head
+from eagle3cli.head.engines import sglang_norm_flags
+from eagle3cli.head.read import load_any_head, load_head_weights, read_head
 from eagle3cli.model.target import load_target
 from eagle3cli.serve import preflight as pf
 
@@ -124,14 +124,14 @@ def test_sglang_export_and_serve_refuse_the_flags_sglang_does_not_read(flagged, 
         assert "error:" in text and "next:" in text and "--engine vllm" in text, text
     for flag in ("norm_before_fc", "norm_before_residual"):
         assert (f"EAGLE-3.1 head ({flag}" in text or f"and {flag})" in text) == (flag in unread), (flag, text)
-    # vLLM reads both: nothing about them is wrong there (make_head's empty t2d is another matter)
+    # vLLM reads both: nothing about them is wrong there
     vllm_errors = [p.what for p in pf.check_head(head, deep_target_dir, "vllm") if p.is_error]
     assert not [w for w in vllm_errors if "norm" in w], vllm_errors
 
 
 def test_sglang_norm_flags_reads_what_the_loader_names(tmp_path, monkeypatch):
     """The installed SGLang is taken at its word: the flags its llama_eagle3.py names as strings."""
-    from eagle3cli.model import engines
+    from eagle3cli.head import engines
 
     (tmp_path / "llama_eagle3.py").write_text('x = eagle_config.get("norm_before_fc", False)\n', encoding="utf-8")
     monkeypatch.setattr(engines, "_installed_sglang_models", lambda: ("9.9", tmp_path))

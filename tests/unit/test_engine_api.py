@@ -13,7 +13,6 @@ from http_fixtures import ThreadedServer, running
 
 from eagle3cli.cli import main
 from eagle3cli.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
-from eagle3cli.serve import preflight as pf
 from eagle3cli.serve.commands import SpecNumbers, build_command
 from eagle3cli.serve.machine import check_vllm_cpu
 from eagle3cli.serve.vllm_cpu import KVCACHE_ENV, cpu_launch
@@ -91,10 +90,14 @@ def test_vllm_cpu_command_runs_the_server_module():
     assert argv[-4:] == ["--port", "8000", "--dtype", "float32"]
 
 
-def test_vllm_refuses_a_target_without_architectures():
-    (p,) = pf.check_target_engine(None, "vllm")
+def test_vllm_and_sglang_refuse_a_target_without_architectures():
+    from eagle3cli.head.check import target_engine_problems
+
+    (p,) = target_engine_problems(None, "vllm")
     assert p.is_error and "LlamaForCausalLM" in p.fix
-    assert all(not p.is_error for p in pf.check_target_engine(None, "sglang"))  # SGLang: a warning, as before
+    # SGLang's ModelConfig reads architectures[0] before any weight: refused as for vLLM (was a warning)
+    (p,) = target_engine_problems(None, "sglang")
+    assert p.is_error and "architectures[0]" in p.what and "LlamaForCausalLM" in p.fix
 
 
 # ---------------------------------------------------------------- eval --endpoint on a vLLM-shaped stand-in

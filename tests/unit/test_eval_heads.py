@@ -1,4 +1,4 @@
-"""Heads of any origin through the one reader (model/heads.py): the same trained head written in
+"""Heads of any origin through the one reader (head/read.py): the same trained head written in
 every layout the engines and other tools use gives eval the same tau; contradictory aux layer
 fields are refused with both readings; a speculators export resolves its target from anywhere."""
 
@@ -16,8 +16,8 @@ from safetensors.torch import load_file, save_file
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
 from eagle3cli.export.run import export_head
-from eagle3cli.head_files import save_head
-from eagle3cli.model.heads import read_head
+from eagle3cli.head.read import read_head
+from eagle3cli.head.write import save_head
 from eagle3cli.model.target import load_target, target_identity
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
@@ -100,7 +100,7 @@ def test_reader_resolves_every_layout_to_the_same_layers(layouts, ref_head):
 
 @torch.no_grad()
 def test_every_layout_loads_the_same_draft_on_the_same_features(trained_target_dir, ref_head, layouts, tmp_path):
-    from eagle3cli.model.heads import load_any_head
+    from eagle3cli.head.read import load_any_head
     from eagle3cli.prompts import load_prompts, render
     from eagle3cli.speculate.target import AuxCapture
 

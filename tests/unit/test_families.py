@@ -12,8 +12,9 @@ import torch
 from family_fixtures import ENGINE_SUPPORT, FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
 
-from eagle3cli.head_files import HEAD_TENSOR_NAMES, save_head
-from eagle3cli.model.heads import load_head
+from eagle3cli.head.read import load_head
+from eagle3cli.head.table import HEAD_TENSOR_NAMES
+from eagle3cli.head.write import save_head
 from eagle3cli.serve.preflight import check_head
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
@@ -120,7 +121,7 @@ def test_preflight_refuses_heads_with_biases(tmp_path, tiny_target_dir):
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target_dir))
-    draft = Eagle3Draft(draft_config_from_target(model.config, 200, (2, 2, 1)))
+    draft = Eagle3Draft(draft_config_from_target(model.config, 200, (1, 2, 2)))
     init_draft_from_target(draft, model, torch.zeros(200, dtype=torch.long))
     head = save_head(draft, tmp_path / "head")
     assert not [p for p in check_head(head, tiny_target_dir) if p.is_error]
@@ -139,7 +140,7 @@ def test_preflight_refuses_heads_with_biases(tmp_path, tiny_target_dir):
 # ---------------------------------------------------------------- engines
 @pytest.mark.slow
 def test_sglang_table_is_what_sglangs_source_says():
-    from eagle3cli.model.engines import (
+    from eagle3cli.head.engines import (
         SGLANG_EAGLE3_TARGETS,
         SGLANG_TABLE_VERSION,
         _installed_sglang_models,

@@ -21,12 +21,11 @@ from eagle3cli.gguf_export import (
     HEAD_GGUF,
     TARGET_GGUF,
     check_head_gguf,
-    d2t_problems,
     llama_cpp_source,
     pre_tokenizer_name,
     read_gguf,
 )
-from eagle3cli.model.heads import load_head_weights, read_head
+from eagle3cli.head.read import load_head_weights, read_head
 
 needs_converter = pytest.mark.skipif(
     llama_cpp_source() is None,
@@ -80,7 +79,7 @@ def test_duplicate_d2t_is_refused_and_nothing_written(head, deep_target_dir, tmp
     bad = _edit_head(head, tmp_path / "bad", dup)
     code, text = _export(bad, deep_target_dir, tmp_path / "out", capsys)
     assert code == 2, text
-    assert "d2t maps 1 draft ids onto target ids already taken" in text
+    assert "d2t maps 1 draft id(s) to the same target id as another draft id" in text
     assert not (tmp_path / "out" / HEAD_GGUF).exists()
 
 
@@ -116,13 +115,15 @@ def test_head_of_another_target_is_refused(head, tiny_target_dir, tmp_path, caps
     assert code == 2 and "[2, 4, 5]" in text, text
 
 
-def test_d2t_problems_reads_t2d_against_d2t():
+def test_map_problems_reads_t2d_against_d2t():
+    from eagle3cli.speculate.vocab import map_problems
+
     d2t = torch.tensor([0, 1, 1])  # target ids 0, 2, 3
     t2d = torch.zeros(8, dtype=torch.bool)
     t2d[[0, 2, 4]] = True
-    assert any("t2d marks" in p for p in d2t_problems(d2t, t2d, 8))
+    assert any("t2d disagrees" in p for p in map_problems(d2t, t2d, 8))
     t2d[[4, 3]] = torch.tensor([False, True])
-    assert d2t_problems(d2t, t2d, 8) == []
+    assert map_problems(d2t, t2d, 8) == []
 
 
 def test_pre_tokenizer_named_by_regex(tmp_path, trained_target_dir):

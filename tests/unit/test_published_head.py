@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.model.headcheck import load_head_tensors, nonfinite_tensors
-from eagle3cli.model.heads import read_head
+from eagle3cli.head.check import load_head_tensors, nonfinite_tensors
+from eagle3cli.head.read import read_head
 
 HEAD = Path(__file__).resolve().parents[2] / "models" / "smollm2-135m-eagle3"
 

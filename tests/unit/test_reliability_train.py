@@ -19,8 +19,8 @@ import eagle3cli.train.loop as loop
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.errors import StageError
+from eagle3cli.head.read import load_head
 from eagle3cli.local_engine import free_port
-from eagle3cli.model.heads import load_head
 from eagle3cli.serve import preflight as pf
 from eagle3cli.train import checkpoint as ckpt
 from eagle3cli.train.config import TrainConfig

@@ -137,18 +137,32 @@ def test_missing_config_is_a_usage_error(tmp_path, tiny_target_dir, good_head):
 
 # ---------------------------------------------------------------- aux layer ids
 def test_sglang_ids_written_in_vllm_convention(head, tiny_target_dir):
-    # the classic mistake: hidden_states indices written into eagle_config (SGLang adds 1)
-    edit_config(head, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 2, 1], "use_aux_hidden_state": True})
-    e = only_error(pf.check_head(head, tiny_target_dir, "sglang"), "sglang would feed hidden_states[3, 3, 2]")
-    assert "[1, 1, 0]" in e.fix
-    problems = pf.check_head(head, tiny_target_dir, "vllm")  # vLLM does not read eagle_config: a warning there
-    assert errors(problems) == [] and any("only matters for --engine sglang" in p.what for p in problems)
+    # the classic mistake: hidden_states indices written into eagle_config (SGLang adds 1). The fields
+    # contradict each other: refused for both engines, as eval refuses the head (one reader, one rule)
+    edit_config(head, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 2], "use_aux_hidden_state": True})
+    for engine in ("sglang", "vllm"):
+        e = only_error(pf.check_head(head, tiny_target_dir, engine), "contradict each other", "hidden_states[2, 3, 3]")
+        assert "eagle_config.eagle_aux_hidden_state_layer_ids to [0, 1, 1]" in e.fix
 
 
 def test_vllm_ids_written_in_sglang_convention(head, tiny_target_dir):
-    edit_config(head, eagle_aux_hidden_state_layer_ids=[1, 1, 0])
-    only_error(pf.check_head(head, tiny_target_dir, "vllm"), "vllm would feed hidden_states[1, 1, 0]")
-    assert errors(pf.check_head(head, tiny_target_dir, "sglang")) == []
+    edit_config(head, eagle_aux_hidden_state_layer_ids=[0, 1, 1])
+    for engine in ("sglang", "vllm"):
+        e = only_error(pf.check_head(head, tiny_target_dir, engine), "contradict each other", "hidden_states[0, 1, 1]")
+        assert "eagle_aux_hidden_state_layer_ids to [1, 2, 2]" in e.fix
+
+
+def test_an_engine_falling_back_to_its_default(head, tiny_target_dir):
+    # no top-level ids: vLLM feeds its default, which is what the 4-layer head was trained on; drop
+    # eagle_config on a head trained elsewhere and SGLang feeds its default instead
+    edit_config(head, drop=("eagle_aux_hidden_state_layer_ids",))
+    assert errors(pf.check_head(head, tiny_target_dir, "vllm")) == []
+    edit_config(
+        head, drop=("eagle_config",), eagle3={"aux_layer_ids": [1, 2, 3]}, eagle_aux_hidden_state_layer_ids=[1, 2, 3]
+    )
+    only_error(pf.check_head(head, tiny_target_dir, "sglang"), "sglang would feed hidden_states[1, 2, 2]")
+    problems = pf.check_head(head, tiny_target_dir, "vllm")
+    assert errors(problems) == [] and any("only matters for --engine sglang" in p.what for p in problems)
 
 
 def test_non_default_aux_ids_need_both_fields(tmp_path, deep_target_dir):
@@ -196,9 +210,14 @@ def test_d2t_duplicates(head, tiny_target_dir):
     only_error(pf.check_head(head, tiny_target_dir), "same target id")
 
 
-def test_d2t_wrong_dtype(head, tiny_target_dir):
-    edit_tensors(head, replace={"d2t": torch.zeros(256, dtype=torch.int32)})
-    only_error(pf.check_head(head, tiny_target_dir), "int64")
+def test_d2t_dtype_integer_only(head, tiny_target_dir):
+    from safetensors.torch import load_file
+
+    d2t = load_file(str(head / "model.safetensors"))["d2t"]
+    edit_tensors(head, replace={"d2t": d2t.to(torch.int32)})  # the engines add it to an arange: any integer map
+    assert errors(pf.check_head(head, tiny_target_dir)) == []
+    edit_tensors(head, replace={"d2t": d2t.to(torch.float32)})  # eval truncated a float map; now refused everywhere
+    only_error(pf.check_head(head, tiny_target_dir), "1-D integer tensor")
 
 
 def test_d2t_all_zero_with_a_matching_t2d_is_fine(head, tiny_target_dir):

@@ -18,8 +18,8 @@ from train_fixtures import REPO, copy_run, eagle3, fast_train_config, make_run, 
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
-from eagle3cli.head_files import HEAD_TENSOR_NAMES
-from eagle3cli.model.heads import load_head
+from eagle3cli.head.read import load_head
+from eagle3cli.head.table import HEAD_TENSOR_NAMES
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import finish, fit, setup
 
@@ -127,7 +127,6 @@ def test_resume_with_other_settings_is_refused(run_dir, capsys):
         "aux-top",
         "bad-ds-key",
         "ds-optimizer",
-        "draft-vocab",
         "draft-vocab-cache",
         "bad-flag-value",
     ],
@@ -140,7 +139,6 @@ def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_ta
         "aux-top": ("the cache holds features of layers", ["--aux-layers", "top"]),
         "bad-ds-key": ("invalid DeepSpeed config", ["--deepspeed", "BADJSON"]),
         "ds-optimizer": ("'optimizer' is set by", ["--deepspeed", "OPTJSON"]),
-        "draft-vocab": ("larger than the target's vocab", ["--online", "--draft-vocab-size", "100000"]),
         "draft-vocab-cache": ("larger than the cache's draft vocab (512", ["--draft-vocab-size", "1024"]),
         "bad-flag-value": ("--ttt-steps 0", ["--ttt-steps", "0"]),
     }[case]
@@ -244,8 +242,10 @@ def test_recipes_and_deepspeed_configs_validate():
             assert ds["zero_optimization"] == preset["zero_optimization"]
 
 
-def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
+def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir, capsys):
+    # without --draft-vocab-size: the default 32000 is capped at the target's vocab, as the cache does
     shutil.rmtree(run_dir / "cache")
+    vocab = json.loads((tiny_target_dir / "config.json").read_text())["vocab_size"]
     assert (
         main(
             [
@@ -255,8 +255,6 @@ def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
                 "--online",
                 "--target",
                 str(tiny_target_dir),
-                "--draft-vocab-size",
-                "300",
                 "--max-steps",
                 "2",
                 "--log-every",
@@ -272,8 +270,11 @@ def test_online_training_runs_the_target_in_process(run_dir, tiny_target_dir):
     )
     m = metrics(run_dir)
     assert [r["step"] for r in m] == [1, 2] and all(r["tokens"] > 0 for r in m)
+    assert f"--draft-vocab-size 32000 exceeds the target vocab {vocab}: capped" in " ".join(
+        capsys.readouterr().err.split()
+    )
     head = load_head(run_dir / "head")
-    assert head.config.draft_vocab_size == 300 and head.config.aux_layer_ids == [2, 2, 1]
+    assert head.config.draft_vocab_size == vocab and head.config.aux_layer_ids == [1, 2, 2]
     assert json.loads((run_dir / "train" / "manifest.json").read_text())["input"]["data"].endswith("data")
 
 

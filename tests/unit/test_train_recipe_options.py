@@ -14,7 +14,7 @@ from train_fixtures import copy_run, make_run, metrics
 
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
-from eagle3cli.model.heads import read_head
+from eagle3cli.head.read import read_head
 from eagle3cli.speculate.ttt import soft_cross_entropy, total_variation
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import fit, setup, with_noise

@@ -1,9 +1,10 @@
-"""The exported head: `runs/NAME/head/` in the layout SGLang's and vLLM's `LlamaForCausalLMEagle3` load.
+"""The one writer of head folders: `runs/NAME/head/` in the layout SGLang's and vLLM's
+`LlamaForCausalLMEagle3` load, and the other layouts export writes (`speculators_config`).
 
-Files: `config.json` (a Llama config, see `head_config`), `model.safetensors` (the names below,
-no `model.` prefix, no embeddings) and `manifest.json`. Written here, by `train` (`save_head`) and
-`export` (`write_head_files`, in another engine's layout); read, in any layout, by
-`model/heads.py` (`read_head`, `load_head`), which writes nothing.
+Files: `config.json` (a Llama config, see `head_config`; every field's place is a row of
+`table.FIELDS`), `model.safetensors` (`table.TENSORS`: no `model.` prefix, no embeddings) and
+`manifest.json`. Written here, by `train` (`save_head`) and `export` (`write_head_files`, in another
+engine's layout); read, in any layout, by `read.py` (`read_head`, `load_head`).
 
 Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
 `model_executor/models/llama_eagle3.py`):
@@ -20,7 +21,7 @@ Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
   * EAGLE-3.1's norms: top-level `norm_before_fc` and `norm_before_residual`, always written (vLLM
     falls back to the top level when `eagle_config` lacks norm_before_fc; llama.cpp's converter reads
     only the top level), and `input_norm.weight` exactly when norm_before_fc is set (vLLM drops the
-    tensor when the flag is off). SGLang reads norm_before_fc from 0.5.23 on, never norm_before_residual (`model.engines.sglang_norm_problem`).
+    tensor when the flag is off). SGLang reads norm_before_fc from 0.5.23 on, never norm_before_residual (`head.engines.sglang_norm_problem`).
 """
 
 from __future__ import annotations
@@ -30,19 +31,20 @@ from pathlib import Path
 
 import torch
 
-from .errors import UsageError
-from .manifest import (
+from ..errors import UsageError
+from ..manifest import (
     atomic_write_json,
     atomic_write_tensors,
     read_json,
     shard_record,
     write_manifest,
 )
-from .model.heads import HEAD_ARCH, HEAD_TENSOR_NAMES, HEAD_WEIGHTS, HeadSpec, head_tensor_names, load_any_head
-from .speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
-from .speculate.draft import Eagle3Draft, norm_flags
+from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
+from ..speculate.draft import Eagle3Draft, norm_flags
+from .read import HeadSpec, load_any_head
+from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
-__all__ = ["HEAD_ARCH", "HEAD_TENSOR_NAMES", "HEAD_WEIGHTS", "head_config", "save_head", "write_head_files"]
+__all__ = ["head_config", "save_head", "speculators_config", "write_head_files"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 
@@ -108,7 +110,7 @@ def save_head(
     (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
     archs = target_architectures(target_identity)
     if archs and "target_architectures" not in (extra or {}):
-        # the engine tables (model.engines) decide by the target's class; later exports may lack the target
+        # the engine tables (head/engines.py) decide by the target's class; later exports may lack the target
         extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
@@ -179,7 +181,7 @@ def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict)
 def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     """config.json in eagle3's layout for a head read from any layout; its target recorded as a
     reference that resolves from anywhere (absolute path or hub id)."""
-    from .model.target import resolvable_reference
+    from ..model.target import resolvable_reference
 
     target = dict(spec.target)
     ref = resolvable_reference(spec.target_ref, base=spec.path)
@@ -191,3 +193,40 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
         cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
         return with_norm_flags(cfg, draft)
     return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
+
+
+def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
+    """eagle3's config.json in vLLM's `speculators` layout: the Llama layer nested (every key but the
+    head's own, `table.HEAD_KEYS`), the speculator's fields top-level. EAGLE-3.1's norms beside
+    `transformer_layer_config`, where vLLM's `update_eagle3` reads them, always written (a missing
+    norm_before_residual means true there)."""
+    layer = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
+    layer["architectures"] = ["LlamaForCausalLM"]
+    target = (cfg.get("eagle3") or {}).get("target") or {}
+    verifier_archs = (cfg.get("eagle3") or {}).get("target_architectures") or ["LlamaForCausalLM"]
+    return {
+        "architectures": [SPECULATORS_ARCH],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.1.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": cfg["draft_vocab_size"],
+        "target_hidden_size": cfg.get("target_hidden_size"),
+        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
+        "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
+        "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": num_speculative_tokens,
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
+            ],
+            "verifier": {"name_or_path": target.get("path"), "architectures": verifier_archs},
+        },
+        "torch_dtype": cfg.get("torch_dtype", "float32"),
+        "eagle3": cfg.get("eagle3"),
+    }

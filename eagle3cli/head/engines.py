@@ -7,7 +7,7 @@ An EAGLE-3 head needs the *target* to hand over its aux hidden states, and that 
     set_eagle3_layers_to_capture"). `SGLANG_EAGLE3_TARGETS` lists the `EntryClass` architectures
     of `sglang/srt/models/*.py` whose class or a base class defines it, as
     `sglang_eagle3_architectures` reads them from SGLang's source (regenerate it with
-    `python -m eagle3cli.model.engines` where sglang is installed).
+    `python -m eagle3cli.head.engines` where sglang is installed).
   * vLLM's model runner requires the `SupportsEagle3` interface of the target
     ("Model does not support EAGLE3 interface"). vLLM is not installable here; the two sets below
     are the classes whose declaration was read in vLLM's `model_executor/models/*.py` (2025-26):

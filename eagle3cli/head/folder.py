@@ -1,0 +1,334 @@
+"""A head folder, parsed and not yet judged: config.json, its layout, the safetensors header (no
+weights), and each config field read where its engine reads it (`table.py` says where).
+
+Aux layer ids: each config field that names layers is read in its own engine's convention and
+turned into eagle3's (`hidden_states[k]`, the input of decoder layer k):
+
+  field                                            convention                 eagle3 ids
+  eagle3.aux_layer_ids                             hidden_states[k]           k, as listed
+  eagle_config.eagle_aux_hidden_state_layer_ids    SGLang: output of layer k  k + 1, sorted
+  eagle_aux_hidden_state_layer_ids (top level)     vLLM/speculators           k, sorted
+
+An engine field is read sorted because the engines capture in layer order whatever the list says
+(`speculate.aux_layers`); eagle3's own field is kept as listed, and `check.py` refuses one that is
+not ascending. Fields that disagree are refused with every reading shown (`resolve_aux_ids`). A head
+that names no layers gets what both engines capture then, [2, L//2, L-3] sorted, with a notice.
+
+EAGLE-3.1's two norms (`head_norms`) are read where vLLM reads them: `norm_before_residual` at the
+top level (in a speculators config a missing one means true, vLLM's and the speculators library's
+default), `norm_before_fc` in `eagle_config` first, then at the top level; its weight is
+`input_norm.weight`. `fc_norm` (one norm per aux feature, another variant) is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import UsageError
+from ..manifest import for_run, read_json_object
+from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids, from_sglang_ids, int_list
+from .table import HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, canonical_name
+
+NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
+
+
+# ---------------------------------------------------------------- safetensors header
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: str  # safetensors dtype string: F32, BF16, I64, BOOL...
+
+
+def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
+    """Names, shapes and dtypes from the safetensors header; no tensor is loaded."""
+    from safetensors import safe_open
+
+    out = {}
+    with safe_open(str(path), framework="pt") as f:
+        for name in f.keys():
+            s = f.get_slice(name)
+            out[name] = TensorInfo(tuple(int(d) for d in s.get_shape()), str(s.get_dtype()))
+    return out
+
+
+# ---------------------------------------------------------------- the folder
+def head_file(head_dir: Path, name: str) -> Path:
+    """`head_dir/name`, or the error saying what a head folder holds and how one is made."""
+    path = Path(head_dir) / name
+    if not path.exists():
+        next_step = for_run("eagle3 train --run runs/NAME   (exports runs/NAME/head)", head_dir)
+        if (Path(head_dir) / "head" / name).exists():  # given runs/NAME instead of runs/NAME/head
+            next_step = f"--head {Path(head_dir) / 'head'}"
+        raise UsageError(
+            f"{path} does not exist",
+            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
+            next_step,
+        )
+    return path
+
+
+def read_config_json(path: Path) -> dict:
+    return read_json_object(path, "a head config.json", NEXT)
+
+
+def detect_layout(cfg: dict) -> str:
+    if cfg.get("speculators_model_type") == "eagle3" or SPECULATORS_ARCH in (cfg.get("architectures") or []):
+        return "speculators"
+    if (cfg.get("eagle3") or {}).get("aux_layer_ids"):
+        return "eagle3"
+    if cfg.get("eagle_aux_hidden_state_layer_ids") and not (cfg.get("eagle_config") or {}).get(
+        "eagle_aux_hidden_state_layer_ids"
+    ):
+        return "vllm"
+    return "sglang"
+
+
+@dataclass(frozen=True)
+class HeadFolder:
+    """config.json and the safetensors header of a head folder, in any layout."""
+
+    path: Path
+    cfg: dict
+    layout: str
+    llama: dict  # the draft layer's Llama fields (speculators: transformer_layer_config)
+    target: dict  # what the head records of its target (eagle3.target, or the speculators verifier)
+    index: dict[str, TensorInfo] | None  # None: model.safetensors could not be read (`unreadable` says why)
+    unreadable: str | None
+    names: dict[str, str]  # eagle3 name -> name in model.safetensors
+
+    @property
+    def where(self) -> str:
+        return f"head {self.path}"
+
+    def shape(self, name: str) -> tuple[int, ...] | None:
+        return self.index[self.names[name]].shape if self.index is not None and name in self.names else None
+
+    def draft_vocab_field(self):
+        """draft_vocab_size as written: top level, else in the layer config; "<missing>" when absent."""
+        for where in (self.cfg, self.llama):
+            if "draft_vocab_size" in where:
+                return where["draft_vocab_size"]
+        return "<missing>"
+
+    @property
+    def target_hidden(self) -> int | None:
+        v = self.cfg.get("target_hidden_size") or self.llama.get("target_hidden_size") or self.llama.get("hidden_size")
+        return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
+def read_folder(head_dir: Path) -> HeadFolder:
+    """The folder's config.json (UsageError when missing or not JSON) and safetensors header (an
+    unreadable file is recorded, for the checks to report beside the rest)."""
+    head_dir = Path(head_dir)
+    cfg = read_config_json(head_file(head_dir, "config.json"))
+    layout = detect_layout(cfg)
+    if layout == "speculators":
+        layer = cfg.get("transformer_layer_config")
+        llama = dict(layer) if isinstance(layer, dict) else {}
+        verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+        target = dict((cfg.get("eagle3") or {}).get("target") or {})
+        if verifier.get("name_or_path"):
+            target["name_or_path"] = verifier["name_or_path"]
+    else:
+        llama = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
+        target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    w_path = head_dir / HEAD_WEIGHTS
+    index, unreadable = None, None
+    if not w_path.exists():
+        unreadable = f"{w_path} does not exist"
+    else:
+        try:
+            index = read_tensor_index(w_path)
+        except Exception as e:  # noqa: BLE001 — a truncated or foreign file: say so, do not crash
+            unreadable = f"{w_path} is not a readable safetensors file ({type(e).__name__}: {str(e)[:200]})"
+    names: dict[str, str] = {}
+    for name in index or {}:
+        names.setdefault(canonical_name(name), name)
+    return HeadFolder(head_dir, cfg, layout, llama, target, index, unreadable, names)
+
+
+# ---------------------------------------------------------------- aux layer ids
+@dataclass(frozen=True)
+class AuxReading:
+    """One config field naming aux layers, and what it means in eagle3's convention."""
+
+    field: str
+    raw: tuple[int, ...]
+    hidden_states: tuple[int, ...]
+    convention: str
+
+    def describe(self) -> str:
+        return f"{self.field}={list(self.raw)} ({self.convention}) -> hidden_states{list(self.hidden_states)}"
+
+
+def _int_list(value, where: str) -> list[int] | None:
+    try:
+        return int_list(value)
+    except ValueError:
+        raise UsageError(
+            f"an aux layer id field of the head's config.json is malformed: {where}: {value!r} is not a list of "
+            "integers",
+            "a list of layer indices",
+            NEXT,
+        ) from None
+
+
+def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
+    """Every field of a head config that names aux layers, each read in its engine's convention."""
+    out = []
+    ours = _int_list((cfg.get("eagle3") or {}).get("aux_layer_ids"), "eagle3.aux_layer_ids")
+    if ours:
+        out.append(AuxReading("eagle3.aux_layer_ids", tuple(ours), tuple(ours), "hidden_states[k]"))
+    eagle_cfg = cfg.get("eagle_config") or {}
+    sg = _int_list(eagle_cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids")
+    if sg:
+        # SGLang adds 1 ("output of layer k" is the input of layer k+1) and captures in layer order
+        out.append(
+            AuxReading(
+                "eagle_config.eagle_aux_hidden_state_layer_ids",
+                tuple(sg),
+                tuple(sorted(from_sglang_ids(sg))),
+                "SGLang: output of layer k, +1",
+            )
+        )
+    top = _int_list(cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
+    if top:
+        who = "speculators/vLLM" if layout == "speculators" else "vLLM"
+        out.append(
+            AuxReading("eagle_aux_hidden_state_layer_ids", tuple(top), tuple(sorted(top)), f"{who}: hidden_states[k]")
+        )
+    return out
+
+
+def resolve_aux_ids(
+    readings: list[AuxReading], num_target_layers: int | None, n_aux_fc: int | None, where: str
+) -> tuple[tuple[int, ...], str, list[str]]:
+    """(eagle3 ids, where they came from, notices); refuses fields that contradict each other, a count
+    fc.weight does not read, and ids the one rule refuses (`aux_layer_problems`: id 0, order, range)."""
+    if readings:  # the one rule first: eagle3's own ids listed out of layer order say so, not "contradict"
+        _refuse_ids(readings[0].hidden_states, readings[0].field, num_target_layers, where)
+    distinct = {r.hidden_states for r in readings}
+    if len(distinct) > 1:
+        lines = "\n  ".join(r.describe() for r in readings)
+        raise UsageError(
+            f"{where}: its aux layer fields contradict each other, so engines would feed it different layers:\n  "
+            f"{lines}",
+            "fields that name the same target layers, each in its engine's convention "
+            "(eagle_config ids = k - 1, top-level ids = k, for hidden_states[k])",
+            _contradiction_fix(readings),
+        )
+    notices = []
+    if readings:
+        ids, source = readings[0].hidden_states, " = ".join(r.field for r in readings)
+    else:
+        if num_target_layers is None:
+            raise UsageError(
+                f"{where} names no aux layers and no target is known to take the engines' default from",
+                "a target (--target) whose layer count gives the default [2, L//2, L-3]",
+                "pass --target MODEL_DIR",
+            )
+        ids = tuple(default_aux_layer_ids(num_target_layers))
+        source = f"engine default [2, L//2, L-3] for L={num_target_layers}"
+        notices.append(
+            f"{where} names no aux layers: assuming what SGLang and vLLM capture then, "
+            f"hidden_states{list(ids)} (inputs of decoder layers {list(ids)}, L={num_target_layers})"
+        )
+    if n_aux_fc is not None and n_aux_fc != len(ids):
+        raise UsageError(
+            f"{where}: fc.weight reads {n_aux_fc} aux features but the config gives {len(ids)} aux layers "
+            f"(hidden_states{list(ids)} from {source})",
+            "as many aux layer ids as fc.weight's input width / target hidden size",
+            "add the layer ids the head was trained on to config.json (eagle_config.eagle_aux_hidden_state_layer_ids)",
+        )
+    _refuse_ids(ids, source, num_target_layers, where)
+    return tuple(int(k) for k in ids), source, notices
+
+
+def _contradiction_fix(readings: list[AuxReading]) -> str:
+    """Which field to set to what, when eagle3's own field says what the head was trained on."""
+    generic = (
+        "fix the field that is wrong in config.json (the one the head was not trained with), "
+        "or re-export: eagle3 export --head HEAD --format sglang --out DIR"
+    )
+    if readings[0].field != "eagle3.aux_layer_ids":
+        return generic
+    ours = list(readings[0].hidden_states)
+    sets = [
+        f"{r.field} to {[k - 1 for k in ours] if r.field.startswith('eagle_config') else ours}"
+        for r in readings[1:]
+        if r.hidden_states != readings[0].hidden_states
+    ]
+    return f"set {' and '.join(sets)} (eagle3.aux_layer_ids is what the head was trained on), or re-export the head"
+
+
+def _refuse_ids(ids, source: str, num_target_layers: int | None, where: str) -> None:
+    bad = aux_layer_problems(ids, num_target_layers)
+    if bad:
+        raise UsageError(
+            f"{where}: aux layers hidden_states{list(ids)} ({source}): " + "; ".join(bad),
+            "the target the head was trained for, and a head trained on aux layers the engines can feed it",
+            "pass --target with the model the head names (eagle3.target or speculators verifier), or retrain the "
+            "head on ascending ids in 1..L-1 (eagle3 cache --aux-layers 2,L//2,L-3)",
+        )
+
+
+# ---------------------------------------------------------------- EAGLE-3.1's norms
+@dataclass(frozen=True)
+class HeadNorms:
+    """EAGLE-3.1's optional norms as the engines read a head's config (`head_norms`)."""
+
+    norm_before_fc: bool = False
+    norm_before_residual: bool = False
+    problems: tuple[str, ...] = ()
+    notices: tuple[str, ...] = ()
+
+
+def head_norms(cfg: dict, layout: str) -> HeadNorms:
+    """The two norm flags of a head config, each read where and as vLLM reads it (the reference
+    loader; `table.FIELDS` lists every engine's place), and the spellings that would make engines
+    disagree, as problems:
+
+      norm_before_residual  top level; speculators: missing = true (vLLM's `update_eagle3` and the
+                            speculators library's own default), elsewhere missing = false
+      norm_before_fc        `eagle_config` first, then the top level (llama.cpp's converter reads
+                            only the top level: the two must not disagree); missing = false
+      fc_norm               a norm per aux feature, not one over all of them: refused
+    """
+    eagle_cfg = cfg.get("eagle_config") or {}
+    problems, notices = [], []
+
+    def value(where: dict, key: str, label: str) -> bool | None:
+        v = where.get(key)
+        if v is None or isinstance(v, bool):
+            return v
+        problems.append(f"{label} is {v!r}, not true or false")
+        return None
+
+    if eagle_cfg.get("fc_norm") or cfg.get("fc_norm"):
+        problems.append(
+            "fc_norm is set: one RMSNorm per aux feature before fc, a variant eagle3's draft does not implement "
+            "(its norm_before_fc is one norm over all of them)"
+        )
+    top_fc = value(cfg, "norm_before_fc", "norm_before_fc")
+    ec_fc = value(eagle_cfg, "norm_before_fc", "eagle_config.norm_before_fc")
+    if top_fc is not None and ec_fc is not None and top_fc != ec_fc:
+        problems.append(
+            f"eagle_config.norm_before_fc is {ec_fc} but norm_before_fc is {top_fc}: vLLM reads the first, "
+            "llama.cpp's converter the second"
+        )
+    fc = bool(ec_fc if ec_fc is not None else top_fc)
+    top_res = value(cfg, "norm_before_residual", "norm_before_residual")
+    ec_res = value(eagle_cfg, "norm_before_residual", "eagle_config.norm_before_residual")
+    if ec_res is not None and ec_res != bool(top_res):
+        problems.append(
+            f"eagle_config.norm_before_residual is {ec_res}, but vLLM and llama.cpp read only the top-level "
+            f"norm_before_residual, which is {top_res if top_res is not None else 'missing'}"
+        )
+    if top_res is None and layout == "speculators":
+        notices.append(
+            "the speculators config does not say norm_before_residual: reading it as true, as vLLM and the "
+            "speculators library do"
+        )
+        top_res = True
+    return HeadNorms(fc, bool(top_res), tuple(problems), tuple(notices))
