@@ -9,7 +9,8 @@ import pytest
 import torch
 from head_fixtures import init_draft_from_target
 from safetensors.torch import load_file, save_file
-from transformers import LlamaConfig, LlamaForCausalLM
+from tiny_configs import tiny_llama_config
+from transformers import LlamaForCausalLM
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
@@ -34,16 +35,7 @@ EXPECTED_NAMES = {
 @pytest.fixture(scope="module")
 def target():
     torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=300,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=8,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    )
+    cfg = tiny_llama_config(300, layers=8, max_positions=4096)
     return LlamaForCausalLM(cfg).eval()
 
 
@@ -120,16 +112,7 @@ def test_load_refuses_wrong_names_shapes_and_configs(tmp_path, target):
         with pytest.raises(UsageError, match=msg):
             load_head(head)
     (head / "config.json").write_text(json.dumps(cfg))
-    small = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=200,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-        )
-    )
+    small = LlamaForCausalLM(tiny_llama_config(200, layers=2, max_positions=2048))
     with pytest.raises(UsageError, match="a 2-layer target does not have"):
         load_head(head, small)
 
