@@ -49,14 +49,14 @@ def build_mapping(draft_token_ids: torch.Tensor, target_vocab_size: int) -> tupl
     return d2t, t2d
 
 
-def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
-    """The law every engine applies: target id = draft id + d2t[draft id]."""
-    return draft_ids + d2t[draft_ids].to(torch.long)
-
-
 def target_ids(d2t: torch.Tensor) -> torch.Tensor:
-    """LongTensor[draft vocab]: the target id of every draft id (`draft_to_target` of them all)."""
-    return draft_to_target(torch.arange(len(d2t), device=d2t.device), d2t)
+    """The law every engine applies, LongTensor[draft vocab]: target id = draft id + d2t[draft id]."""
+    return torch.arange(len(d2t), device=d2t.device) + d2t.to(torch.long)
+
+
+def draft_to_target(draft_ids: torch.Tensor, d2t: torch.Tensor) -> torch.Tensor:
+    """`target_ids` at some draft ids only (the decode step's), without the whole vector."""
+    return draft_ids + d2t[draft_ids].to(torch.long)
 
 
 def t2d_of(d2t: torch.Tensor, target_vocab: int) -> torch.Tensor:
