@@ -143,6 +143,7 @@ def test_gen_data_inputs_that_would_collide_or_be_overwritten_are_refused(tmp_pa
     assert "it holds train.jsonl" in text and "delete" not in text
 
 
+@pytest.mark.slow  # a gen-data process of its own (bash process substitution): ~6 s of imports and a target
 def test_gen_data_records_the_hash_of_the_bytes_it_read_from_a_pipe(tmp_path, tiny_target_dir, capsys):
     import hashlib
 
@@ -186,6 +187,7 @@ sys.exit(main(["gen-data", "--target", target, "--input", src, "--out", out, "--
 """
 
 
+@pytest.mark.slow  # a gen-data process of its own under `ulimit -n`: ~6 s of imports and a target
 def test_running_out_of_file_descriptors_is_not_blamed_on_the_endpoint(tmp_path, tiny_target_dir):
     src = tmp_path / "in.jsonl"
     src.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"q {i}"}) + "\n" for i in range(40)))

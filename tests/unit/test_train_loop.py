@@ -380,6 +380,7 @@ def test_online_target_dtype_computes_the_features_and_a_resume_keeps_it(run_dir
     assert "target_dtype:checkpointhas'bf16',thiscommand'fp32'" in text, text
 
 
+@pytest.mark.slow  # two online runs with a curve point at every step: the fast tier's slowest test
 def test_online_held_out_features_are_made_once_per_run(run_dir, tmp_path, tiny_target_dir, monkeypatch):
     # the held-out set never changes, so its target forwards are made at the first point of the curve
     # and kept: two more steps with a curve point at each cost two more training forwards, not more
