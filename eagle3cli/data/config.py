@@ -5,11 +5,17 @@ Each field is one flag (eagle3cli/options.py): its docstring is the flag's help.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 from ..config import CpuKernels, flag, parse_shard
+
+
+def _finite(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
 
 Backend = Literal["hf", "openai"]
 Engine = Literal["none", "vllm"]
@@ -35,6 +41,20 @@ PLAN_FIELDS = (
     "max_turns",
     "thinking",
     "reasoning_effort",
+    # the data levers (levers.py): what is written and which records are kept
+    "synthetic",
+    "synth_turns",
+    "synth_temperature",
+    "synth_top_p",
+    "synth_max_tokens",
+    "synth_min_words",
+    "synth_topics",
+    "near_dup_threshold",
+    "dedup_against",
+    "answers_per_prompt",
+    "answer_temperatures",
+    "augment",
+    "augment_fraction",
 )
 
 
@@ -42,9 +62,10 @@ PLAN_FIELDS = (
 class GenDataConfig:
     target: str | None = flag(None, required=True)
     """Target model folder (its tokenizer and chat template render prompts; the hf backend also generates with it)."""
-    inputs: tuple[str, ...] = flag((), "--input", "-i", required=True)
-    """A named source (gsm8k, sharegpt, ultrachat, mt_bench, humaneval, sharegpt_sample; NAME:SPLIT), a file,
-    or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT. Repeat for a mixture."""
+    inputs: tuple[str, ...] = flag((), "--input", "-i")
+    """A named source (gsm8k, sharegpt, chitchat, ultrachat, mt_bench, humaneval, sharegpt_sample; NAME:SPLIT), a
+    file, or hf:NAME[:CONFIG]:SPLIT, each with an optional :WEIGHT. Repeat for a mixture. Required unless
+    --synthetic N."""
     run: Path | None = None
     """Run folder runs/NAME; output goes to runs/NAME/data."""
     out: Path | None = None
@@ -109,6 +130,39 @@ class GenDataConfig:
     exclude_eval: bool = flag(True, "--exclude-eval/--keep-eval")
     """Reject records whose user turns are an eval bench's prompt (MT-bench, GSM8K test, HumanEval, ShareGPT
     held-out), by text: equal after normalising, or sharing a 13-word run (data/contamination.py)."""
+    synthetic: int = 0
+    """Prompts the target writes itself (Magpie-style: it continues its own chat template where a user's text
+    starts), then answers like any other; ids synthetic:0..N-1. With or without --input."""
+    synth_turns: int = 1
+    """User turns the target writes per synthetic conversation (2+: it also writes the next user turn after
+    its own answer)."""
+    synth_temperature: float = 1.0
+    """Sampling temperature while the target writes a user turn (Magpie samples at 1.0: greedy writes one prompt)."""
+    synth_top_p: float = 1.0
+    """Nucleus mass while the target writes a user turn."""
+    synth_max_tokens: int = 128
+    """Cap on a written user turn; one that hits it is cut mid-thought and rejected (synth_cut)."""
+    synth_min_words: int = 3
+    """Shortest written user turn kept, in words (synth_too_short)."""
+    synth_topics: Path | None = None
+    """Steer written prompts towards your traffic: a text file, one topic or seed prompt per line (seeded choice
+    per record), shown to the target as a system turn while it writes, never stored; eval prompts are refused."""
+    near_dup_threshold: float = 0.7
+    """A written prompt whose MinHash Jaccard similarity (word 5-grams) with a prompt already in the corpus, the
+    --dedup-against folders, an eval bench or an earlier written prompt reaches this is dropped."""
+    dedup_against: tuple[str, ...] = ()
+    """gen-data folders whose prompts count as already in the corpus for --synthetic's near-duplicate removal
+    (repeatable), e.g. corpora/smollm2-135m-sharegpt-vllm."""
+    answers_per_prompt: int = 1
+    """K answers per planned prompt (ids ID#k0..k(K-1)), at --answer-temperatures; identical answers to one
+    prompt are kept once (duplicate_answer)."""
+    answer_temperatures: tuple[float, ...] = ()
+    """Temperatures of the K answers, comma-separated (one value: all of them; default: --temperature)."""
+    augment: Path | None = None
+    """Augmented prompts: a YAML file `augmentations: [{name, text}]` of style or language redirects; one
+    seeded redirect is appended to the first user turn of --augment-fraction of the records (ids ID+NAME)."""
+    augment_fraction: float = 1.0
+    """Share of the planned records that get a redirect (--augment)."""
     dry_run: bool = flag(False, "--dry-run")
     """Show what would be read and one rendered prompt; write nothing."""
     shard: str | None = None
@@ -123,10 +177,36 @@ class GenDataConfig:
         errors = []
         if not self.target:
             errors.append("--target is required: a local model folder, e.g. models/tiny-target")
-        if not self.inputs:
+        if not self.inputs and not self.synthetic:
             errors.append(
-                "--input is required (repeat it for a mixture), e.g. --input gsm8k (a named source) or --input data.jsonl"
+                "--input is required (repeat it for a mixture), e.g. --input gsm8k (a named source) or --input data.jsonl; "
+                "or --synthetic N for prompts the target writes itself"
             )
+        for name in ("synthetic",):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                errors.append(f"--synthetic must be an integer >= 0 (prompts the target writes), got {v!r}")
+        for name in ("synth_turns", "synth_max_tokens", "synth_min_words", "answers_per_prompt"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                errors.append(f"--{name.replace('_', '-')} must be an integer >= 1, got {v!r}")
+        if not _finite(self.synth_temperature) or self.synth_temperature < 0:
+            errors.append(f"--synth-temperature must be a number >= 0, got {self.synth_temperature!r}")
+        if not _finite(self.synth_top_p) or not 0 < self.synth_top_p <= 1:
+            errors.append(f"--synth-top-p must be in (0, 1], got {self.synth_top_p!r}")
+        if not _finite(self.near_dup_threshold) or not 0 < self.near_dup_threshold <= 1:
+            errors.append(f"--near-dup-threshold must be in (0, 1], got {self.near_dup_threshold!r}")
+        if not _finite(self.augment_fraction) or not 0 < self.augment_fraction <= 1:
+            errors.append(f"--augment-fraction must be in (0, 1], got {self.augment_fraction!r}")
+        if any(not _finite(t) or t < 0 for t in self.answer_temperatures):
+            errors.append(f"--answer-temperatures must be numbers >= 0, got {list(self.answer_temperatures)}")
+        k, temps = self.answers_per_prompt, self.answer_temperatures
+        if isinstance(k, int) and len(temps) > 1 and len(temps) != k:
+            errors.append(
+                f"--answer-temperatures lists {len(temps)} values for --answers-per-prompt {k}: give one value or {k}"
+            )
+        if self.no_regenerate and (self.synthetic or k != 1 or self.augment is not None):
+            errors.append("--synthetic, --answers-per-prompt and --augment make new answers: drop --no-regenerate")
         if self.run is None and self.out is None and not self.dry_run:
             errors.append("give --run runs/NAME (writes runs/NAME/data) or --out FOLDER")
         if self.run is not None and self.out is not None:

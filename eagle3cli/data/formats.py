@@ -308,6 +308,10 @@ def _iter_raw_rows(
             if detect_shape(obj) is None and len(lists) == 1:
                 yield from ((i, r, None) for i, r in enumerate(lists[0]))
                 return
+            if obj and detect_shape(obj) is None and all(isinstance(v, dict) and "id" not in v for v in obj.values()):
+                # {id: record, ...} (the Chit Chat Challenge's dataset.json): each record gets its key as id
+                yield from ((i, {"id": str(k), **v}, None) for i, (k, v) in enumerate(obj.items()))
+                return
     for n, line in split_lines(text):
         i = n - 1
         try:

@@ -13,6 +13,7 @@ from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..model.kvcache import growing_cache
 from ..speculate.sampling import logits_to_probs, sample_from
 from ..speculate.target import eos_token_ids
+from .levers import cut_at_end, user_prefix
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
 
@@ -160,10 +161,17 @@ class HFBackend:
         active = [c for c in convs]
         while active:
             prompts, seeds, batch = [], [], []
+            markers: list[str | None] = []
             for c in active:
                 msgs = c.history()
+                marker = None
                 try:
-                    text = render_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs)
+                    if c.writes_user:  # the target writes the user turn: its template up to the user's text
+                        text, marker = user_prefix(
+                            self.tokenizer, msgs, c.template_kwargs, c.record["meta"].get("topic")
+                        )
+                    else:
+                        text = render_prompt(self.tokenizer, msgs, c.tools, c.template_kwargs)
                 except TemplateRefusal as e:  # e.g. Gemma-2's "System role not supported": this record only
                     c.fail(TemplateRefusal.reason, f"turn {c.turn}: {e.message}")
                     continue
@@ -184,13 +192,23 @@ class HFBackend:
                 prompts.append(p)
                 seeds.append(c.seed(self.sampling))
                 batch.append(c)
+                markers.append(marker)
             for c in active:
                 if c.done:  # rejected before generating (prompt too long, template refusal)
                     on_done(c)
-            for chunk in self.batches(prompts):
-                outs = self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk])
-                for i, out in zip(chunk, outs):
-                    batch[i].add(out)
-                    if batch[i].done:  # journaled per batch: a kill loses at most the batch in flight
-                        on_done(batch[i])
+            # one batch shares one sampling: group by it (user turns, answers at several temperatures)
+            groups: dict[Sampling, list[int]] = {}
+            for i, c in enumerate(batch):
+                groups.setdefault(c.sampling(self.sampling), []).append(i)
+            for samp, members in groups.items():
+                for sub in self.batches([prompts[i] for i in members]):
+                    chunk = [members[j] for j in sub]
+                    outs = self.generate([prompts[i] for i in chunk], [seeds[i] for i in chunk], sampling=samp)
+                    for i, out in zip(chunk, outs):
+                        marker = markers[i]
+                        if marker is not None:
+                            out.text = cut_at_end(out.text, marker)
+                        batch[i].add(out)
+                        if batch[i].done:  # journaled per batch: a kill loses at most the batch in flight
+                            on_done(batch[i])
             active = [c for c in active if not c.done]

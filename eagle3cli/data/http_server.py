@@ -1,6 +1,7 @@
 """A small OpenAI-compatible server backed by a transformers model (stdlib http.server).
 
-Endpoints: `POST /v1/chat/completions` (the model's chat template is applied here, server
+Endpoints: `POST /v1/completions` (a raw prompt: how gen-data asks a target to write a user turn),
+`POST /v1/chat/completions` (the model's chat template is applied here, server
 side, as SGLang and vLLM do), `POST /generate` (SGLang's native shape: `text` + `meta_info`),
 `GET /v1/models`, `GET /health`. Generation is serialised by a lock (one model, CPU-sized).
 For tests it can inject faults: fail the first N requests with HTTP 500, answer the next B with
@@ -102,6 +103,29 @@ class ModelServer:
             },
         }
 
+    def complete(self, body: dict) -> dict:
+        """`/v1/completions`: the prompt as given (text, or token ids as vLLM takes them), no template."""
+        prompt = body.get("prompt")
+        if isinstance(prompt, str):
+            ids = self.tokenizer(prompt, add_special_tokens=False).input_ids
+        elif isinstance(prompt, list) and prompt and all(isinstance(i, int) for i in prompt):
+            ids = list(prompt)
+        else:
+            raise ValueError("prompt must be a string or a non-empty list of token ids")
+        out = self._run(ids, self._sampling(body, "max_tokens"))
+        return {
+            "id": f"cmpl-{uuid.uuid4().hex[:12]}",
+            "object": "text_completion",
+            "created": int(time.time()),
+            "model": self.served_model_name,
+            "choices": [{"index": 0, "text": out.text, "finish_reason": out.finish_reason}],
+            "usage": {
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                "total_tokens": out.prompt_tokens + out.completion_tokens,
+            },
+        }
+
     def generate(self, body: dict) -> dict:
         params = body.get("sampling_params") or {}
         if "input_ids" in body:
@@ -163,7 +187,7 @@ class ModelServer:
                 except json.JSONDecodeError as e:
                     return self._send(400, {"error": {"message": f"invalid JSON: {e}"}})
                 route = urlsplit(self.path).path.rstrip("/")
-                if route not in ("/v1/chat/completions", "/generate"):
+                if route not in ("/v1/chat/completions", "/v1/completions", "/generate"):
                     return self._send(404, {"error": {"message": f"no route {self.path}"}})
                 server.requests.append({"path": route, "body": body})
                 with server._count_lock:
@@ -184,7 +208,8 @@ class ModelServer:
                 if fault == "sleep":
                     time.sleep(server.sleep_s)
                 try:
-                    result = server.chat(body) if route == "/v1/chat/completions" else server.generate(body)
+                    answer = {"/v1/chat/completions": server.chat, "/v1/completions": server.complete}
+                    result = answer.get(route, server.generate)(body)
                 except (ValueError, TypeError, KeyError) as e:
                     return self._send(400, {"error": {"message": str(e)}})
                 except TemplateRefusal as e:  # the chat template raised: the request is wrong, as vLLM says

@@ -177,7 +177,8 @@ class OpenAIBackend:
             choice = data["choices"][0]
             msg = choice["message"]
             text = msg["content"] or ""
-            usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+            usage = data.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
             if not isinstance(text, str):
                 raise TypeError(f"content is {type(text).__name__}")
             # counts that are not numbers ("n/a") are ignored: they made a good answer pending forever

@@ -3,6 +3,7 @@ that regenerates assistant turns in order, each conditioned on the *regenerated*
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from collections.abc import Callable
@@ -75,6 +76,8 @@ class Conversation:
     record: dict
     drop_truncated: bool = False
     template_kwargs: dict = field(default_factory=dict)  # this record's chat-template settings (thinking...)
+    user_sampling: Sampling | None = None  # how the target writes user turns (`meta.write_user`, levers.py)
+    user_check: Any = None  # levers.UserTurnCheck: a written user turn it refuses rejects the record
     messages: list[dict] = field(init=False)
     slots: list[int] = field(init=False)  # message indices to generate
     placeholders: set[int] = field(init=False)  # slots with no original answer
@@ -95,7 +98,13 @@ class Conversation:
                 self.placeholders.add(len(msgs))
                 msgs.append({"role": "assistant", "content": ""})
         self.messages = msgs
-        self.slots = [i for i, m in enumerate(msgs) if m["role"] == "assistant" and not m.get("tool_calls")]
+        # user turns the target writes itself (synthetic prompts): slots too, filled in order
+        self.user_slots = set(self.record.get("meta", {}).get("write_user") or ())
+        self.slots = [
+            i
+            for i, m in enumerate(msgs)
+            if (m["role"] == "assistant" and not m.get("tool_calls")) or i in self.user_slots
+        ]
 
     @property
     def tools(self) -> list | None:
@@ -121,11 +130,45 @@ class Conversation:
     def seed(self, sampling: Sampling) -> int:
         return turn_seed(sampling.seed, self.record["id"], self.turn)
 
+    @property
+    def writes_user(self) -> bool:
+        """The next slot is a user turn the target writes (not an answer)."""
+        return not self.done and self.slots[self.turn] in self.user_slots
+
+    def sampling(self, default: Sampling) -> Sampling:
+        """This slot's sampling: a user turn's (`user_sampling`), or the answers' with the record's own
+        temperature (`meta.temperature`: several answers per prompt at several temperatures)."""
+        if self.writes_user and self.user_sampling is not None:
+            return dataclasses.replace(self.user_sampling, seed=default.seed)
+        t = self.record.get("meta", {}).get("temperature")
+        return default if t is None else dataclasses.replace(default, temperature=float(t))
+
+    def add_user(self, text: str, out: TurnOutput) -> None:
+        """A user turn the target wrote: kept when `user_check` passes it, else the record is rejected."""
+        why = self.user_check.reason(text, out.finish_reason) if self.user_check is not None else None
+        if why is None and not text.strip():
+            why = ("synth_too_short", "the target wrote an empty user turn")
+        if why is None and not _utf8(text):
+            why = ("invalid_unicode", "the written user turn holds a lone surrogate")
+        if why is not None and any(a["role"] == "assistant" for a in self.answers):
+            self.stopped_early = True  # a later user turn failed: the turns before it stand on their own
+            return
+        if why is not None:
+            self.fail(why[0], f"user turn {self.turn}: {why[1]}")
+            return
+        self.answers.append({"role": "user", "content": text})
+        self.turn_meta.append(
+            {"written": "user", "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}
+        )
+
     def add(self, out: TurnOutput) -> None:
+        if self.writes_user:
+            self.add_user(out.text, out)
+            return
         if out.finish_reason == "length" and self.drop_truncated:
             # Later turns would be conditioned on a cut answer: keep the complete turns before it.
             self.stopped_early = True
-            if not self.answers:
+            if not any(a["role"] == "assistant" for a in self.answers):
                 self.reject = ("truncated", f"turn 0 hit max_new_tokens ({out.completion_tokens} tokens)")
             return
         if not out.text.strip() and not out.tool_calls:
@@ -184,7 +227,8 @@ class Conversation:
     def result(self) -> dict:
         """The output record (data contract): the conversation up to its last filled slot, so it
         ends with an assistant answer. `meta.turns` has one entry per assistant message."""
-        msgs = self._filled(self.slots[self.turn - 1] + 1)
+        # up to the last answer (a user turn the target wrote with no answer after it is not kept)
+        msgs = self._filled(max(i for i in self.slots[: self.turn] if i not in self.user_slots) + 1)
         rank = {i: k for k, i in enumerate(self.slots)}
         turns = [
             self.turn_meta[rank[i]]
@@ -199,9 +243,13 @@ class Conversation:
                 "regenerated": self.regenerated,
                 "turns": turns,
                 "truncated": any(t["finish_reason"] == "length" for t in turns),
-                "dropped_turns": len(self.slots) - len(self.answers),
+                "dropped_turns": sum(1 for i in self.slots[self.turn :] if i not in self.user_slots),
             }
         )
+        if self.user_slots:  # which user turns the target wrote, and what writing them cost
+            meta["written_user_turns"] = [
+                self.turn_meta[rank[i]] for i in sorted(self.user_slots) if rank[i] < self.turn
+            ]
         if self.template_kwargs:
             meta["chat_template_kwargs"] = dict(self.template_kwargs)
         out = {"id": self.record["id"], "source": self.record["source"], "messages": msgs, "meta": meta}

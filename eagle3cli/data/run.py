@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import json
 import os
+import random
 import shutil
 import time
 from collections import Counter
@@ -39,6 +40,7 @@ from ..manifest import (
 )
 from ..model.chat import TemplateRefusal, render
 from ..urls import redact_text
+from . import dedup, levers
 from .config import PLAN_FIELDS, GenDataConfig
 from .contamination import eval_index, eval_reject
 from .formats import ReadResult, limit_turns, parse_input_spec, read_input
@@ -96,7 +98,37 @@ def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[
     read_rejects = [r for res in results for r in res.rejects]
     if cfg.num_samples and len(plan) < cfg.num_samples:
         warn(f"asked for {cfg.num_samples} conversations, the inputs hold {len(plan)} usable ones after dedup")
-    return results, plan, read_rejects + plan_rejects, eval_check
+    return results, apply_levers(cfg, plan), read_rejects + plan_rejects, eval_check
+
+
+def apply_levers(cfg: GenDataConfig, plan: list[dict]) -> list[dict]:
+    """The planned human prompts augmented and answered K times, plus the prompts the target writes
+    (levers.py); without levers the plan is left exactly as it was (committed corpora resume)."""
+    if cfg.augment is not None:
+        plan = levers.augment(plan, levers.read_augmentations(Path(cfg.augment)), cfg.augment_fraction, cfg.seed)
+    plan = levers.several_answers(plan, cfg.answers_per_prompt, tuple(cfg.answer_temperatures))
+    if cfg.synthetic:
+        match = eval_index().match if cfg.exclude_eval else None
+        topics = levers.read_topics(Path(cfg.synth_topics), match) if cfg.synth_topics is not None else None
+        synth = levers.synthetic_records(cfg.synthetic, cfg.synth_turns, cfg.seed, topics)
+        plan = plan + synth
+        if len(plan) > len(synth):  # written and human prompts interleaved, so every shard mixes both
+            random.Random(f"{cfg.seed}:synthetic").shuffle(plan)
+    return plan
+
+
+def dedup_reference(cfg: GenDataConfig, plan: list[dict]) -> list[tuple[str, str]]:
+    """What a written prompt must not nearly repeat: eval benches' turns, the run's human prompts and the
+    --dedup-against folders' prompts (dedup.py)."""
+    if not cfg.synthetic:
+        return []
+    ref: list[tuple[str, str]] = []
+    if cfg.exclude_eval:
+        ref += [(f"eval:{bench}", " ".join(words)) for words, bench in eval_index().whole.items()]
+    ref += [(f"the corpus prompt {p['id']}", levers.first_user(p)) for p in plan if not p["meta"].get("write_user")]
+    for folder in cfg.dedup_against:
+        ref += [(f"a prompt of {folder}", t) for t in dedup.folder_prompts(Path(folder))]
+    return ref
 
 
 def input_fingerprints(results: list[ReadResult]) -> list[dict]:
@@ -179,7 +211,11 @@ def make_backend(cfg: GenDataConfig, tokenizer):
 
 def conversation(cfg: GenDataConfig, index: int, record: dict) -> Conversation:
     kw = template_kwargs_for(cfg.seed, record["id"], cfg.thinking, tuple(cfg.reasoning_effort))
-    return Conversation(index, record, cfg.drop_truncated, kw)
+    if not record["meta"].get("write_user"):
+        return Conversation(index, record, cfg.drop_truncated, kw)
+    writing = Sampling(cfg.synth_max_tokens, float(cfg.synth_temperature), float(cfg.synth_top_p), cfg.seed)
+    check = levers.UserTurnCheck(cfg.synth_min_words, eval_match=eval_index().match if cfg.exclude_eval else None)
+    return Conversation(index, record, cfg.drop_truncated, kw, writing, check)
 
 
 # ---------------------------------------------------------------- dry run
@@ -355,6 +391,7 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
     t0 = time.time()
     session = Session(prog_dir)
     left: dict[int, str] = {}  # plan index -> why it is pending (transient endpoint failures)
+    rejected: Counter = Counter()  # this session's rejects by reason, shown on the progress line
     # The hf backend batches one shard at a time. An engine batches by itself: the openai backend
     # gets every pending conversation of this process's shards in one stream, so `concurrency`
     # requests stay in flight to the end instead of draining at each shard's tail (a barrier every
@@ -395,10 +432,13 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
                 else:
                     e["record"] = c.result()
                 journals[k][c.index] = e
+                if c.reject is not None:
+                    rejected[c.reject[0]] += 1
                 if k not in open_journals:
                     open_journals[k] = Journal(prog_dir / f"shard-{k:05d}.journal.jsonl")
                 open_journals[k].add(e)
-                bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta))
+                note = "rejected: " + ", ".join(f"{r} {n}" for r, n in rejected.most_common(4)) if rejected else ""
+                bar.advance(1, tokens=sum(t["completion_tokens"] for t in c.turn_meta), note=note)
                 missing[k] -= 1
                 if missing[k] == 0:  # the shard is whole: write it now, so a kill later loses none of it
                     open_journals[k].close()
@@ -447,6 +487,40 @@ def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_ch
         eval_check=eval_check,
         engine=engine,
     )
+
+
+def levers_summary(cfg: GenDataConfig, records: list[dict]) -> dict | None:
+    """What the data levers made (the manifest's `levers`): settings and records written per kind; what
+    each filter removed is in `counts.skipped_by_reason` (synth_*, near_duplicate, duplicate_answer...)."""
+    if not (cfg.synthetic or cfg.answers_per_prompt > 1 or cfg.answer_temperatures or cfg.augment):
+        return None
+    out: dict[str, Any] = {}
+    if cfg.synthetic:
+        out["synthetic"] = {
+            "planned": cfg.synthetic,
+            "written": sum(1 for r in records if r["meta"].get("write_user")),
+            "turns": cfg.synth_turns,
+            "temperature": cfg.synth_temperature,
+            "top_p": cfg.synth_top_p,
+            "max_tokens": cfg.synth_max_tokens,
+            "min_words": cfg.synth_min_words,
+            "topics": str(cfg.synth_topics) if cfg.synth_topics else None,
+            "near_dup": {
+                "method": "MinHash LSH (datasketch), word 5-grams",
+                "threshold": cfg.near_dup_threshold,
+                "against": list(cfg.dedup_against),
+            },  # fmt: skip
+        }
+    if cfg.answers_per_prompt > 1 or cfg.answer_temperatures:
+        out["answers"] = {
+            "per_prompt": cfg.answers_per_prompt,
+            "temperatures": list(cfg.answer_temperatures) or [cfg.temperature],
+            "written": sum(1 for r in records if "temperature" in r["meta"]),
+        }
+    if cfg.augment:
+        names = Counter(r["meta"]["augmentation"] for r in records if "augmentation" in r["meta"])
+        out["augment"] = {"file": str(cfg.augment), "fraction": cfg.augment_fraction, "written": dict(names)}
+    return out
 
 
 class Session:
@@ -689,6 +763,8 @@ def finalize(
     engine=None,
 ) -> Path:
     gen_rejects, shards, records = [], [], []
+    if cfg.synthetic or cfg.answers_per_prompt > 1:  # repeats counted once, before the shards are summed
+        gen_rejects += dedup.dedup_folder(out, shard_ids, dedup_reference(cfg, plan), cfg.near_dup_threshold)
     for k in shard_ids:
         p = out / shard_name(k)
         recs = read_records(p)
@@ -740,6 +816,7 @@ def finalize(
         plan_ids_hash=sha256_text("\n".join(p["id"] for p in plan))[:16],
         last_session_seconds=round(elapsed, 2),
         eval_prompt_check=eval_check,
+        levers=levers_summary(cfg, records),
         engine=engine.as_dict() if engine else None,
         throughput=throughput(out, elapsed, session_tokens, len(records)),
         **({"finished_early": partial} if partial else {}),

@@ -183,7 +183,22 @@ def total_variation(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor
     return 0.5 * (p.to(q.dtype) - q).abs().sum(), logits.detach().argmax(-1)
 
 
-STEP_LOSSES = {"ce": soft_cross_entropy, "tv": total_variation}
+LK_FLOOR = 1e-6  # an anchor the draft gives no overlap at all costs -log(1e-6) ~ 13.8, not inf
+
+
+def neg_log_acceptance(logits: torch.Tensor, p: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(summed -log(alpha) with alpha = sum_v min(p_v, q_v) = 1 - TV(p, q), argmax per row): the LK loss
+    (Samarin et al., "LK Losses: Direct Acceptance Rate Optimization for Speculative Decoding", 2026),
+    its hyperparameter-free form. alpha is the chance that a sampled draft token is accepted, so this
+    optimises acceptance itself; its gradient is TV's scaled by 1/alpha, which keeps it from vanishing
+    where the draft overlaps the target little (where plain TV stalls), and at a one-hot p it is
+    cross-entropy."""
+    q = torch.softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+    alpha = torch.minimum(p.to(q.dtype), q).sum(-1)
+    return -torch.log(alpha.clamp(min=LK_FLOOR)).sum(), logits.detach().argmax(-1)
+
+
+STEP_LOSSES = {"ce": soft_cross_entropy, "tv": total_variation, "lk": neg_log_acceptance}
 
 
 def ttt_loss(
@@ -191,7 +206,7 @@ def ttt_loss(
 ) -> TTTOutput:
     """The TTT loss over the K hidden states `hiddens` (from `Eagle3Draft.ttt_unroll`).
 
-    Each step's loss (`kind`: soft cross-entropy or total variation) is normalised by its own
+    Each step's loss (`kind`: soft cross-entropy, total variation or LK's -log acceptance) is normalised by its own
     anchor count; steps weigh `step_weight**k`.
     """
     step_loss = STEP_LOSSES[kind]

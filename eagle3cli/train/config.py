@@ -15,7 +15,7 @@ from ..speculate.aux_layers import aux_layer_problems
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
 Optimizer = Literal["adamw", "muon"]
-Loss = Literal["ce", "tv"]
+Loss = Literal["ce", "tv", "lk"]
 LmHead = Literal["target", "frozen", "fresh"]
 Init = Literal["random", "soft", "pass-top"]
 
@@ -70,7 +70,8 @@ class TrainConfig:
     learning rate matched to AdamW's RMS so one --lr serves both; AdamW on norms and lm_head)."""
     loss: Loss = "ce"
     """Per-step loss against the target's distribution over the draft vocab: ce (soft cross-entropy),
-    or tv (total variation 0.5*|p - q|_1: 1 - TV is the acceptance probability of a sampled token)."""
+    tv (total variation 0.5*|p - q|_1: 1 - TV is the acceptance probability of a sampled token), or lk (LK loss:
+    -log(1 - TV), acceptance optimised directly, with TV's gradient scaled by 1/acceptance)."""
     lm_head: LmHead = "target"
     """The head's lm_head: target (the target's rows of the draft vocab, trained), frozen (those
     rows, not trained), or fresh (random)."""

@@ -118,6 +118,8 @@ def _sample(f, tp):
         return [name, "a", name, "b"], ("a", "b")
     if options._tuple_item(tp) is int:
         return [name, "2,3"], (2, 3)
+    if options._tuple_item(tp) is float:
+        return [name, "0.5,1.5"], (0.5, 1.5)
     return [name, "x"], "x"
 
 
@@ -136,6 +138,11 @@ SAMPLES = {
     ("gen-data", "backend"): (["--backend", "openai", "--endpoint", "http://e:1"], "openai"),
     ("gen-data", "endpoints"): (["--backend", "openai", "--endpoint", "http://a:1"], ("http://a:1",)),
     ("gen-data", "inputs"): (["-i", "mt_bench"], ("gsm8k", "mt_bench")),
+    ("gen-data", "answer_temperatures"): (
+        ["--answers-per-prompt", "2", "--answer-temperatures", "0.5,1.5"],
+        (0.5, 1.5),
+    ),
+    ("gen-data", "augment_fraction"): (["--augment-fraction", "0.25"], 0.25),
     ("train", "deepspeed"): (["--deepspeed", "zero2"], "zero2"),
     ("train", "nproc"): (["--deepspeed", "zero2", "--nproc", "2"], 2),
     ("train", "hostfile"): (["--deepspeed", "zero2", "--hostfile", "h"], Path("h")),

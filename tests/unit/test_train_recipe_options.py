@@ -15,7 +15,7 @@ from train_fixtures import copy_run, make_run, metrics
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.head.read import read_head
-from eagle3cli.speculate.ttt import soft_cross_entropy, total_variation
+from eagle3cli.speculate.ttt import neg_log_acceptance, soft_cross_entropy, total_variation
 from eagle3cli.train.config import TrainConfig
 from eagle3cli.train.loop import fit, setup, with_noise
 from eagle3cli.train.optim import OptimizerPair
@@ -93,6 +93,29 @@ def test_total_variation_is_half_the_l1_distance_and_its_gradient_flows():
     assert z.grad is not None and z.grad.abs().sum() > 0
     ce, _ = soft_cross_entropy(z.detach(), p)  # the default loss is unchanged
     assert ce.item() == pytest.approx(-(p * torch.log_softmax(z.detach(), -1)).sum().item(), rel=1e-5)
+
+
+def test_lk_loss_is_minus_log_acceptance_cross_entropy_at_one_hot_and_finite_without_overlap():
+    p = torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    z = torch.tensor([[0.0, 0.0, 0.0], [2.0, 0.0, 0.0], [60.0, 0.0, -60.0]], requires_grad=True)
+    lk, arg = neg_log_acceptance(z, p)
+    q = torch.softmax(z.detach(), -1)
+    alpha = torch.minimum(p, q).sum(-1)
+    assert lk.item() == pytest.approx(-torch.log(alpha.clamp(min=1e-6)).sum().item(), rel=1e-5)
+    tv, _ = total_variation(z.detach()[:2], p[:2])  # acceptance is 1 - TV, row by row
+    assert alpha[:2].sum().item() == pytest.approx(2 - tv.item(), rel=1e-5)
+    ce, _ = soft_cross_entropy(z.detach()[1:2], p[1:2])  # a one-hot target: LK is cross-entropy
+    lk1, _ = neg_log_acceptance(z.detach()[1:2], p[1:2])
+    assert lk1.item() == pytest.approx(ce.item(), rel=1e-5)
+    lk.backward()  # the third row has no overlap at all: the loss is floored, the gradient finite
+    assert torch.isfinite(lk) and torch.isfinite(z.grad).all() and arg.tolist() == [0, 0, 0]
+
+
+def test_lk_loss_trains(tmp_path, base_run):
+    run = _copy(base_run, tmp_path)
+    fit(setup(_cfg(run, loss="lk", max_steps=2, save_every=2)))
+    losses = [m["loss"] for m in metrics(run)]
+    assert len(losses) == 2 and all(math.isfinite(x) and x > 0 for x in losses)
 
 
 def test_tv_loss_trains(tmp_path, base_run):
