@@ -72,7 +72,8 @@ def check_manifest(cache_dir: Path, m: Mapping[str, Any], verifying: bool = Fals
     """Every field of a cache manifest the stages read, with its type, or one StageError listing all
     that are wrong (a missing target fingerprint too: it would silently skip the identity check)."""
     for key in ("shards", "files"):  # first: a file outside the folder is refused on its own, with no rm advice
-        for s in m.get(key) if isinstance(m.get(key), list) else ():
+        recs = m.get(key)
+        for s in recs if isinstance(recs, list) else ():
             if isinstance(s, dict) and isinstance(s.get("file"), str):
                 contained(cache_dir, s["file"])
     problems: list[str] = []

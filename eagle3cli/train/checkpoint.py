@@ -43,7 +43,7 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: dict, path: Path | None = None) -> None:
+def set_rng_state(state: Any, path: Path | None = None) -> None:
     """Restore the RNG state a checkpoint saved; one that is malformed (edited, crafted) is a
     StageError naming the checkpoint (`path`), not a traceback from `random.setstate`."""
     try:

@@ -324,6 +324,8 @@ class ScriptedServer:
 
         self.srv = ThreadedServer()
         self.srv.serve(Handler, daemon_threads=True)
+        # a request the client cancelled (the run stopped) is not this server's traceback to print
+        self.srv.httpd.handle_error = lambda *a: None  # type: ignore[method-assign]
         self.url = self.srv.url
 
 
