@@ -39,7 +39,8 @@ def head(trained_target_dir, tmp_path_factory):
     )
 
 
-@pytest.mark.parametrize("bench", ["gsm8k", "mt_bench"])
+# MT-bench's prompts run with `make test-all` only: with GSM8K's, these were the fast tier's two costliest tests
+@pytest.mark.parametrize("bench", ["gsm8k", pytest.param("mt_bench", marks=pytest.mark.slow)])
 def test_eval_on_trained_target_is_lossless(trained_target_dir, head, bench, tmp_path):
     out = tmp_path / "eval"
     rc = main(
