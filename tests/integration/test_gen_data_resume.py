@@ -76,6 +76,37 @@ def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
     assert _folder_bytes(killed) == _folder_bytes(ref)
 
 
+@pytest.mark.slow
+def test_kill9_during_synthetic_and_several_answers_then_resume_equals_uninterrupted_run(trained_target_dir, tmp_path):
+    """The levers' records (written prompts, K answers) resume as any: nothing lost, nothing duplicated,
+    the same bytes; the final dedup pass runs once over the whole folder either way."""
+    levers = ["--synthetic", "6", "--synth-min-words", "1", "--synth-max-tokens", "40", "--answers-per-prompt", "2",
+              "--answer-temperatures", "0,0.9", "--input", str(GSM8K_TEST), "--keep-eval", "--num-samples", "3"]  # fmt: skip
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    rest = ("--max-new-tokens", "12", "--seed", "3", "--batch-size", "2", "--shard-size", "3")
+    args = lambda out: gen_data_args(trained_target_dir, out, *levers, *rest)  # noqa: E731
+    assert main(args(ref)) == 0
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3cli", *args(killed)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env)  # fmt: skip
+    try:
+        deadline = time.time() + 480
+        while time.time() < deadline and proc.poll() is None and not (killed / "shard-00001.jsonl").exists():
+            time.sleep(0.02)
+        assert proc.poll() is None, "the run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (killed / "manifest.json").exists()
+    assert main(args(killed)) == 0
+    assert _folder_bytes(killed) == _folder_bytes(ref)
+    ids = [json.loads(line)["id"] for f in sorted(ref.glob("shard-*.jsonl")) for line in f.read_text().splitlines()]
+    assert len(ids) == len(set(ids)) and any(i.startswith("synthetic:") for i in ids) and any("#k" in i for i in ids)
+
+
 def test_folder_from_another_target_is_refused(tiny_target_dir, deep_target_dir, tmp_path, capsys):
     out = tmp_path / "data"
     args = ["gen-data", "--input", str(GSM8K_TEST), "--keep-eval", "--num-samples", "2", "--max-new-tokens", "2"]

@@ -60,6 +60,7 @@ def test_synthetic_prompts_are_written_by_the_target_then_answered(trained_targe
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.slow
 def test_the_openai_backend_writes_the_same_prompts_through_v1_completions(trained_target_dir, tmp_path):
     from eagle3cli.data.http_server import ModelServer
     from eagle3cli.model.target import load_target
