@@ -32,10 +32,12 @@ from ..engine_api import (
     RejectedReply,
     Reply,
     chat_body,
+    completion_body,
     usage_count,
 )
 from ..limits import UnusableReply
 from ..model.chat import TemplateRefusal, render, split_reasoning
+from .levers import cut_at_end, user_prefix
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
 
@@ -107,13 +109,17 @@ class OpenAIBackend:
     async def _turns(self, client: EngineClient, conv: Conversation) -> None:
         while not conv.done:
             history = conv.history()
+            if conv.writes_user:
+                if not await self._write_user(client, conv, history):
+                    return
+                continue
             if self.tokenizer is not None:
                 try:  # the server would answer 400 with the same message (or render it some other way)
                     render(self.tokenizer, history, True, conv.tools, conv.template_kwargs)
                 except TemplateRefusal as e:
                     conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
                     return
-            s = self.sampling
+            s = conv.sampling(self.sampling)
             body = chat_body(
                 self.model_name,
                 history,
@@ -166,6 +172,53 @@ class OpenAIBackend:
                 "end-of-turn token: check its stop tokens / generation_config)"
             )
         return dataclasses.replace(out, text=out.text[:cut], finish_reason="stop")
+
+    async def _write_user(self, client: EngineClient, conv: Conversation, history: list[dict]) -> bool:
+        """The target writes the next user turn: `/v1/completions` on its template up to the user's
+        text (token ids, so the server adds no BOS of its own). False when the conversation ended."""
+        if self.tokenizer is None:
+            raise RuntimeError("writing user turns needs the target's tokenizer")  # run.py always passes it
+        try:
+            head, marker = user_prefix(self.tokenizer, history, conv.template_kwargs, conv.record["meta"].get("topic"))
+        except TemplateRefusal as e:
+            conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
+            return False
+        ids = self.tokenizer(head, add_special_tokens=False).input_ids
+        s = conv.sampling(self.sampling)
+        body = completion_body(self.model_name, ids, s.max_new_tokens, s.temperature, top_p=s.top_p, seed=conv.seed(s))
+        body.pop("return_token_ids", None)  # the text is what is kept
+        try:
+            out = await self.failover.post(client, "/v1/completions", body, self._parse_completion)
+        except EndpointError as e:
+            if e.transient:
+                conv.leave_pending(f"turn {conv.turn}: {e.detail}")
+            else:
+                conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
+            return False
+        out.text = cut_at_end(out.text, marker)
+        conv.add(out)
+        return True
+
+    @staticmethod
+    def _parse_completion(r: Reply) -> TurnOutput:
+        try:
+            data = r.json()
+            choice = data["choices"][0]
+            text = choice["text"]
+            if not isinstance(text, str):
+                raise TypeError(f"text is {type(text).__name__}")
+            usage = data.get("usage")
+            usage = usage if isinstance(usage, dict) else {}
+            prompt_tokens = usage_count(usage.get("prompt_tokens"))
+            completion_tokens = usage_count(usage.get("completion_tokens"))
+        except UnusableReply:
+            raise
+        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
+            raise ValueError(f"{type(e).__name__}: {str(e)[:100]}") from e
+        # a written prompt the engine ended for any reason but its end-of-turn (length, content_filter...)
+        # is not one the target finished: it is dropped as cut (synth_cut)
+        finish = choice.get("finish_reason") or "stop"
+        return TurnOutput(text, "stop" if finish == "stop" else "length", prompt_tokens, completion_tokens)
 
     @staticmethod
     def _parse(r: Reply) -> TurnOutput:

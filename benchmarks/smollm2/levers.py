@@ -1,0 +1,61 @@
+"""One arm of the data-levers table (issue 50): train from the published head at the arms' budget on
+one arm's data, then score it as every arm is scored. Resumable: rerun the same command after a kill
+(train resumes from its checkpoint; an eval whose report exists is not run again).
+
+    .venv/bin/python benchmarks/smollm2/levers.py --arm baseline --data corpora/smollm2-135m-sharegpt-vllm
+    .venv/bin/python benchmarks/smollm2/levers.py --arm lk --data corpora/smollm2-135m-sharegpt-vllm --loss lk
+    .venv/bin/python benchmarks/smollm2/levers.py --arm synthetic --data corpora/smollm2-135m-synthetic-vllm
+
+The budget: 1,320 optimizer steps of the online recipe's 1,024-token steps (~1.04M real tokens), lr
+1.5e-4 (the long run's continuation rate). One thread each (`--core`: taskset), so two arms run side
+by side on a 2-core machine. Then report_levers.py writes the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.common import E3, Recorder  # noqa: E402
+
+STEPS = 1320
+PUBLISHED = "models/smollm2-135m-eagle3"
+TARGET = "models/smollm2-135m"
+EVALS = (("mt_bench", 80), ("gsm8k", 40), ("sharegpt", 40))  # bench, prompts (sharegpt: its held-out split)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arm", required=True, help="the arm's name: its run folder is runs/lever-NAME")
+    ap.add_argument("--data", required=True, help="the arm's gen-data folder")
+    ap.add_argument("--loss", default="ce", choices=("ce", "tv", "lk"))
+    ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
+    ap.add_argument("--runs", type=Path, default=REPO / "runs")
+    a = ap.parse_args()
+    run = a.runs / f"lever-{a.arm}"
+    pin = ["taskset", "-c", str(a.core)] if a.core is not None else []
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    rec = Recorder()
+    if not (run / "head" / "manifest.json").is_file():
+        rec.sh([*pin, *E3, "train", "--recipe", "recipes/smollm2-135m/train-online.yaml", "--run", run,
+                "--data", a.data, "--target", TARGET, "--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1",
+                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss], env=env)  # fmt: skip
+    for bench, n in EVALS:
+        out = run / f"eval-{bench}"
+        if (out / "report.json").is_file():
+            continue
+        rec.sh([*pin, *E3, "eval", "--head", run / "head", "--target", TARGET, "--bench", bench, "--num-prompts", n,
+                "--max-new-tokens", 64, "--depth", 8, "--dtype", "fp32", "--mode", "chain", "--no-generate-baseline",
+                "--threads", 1, "--out", out], env=env)  # fmt: skip
+    print(f"arm {a.arm}: {run} (then: benchmarks/smollm2/report_levers.py --arm baseline=... --arm {a.arm}={run})")
+    os.sync()
+
+
+if __name__ == "__main__":
+    main()

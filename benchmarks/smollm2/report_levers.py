@@ -1,0 +1,205 @@
+"""The `data_levers` key of docs/results-smollm2.json, its page section and figure (issue 50): what more
+data from the prompts we have, or from prompts the target writes, buys a head that has used up the human
+prompts, each arm trained from the published head at one budget and scored the same way.
+
+An arm is a train run folder (`eagle3 train ... --init-head models/smollm2-135m-eagle3 --max-steps N`)
+holding `eval-mt_bench`, `eval-gsm8k` and `eval-sharegpt` (eagle3 eval, chain d8, fp32, greedy, 64 new
+tokens; the arms' script is benchmarks/smollm2/levers.py). Every arm must have run the baseline's
+steps and evals (refused otherwise: rows at other budgets or settings do not stand in one table).
+
+    .venv/bin/python benchmarks/smollm2/report_levers.py --arm baseline=runs/lever-baseline \\
+        --arm synthetic=runs/lever-synthetic ...
+
+The gain over the baseline is paired by prompt (the same 80 MT-bench first turns): a percentile interval
+of tau(arm) - tau(baseline) over prompts resampled with replacement. Nothing here trains or evaluates.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+HEADING = "## Data levers: what more data buys a head that has used up the human prompts"
+BEFORE = "## Data scaling"
+BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt"}  # key -> eval folder suffix
+SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "dtype", "temperature")
+
+
+def _per_prompt(report: dict) -> tuple[list[float], list[float]]:
+    """(tokens emitted, rounds) per prompt of the chain decoder: tau = sum / sum."""
+    rows = report["chain"]["per_prompt"] if "chain" in report else report["modes"]["chain"]["per_prompt"]
+    return [r["accepted"] + r["rounds"] for r in rows], [r["rounds"] for r in rows]
+
+
+def _chain(report: dict) -> dict:
+    return report["chain"] if "chain" in report else report["modes"]["chain"]
+
+
+def paired_delta(a, b, samples: int = 2000, level: float = 0.9, seed: int = 0) -> dict:
+    """tau(a) - tau(b) over the same prompts, with a percentile interval of prompts resampled together."""
+    (an, ad), (bn, bd) = a, b
+    n = len(an)
+    if n == 0 or len(bn) != n:
+        raise ValueError(f"paired prompts expected, got {n} and {len(bn)}")
+
+    def stat(idx) -> float:
+        return sum(an[i] for i in idx) / sum(ad[i] for i in idx) - sum(bn[i] for i in idx) / sum(bd[i] for i in idx)
+
+    rng = random.Random(seed)
+    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
+    lo, hi = int((1 - level) / 2 * (samples - 1)), int((1 + level) / 2 * (samples - 1))
+    return {"value": stat(range(n)), "low": values[lo], "high": values[hi], "level": level, "prompts": n}
+
+
+def _eval_settings(report: dict) -> dict:
+    cfg = report.get("config") or {}
+    return {k: cfg.get(k) for k in SAME_EVAL}
+
+
+def _tokens_seen(run: Path) -> int:
+    m = json.loads((run / "train" / "manifest.json").read_text())
+    for where in (m, m.get("summary") or {}, m.get("counts") or {}):
+        if "tokens_seen" in where:
+            return int(where["tokens_seen"])
+    raise KeyError(f"{run}/train/manifest.json records no tokens_seen")
+
+
+def arm_facts(run: Path) -> dict:
+    m = json.loads((run / "train" / "manifest.json").read_text())
+    cfg = m.get("config") or {}
+    reports = {}
+    for key, suffix in BENCHES.items():
+        p = run / f"eval-{suffix}" / "report.json"
+        if not p.is_file():
+            raise FileNotFoundError(f"{p} is missing: run the arm's evals (benchmarks/smollm2/levers.py)")
+        reports[key] = json.loads(p.read_text())
+    return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "reports": reports}
+
+
+def levers_json(arms: dict[str, Path], baseline: str, start_tau: float | None) -> list[dict]:
+    facts = {name: arm_facts(run) for name, run in arms.items()}
+    base = facts[baseline]
+    steps = {n: f["config"].get("max_steps") for n, f in facts.items()}
+    if len(set(steps.values())) != 1:
+        raise ValueError(f"the arms trained different budgets (--max-steps): {steps}")
+    for n, f in facts.items():
+        for key in BENCHES:
+            if _eval_settings(f["reports"][key]) != _eval_settings(base["reports"][key]):
+                raise ValueError(f"{n}'s {key} eval differs from {baseline}'s: {_eval_settings(f['reports'][key])}")
+    rows = []
+    for name, f in facts.items():
+        mt = _chain(f["reports"]["mt_bench"])["acceptance"]
+        delta = paired_delta(_per_prompt(f["reports"]["mt_bench"]), _per_prompt(base["reports"]["mt_bench"]))
+        tau = mt["tau"]
+        rows.append(
+            {
+                "arm": name,
+                "run": str(f["run"]),
+                "data": f["config"].get("data"),
+                "loss": f["config"].get("loss"),
+                "new_tokens": f["tokens"],
+                "steps": steps[name],
+                "mt_bench_tau": round(tau, 4),
+                "mt_bench_tau_interval": [round(x, 4) for x in mt["tau_interval"]],
+                "delta_vs_baseline": round(delta["value"], 4),
+                "delta_interval": [round(delta["low"], 4), round(delta["high"], 4)],
+                "tau_gain_per_million_tokens": (
+                    round((tau - start_tau) / (f["tokens"] / 1e6), 4) if start_tau is not None else None
+                ),
+                "heldout_tau": round(_chain(f["reports"]["heldout"])["acceptance"]["tau"], 4),
+                "gsm8k_tau": round(_chain(f["reports"]["gsm8k"])["acceptance"]["tau"], 4),
+                "mismatches": sum(_chain(f["reports"][k]).get("lossless", {}).get("mismatches", 0) for k in BENCHES),
+            }
+        )
+    return rows
+
+
+def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]:
+    lines = [
+        HEADING,
+        "",
+        "Every arm starts from the published head and trains the same number of steps (1,024-token steps, the "
+        "online recipe, lr 1.5e-4) on its own data; each is scored by `eagle3 eval` (chain d8, fp32, greedy, 64 "
+        "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (40) and GSM8K test (40). The gain "
+        "is paired by prompt against the baseline (another pass over the ShareGPT corpus the head has seen), "
+        "with a 90% interval; tau per million new tokens is against the published head's MT-bench tau"
+        + (f" ({start_tau:.3f})." if start_tau is not None else "."),
+        "",
+        "| arm | data | loss | tokens trained | MT-bench tau [90%] | vs baseline [90%] | tau / M tokens | held-out tau | GSM8K tau |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        iv, d = r["mt_bench_tau_interval"], r["delta_interval"]
+        per_m = r["tau_gain_per_million_tokens"]
+        lines.append(
+            f"| {r['arm']} | `{r['data']}` | {r['loss']} | {r['new_tokens']:,} | {r['mt_bench_tau']:.3f} "
+            f"[{iv[0]:.2f}, {iv[1]:.2f}] | {r['delta_vs_baseline']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}] | "
+            f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} |"
+        )
+    lines += ["", f"![tau gained over the baseline by lever]({figure})", ""]
+    return lines
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.6))
+    ys = list(range(len(rows)))
+    for y, r in zip(ys, rows):
+        lo, hi = r["delta_interval"]
+        ax.barh(y, r["delta_vs_baseline"], color="#4c72b0" if r["delta_vs_baseline"] >= 0 else "#c44e52")
+        ax.plot([lo, hi], [y, y], color="black", lw=1.5)
+    ax.axvline(0, color="grey", lw=0.8)
+    ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("MT-bench tau minus the baseline's (paired, 90% interval)")
+    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    from benchmarks.smollm2.report_data import replace_section
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arm", action="append", required=True, help="NAME=RUN_DIR (repeat); the first is the baseline")
+    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    a = ap.parse_args()
+    arms = {}
+    for spec in a.arm:
+        name, _, run = spec.partition("=")
+        if not name or not run:
+            ap.error(f"--arm {spec!r}: expected NAME=RUN_DIR")
+        arms[name] = Path(run)
+    json_path = a.results_md.with_suffix(".json")
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    start = (data.get("published") or {}).get("mt_bench_tau")
+    try:
+        rows = levers_json(arms, next(iter(arms)), start)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        print(f"error: {e}; nothing was written", file=sys.stderr)
+        raise SystemExit(2) from None
+    data["data_levers"] = rows
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    figure = a.results_md.parent / "results-data-levers.png"
+    plot(rows, figure)
+    lines = section(rows, start, figure.name)
+    md = a.results_md.read_text() if a.results_md.exists() else ""
+    a.results_md.write_text(replace_section(md, lines, BEFORE, HEADING))
+    print("\n".join(lines))
+    print(f"wrote data_levers ({len(rows)} arms) into {json_path}, its section of {a.results_md} and {figure}")
+
+
+if __name__ == "__main__":
+    main()
