@@ -43,13 +43,13 @@ def main() -> None:
     torch.set_num_threads(a.threads)
     from eagle3cli.data.hf import HFBackend, encode_prompt
     from eagle3cli.data.regen import Sampling
-    from eagle3cli.eval.decoder import _target_forward, _target_logits, plain_decode
-    from eagle3cli.eval.target_kv import TargetKV
     from eagle3cli.model.cpu_kernels import pack_for_inference
     from eagle3cli.model.target import load_target
     from eagle3cli.prompts import load_prompts
     from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+    from eagle3cli.speculate.decoder import plain_decode, target_forward, target_logits
     from eagle3cli.speculate.target import capture_features
+    from eagle3cli.speculate.target_kv import TargetKV
 
     models, kernels = {}, {}
     for name in ("torch", "onednn"):
@@ -70,10 +70,10 @@ def main() -> None:
     def verify9(k):
         m = models[k]
         kv = TargetKV(m, 512)
-        _target_forward(m, kv, torch.tensor([prompts[0]]), 0)
+        target_forward(m, kv, torch.tensor([prompts[0]]), 0)
         ids = torch.randint(0, 1000, (1, 9))
         for _ in range(8):
-            _target_logits(m, _target_forward(m, kv, ids, len(prompts[0])))
+            target_logits(m, target_forward(m, kv, ids, len(prompts[0])))
 
     def gen(k):
         return [o.text for o in backends[k].generate_sorted(prompts, [0] * len(prompts))]

@@ -36,14 +36,14 @@ from pathlib import Path
 
 import torch
 
-from eagle3cli.eval.decoder import SpeculativeDecoder, _target_forward, _target_logits, plain_decode
-from eagle3cli.eval.target_kv import TargetKV
 from eagle3cli.head.read import load_head
 from eagle3cli.model.cpu_kernels import pack_linears
 from eagle3cli.model.target import load_target
 from eagle3cli.prompts import load_prompts, render
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode, target_forward, target_logits
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target_kv import TargetKV
 
 
 def random_head(target, draft_vocab: int) -> tuple[Eagle3Draft, tuple[int, ...]]:
@@ -79,7 +79,7 @@ def measure_parts(target, head, repeats: int, share: float, context: int = 200) 
     kv = TargetKV(target, context + 32)
     cache = head.new_cache(context + 32)
     aux_width = len(head.config.aux_layer_ids) * target.config.hidden_size
-    _target_forward(target, kv, torch.randint(0, 1000, (1, context), device=dev), 0)
+    target_forward(target, kv, torch.randint(0, 1000, (1, context), device=dev), 0)
     feats = torch.randn(1, context, aux_width, device=dev).to(target.dtype)
     head(torch.randint(0, 1000, (1, context), device=dev), feats, cache, 0, True, last_only=True)
     h = torch.randn(1, 1, head.config.hidden_size, device=dev, dtype=head.fc.weight.dtype)
@@ -87,7 +87,7 @@ def measure_parts(target, head, repeats: int, share: float, context: int = 200) 
     fns = {}
     for n in (1, 2, 9, 16):
         ids = torch.randint(0, 1000, (1, n), device=dev)
-        fns[f"target_pass_{n}"] = lambda ids=ids: _target_logits(target, _target_forward(target, kv, ids, context))
+        fns[f"target_pass_{n}"] = lambda ids=ids: target_logits(target, target_forward(target, kv, ids, context))
     fns["draft_step"] = lambda: head.logits(head(tok, h, cache, context, False)).argmax(-1)
     fns["draft_forward"] = lambda: head(tok, h, cache, context, False)
     fns["draft_logits_argmax"] = lambda: head.logits(h).argmax(-1)
@@ -127,7 +127,7 @@ def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: i
     the rest (glue). Measured by wrapping those calls on this decoder, so nothing of the round is
     re-implemented here; a 1-token run's phases (the prefill) are subtracted. `unit_ms()` times
     one plain decoding step; it runs just before and after, and each phase is divided by it."""
-    import eagle3cli.eval.decoder as decoder_module
+    import eagle3cli.speculate.decoder as decoder_module
 
     spent: dict[str, float] = {}
 
@@ -147,12 +147,12 @@ def profile_rounds(dec: SpeculativeDecoder, prompt: list[int], max_new_tokens: i
         return owner, name, fn
 
     patched = [
-        wrap(dec, "_commit", "commit"),
+        wrap(dec, "commit", "commit"),
         wrap(dec.draft, "forward", "draft_forward"),  # nn.Module.__call__ looks up self.forward
         wrap(dec.draft, "logits", "draft_logits_pick"),
-        wrap(dec, "_pick", "draft_logits_pick"),
-        wrap(decoder_module, "_target_forward", "verify_forward"),
-        wrap(decoder_module, "_target_logits", "target_logits"),
+        wrap(dec, "pick", "draft_logits_pick"),
+        wrap(decoder_module, "target_forward", "verify_forward"),
+        wrap(decoder_module, "target_logits", "target_logits"),
         wrap(decoder_module, "verify_chain_greedy", "accept"),
         wrap(decoder_module, "verify_tree_greedy", "accept"),
         wrap(decoder_module, "select_nodes", "tree_select"),

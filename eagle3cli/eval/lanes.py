@@ -15,8 +15,8 @@ import torch
 
 from ..console import progress, warn
 from ..prompts import Prompt, render
+from ..speculate.decoder import DecodeResult, hf_generate, plain_decode
 from .config import EvalConfig
-from .decoder import DecodeResult, hf_generate, plain_decode
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections import Counter
 
 import torch
 
-from .decoder import plain_decode
+from ..speculate.decoder import plain_decode
 
 RULE = (
     "per-token speculative sampling: a drafted token x is accepted with probability min(1, p(x)/q(x)), "

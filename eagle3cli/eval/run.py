@@ -20,9 +20,10 @@ from ..folders import claim_output, refuse_replacing
 from ..lock import locked_stage
 from ..manifest import atomic_write_json, remove_dead_temps, same_fingerprint, write_manifest
 from ..prompts import load_conversations, render
+from ..speculate import Unsupported
 from ..speculate.acceptance import TAU_NOTE
+from ..speculate.decoder import SpeculativeDecoder, plain_decode
 from .config import EvalConfig
-from .decoder import SpeculativeDecoder, plain_decode
 from .lanes import decode_lanes, split_turns
 from .summary import INTERVAL, compare_heads, mode_stats, recommend_measured, speed
 
@@ -111,7 +112,16 @@ def run_eval(cfg: EvalConfig) -> Path:
         if choice.why != "device default (not CPU)":
             log(f"eval: CPU matmuls on {choice.why}")
             cfg = dataclasses.replace(cfg, cpu_kernels=choice.kernels)
-    return _run_eval(cfg)
+    try:
+        return _run_eval(cfg)
+    except Unsupported as e:
+        raise unsupported_target(e) from e
+
+
+def unsupported_target(e: Unsupported) -> UsageError:
+    """The wing's `Unsupported` (a target the decoder cannot run) as eval's exit 2, with the way
+    that still measures it: a running engine."""
+    return UsageError(e.what, e.expected, "evaluate this target against a running engine: eagle3 eval --endpoint URL")
 
 
 def check_head_fits(spec, target_cfg, ident) -> None:

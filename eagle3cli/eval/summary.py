@@ -4,8 +4,8 @@ paired bootstrap intervals over prompts, losslessness, the head comparison, the 
 from __future__ import annotations
 
 from ..speculate.acceptance import acceptance_by_depth, tau_by_position
+from ..speculate.decoder import DecodeResult
 from .config import EvalConfig
-from .decoder import DecodeResult
 from .lanes import Decoded
 from .metrics import bootstrap_ratio, choose_config
 

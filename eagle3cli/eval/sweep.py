@@ -17,7 +17,7 @@ import torch
 
 from ..console import log, progress
 from ..speculate.acceptance import ESTIMATE_NOTE, acceptance_by_depth, tau_of
-from .decoder import SpeculativeDecoder, plain_decode
+from ..speculate.decoder import SpeculativeDecoder, plain_decode
 from .metrics import bootstrap_ratio, choose_config
 
 

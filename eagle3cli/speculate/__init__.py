@@ -6,7 +6,11 @@ feature capture (`target`), and the speculation maths exported here as pure tens
 sampling with the probabilities returned, chain and tree verification (greedy and lossless
 sampling), EAGLE-2 dynamic tree construction, tree attention masks and position ids,
 verification masks with sliding windows. No files, no screen, no stage: torch, transformers and
-itself. Importing the package loads the maths only; the other modules are imported by name."""
+itself. Importing the package loads the maths only; the other modules are imported by name
+(`decoder`: speculative decoding on transformers, over `target_kv`'s position-indexed KV cache).
+
+The wing raises `Unsupported` for an input its method cannot run (a target with layers the decoder
+cannot cache); the stage that called it says what to do instead (eval: exit 2, use --endpoint)."""
 
 from .chain import verify_chain_greedy, verify_chain_sampling
 from .masks import attention_mask
@@ -23,7 +27,18 @@ from .tree import (
     verify_tree_sampling,
 )
 
+
+class Unsupported(Exception):
+    """An input the method cannot run: `what` is wrong and what was `expected`. The wing knows no
+    exit codes or commands; the calling stage maps it to its own error and next step."""
+
+    def __init__(self, what: str, expected: str):
+        self.what, self.expected = what, expected
+        super().__init__(f"{what}\nexpected: {expected}")
+
+
 __all__ = [
+    "Unsupported",
     "attention_mask",
     "DraftTree",
     "children_of",

@@ -7,7 +7,6 @@ import pytest
 import torch
 from torch import nn
 
-from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.model import cpu_kernels
 from eagle3cli.model.cpu_kernels import (
     PackedLinear,
@@ -18,6 +17,7 @@ from eagle3cli.model.cpu_kernels import (
 )
 from eagle3cli.model.target import load_target
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 pytestmark = pytest.mark.skipif(not onednn_linear_available(), reason="this torch build has no oneDNN")

@@ -15,10 +15,10 @@ import torch
 from draft_stubs import OracleDraft
 from transformers import LlamaConfig
 
-from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
-from eagle3cli.eval.target_kv import TargetKV
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+from eagle3cli.speculate.target_kv import TargetKV
 
 WINDOW, VOCAB, HIDDEN = 6, 96, 32
 COMMON = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2)
@@ -133,16 +133,22 @@ def test_attention_mask_window_on_positions():
 
 
 def test_unsupported_layer_types_are_refused_with_the_next_step():
+    """The wing refuses with its own `Unsupported` (it knows no exit codes or commands); eval turns
+    it into exit 2 with the next step, a running engine."""
     from transformers import LlamaForCausalLM
 
     from eagle3cli.errors import UsageError
+    from eagle3cli.eval.run import unsupported_target
+    from eagle3cli.speculate import Unsupported
 
     cfg = LlamaConfig(**COMMON, num_hidden_layers=2)
     cfg.layer_types = ["chunked_attention", "full_attention"]
     cfg.attention_chunk_size = 4
-    with pytest.raises(UsageError) as e:
+    with pytest.raises(Unsupported) as e:
         TargetKV(LlamaForCausalLM(cfg), 8)
-    assert "chunked_attention" in str(e.value) and "--endpoint" in e.value.render()
+    assert "chunked_attention" in str(e.value) and not isinstance(e.value, UsageError)
+    usage = unsupported_target(e.value)
+    assert usage.exit_code == 2 and "chunked_attention" in usage.render() and "--endpoint" in usage.render()
 
 
 def test_bf16_target_with_an_fp32_head_differs_only_at_rounding_ties():

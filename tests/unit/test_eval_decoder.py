@@ -16,10 +16,10 @@ from draft_stubs import OracleDraft
 from tiny_configs import tiny_llama_config
 from transformers import LlamaForCausalLM
 
-from eagle3cli.eval.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.model.target import load_target
 from eagle3cli.speculate import tree_attention_mask, tree_position_ids
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, hf_generate, plain_decode
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.speculate.target import eos_token_ids
 

@@ -9,11 +9,11 @@ import pytest
 from draft_stubs import OracleDraft
 
 from eagle3cli.cli import main
-from eagle3cli.eval.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.eval.sweep import run_sweep
 from eagle3cli.model.target import load_target
 from eagle3cli.speculate.acceptance import acceptance_by_depth, tau_of
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..speculate import (
+from . import (
     expand_frontier,
     logits_to_probs,
     sample,
@@ -32,7 +32,7 @@ from ..speculate import (
     verify_tree_greedy,
     verify_tree_sampling,
 )
-from ..speculate.target import AuxCapture, target_logits
+from .target import AuxCapture, target_logits
 from .target_kv import TargetKV
 
 
@@ -59,14 +59,10 @@ def _finish(tokens: list[int], new: list[int], eos: set[int], max_new: int) -> b
     return False
 
 
-def _target_logits(model, hidden: torch.Tensor) -> torch.Tensor:
-    """The one place the decoder turns target hidden states into logits (softcapping included)."""
-    return target_logits(model, hidden)
-
-
-def _target_forward(model, kv: TargetKV, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:
+def target_forward(model, kv: TargetKV, ids: torch.Tensor, start: int, positions=None, visible=None) -> torch.Tensor:
     """The target's last hidden states [n, H] for ids [1, n] written at KV slots [start, start+n)
-    (the one target call of the decoder; benchmarks/stages time it by this name)."""
+    (the one target call of the decoder; benchmarks/stages time it by this name, and the logits by
+    `target_logits`, this module's one way from hidden states to logits, softcapping included)."""
     return kv.run(model, ids, start, positions, visible)
 
 
@@ -89,10 +85,10 @@ def plain_decode(
     tokens: list[int] = []
     calls = written = 0
     while True:
-        h = _target_forward(model, kv, ids, written)[-1:]
+        h = target_forward(model, kv, ids, written)[-1:]
         calls += 1
         written += ids.shape[1]
-        tok, _ = sample(_target_logits(model, h)[0], temperature, top_p, generator)
+        tok, _ = sample(target_logits(model, h)[0], temperature, top_p, generator)
         done = _finish(tokens, [int(tok)], eos, max_new_tokens)
         if calls == 1:
             prefill = time.perf_counter() - start
@@ -175,17 +171,17 @@ class SpeculativeDecoder:
     # ------------------------------------------------------------------ target
     def _target(self, s: _Session, ids: torch.Tensor, start: int, positions=None, visible=None):
         """(last hidden states [n, H], aux features [n, n_aux*H]) of ids [1, n] at slots start.."""
-        hidden = _target_forward(self.target, s.kv, ids, start, positions, visible)
+        hidden = target_forward(self.target, s.kv, ids, start, positions, visible)
         s.result.target_calls += 1
         return hidden, s.cap.concat()[0]
 
     # ------------------------------------------------------------------ draft
-    def _commit(self, s: _Session, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
+    def commit(self, s: _Session, tokens: torch.Tensor, aux: torch.Tensor, first_pos: int) -> torch.Tensor:
         """Step-0 entries for newly committed positions; returns the last entry's output [1,1,H]."""
         s.result.draft_calls += 1
         return self.draft(tokens.view(1, -1), aux.unsqueeze(0), s.dcache, first_pos, from_target=True, last_only=True)
 
-    def _pick(self, s: _Session, logits: torch.Tensor):
+    def pick(self, s: _Session, logits: torch.Tensor):
         """(draft id, its probs over the draft vocab or None when greedy)."""
         if self.temperature <= 0:
             return logits.argmax(-1), None
@@ -214,9 +210,9 @@ class SpeculativeDecoder:
             )
             ids = torch.tensor([prompt_ids], device=self.device)
             hidden, aux = self._target(s, ids, 0)
-            pending, _ = sample(_target_logits(self.target, hidden[-1:])[0], self.temperature, self.top_p, s.generator)
+            pending, _ = sample(target_logits(self.target, hidden[-1:])[0], self.temperature, self.top_p, s.generator)
             done = _finish(res.tokens, [int(pending)], self.eos, max_new_tokens)
-            root = self._commit(s, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
+            root = self.commit(s, torch.cat([ids[0, 1:], pending.view(1)]), aux, 0)
             res.prefill_seconds = time.perf_counter() - start
             length = len(prompt_ids)  # tokens in the target cache; `pending` goes at this position
             while not done:
@@ -225,7 +221,7 @@ class SpeculativeDecoder:
                 done = _finish(res.tokens, emitted.tolist(), self.eos, max_new_tokens)
                 if done:
                     break
-                root = self._commit(s, emitted.to(self.device), aux_rows, length)
+                root = self.commit(s, emitted.to(self.device), aux_rows, length)
                 length += accept_len + 1
                 pending = emitted[-1]
         res.seconds = time.perf_counter() - start
@@ -236,7 +232,7 @@ class SpeculativeDecoder:
         h = root
         drafted, qs = [], []
         for k in range(d):
-            tok, q = self._pick(s, self.draft.logits(h)[0, -1])
+            tok, q = self.pick(s, self.draft.logits(h)[0, -1])
             tok_t = self.draft_to_target_ids[tok]
             drafted.append(tok_t)
             qs.append(q)
@@ -246,7 +242,7 @@ class SpeculativeDecoder:
         drafted_t = torch.stack(drafted)
         ids = torch.cat([pending.view(1).to(self.device), drafted_t]).view(1, -1)
         hidden, aux = self._target(s, ids, length)
-        logits = _target_logits(self.target, hidden)
+        logits = target_logits(self.target, hidden)
         if self.temperature <= 0:
             a, emitted = verify_chain_greedy(drafted_t, logits)
         else:
@@ -301,7 +297,7 @@ class SpeculativeDecoder:
         ids = torch.cat([pending.view(1).to(dev), tree_tokens]).view(1, -1)
         pos = tree_position_ids(tree.depths, length).to(dev)
         hidden, aux = self._target(s, ids, length, positions=pos, visible=tree_attention_mask(tree.parents).to(dev))
-        logits = _target_logits(self.target, hidden)
+        logits = target_logits(self.target, hidden)
         if self.temperature <= 0:
             path, emitted = verify_tree_greedy(tree_tokens.cpu(), tree.parents, logits)
         else:

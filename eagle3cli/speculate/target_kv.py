@@ -23,8 +23,7 @@ from __future__ import annotations
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, get_layer_types_and_kwargs
 
-from ..errors import UsageError
-from ..speculate import attention_mask
+from . import Unsupported, attention_mask
 
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -73,11 +72,10 @@ class TargetKV(Cache):
         types, kwargs = get_layer_types_and_kwargs(config)
         bad = sorted({t for t in types if t not in SUPPORTED_LAYER_TYPES})
         if bad:
-            raise UsageError(
+            raise Unsupported(
                 f"the target has {', '.join(bad)} layers; the speculative decoder supports "
                 f"{' and '.join(SUPPORTED_LAYER_TYPES)} layers",
                 "a decoder-only target with full or sliding-window attention",
-                "evaluate this target against a running engine: eagle3 eval --endpoint URL",
             )
         self.max_len = int(max_len)
         # Where the running forward writes: set by `run` alone, for the length of its forward
