@@ -34,35 +34,41 @@ def _folder_bytes(out: Path) -> dict:
     return {p.name: p.read_bytes() for p in sorted(out.iterdir()) if p.name != "manifest.json"}
 
 
-@pytest.mark.slow
-def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
-    ref, killed = tmp_path / "ref", tmp_path / "killed"
-    assert main(_args(tiny_target_dir, ref)) == 0
+def _kill9_when(argv: list[str], ready) -> None:
+    """`eagle3 ARGV` in a process of its own, killed with SIGKILL once `ready()` holds; it must still
+    be running then."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "eagle3cli", *_args(tiny_target_dir, killed)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        env=env,
+        [sys.executable, "-m", "eagle3cli", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
     )
     try:
         deadline = time.time() + 480  # generous: on a shared 2-core box the subprocess can be starved for minutes
-        journal = killed / "progress" / "shard-00001.journal.jsonl"
-        # kill once shard 0 is complete and shard 1 is under way (journal written, or just completed):
-        # completed shards, a journal and untouched shards are all exercised on resume
-        while time.time() < deadline and proc.poll() is None:
-            if (journal.exists() and journal.read_bytes().count(b"\n") >= 1) or (killed / "shard-00001.jsonl").exists():
-                break
+        while time.time() < deadline and proc.poll() is None and not ready():
             time.sleep(0.02)
         assert proc.poll() is None, "the run finished before it could be killed"
-        assert (killed / "shard-00000.jsonl").exists(), "no shard done before the deadline (machine starved?)"
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not (killed / "manifest.json").exists() and (killed / "shard-00000.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_kill9_then_resume_equals_uninterrupted_run(tiny_target_dir, tmp_path):
+    ref, killed = tmp_path / "ref", tmp_path / "killed"
+    assert main(_args(tiny_target_dir, ref)) == 0
+    journal = killed / "progress" / "shard-00001.journal.jsonl"
+    # kill once shard 0 is complete and shard 1 is under way (journal written, or just completed):
+    # completed shards, a journal and untouched shards are all exercised on resume
+    _kill9_when(
+        _args(tiny_target_dir, killed),
+        lambda: (
+            (journal.exists() and journal.read_bytes().count(b"\n") >= 1) or (killed / "shard-00001.jsonl").exists()
+        ),
+    )
+    assert (killed / "shard-00000.jsonl").exists(), "no shard done before the deadline (machine starved?)"
+    assert not (killed / "manifest.json").exists()
     assert main(_args(tiny_target_dir, killed)) == 0
     assert _folder_bytes(killed) == _folder_bytes(ref)
     m_ref, m_killed = (json.loads((d / "manifest.json").read_text()) for d in (ref, killed))
@@ -86,20 +92,7 @@ def test_kill9_during_synthetic_and_several_answers_then_resume_equals_uninterru
     rest = ("--max-new-tokens", "12", "--seed", "3", "--batch-size", "2", "--shard-size", "3")
     args = lambda out: gen_data_args(trained_target_dir, out, *levers, *rest)  # noqa: E731
     assert main(args(ref)) == 0
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3cli", *args(killed)], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, env=env)  # fmt: skip
-    try:
-        deadline = time.time() + 480
-        while time.time() < deadline and proc.poll() is None and not (killed / "shard-00001.jsonl").exists():
-            time.sleep(0.02)
-        assert proc.poll() is None, "the run finished before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    _kill9_when(args(killed), (killed / "shard-00001.jsonl").exists)
     assert not (killed / "manifest.json").exists()
     assert main(args(killed)) == 0
     assert _folder_bytes(killed) == _folder_bytes(ref)
