@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+from collections.abc import Callable
 
 from ..console import warn
 from ..engine_api import (
@@ -40,6 +41,9 @@ from ..model.chat import TemplateRefusal, render, split_reasoning
 from .levers import cut_at_end, user_prefix
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput
+
+# (route, body, reply parser, what is done to the parsed turn before the conversation takes it)
+Request = tuple[str, dict, Callable[[Reply], TurnOutput], Callable[[TurnOutput], TurnOutput]]
 
 # The finish reasons of an answer the target ended (stop; tool_calls: it ended by calling a tool) or
 # max_tokens cut (length). Any other (content_filter, abort, error) is a rejected turn with its reason.
@@ -108,37 +112,65 @@ class OpenAIBackend:
 
     async def _turns(self, client: EngineClient, conv: Conversation) -> None:
         while not conv.done:
-            history = conv.history()
-            if conv.writes_user:
-                if not await self._write_user(client, conv, history):
-                    return
-                continue
-            if self.tokenizer is not None:
-                try:  # the server would answer 400 with the same message (or render it some other way)
-                    render(self.tokenizer, history, True, conv.tools, conv.template_kwargs)
-                except TemplateRefusal as e:
-                    conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
-                    return
-            s = conv.sampling(self.sampling)
-            body = chat_body(
-                self.model_name,
-                history,
-                s.max_new_tokens,
-                s.temperature,
-                top_p=s.top_p if not s.greedy else 1.0,
-                seed=conv.seed(s),
-                tools=conv.tools,
-                template_kwargs=conv.template_kwargs,
-            )
+            request = self._user_request(conv) if conv.writes_user else self._answer_request(conv)
+            if request is None:  # the template refused the conversation: it is rejected
+                return
+            route, body, parse, finish = request
             try:
-                out = await self.failover.post(client, "/v1/chat/completions", body, self._parse)
+                out = await self.failover.post(client, route, body, parse)
             except EndpointError as e:
                 if e.transient:
                     conv.leave_pending(f"turn {conv.turn}: {e.detail}")
                 else:
                     conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
                 return
-            conv.add(self._cut_at_markers(out, conv))
+            conv.add(finish(out))
+
+    def _answer_request(self, conv: Conversation) -> Request | None:
+        """The next answer: `/v1/chat/completions` on the regenerated history (the server applies the
+        template), the answer cut at any template marker it holds."""
+        history = conv.history()
+        if self.tokenizer is not None:
+            try:  # the server would answer 400 with the same message (or render it some other way)
+                render(self.tokenizer, history, True, conv.tools, conv.template_kwargs)
+            except TemplateRefusal as e:
+                conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
+                return None
+        s = conv.sampling(self.sampling)
+        body = chat_body(
+            self.model_name,
+            history,
+            s.max_new_tokens,
+            s.temperature,
+            top_p=s.top_p if not s.greedy else 1.0,
+            seed=conv.seed(s),
+            tools=conv.tools,
+            template_kwargs=conv.template_kwargs,
+        )
+        return "/v1/chat/completions", body, self._parse, lambda out: self._cut_at_markers(out, conv)
+
+    def _user_request(self, conv: Conversation) -> Request | None:
+        """The target writes the next user turn: `/v1/completions` on its template up to the user's
+        text (token ids, so the server adds no BOS of its own), cut at the template's end-of-turn."""
+        if self.tokenizer is None:
+            raise RuntimeError("writing user turns needs the target's tokenizer")  # run.py always passes it
+        try:
+            head, marker = user_prefix(
+                self.tokenizer, conv.history(), conv.template_kwargs, conv.record["meta"].get("topic")
+            )
+        except TemplateRefusal as e:
+            conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
+            return None
+        ids = self.tokenizer(head, add_special_tokens=False).input_ids
+        s = conv.sampling(self.sampling)
+        body = completion_body(self.model_name, ids, s.max_new_tokens, s.temperature, top_p=s.top_p, seed=conv.seed(s))
+        body.pop("return_token_ids", None)  # the text is what is kept
+        return (
+            "/v1/completions",
+            body,
+            self._parse_completion,
+            lambda out: dataclasses.replace(out, text=cut_at_end(out.text, marker)),
+        )
 
     @functools.cached_property
     def markers(self) -> tuple[str, ...]:
@@ -172,32 +204,6 @@ class OpenAIBackend:
                 "end-of-turn token: check its stop tokens / generation_config)"
             )
         return dataclasses.replace(out, text=out.text[:cut], finish_reason="stop")
-
-    async def _write_user(self, client: EngineClient, conv: Conversation, history: list[dict]) -> bool:
-        """The target writes the next user turn: `/v1/completions` on its template up to the user's
-        text (token ids, so the server adds no BOS of its own). False when the conversation ended."""
-        if self.tokenizer is None:
-            raise RuntimeError("writing user turns needs the target's tokenizer")  # run.py always passes it
-        try:
-            head, marker = user_prefix(self.tokenizer, history, conv.template_kwargs, conv.record["meta"].get("topic"))
-        except TemplateRefusal as e:
-            conv.fail(TemplateRefusal.reason, f"turn {conv.turn}: {e.message}")
-            return False
-        ids = self.tokenizer(head, add_special_tokens=False).input_ids
-        s = conv.sampling(self.sampling)
-        body = completion_body(self.model_name, ids, s.max_new_tokens, s.temperature, top_p=s.top_p, seed=conv.seed(s))
-        body.pop("return_token_ids", None)  # the text is what is kept
-        try:
-            out = await self.failover.post(client, "/v1/completions", body, self._parse_completion)
-        except EndpointError as e:
-            if e.transient:
-                conv.leave_pending(f"turn {conv.turn}: {e.detail}")
-            else:
-                conv.fail(e.reason, f"turn {conv.turn}: {e.detail}")
-            return False
-        out.text = cut_at_end(out.text, marker)
-        conv.add(out)
-        return True
 
     @staticmethod
     def _parse_completion(r: Reply) -> TurnOutput:
