@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal, get_args
 
 from ..config import CpuKernels, parse_shard
-from ..speculate.aux_layers import aux_layer_problems
+from ..speculate.aux_layers import aux_layer_problems, parse_aux_layers
 
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
@@ -67,10 +67,15 @@ class CacheConfig:
             errs.append("--max-length must be at least 2 (a token and its successor)")
         if self.max_samples is not None and (not isinstance(self.max_samples, int) or self.max_samples < 1):
             errs.append(f"--max-samples {self.max_samples!r}: must be a positive integer")
-        if self.aux_layers is not None and not all(isinstance(i, int) for i in self.aux_layers):
-            errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
-        elif self.aux_layers is not None:  # refused before the target is opened, as train/export/serve do
-            errs += [f"--aux-layers: {p}" for p in aux_layer_problems(self.aux_layers)]
+        if self.aux_layers is not None:
+            try:  # the flag's one parser (train's too); the cache takes ids (none: 2,L//2,L-3)
+                choice = parse_aux_layers(self.aux_layers)
+            except ValueError:
+                choice = None
+            if not isinstance(choice, tuple):
+                errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
+            else:  # refused before the target is opened, as train/export/serve do
+                errs += [f"--aux-layers: {p}" for p in aux_layer_problems(choice)]
         if self.shard is not None:
             try:
                 parse_shard(self.shard)

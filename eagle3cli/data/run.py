@@ -327,9 +327,10 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     stack = contextlib.ExitStack()
     if engine is not None and mine:
         cfg = start_engine(cfg, out, stack)
+    inputs = Inputs(results, plan, read_rejects, eval_check)
+    where = Resume(n_shards, mine, rank, world, journals, already)
     with stack:
-        return generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_check, journals, mine,
-                        n_shards, rank, world, already, engine)  # fmt: skip
+        return generate(cfg, out, identity, tokenizer, inputs, where, engine)
 
 
 def engine_info(cfg: GenDataConfig):
@@ -383,9 +384,42 @@ def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> 
 VLLM_DTYPE_NOTE = "dtype from --dtype, auto = bf16"
 
 
-def generate(cfg, out, identity, tokenizer, results, plan, read_rejects, eval_check, journals, mine, n_shards, rank,
-             world, already, engine) -> Path:  # fmt: skip
-    """Regenerate this process's shards (`mine`), then write the manifest if every shard is done."""
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """What `read_inputs` found: the readers' results, the plan, the records refused while reading, and
+    what the inputs were checked against for eval prompts."""
+
+    results: list[ReadResult]
+    plan: list[dict]
+    read_rejects: list[dict]
+    eval_check: dict | None
+
+
+@dataclasses.dataclass(frozen=True)
+class Resume:
+    """Where a run stands when this process starts: its shards, this process's slice of the unfinished
+    ones (`mine`, of `--shard rank/world`), the journals of unfinished shards (plan index -> entry,
+    filled as conversations finish) and the conversations already done."""
+
+    n_shards: int
+    mine: list[int]
+    rank: int
+    world: int
+    journals: dict[int, dict[int, dict]]
+    already: int
+
+
+def generate(cfg: GenDataConfig, out: Path, identity, tokenizer, inputs: Inputs, where: Resume, engine) -> Path:
+    """Regenerate this process's shards (`where.mine`), then write the manifest if every shard is done."""
+    results, plan, read_rejects, eval_check = inputs.results, inputs.plan, inputs.read_rejects, inputs.eval_check
+    n_shards, mine, rank, world, journals, already = (
+        where.n_shards,
+        where.mine,
+        where.rank,
+        where.world,
+        where.journals,
+        where.already,
+    )
     prog_dir = out / PROGRESS
     backend = None if cfg.no_regenerate else make_backend(cfg, tokenizer)
     t0 = time.time()

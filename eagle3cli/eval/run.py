@@ -213,6 +213,44 @@ def _run_eval(cfg: EvalConfig) -> Path:
     kernels = _cpu_kernels(cfg, target, [d for _, d, _ in heads])
     eos = eos_token_ids(target, tok)
     fits = _context_check(cfg, target.config)
+    convs, first_turns, too_long = _prompts(cfg, tok, fits)
+    modes: list[str] = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
+    decoders = {
+        (label, m): _decoder(cfg, target, d, spec.aux_layer_ids, m, eos) for label, d, spec in heads for m in modes
+    }
+    wp = first_turns[0][1]  # warm-up: first calls allocate and pick kernels; keep them out of the timings
+    plain_decode(target, wp, 8, set(), cfg.temperature)
+    for dec in decoders.values():
+        dec.generate(wp, 8, seed=cfg.seed)
+    log(
+        f"eval: {len(convs)} {'conversations (every turn)' if cfg.turns == 'all' else 'prompts'} from {cfg.bench}, "
+        f"{len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, max {cfg.max_new_tokens} new tokens, "
+        f"temperature {cfg.temperature}"
+    )
+    run = decode_lanes(cfg, target, tok, eos, decoders, convs, fits)
+    report = _report(cfg, run, heads, decoders, modes, ident, kernels, len(convs), too_long)
+    main_label, main_draft, main_spec = heads[0]
+    if cfg.temperature > 0 and cfg.sampling_check > 0:
+        dec = decoders[(main_label, modes[0])]
+        report["sampling_check"] = {
+            "head": main_label,
+            "mode": modes[0],
+            **_sampling_check(cfg, target, dec, first_turns[0], eos),
+        }
+    if cfg.sweep:
+        report["sweep"] = _sweep(cfg, target, main_draft, main_spec.aux_layer_ids, first_turns, eos)
+        report["recommended"] = {**report["sweep"]["recommended"], "from": "sweep (measured runs per configuration)"}
+    else:
+        report["recommended"] = recommend_measured(cfg, run, main_label, modes)
+    _write(cfg, out, report, ident, heads)
+    return out
+
+
+def _prompts(
+    cfg: EvalConfig, tok, fits
+) -> tuple[list[tuple[str, list[dict]]], list[tuple[str, list[int]]], list[dict]]:
+    """(conversations, their first turns' ids, prompts skipped as longer than --max-prompt-tokens):
+    the first --num-prompts of the benchmark that fit."""
     convs: list[tuple[str, list[dict]]] = []
     first_turns: list[tuple[str, list[int]]] = []
     too_long: list[dict] = []
@@ -234,30 +272,19 @@ def _run_eval(cfg: EvalConfig) -> Path:
             "at least one prompt within --max-prompt-tokens",
             "raise --max-prompt-tokens",
         )
-    modes: list[str] = ["chain", "tree"] if cfg.mode == "both" else [cfg.mode]
-    decoders = {
-        (label, m): _decoder(cfg, target, d, spec.aux_layer_ids, m, eos) for label, d, spec in heads for m in modes
-    }
-    wp = first_turns[0][1]  # warm-up: first calls allocate and pick kernels; keep them out of the timings
-    plain_decode(target, wp, 8, set(), cfg.temperature)
-    for dec in decoders.values():
-        dec.generate(wp, 8, seed=cfg.seed)
-    log(
-        f"eval: {len(convs)} {'conversations (every turn)' if cfg.turns == 'all' else 'prompts'} from {cfg.bench}, "
-        f"{len(heads)} head(s), mode {cfg.mode}, depth {cfg.depth}, max {cfg.max_new_tokens} new tokens, "
-        f"temperature {cfg.temperature}"
-    )
-    run = decode_lanes(cfg, target, tok, eos, decoders, convs, fits)
+    return convs, first_turns, too_long
 
+
+def _report(cfg: EvalConfig, run, heads, decoders, modes, ident, kernels: str, num_prompts: int, too_long) -> dict:
+    """report.json's measured part: settings, each head's numbers per mode, baselines, the comparison."""
     plain_s = speed(run.lanes["plain"].results)
     gen_s = speed(run.lanes["generate"].results) if "generate" in run.lanes else None
     per_head: dict[str, dict] = {label: {"head": spec.summary()} for label, _, spec in heads}
     for label, mode in decoders:
         per_head[label][mode] = mode_stats(cfg, run, (label, mode), plain_s, gen_s)
-    main_label, main_draft, main_spec = heads[0]
     report: dict[str, Any] = {
         "bench": cfg.bench,
-        "num_prompts": len(convs),
+        "num_prompts": num_prompts,
         "skipped_long_prompts": too_long,
         "turns": cfg.turns,
         "units": len(run.units),
@@ -275,37 +302,29 @@ def _run_eval(cfg: EvalConfig) -> Path:
         "baselines": {"plain": plain_s, "generate": gen_s},
     }
     if len(heads) > 1:
-        report["comparison"] = compare_heads(per_head, run, modes, main_label)
-    if cfg.temperature > 0 and cfg.sampling_check > 0:
-        dec = decoders[(main_label, modes[0])]
-        report["sampling_check"] = {
-            "head": main_label,
-            "mode": modes[0],
-            **_sampling_check(cfg, target, dec, first_turns[0], eos),
-        }
-    if cfg.sweep:
-        from .sweep import run_sweep
+        report["comparison"] = compare_heads(per_head, run, modes, heads[0][0])
+    return report
 
-        report["sweep"] = run_sweep(
-            target,
-            main_draft,
-            main_spec.aux_layer_ids,
-            first_turns[: cfg.sweep_prompts],
-            eos,
-            depth=cfg.depth,
-            tree_points=cfg.tree_points(),
-            max_new_tokens=cfg.sweep_max_new_tokens,
-            repeats=cfg.sweep_repeats,
-            temperature=cfg.temperature,
-            top_p=cfg.top_p,
-            seed=cfg.seed,
-            tolerance=cfg.tie_tolerance,
-        )
-        report["recommended"] = {**report["sweep"]["recommended"], "from": "sweep (measured runs per configuration)"}
-    else:
-        report["recommended"] = recommend_measured(cfg, run, main_label, modes)
-    _write(cfg, out, report, ident, heads)
-    return out
+
+def _sweep(cfg: EvalConfig, target, draft, aux_layer_ids, first_turns, eos: set[int]) -> dict:
+    """--sweep: measured runs of chains 1..D and the tree points on the first --sweep-prompts."""
+    from .sweep import run_sweep
+
+    return run_sweep(
+        target,
+        draft,
+        aux_layer_ids,
+        first_turns[: cfg.sweep_prompts],
+        eos,
+        depth=cfg.depth,
+        tree_points=cfg.tree_points(),
+        max_new_tokens=cfg.sweep_max_new_tokens,
+        repeats=cfg.sweep_repeats,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=cfg.seed,
+        tolerance=cfg.tie_tolerance,
+    )
 
 
 def _context_check(cfg: EvalConfig, target_config) -> Callable[[str, list[int]], list[int]]:

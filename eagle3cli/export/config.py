@@ -31,8 +31,9 @@ class ExportConfig:
     overwrite: bool = False
     """Replace a finished export in --out of another head or with other settings (without it that is
     refused; the same command again rewrites the same files)."""
-    num_speculative_tokens: int = 7
-    """speculators: the proposal length written in its config."""
+    num_speculative_tokens: int = flag(7, "--depth", "--num-speculative-tokens")
+    """speculators: the draft depth (proposal length) written in its config (--num-speculative-tokens
+    is the older name)."""
     dtype: ExportDtype = "keep"
     """Weights as trained (keep), or cast to bf16 / fp16 / fp32 (bf16 halves a head trained in fp32;
     engines run it in their own dtype anyway). d2t and t2d keep their integer and bool types.
@@ -49,5 +50,5 @@ class ExportConfig:
         if self.out is None:
             e.append("--out is required (a new folder, e.g. runs/NAME/head-speculators)")
         if not isinstance(self.num_speculative_tokens, int) or self.num_speculative_tokens < 1:
-            e.append(f"--num-speculative-tokens {self.num_speculative_tokens!r}: expected an integer >= 1")
+            e.append(f"--depth {self.num_speculative_tokens!r}: expected an integer >= 1")
         return e

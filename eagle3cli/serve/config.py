@@ -28,8 +28,8 @@ class ServeConfig:
     """Interface the engine binds (0.0.0.0 for all)."""
     port: int = 30000
     """Port the engine binds."""
-    steps: int | None = None
-    """--speculative-num-steps: draft depth; give all three numbers or none (default: SGLang's, or --from-eval).
+    steps: int | None = flag(None, "--depth", "--steps")
+    """Draft depth (SGLang's --speculative-num-steps; --steps is the older name); give all three numbers or none (default: SGLang's, or --from-eval).
     llama.cpp: --spec-draft-n-max, the chain length, alone (default 3)."""
     topk: int | None = None
     """--speculative-eagle-topk: branches per step (1 = chain)."""
@@ -57,7 +57,7 @@ class ServeConfig:
             errors.append(f"--port {self.port!r}: expected 1..65535")
         if not isinstance(self.health_timeout, (int, float)) or self.health_timeout <= 0:
             errors.append(f"--health-timeout {self.health_timeout!r}: expected seconds > 0")
-        for name, v in (("--steps", self.steps), ("--topk", self.topk), ("--draft-tokens", self.draft_tokens)):
+        for name, v in (("--depth", self.steps), ("--topk", self.topk), ("--draft-tokens", self.draft_tokens)):
             if v is not None and (not isinstance(v, int) or isinstance(v, bool)):
                 errors.append(f"{name} {v!r}: expected an integer")
         return errors

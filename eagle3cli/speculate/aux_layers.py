@@ -32,6 +32,39 @@ def top_aux_layer_ids(num_layers: int) -> tuple[int]:
     return (num_layers - 1,)
 
 
+# `--aux-layers` by name: `cache` (whatever the cache holds: train), `default`, `top`
+AUX_LAYER_NAMES = ("cache", "default", "top")
+
+
+def parse_aux_layers(spec) -> str | tuple[int, ...]:
+    """`--aux-layers` as written, in every stage: one of `AUX_LAYER_NAMES`, or layer ids ("2,6,9",
+    "2 6 9", or a list of integers from a recipe). The one parser of the flag: ValueError when it is
+    neither (the ids' own rule is `aux_layer_problems`)."""
+    if isinstance(spec, str) and spec.strip() in AUX_LAYER_NAMES:
+        return spec.strip()
+    items = spec.replace(",", " ").split() if isinstance(spec, str) else list(spec)
+    if not items or not all(
+        (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and x.lstrip("-").isdigit())
+        for x in items
+    ):
+        raise ValueError(f"{spec!r} is not a name ({', '.join(AUX_LAYER_NAMES)}) or layer ids")
+    return tuple(int(x) for x in items)
+
+
+def named_aux_layer_ids(choice: str | tuple[int, ...], num_layers: int) -> tuple[int, ...] | None:
+    """The ids a parsed `--aux-layers` names on a target of `num_layers` layers: `default` and `top`
+    resolved, ids as given, None for `cache` (the cache's own ids)."""
+    if choice == "cache":
+        return None
+    if choice == "default":
+        return default_aux_layer_ids(num_layers)
+    if choice == "top":
+        return top_aux_layer_ids(num_layers)
+    if isinstance(choice, str):
+        raise ValueError(f"--aux-layers {choice!r}: not a name of {AUX_LAYER_NAMES}")
+    return tuple(choice)
+
+
 def aux_layer_problems(ids, num_layers: int | None = None) -> list[str]:
     """The one rule for the aux layers a head is trained on: what is wrong with `ids`, [] when a head
     on them can be served. cache, train, export and serve all ask this, so an id is refused before

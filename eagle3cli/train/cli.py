@@ -9,9 +9,9 @@ from ..options import Flags, examples, stage_command
 from .config import TrainConfig
 
 TRAIN_EPILOG = examples(
-    "eagle3 train --run runs/demo --ttt-steps 7 --max-steps 600",
+    "eagle3 train --run runs/demo --depth 7 --max-steps 600",
     "eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   # DeepSpeed",
-    "# ablations: --ttt-steps 1; --aux-layers top (a cache with the top layer)",
+    "# ablations: --depth 1; --aux-layers top (a cache with the top layer)",
     "# the next session of a long run: the head so far, on samples it has not seen",
     "eagle3 train --run runs/s2 --online --data DATA --init-head runs/s1/head \\\n"
     "    --skip-samples 1500 --train-samples 1500",

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Literal
 
 from ..config import flag
-from ..speculate.aux_layers import aux_layer_problems
+from ..speculate.aux_layers import aux_layer_problems, parse_aux_layers
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
 TrainDtype = Literal["auto", "fp32", "bf16"]
@@ -61,8 +61,9 @@ class TrainConfig:
     target_dtype: TrainDtype = "auto"
     """--online: the dtype the target computes its features in, as `eagle3 cache --dtype` (auto = fp32 on
     CPU, bf16 on GPU). Offline the cache's features are already computed: leave it at auto."""
-    ttt_steps: int = 7
-    """Training-time-test unroll depth K (1 = no TTT, the paper's ablation)."""
+    ttt_steps: int = flag(7, "--depth", "--ttt-steps")
+    """Draft depth K the head is trained for: the training-time-test unroll (1 = no TTT, the paper's
+    ablation; --ttt-steps is the older name)."""
     step_weight: float = 0.8
     """Loss weight of TTT step k is step_weight**k."""
     optimizer: Optimizer = "adamw"
@@ -155,7 +156,7 @@ class TrainConfig:
     """Optimizer steps between held-out acceptance measurements (and one at the end): chain tau and
     alpha_k at --heldout-depth, in metrics.jsonl and RUN/train/learning_curve.png."""
     heldout_depth: int = 8
-    """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`)."""
+    """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`; may exceed --depth)."""
     resume: bool = True
     """Resume from RUN/train/checkpoints/last when it exists (--no-resume starts over)."""
     device: str | None = None
@@ -209,7 +210,7 @@ class TrainConfig:
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:
             e.append("--heldout-samples >= 0, --heldout-every >= 1 and --heldout-depth in 1..32")
         if not 1 <= self.ttt_steps <= 32:
-            e.append(f"--ttt-steps {self.ttt_steps}: expected 1..32")
+            e.append(f"--depth {self.ttt_steps}: expected 1..32")
         for name in (
             "lr",
             "token_budget",
@@ -247,13 +248,13 @@ class TrainConfig:
             e.append(f"--step-weight {self.step_weight}: expected 0 < w <= 1")
         if not e and self.save_every % self.log_every:
             e.append(f"--save-every {self.save_every} is not a multiple of --log-every {self.log_every}")
-        if self.aux_layers not in ("cache", "default", "top"):
-            try:
-                ids = [int(x) for x in str(self.aux_layers).replace(",", " ").split()]
-            except ValueError:
-                e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
-            else:
-                e += [f"--aux-layers: {p}" for p in aux_layer_problems(ids)]
+        try:
+            choice = parse_aux_layers(self.aux_layers)
+        except ValueError:
+            e.append(f"--aux-layers {self.aux_layers!r}: expected cache, default, top or ids like 2,4,5")
+        else:
+            if isinstance(choice, tuple):
+                e += [f"--aux-layers: {p}" for p in aux_layer_problems(choice)]
         if self.nproc is not None and (not isinstance(self.nproc, int) or self.nproc < 1):
             e.append(f"--nproc {self.nproc!r}: expected a positive integer")
         if self.master_port is not None and not (isinstance(self.master_port, int) and 0 < self.master_port < 65536):

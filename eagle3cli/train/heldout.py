@@ -125,7 +125,7 @@ def plot_curve(path: Path, points: list[dict], title: str) -> None:
         if key == "tokens":  # 1.2M, 300k: raw counts crowd the axis
             ax.xaxis.set_major_formatter(FuncFormatter(_short))
         ax.grid(alpha=0.3)
-    axes[0].set_ylabel(f"held-out tau (chain, depth {points[-1].get('depth', 8)})")
+    axes[0].set_ylabel(f"held-out tau (chain, depth {points[-1].get('heldout_depth', 8)})")
     fig.suptitle(title)
     fig.tight_layout()
     atomic_write(path, lambda tmp: fig.savefig(tmp, dpi=110, format="png"))

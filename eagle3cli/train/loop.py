@@ -187,14 +187,15 @@ def optimizer_step(tr: Trainer, interval: Interval) -> None:
 
 
 def measure_heldout(tr: Trainer) -> dict:
-    """The learning curve's next point (train/heldout.py), and its PNG redrawn."""
+    """The learning curve's next point (train/heldout.py), under the keys metrics.jsonl and the curve
+    keep (`heldout_*`)."""
     h = heldout_acceptance(tr, tr.heldout, tr.cfg.heldout_depth, teacher_for)
     point = {
         "heldout_tau": h["tau"],
         "heldout_alpha_k": h["alpha_k"],
         "heldout_samples": h["samples"],
         "heldout_anchors": h["anchors"],
-        "depth": tr.cfg.heldout_depth,
+        "heldout_depth": tr.cfg.heldout_depth,
     }
     return point
 
@@ -203,7 +204,7 @@ def starting_point(tr: Trainer) -> None:
     """--init-head: the learning curve's point at step 0, the head as it came (what the run adds is
     measured on the same held-out conversations)."""
     m = {"step": 0, "epoch": 0, "tokens": 0, "tokens_seen": 0, "train_seconds": 0.0, "train_cpu_seconds": 0.0}
-    m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in measure_heldout(tr).items()})
+    m.update(measure_heldout(tr))
     tr.model.train()
     if tr.rank == 0:
         ckpt.append_metrics(tr.train_dir / "metrics.jsonl", m)
@@ -212,7 +213,7 @@ def starting_point(tr: Trainer) -> None:
 
 
 def learning_curve(tr: Trainer) -> list[dict]:
-    """[{tokens, steps, seconds, heldout_tau, heldout_alpha_k}] from metrics.jsonl."""
+    """[{tokens, steps, seconds, heldout_tau, heldout_alpha_k, heldout_depth}] from metrics.jsonl."""
     return [
         {
             "tokens": m["tokens_seen"],
@@ -221,7 +222,7 @@ def learning_curve(tr: Trainer) -> list[dict]:
             "cpu_seconds": m.get("train_cpu_seconds", 0.0),
             "heldout_tau": m["heldout_tau"],
             "heldout_alpha_k": m.get("heldout_alpha_k"),
-            "depth": m.get("heldout_depth", 8),
+            "heldout_depth": m.get("heldout_depth", 8),
         }
         for m in ckpt.read_metrics(tr.train_dir / "metrics.jsonl")
         if "heldout_tau" in m
@@ -265,8 +266,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "train_cpu_seconds": round(tr.loop.train_cpu_seconds, 2),
     }
     if heldout:
-        point = measure_heldout(tr)
-        m.update({k if k.startswith("heldout") else f"heldout_{k}": v for k, v in point.items()})
+        m.update(measure_heldout(tr))
     tr.loop.metrics = m
     if tr.rank == 0:
         try:

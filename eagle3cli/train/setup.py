@@ -25,7 +25,13 @@ from ..errors import UsageError
 from ..head.read import init_draft_from_weights
 from ..manifest import check_matches, read_json
 from ..model.target import open_target, pick_device, pick_dtype
-from ..speculate.aux_layers import EXPECTED, aux_layer_problems, default_aux_layer_ids, top_aux_layer_ids
+from ..speculate.aux_layers import (
+    EXPECTED,
+    aux_layer_problems,
+    default_aux_layer_ids,
+    named_aux_layer_ids,
+    parse_aux_layers,
+)
 from ..speculate.draft import Eagle3Draft, draft_config_from_target
 from ..speculate.target import LogitSpec, final_norm_offset, logit_spec, text_config
 from ..speculate.ttt import TTTOutput, compiled_ttt_loss, draft_ttt_loss
@@ -68,8 +74,8 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
 def choose_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None) -> tuple[int, ...]:
     """The aux layers `--aux-layers` names (cache, default, top or ids), checked by the one rule
     (`speculate.aux_layers.aux_layer_problems`) and against what the cache holds."""
-    ids: tuple[int, ...]
-    if choice == "cache":
+    named = named_aux_layer_ids(parse_aux_layers(choice), n_layers)  # validate() refused any other spelling
+    if named is None:  # cache
         ids = default_aux_layer_ids(n_layers) if cache_ids is None else tuple(cache_ids)
         errors = aux_layer_problems(ids, n_layers)
         if errors:
@@ -77,12 +83,7 @@ def choose_aux_ids(choice: str, n_layers: int, cache_ids: tuple[int, ...] | None
                 f"the cache's aux layers: {errors[0]}", EXPECTED, "eagle3 cache --run runs/NAME --aux-layers 2,L//2,L-3"
             )
         return ids
-    if choice == "default":
-        ids = default_aux_layer_ids(n_layers)
-    elif choice == "top":
-        ids = top_aux_layer_ids(n_layers)
-    else:
-        ids = tuple(int(x) for x in choice.replace(",", " ").split())
+    ids = named
     errors = aux_layer_problems(ids, n_layers)
     if errors:
         raise UsageError(f"--aux-layers: {errors[0]}", f"ids in 1..{n_layers - 1}")

@@ -140,7 +140,7 @@ def test_bad_inputs_exit_2_with_a_clear_message(case, run_dir, tmp_path, deep_ta
         "bad-ds-key": ("invalid DeepSpeed config", ["--deepspeed", "BADJSON"]),
         "ds-optimizer": ("'optimizer' is set by", ["--deepspeed", "OPTJSON"]),
         "draft-vocab-cache": ("larger than the cache's draft vocab (512", ["--draft-vocab-size", "1024"]),
-        "bad-flag-value": ("--ttt-steps 0", ["--ttt-steps", "0"]),
+        "bad-flag-value": ("--depth 0", ["--ttt-steps", "0"]),  # the old name still works
     }[case]
     flags = expect[1]
     if "BADJSON" in flags:
