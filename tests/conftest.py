@@ -126,3 +126,27 @@ def model_server(tiny_model_tok):
     yield make
     for s in servers:
         s.stop()
+
+
+class Captured(Exception):
+    """Raised instead of running a stage: carries the config the command line built."""
+
+
+@pytest.fixture
+def parse(monkeypatch):
+    """`parse(argv)` -> the config `eagle3 *argv` would run with (nothing runs)."""
+    from eagle3cli import options
+    from eagle3cli.cli import main
+    from eagle3cli.config import build_config
+
+    def capture(cls, recipe, section, **given):
+        raise Captured(build_config(cls, recipe, section, **given))
+
+    monkeypatch.setattr(options, "build_config", capture)
+
+    def run(argv: list[str]):
+        with pytest.raises(Captured) as got:
+            main(argv)
+        return got.value.args[0]
+
+    return run

@@ -12,31 +12,9 @@ import pytest
 
 from eagle3cli import options
 from eagle3cli.cli import main
-from eagle3cli.config import build_config
 from eagle3cli.speculate.aux_layers import named_aux_layer_ids, parse_aux_layers
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-class Captured(Exception):
-    pass
-
-
-@pytest.fixture
-def parse(monkeypatch):
-    """`parse(argv)` -> the config `eagle3 *argv` would run with (nothing runs)."""
-
-    def capture(cls, recipe, section, **given):
-        raise Captured(build_config(cls, recipe, section, **given))
-
-    monkeypatch.setattr(options, "build_config", capture)
-
-    def run(argv: list[str]):
-        with pytest.raises(Captured) as got:
-            main(argv)
-        return got.value.args[0]
-
-    return run
 
 
 # stage: (the flags every command line needs, the config field that holds the draft depth, its old flag)

@@ -22,7 +22,7 @@ from typer.main import get_command
 
 from eagle3cli import options
 from eagle3cli.cli import app, main
-from eagle3cli.config import build_config, choices
+from eagle3cli.config import choices
 
 REPO = Path(__file__).resolve().parents[2]
 COMMANDS = get_command(app).commands
@@ -36,27 +36,6 @@ def _fields(cls):
 
 def _param(cmd: str, name: str):
     return next(p for p in COMMANDS[cmd].params if p.name == name)
-
-
-class Captured(Exception):
-    """Raised instead of running a stage: carries the config the command line built."""
-
-
-@pytest.fixture
-def parse(monkeypatch):
-    """`parse(argv)` -> the config `eagle3 *argv` would run with (nothing runs)."""
-
-    def capture(cls, recipe, section, **given):
-        raise Captured(build_config(cls, recipe, section, **given))
-
-    monkeypatch.setattr(options, "build_config", capture)
-
-    def run(argv: list[str]):
-        with pytest.raises(Captured) as got:
-            main(argv)
-        return got.value.args[0]
-
-    return run
 
 
 def test_every_stage_command_is_built_from_a_config():
