@@ -232,7 +232,9 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
             data[k] = None  # spelled out on the command line: clears the recipe's value
         elif v is not None:
             data[k] = v
-    empty = [k for k, v in data.items() if k in fields and isinstance(v, str) and not v.strip() and _names_path(hints[k])]
+    empty = [
+        k for k, v in data.items() if k in fields and isinstance(v, str) and not v.strip() and _names_path(hints[k])
+    ]
     if empty:  # Path("") is the current folder: `--run ""` wrote a run into wherever the shell stood
         raise UsageError(
             f"{', '.join('--' + k.replace('_', '-') for k in empty)} is empty",
