@@ -26,20 +26,26 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+# the arms of issue 50's table, in the order the page lists them
+ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")
 HEADING = "## Data levers: what more data buys a head that has used up the human prompts"
 BEFORE = "## Data scaling"
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt"}  # key -> eval folder suffix
-SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "dtype", "temperature")
+SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "temperature")
+
+
+def _chain(report: dict) -> dict:
+    """The chain decoder's numbers of the report's one head (eval's report.json: heads.NAME.chain)."""
+    heads = report["heads"]
+    if len(heads) != 1:
+        raise ValueError(f"an arm's eval holds one head, this one {len(heads)}")
+    return next(iter(heads.values()))["chain"]
 
 
 def _per_prompt(report: dict) -> tuple[list[float], list[float]]:
     """(tokens emitted, rounds) per prompt of the chain decoder: tau = sum / sum."""
-    rows = report["chain"]["per_prompt"] if "chain" in report else report["modes"]["chain"]["per_prompt"]
+    rows = _chain(report)["per_prompt"]
     return [r["accepted"] + r["rounds"] for r in rows], [r["rounds"] for r in rows]
-
-
-def _chain(report: dict) -> dict:
-    return report["chain"] if "chain" in report else report["modes"]["chain"]
 
 
 def paired_delta(a, b, samples: int = 2000, level: float = 0.9, seed: int = 0) -> dict:
@@ -59,8 +65,7 @@ def paired_delta(a, b, samples: int = 2000, level: float = 0.9, seed: int = 0) -
 
 
 def _eval_settings(report: dict) -> dict:
-    cfg = report.get("config") or {}
-    return {k: cfg.get(k) for k in SAME_EVAL}
+    return {k: report.get(k) for k in SAME_EVAL}
 
 
 def _tokens_seen(run: Path) -> int:
@@ -127,7 +132,8 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         "",
         "Every arm starts from the published head and trains the same number of steps (1,024-token steps, the "
         "online recipe, lr 1.5e-4) on its own data; each is scored by `eagle3 eval` (chain d8, fp32, greedy, 64 "
-        "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (40) and GSM8K test (40). The gain "
+        "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (its first 40 prompts of at most "
+        "2,048 tokens) and GSM8K test (40). The gain "
         "is paired by prompt against the baseline (another pass over the ShareGPT corpus the head has seen), "
         "with a 90% interval; tau per million new tokens is against the published head's MT-bench tau"
         + (f" ({start_tau:.3f})." if start_tau is not None else "."),
@@ -143,27 +149,37 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
             f"[{iv[0]:.2f}, {iv[1]:.2f}] | {r['delta_vs_baseline']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}] | "
             f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} |"
         )
-    lines += ["", f"![tau gained over the baseline by lever]({figure})", ""]
+    if len(rows) < len(ARMS):
+        left = [a for a in ARMS if a not in {r["arm"] for r in rows}]
+        lines += ["", f"Measured so far: {len(rows)} of {len(ARMS)} arms; still to run: {', '.join(left)}."]
+    lines += ["", f"![MT-bench tau by lever, beside the published head]({figure})", ""]
     return lines
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
+    """Each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
+    baseline (the gains over the baseline, paired, are the table's)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.8))
     ys = list(range(len(rows)))
     for y, r in zip(ys, rows):
-        lo, hi = r["delta_interval"]
-        ax.barh(y, r["delta_vs_baseline"], color="#4c72b0" if r["delta_vs_baseline"] >= 0 else "#c44e52")
-        ax.plot([lo, hi], [y, y], color="black", lw=1.5)
-    ax.axvline(0, color="grey", lw=0.8)
+        lo, hi = r["mt_bench_tau_interval"]
+        ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
+        ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
+    if start_tau is not None:
+        ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
+    ax.axvline(
+        rows[0]["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{rows[0]['arm']} ({rows[0]['mt_bench_tau']:.3f})"
+    )
     ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
-    ax.invert_yaxis()
-    ax.set_xlabel("MT-bench tau minus the baseline's (paired, 90% interval)")
+    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
     ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)")
+    ax.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -193,12 +209,12 @@ def main() -> None:
     data["data_levers"] = rows
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     figure = a.results_md.parent / "results-data-levers.png"
-    plot(rows, figure)
+    plot(rows, figure, start)
     lines = section(rows, start, figure.name)
     md = a.results_md.read_text() if a.results_md.exists() else ""
     a.results_md.write_text(replace_section(md, lines, BEFORE, HEADING))
     print("\n".join(lines))
-    print(f"wrote data_levers ({len(rows)} arms) into {json_path}, its section of {a.results_md} and {figure}")
+    print(f"wrote data_levers ({len(rows)} arm(s)) into {json_path}, its section of {a.results_md} and {figure}")
 
 
 if __name__ == "__main__":
