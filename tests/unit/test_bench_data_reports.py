@@ -552,3 +552,41 @@ def test_report_long_run_refuses_sessions_that_leave_a_gap_with_exit_2(tmp_path)
     r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
                         "--sessions", str(run)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 2 and "--whole-corpus EVAL_DIR, which is missing" in r.stderr
+
+
+def _lever_arm(root: Path, name: str, steps: int, per_prompt: list[tuple[int, int]], num_prompts: int = 4) -> Path:
+    """An arm folder as benchmarks/smollm2/levers.py leaves it: train manifest + three eval reports."""
+    run = root / name
+    (run / "train").mkdir(parents=True)
+    cfg = {"data": f"corpora/{name}", "loss": "ce", "max_steps": steps}
+    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "tokens_seen": 1_000_000}))
+    rows = [{"prompt": i, "tokens": 10, "rounds": r, "accepted": a} for i, (a, r) in enumerate(per_prompt)]
+    tau = sum(a + r for a, r in per_prompt) / sum(r for _, r in per_prompt)
+    for bench in ("mt_bench", "gsm8k", "sharegpt"):
+        (run / f"eval-{bench}").mkdir()
+        chain = {"acceptance": {"tau": tau, "tau_interval": [tau - 0.1, tau + 0.1]}, "per_prompt": rows,
+                 "lossless": {"mismatches": 0}}  # fmt: skip
+        report = {"bench": bench, "num_prompts": num_prompts, "max_new_tokens": 64, "depth": 8, "mode": "chain",
+                  "temperature": 0.0, "heads": {f"{name}/head": {"chain": chain}}}  # fmt: skip
+        (run / f"eval-{bench}" / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_data_levers_rows_pair_each_arm_with_the_baseline_and_refuse_other_budgets(tmp_path):
+    from benchmarks.smollm2.report_levers import levers_json
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4), (4, 4), (4, 4), (4, 4)])
+    better = _lever_arm(tmp_path, "synthetic", 100, [(8, 4), (8, 4), (4, 4), (4, 4)])
+    rows = levers_json({"baseline": base, "synthetic": better}, "baseline", start_tau=1.5)
+    by = {r["arm"]: r for r in rows}
+    assert by["baseline"]["mt_bench_tau"] == 2.0 and by["baseline"]["delta_vs_baseline"] == 0.0
+    assert by["synthetic"]["mt_bench_tau"] == 2.5 and by["synthetic"]["delta_vs_baseline"] == 0.5
+    lo, hi = by["synthetic"]["delta_interval"]
+    assert 0.0 <= lo <= 0.5 <= hi <= 1.0  # prompts resampled together: never below what no prompt gained
+    assert by["synthetic"]["tau_gain_per_million_tokens"] == 1.0  # (2.5 - 1.5) over 1M tokens
+    other = _lever_arm(tmp_path, "lk", 50, [(4, 4)] * 4)
+    with pytest.raises(ValueError, match="different budgets"):
+        levers_json({"baseline": base, "lk": other}, "baseline", start_tau=None)
+    fewer = _lever_arm(tmp_path, "chitchat", 100, [(4, 4)] * 4, num_prompts=3)
+    with pytest.raises(ValueError, match="eval differs"):
+        levers_json({"baseline": base, "chitchat": fewer}, "baseline", start_tau=None)
