@@ -108,6 +108,13 @@ def apply_levers(cfg: GenDataConfig, plan: list[dict]) -> list[dict]:
         plan = levers.augment(plan, levers.read_augmentations(Path(cfg.augment)), cfg.augment_fraction, cfg.seed)
     plan = levers.several_answers(plan, cfg.answers_per_prompt, tuple(cfg.answer_temperatures))
     if cfg.synthetic:
+        for folder in cfg.dedup_against:  # checked now, not when the dedup pass runs hours later
+            if not any(Path(folder).glob("shard-*.jsonl")):
+                raise UsageError(
+                    f"--dedup-against {folder}: not a gen-data folder (no shard-*.jsonl in it)",
+                    "folders written by eagle3 gen-data, whose prompts count as already in the corpus",
+                    "check the path (ls), e.g. --dedup-against corpora/smollm2-135m-sharegpt-vllm",
+                )
         match = eval_index().match if cfg.exclude_eval else None
         topics = levers.read_topics(Path(cfg.synth_topics), match) if cfg.synth_topics is not None else None
         synth = levers.synthetic_records(cfg.synthetic, cfg.synth_turns, cfg.seed, topics)

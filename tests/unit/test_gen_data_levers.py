@@ -165,6 +165,15 @@ def test_chitchat_conversations_become_alternating_turns(tmp_path):
     assert [r["reason"] for r in result.rejects] == ["empty_content"]
 
 
-@pytest.mark.parametrize("flag", [["--synthetic", "-1"], ["--near-dup-threshold", "nan"], ["--augment-fraction", "0"]])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        ["--synthetic", "-1"],
+        ["--near-dup-threshold", "nan"],
+        ["--augment-fraction", "0"],
+        ["--dedup-against", "no/such"],
+    ],
+)
 def test_bad_lever_settings_exit_2(tiny_target_dir, tmp_path, flag):
-    assert main(_base(tiny_target_dir, tmp_path / "o", "--synthetic", "2", *flag)) == 2
+    assert main(_base(tiny_target_dir, tmp_path / "o", "--keep-eval", "--synthetic", "2", *flag)) == 2
+    assert not (tmp_path / "o").exists()  # refused before anything is written
