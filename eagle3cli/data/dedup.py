@@ -24,7 +24,7 @@ from ..jsonl import dumps, read_records
 from ..manifest import atomic_write_text
 from .formats import reject_row
 from .journal import PROGRESS, shard_name
-from .levers import first_user
+from .mixture import first_user
 
 DEDUP_REJECTS = "rejects-dedup.jsonl"
 NUM_PERM = 128

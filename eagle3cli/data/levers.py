@@ -196,7 +196,3 @@ def several_answers(plan: list[dict], k: int, temperatures: tuple[float, ...]) -
         for r in plan
         for j in range(k)
     ]
-
-
-def first_user(record: dict) -> str:
-    return next((m["content"] for m in record["messages"] if m["role"] == "user"), "")

@@ -12,10 +12,14 @@ from collections.abc import Callable
 from .formats import ReadResult, reject_row
 
 
+def first_user(record: dict) -> str:
+    """A record's first user turn ("" when it has none)."""
+    return next((m["content"] for m in record["messages"] if m["role"] == "user"), "")
+
+
 def first_prompt_key(record: dict) -> str:
     """Dedup key: the first user prompt, case-folded, whitespace collapsed."""
-    first = next(m["content"] for m in record["messages"] if m["role"] == "user")
-    return re.sub(r"\s+", " ", first).strip().casefold()
+    return re.sub(r"\s+", " ", first_user(record)).strip().casefold()
 
 
 def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[int]:

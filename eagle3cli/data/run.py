@@ -55,7 +55,7 @@ from .journal import (
     read_journal,
     shard_name,
 )
-from .mixture import build_plan
+from .mixture import build_plan, first_user
 from .regen import Conversation, Sampling, template_kwargs_for
 
 
@@ -132,7 +132,7 @@ def dedup_reference(cfg: GenDataConfig, plan: list[dict]) -> list[tuple[str, str
     ref: list[tuple[str, str]] = []
     if cfg.exclude_eval:
         ref += [(f"eval:{bench}", " ".join(words)) for words, bench in eval_index().whole.items()]
-    ref += [(f"the corpus prompt {p['id']}", levers.first_user(p)) for p in plan if not p["meta"].get("write_user")]
+    ref += [(f"the corpus prompt {p['id']}", first_user(p)) for p in plan if not p["meta"].get("write_user")]
     for folder in cfg.dedup_against:
         ref += [(f"a prompt of {folder}", t) for t in dedup.folder_prompts(Path(folder))]
     return ref
