@@ -152,7 +152,15 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
     if len(rows) < len(ARMS):
         left = [a for a in ARMS if a not in {r["arm"] for r in rows}]
         lines += ["", f"Measured so far: {len(rows)} of {len(ARMS)} arms; still to run: {', '.join(left)}."]
-    lines += ["", f"![MT-bench tau by lever, beside the published head]({figure})", ""]
+    arms = " ".join(f"--arm {r['arm']}={r['run']}" for r in rows)
+    lines += [
+        "",
+        "Each arm: `.venv/bin/python benchmarks/smollm2/levers.py --arm NAME --data FOLDER [--loss lk] --core N` "
+        f"(train, then the three evals); this table: `.venv/bin/python benchmarks/smollm2/report_levers.py {arms}`.",
+        "",
+        f"![MT-bench tau by lever, beside the published head]({figure})",
+        "",
+    ]
     return lines
 
 
