@@ -35,7 +35,7 @@ needs_converter = pytest.mark.skipif(
 
 @pytest.fixture(scope="module")
 def head(deep_target_dir, tmp_path_factory) -> Path:
-    """A random head for the 8-layer target (aux layers [2, 4, 5]), d2t = target ids 3*i."""
+    """A random head for the 8-layer target (aux layers [2, 4, 5]), d2t = target ids 2*i."""
     return make_head(deep_target_dir, tmp_path_factory.mktemp("gguf") / "head")
 
 
@@ -156,7 +156,7 @@ def test_export_writes_checked_gguf_files(exported, head, deep_target_dir):
     assert g.arch == "eagle3"
     assert [int(x) for x in g.get("{arch}.target_layers")] == [2, 4, 5]
     assert g.types["d2t"] == "I64"
-    assert g.tensors["d2t"].tolist() == [3 * i for i in range(512)]  # absolute: i + d2t[i] = i + 2i
+    assert g.tensors["d2t"].tolist() == [2 * i for i in range(512)]  # absolute: i + d2t[i] = i + i
     assert "token_embd.weight" not in g.shapes  # the target's embeddings are used
     assert g.fields["tokenizer.ggml.pre"] == "gpt-2"
     t = read_gguf(exported / TARGET_GGUF, tensors=False)
