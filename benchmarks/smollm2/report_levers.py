@@ -6,9 +6,12 @@ An arm is a train run folder (`eagle3 train ... --init-head models/smollm2-135m-
 holding `eval-mt_bench`, `eval-gsm8k` and `eval-sharegpt` (eagle3 eval, chain d8, fp32, greedy, 64 new
 tokens; the arms' script is benchmarks/smollm2/levers.py). Every arm must have run the baseline's
 steps and evals (refused otherwise: rows at other budgets or settings do not stand in one table).
+Each row keeps its MT-bench per-prompt counts and eval settings in the JSON, so an arm measured in a later
+session is paired against the stored baseline without the baseline's run folder:
 
     .venv/bin/python benchmarks/smollm2/report_levers.py --arm baseline=runs/lever-baseline \\
         --arm synthetic=runs/lever-synthetic ...
+    .venv/bin/python benchmarks/smollm2/report_levers.py --arm lk=runs/lever-lk   # the rest from the JSON
 
 The gain over the baseline is paired by prompt (the same 80 MT-bench first turns): a percentile interval
 of tau(arm) - tau(baseline) over prompts resampled with replacement. Nothing here trains or evaluates.
@@ -88,42 +91,79 @@ def arm_facts(run: Path) -> dict:
     return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "reports": reports}
 
 
-def levers_json(arms: dict[str, Path], baseline: str, start_tau: float | None) -> list[dict]:
-    facts = {name: arm_facts(run) for name, run in arms.items()}
-    base = facts[baseline]
-    steps = {n: f["config"].get("max_steps") for n, f in facts.items()}
-    if len(set(steps.values())) != 1:
-        raise ValueError(f"the arms trained different budgets (--max-steps): {steps}")
-    for n, f in facts.items():
+def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
+    """One arm's row, from its run folder. It keeps what pairing and the refusals need (the MT-bench
+    per-prompt counts, the evals' settings, the budget), so a later report pairs new arms against it
+    from the JSON alone when its run folder is gone (runs/ does not travel between machines)."""
+    f = arm_facts(run)
+    mt = _chain(f["reports"]["mt_bench"])["acceptance"]
+    emitted, rounds = _per_prompt(f["reports"]["mt_bench"])
+    tau = mt["tau"]
+    return {
+        "arm": name,
+        "run": str(run),
+        "data": f["config"].get("data"),
+        "loss": f["config"].get("loss"),
+        "new_tokens": f["tokens"],
+        "steps": f["config"].get("max_steps"),
+        "mt_bench_tau": round(tau, 4),
+        "mt_bench_tau_interval": [round(x, 4) for x in mt["tau_interval"]],
+        "tau_gain_per_million_tokens": (
+            round((tau - start_tau) / (f["tokens"] / 1e6), 4) if start_tau is not None else None
+        ),
+        "heldout_tau": round(_chain(f["reports"]["heldout"])["acceptance"]["tau"], 4),
+        "gsm8k_tau": round(_chain(f["reports"]["gsm8k"])["acceptance"]["tau"], 4),
+        "mismatches": sum(_chain(f["reports"][k]).get("lossless", {}).get("mismatches", 0) for k in BENCHES),
+        "eval_settings": {k: _eval_settings(f["reports"][k]) for k in BENCHES},
+        "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds},
+    }
+
+
+def levers_json(
+    arms: dict[str, Path | None], baseline: str, start_tau: float | None, stored: list[dict] = ()
+) -> list[dict]:
+    """The table's rows: arms named with a run folder are read from it; an arm named without one (and
+    every stored arm not named) keeps its stored row. All are held to the baseline's budget and evals,
+    and paired with it by prompt."""
+    kept = {r["arm"]: r for r in stored}
+    rows = dict(kept)
+    for name, run in arms.items():
+        if run is None:
+            if name not in kept:
+                raise KeyError(f"arm {name!r} has no run folder and no stored row: name it as {name}=RUN_DIR")
+            continue
+        rows[name] = arm_row(name, run, start_tau)
+    if baseline not in rows:
+        raise KeyError(f"the baseline arm {baseline!r} is neither named nor stored: add --arm {baseline}=RUN_DIR")
+    base = rows[baseline]
+    for n, r in rows.items():
+        if "mt_bench_per_prompt" not in r:
+            raise KeyError(f"the stored row of {n!r} predates per-prompt counts: name it again as {n}=RUN_DIR")
+        if r["steps"] != base["steps"]:
+            raise ValueError(
+                f"the arms trained different budgets (--max-steps): {n} {r['steps']}, {baseline} {base['steps']}"
+            )
         for key in BENCHES:
-            if _eval_settings(f["reports"][key]) != _eval_settings(base["reports"][key]):
-                raise ValueError(f"{n}'s {key} eval differs from {baseline}'s: {_eval_settings(f['reports'][key])}")
-    rows = []
-    for name, f in facts.items():
-        mt = _chain(f["reports"]["mt_bench"])["acceptance"]
-        delta = paired_delta(_per_prompt(f["reports"]["mt_bench"]), _per_prompt(base["reports"]["mt_bench"]))
-        tau = mt["tau"]
-        rows.append(
+            if r["eval_settings"][key] != base["eval_settings"][key]:
+                raise ValueError(f"{n}'s {key} eval differs from {baseline}'s: {r['eval_settings'][key]}")
+    order = [a for a in ARMS if a in rows] + [a for a in rows if a not in ARMS]
+    out = []
+    for n in order:
+        r = rows[n]
+        d = paired_delta(_counts(r), _counts(base))
+        out.append(
             {
-                "arm": name,
-                "run": str(f["run"]),
-                "data": f["config"].get("data"),
-                "loss": f["config"].get("loss"),
-                "new_tokens": f["tokens"],
-                "steps": steps[name],
-                "mt_bench_tau": round(tau, 4),
-                "mt_bench_tau_interval": [round(x, 4) for x in mt["tau_interval"]],
-                "delta_vs_baseline": round(delta["value"], 4),
-                "delta_interval": [round(delta["low"], 4), round(delta["high"], 4)],
-                "tau_gain_per_million_tokens": (
-                    round((tau - start_tau) / (f["tokens"] / 1e6), 4) if start_tau is not None else None
-                ),
-                "heldout_tau": round(_chain(f["reports"]["heldout"])["acceptance"]["tau"], 4),
-                "gsm8k_tau": round(_chain(f["reports"]["gsm8k"])["acceptance"]["tau"], 4),
-                "mismatches": sum(_chain(f["reports"][k]).get("lossless", {}).get("mismatches", 0) for k in BENCHES),
+                **r,
+                "delta_vs_baseline": round(d["value"], 4),
+                "delta_interval": [round(d["low"], 4), round(d["high"], 4)],
             }
         )
-    return rows
+    return out
+
+
+def _counts(row: dict) -> tuple[list[float], list[float]]:
+    pp = row["mt_bench_per_prompt"]
+    return pp["emitted"], pp["rounds"]
 
 
 def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]:
@@ -197,20 +237,23 @@ def main() -> None:
     from benchmarks.smollm2.report_data import replace_section
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arm", action="append", required=True, help="NAME=RUN_DIR (repeat); the first is the baseline")
+    ap.add_argument(
+        "--arm", action="append", default=[],
+        help="NAME=RUN_DIR (repeat): read this arm from its run folder; NAME alone or not named: its stored row",
+    )  # fmt: skip
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     a = ap.parse_args()
     arms = {}
     for spec in a.arm:
-        name, _, run = spec.partition("=")
-        if not name or not run:
-            ap.error(f"--arm {spec!r}: expected NAME=RUN_DIR")
-        arms[name] = Path(run)
+        name, eq, run = spec.partition("=")
+        if not name or (eq and not run):
+            ap.error(f"--arm {spec!r}: expected NAME=RUN_DIR or NAME")
+        arms[name] = Path(run) if run else None
     json_path = a.results_md.with_suffix(".json")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
     start = (data.get("published") or {}).get("mt_bench_tau")
     try:
-        rows = levers_json(arms, next(iter(arms)), start)
+        rows = levers_json(arms, ARMS[0], start, data.get("data_levers") or [])
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from None

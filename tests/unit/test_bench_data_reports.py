@@ -590,3 +590,25 @@ def test_data_levers_rows_pair_each_arm_with_the_baseline_and_refuse_other_budge
     fewer = _lever_arm(tmp_path, "chitchat", 100, [(4, 4)] * 4, num_prompts=3)
     with pytest.raises(ValueError, match="eval differs"):
         levers_json({"baseline": base, "chitchat": fewer}, "baseline", start_tau=None)
+
+
+def test_data_levers_pairs_a_new_arm_with_the_stored_baseline_when_its_run_folder_is_gone(tmp_path):
+    import shutil
+
+    from benchmarks.smollm2.report_levers import levers_json
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4), (4, 4), (4, 4), (4, 4)])
+    stored = levers_json({"baseline": base}, "baseline", start_tau=None)
+    shutil.rmtree(base)  # a later session: runs/ did not travel
+    lk = _lever_arm(tmp_path, "lk", 100, [(8, 4), (4, 4), (4, 4), (4, 4)])
+    rows = levers_json({"lk": lk}, "baseline", start_tau=None, stored=stored)
+    assert [r["arm"] for r in rows] == ["baseline", "lk"]  # the page's order, the stored row kept
+    assert rows[1]["delta_vs_baseline"] == 0.25 and rows[0]["mt_bench_per_prompt"]["rounds"] == [4, 4, 4, 4]
+    other = _lever_arm(tmp_path, "synthetic", 50, [(4, 4)] * 4)
+    with pytest.raises(ValueError, match="different budgets"):
+        levers_json({"synthetic": other}, "baseline", start_tau=None, stored=stored)
+    old = [{k: v for k, v in stored[0].items() if k != "mt_bench_per_prompt"}]
+    with pytest.raises(KeyError, match="predates per-prompt counts"):
+        levers_json({"lk": lk}, "baseline", start_tau=None, stored=old)
+    with pytest.raises(KeyError, match="no run folder and no stored row"):
+        levers_json({"augment": None}, "baseline", start_tau=None, stored=stored)
