@@ -72,7 +72,7 @@ llama-cpp:
 	  echo "llama-cpp: not built here (see the lines above): the llama.cpp tests will skip"
 
 # The fast tier, run as on an AVX2-only CPU: EAGLE3_CPU_FEATURES=avx2 hides AVX-512/AMX from
-# eagle3 (eagle3cli/cpu_features.py), so every CPU path takes its portable branch (bf16 on F.linear,
+# eagle3 (eagle3cli/node/cpu_features.py), so every CPU path takes its portable branch (bf16 on F.linear,
 # bf16 oneDNN tests skipped, vLLM's CPU build reported unusable) and a green run here means green on
 # any x86-64 CPU. test-all runs every test on the CPU as it is (the fast paths included); CI runs
 # both (.ci/run). Slow tests: DeepSpeed launches, kill -9 resumes, chi-square sampling, whole

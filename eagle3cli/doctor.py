@@ -96,8 +96,8 @@ def check_cpu_features() -> list[Check]:
 
     import torch
 
-    from .cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, ONEDNN_BF16_NEEDS, describe
     from .model.cpu_kernels import onednn_cannot_run
+    from .node.cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, ONEDNN_BF16_NEEDS, describe
 
     rows = [Check("cpu instruction sets", True, f"{platform.machine()}: {describe()}", False)]
     why_not = onednn_cannot_run(torch.bfloat16)
@@ -146,7 +146,7 @@ def check_llama_cpp() -> Check:
 
 
 def device_choices() -> Check:
-    from .devices import available_devices
+    from .node.devices import available_devices
 
     return Check("--device", True, "choices here: " + ", ".join(["auto", *available_devices()]))
 

@@ -2,7 +2,7 @@
 (eval and serve-bench both read them here).
 
 `--bench` is a named source (gsm8k, mt_bench, humaneval, sharegpt, ultrachat, ... see
-eagle3cli/sources.py; eval takes the test split) or any file gen-data reads (ShareGPT,
+eagle3cli/readers/sources.py; eval takes the test split) or any file gen-data reads (ShareGPT,
 `{messages}`, `{prompt}`, MT-bench `{turns}`...). Assistant turns a file carries are dropped:
 eval always decodes the answers itself.
 """

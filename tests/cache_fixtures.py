@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from eagle3cli.manifest import shard_record, write_manifest
 from eagle3cli.model.target import load_tokenizer, target_identity
-from eagle3cli.sources import bundled
+from eagle3cli.readers.sources import bundled
+from eagle3cli.run_folder.manifest import shard_record, write_manifest
 
 
 def conversations(n: int, multi_turn_every: int = 3) -> list[dict]:

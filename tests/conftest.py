@@ -96,7 +96,7 @@ def trained_target_dir() -> Path:
 @pytest.fixture(scope="session")
 def bundled_data() -> Path:
     """The small datasets shipped inside the package (eagle3cli/bundled)."""
-    from eagle3cli.sources import bundled
+    from eagle3cli.readers.sources import bundled
 
     return bundled("README.md").parent
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle3cli.head.write import save_head
-from eagle3cli.manifest import model_fingerprint
+from eagle3cli.run_folder.manifest import model_fingerprint
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 

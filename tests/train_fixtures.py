@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from eagle3cli.manifest import shard_record, write_manifest
-from eagle3cli.sources import bundled
+from eagle3cli.readers.sources import bundled
+from eagle3cli.run_folder.manifest import shard_record, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 GSM8K = bundled("gsm8k_train.jsonl")

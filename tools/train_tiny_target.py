@@ -139,7 +139,7 @@ def main() -> None:
     if args.steps is not None:
         cfg["steps"] = args.steps
     out = Path(args.out_dir or REPO / cfg["out_dir"])
-    from eagle3cli.sources import bundled  # the data shipped in the package, with its licences
+    from eagle3cli.readers.sources import bundled  # the data shipped in the package, with its licences
 
     torch.set_num_threads(cfg.get("threads", 2))
     torch.manual_seed(cfg["seed"])

@@ -28,8 +28,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from eagle3cli.engine_api import is_healthy  # noqa: E402
-from eagle3cli.local_engine import free_port, which_llama_server  # noqa: E402
+from eagle3cli.engines.engine_api import is_healthy  # noqa: E402
+from eagle3cli.engines.local_engine import free_port, which_llama_server  # noqa: E402
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", COLUMNS="200")
 SERVER_ARGS = ["-t", "1", "-tb", "1", "-np", "1", "-c", "4096", "--no-webui"]

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.llama_cpp.round_cost import llama_bench  # noqa: E402
-from eagle3cli.local_engine import which_llama_server  # noqa: E402
+from eagle3cli.engines.local_engine import which_llama_server  # noqa: E402
 
 
 def measure(label: str, gguf: Path, binary: Path, reps: int, threads: int = 1) -> dict:

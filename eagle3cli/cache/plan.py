@@ -20,8 +20,15 @@ import torch
 from ..config import config_dict
 from ..console import log, warn
 from ..errors import StageError, UsageError
-from ..jsonl import iter_file
-from ..manifest import atomic_write_json, check_matches, read_json, read_manifest, same_fingerprint, verify_shards
+from ..readers.jsonl import iter_file
+from ..run_folder.manifest import (
+    atomic_write_json,
+    check_matches,
+    read_json,
+    read_manifest,
+    same_fingerprint,
+    verify_shards,
+)
 from ..speculate import vocab as V
 from .config import CacheConfig
 from .masks import TemplateRefusal, _special_ids, has_assistant_output, mask_data_record

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, read_json, read_manifest, sha256_file, verify_shards
+from ..run_folder.manifest import atomic_write_json, read_json, read_manifest, sha256_file, verify_shards
 from .storage import OPTIONAL_KEYS, decode, feature_keys
 from .validate import check_manifest, check_shard, check_vocab_file, damaged, read_header
 

@@ -23,13 +23,13 @@ import torch
 
 from ..config import parse_shard
 from ..console import human_bytes, log, print_table, progress, warn
-from ..devices import check_device
 from ..errors import UsageError
-from ..folders import claim_output
-from ..lock import LOCK_NAME, locked_stage
-from ..manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.cpu_kernels import pack_for_inference
 from ..model.target import open_target
+from ..node.devices import check_device
+from ..run_folder.folders import claim_output
+from ..run_folder.lock import LOCK_NAME, locked_stage
+from ..run_folder.manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
 from .config import STORAGES, CacheConfig
 from .masks import check_template

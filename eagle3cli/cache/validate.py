@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import StageError
-from ..manifest import MANIFEST, SCHEMA_VERSION, contained, for_run
+from ..run_folder.manifest import MANIFEST, SCHEMA_VERSION, contained, for_run
 from ..speculate.vocab import map_problems
 from .storage import OPTIONAL_KEYS, feature_keys
 

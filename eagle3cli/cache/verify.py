@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 
 from ..errors import StageError, UsageError
-from ..manifest import check_matches, read_manifest, verify_shards
 from ..model.target import open_target
+from ..run_folder.manifest import check_matches, read_manifest, verify_shards
 from ..speculate.aux_layers import aux_layer_problems
 from .plan import rerun_cmd
 from .reader import VOCAB_FILE
@@ -31,7 +31,7 @@ def nonfinite_features(f, storage: str, rows: int = 8192) -> str | None:
 def stray_files(cache_dir: Path) -> list[str]:
     """Files a finished cache does not list: temps of killed writes (ours, or a library's) and
     anything else put there."""
-    from ..folders import foreign_files
+    from ..run_folder.folders import foreign_files
     from .run import CACHE_FILES
 
     temps = sorted(p.name for p in cache_dir.glob(".*.tmp") if p.is_file())

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..manifest import atomic_write_tensors
+from ..run_folder.manifest import atomic_write_tensors
 from ..speculate.target import capture_features, target_logits
 from .storage import encode, id_dtype
 

@@ -1,7 +1,7 @@
 """Eval prompts never enter a training corpus: a check by text, not by id.
 
 ShareGPT holds many copies of one conversation under different ids, and benchmark questions are
-pasted into chats, so the held-out split by id hash (sources.py) is not enough. A training record
+pasted into chats, so the held-out split by id hash (readers/sources.py) is not enough. A training record
 is rejected (`eval_prompt`) when one of its user turns
 
 * equals, after normalising case, punctuation and whitespace, a user turn of an eval bench of

@@ -20,8 +20,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from ..jsonl import dumps, read_records
-from ..manifest import atomic_write_text
+from ..readers.jsonl import dumps, read_records
+from ..run_folder.manifest import atomic_write_text
 from .formats import reject_row
 from .journal import PROGRESS, shard_name
 from .mixture import first_user

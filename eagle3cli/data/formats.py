@@ -19,10 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import UsageError
-from ..jsonl import split_lines
-from ..limits import check_readable_file, read_input_bytes
-from ..sources import Source
-from ..sources import resolve as resolve_source
+from ..readers.jsonl import split_lines
+from ..readers.limits import check_readable_file, read_input_bytes
+from ..readers.sources import Source
+from ..readers.sources import resolve as resolve_source
 from .messages import (
     ROLES,
     BadRecord,
@@ -70,7 +70,7 @@ def _is_number(s: str) -> bool:
 
 def parse_input_spec(spec: str, default_split: str = "train") -> Source:
     """`SOURCE`, `SOURCE:0.3` where SOURCE is a name (`gsm8k`, `sharegpt:train`...), a file, or
-    `hf:NAME[:CONFIG]:SPLIT` (see eagle3cli/sources.py)."""
+    `hf:NAME[:CONFIG]:SPLIT` (see eagle3cli/readers/sources.py)."""
     spec = spec.strip()
     body, weight = spec, 1.0
     head, sep, tail = spec.rpartition(":")

@@ -16,10 +16,10 @@ import os
 from pathlib import Path
 
 from ..errors import StageError, UsageError
-from ..folders import manifest_stage
-from ..jsonl import dumps, split_byte_lines
-from ..lock import LOCK_NAME
-from ..manifest import MANIFEST, atomic_write_text, check_matches, read_json
+from ..readers.jsonl import dumps, split_byte_lines
+from ..run_folder.folders import manifest_stage
+from ..run_folder.lock import LOCK_NAME
+from ..run_folder.manifest import MANIFEST, atomic_write_text, check_matches, read_json
 from .config import PLAN_FIELDS, GenDataConfig
 
 PROGRESS = "progress"

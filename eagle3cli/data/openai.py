@@ -25,7 +25,7 @@ import functools
 from collections.abc import Callable
 
 from ..console import warn
-from ..engine_api import (
+from ..engines.engine_api import (
     EndpointError,
     EngineClient,
     Failover,
@@ -36,8 +36,8 @@ from ..engine_api import (
     completion_body,
     usage_count,
 )
-from ..limits import UnusableReply
 from ..model.chat import TemplateRefusal, render, split_reasoning
+from ..readers.limits import UnusableReply
 from .levers import cut_at_end, user_prefix
 from .messages import BadRecord, tool_calls
 from .regen import Conversation, OnDone, Sampling, TurnOutput

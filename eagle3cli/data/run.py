@@ -23,11 +23,12 @@ from typing import Any
 
 from ..config import config_dict, parse_shard
 from ..console import console, log, print_table, progress, warn
-from ..devices import check_device
 from ..errors import IncompleteError, StageError, UsageError
-from ..jsonl import dumps, read_records, split_byte_lines
-from ..lock import LOCK_NAME, locked_stage
-from ..manifest import (
+from ..model.chat import TemplateRefusal, render
+from ..node.devices import check_device
+from ..readers.jsonl import dumps, read_records, split_byte_lines
+from ..run_folder.lock import LOCK_NAME, locked_stage
+from ..run_folder.manifest import (
     MANIFEST,
     atomic_write_json,
     atomic_write_text,
@@ -38,7 +39,6 @@ from ..manifest import (
     verify_shards,
     write_manifest,
 )
-from ..model.chat import TemplateRefusal, render
 from ..urls import redact_text
 from . import dedup, levers
 from .config import PLAN_FIELDS, GenDataConfig
@@ -344,7 +344,7 @@ def engine_info(cfg: GenDataConfig):
     """What `--engine` will serve (engine, version, dtype), known before it starts; None without --engine."""
     if cfg.engine == "none":
         return None
-    from ..local_engine import VLLM_DTYPES, EngineInfo, _vllm_version, vllm_python
+    from ..engines.local_engine import VLLM_DTYPES, EngineInfo, _vllm_version, vllm_python
 
     py = vllm_python(cfg.engine_python)
     if py is None:
@@ -360,7 +360,7 @@ def engine_info(cfg: GenDataConfig):
 
 def start_engine(cfg: GenDataConfig, out: Path, stack: contextlib.ExitStack) -> GenDataConfig:
     """Start --engine on the target (stopped when `stack` closes); the config pointed at it."""
-    from ..local_engine import EngineStartError, tail, vllm_for_target
+    from ..engines.local_engine import EngineStartError, tail, vllm_for_target
 
     assert cfg.target is not None
     i, n = parse_shard(cfg.shard)  # one engine per `--shard i/N` process, each with its own log

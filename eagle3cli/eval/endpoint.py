@@ -25,11 +25,11 @@ from pathlib import Path
 
 from ..config import config_dict
 from ..console import log, print_table, warn
-from ..engine_api import EngineClient, Unreachable, completion_body, run_sync
-from ..engine_api import generate_body as sglang_body
+from ..engines.engine_api import EngineClient, Unreachable, completion_body, run_sync
+from ..engines.engine_api import generate_body as sglang_body
 from ..errors import UsageError
-from ..manifest import atomic_write_json, write_manifest
 from ..prompts import load_prompts, render
+from ..run_folder.manifest import atomic_write_json, write_manifest
 from .config import EvalConfig
 from .paired import ORDER, paired_speedup, run_interleaved, speedup_cell
 

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..console import log, print_table, warn
-from ..engine_api import EngineClient, Unreachable, parse_prometheus
+from ..engines.engine_api import EngineClient, Unreachable, parse_prometheus
 from ..errors import UsageError
 from .config import EvalConfig
 from .paired import ORDER, paired_speedup, run_interleaved, speedup_cell

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..console import log, print_table
-from ..manifest import atomic_write
+from ..run_folder.manifest import atomic_write
 from ..speculate.acceptance import TAU_NOTE
 
 

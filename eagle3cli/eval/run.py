@@ -13,13 +13,13 @@ import torch
 
 from ..config import config_dict
 from ..console import log, warn
-from ..devices import check_device
 from ..errors import UsageError
 from ..extras import draw_plot
-from ..folders import claim_output, refuse_replacing
-from ..lock import locked_stage
-from ..manifest import atomic_write_json, remove_dead_temps, same_fingerprint, write_manifest
+from ..node.devices import check_device
 from ..prompts import load_conversations, render
+from ..run_folder.folders import claim_output, refuse_replacing
+from ..run_folder.lock import locked_stage
+from ..run_folder.manifest import atomic_write_json, remove_dead_temps, same_fingerprint, write_manifest
 from ..speculate import Unsupported
 from ..speculate.acceptance import TAU_NOTE
 from ..speculate.decoder import SpeculativeDecoder, plain_decode

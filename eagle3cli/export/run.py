@@ -21,7 +21,6 @@ import torch
 
 from ..console import warn
 from ..errors import UsageError
-from ..folders import begin_writing, claim_output, end_writing, refuse_replacing
 from ..head.engines import sglang_norm_problem, target_support
 from ..head.read import load_any_head
 from ..head.table import HEAD_WEIGHTS
@@ -32,8 +31,9 @@ from ..head.write import (
     target_architectures,
     write_head_files,
 )
-from ..manifest import read_json, remove_dead_temps, shard_record, write_manifest
 from ..model.target import repo_relative
+from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
+from ..run_folder.manifest import read_json, remove_dead_temps, shard_record, write_manifest
 from .config import ExportConfig
 
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
@@ -45,7 +45,7 @@ def run_export(cfg: ExportConfig) -> Path:
     its own converter and read back); says when vLLM's support for the target cannot be told."""
     assert cfg.out is not None  # validate() requires it
     if cfg.format == "gguf":  # llama.cpp: converted by its own converter, then read back and checked
-        from ..gguf_export import export_gguf
+        from ..engines.gguf_export import export_gguf
 
         return export_gguf(cfg.head, cfg.target, cfg.out, cfg.dtype, overwrite=cfg.overwrite)
     assert cfg.head is not None  # validate() requires it for the other formats

@@ -33,8 +33,8 @@ from pathlib import Path
 import torch
 
 from ..errors import StageError, UsageError
-from ..manifest import for_run, model_fingerprint, read_json_object, same_fingerprint
 from ..model.config_check import config_problems
+from ..run_folder.manifest import for_run, model_fingerprint, read_json_object, same_fingerprint
 from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems

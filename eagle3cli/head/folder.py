@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import UsageError
-from ..manifest import for_run, read_json_object
+from ..run_folder.manifest import for_run, read_json_object
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids, from_sglang_ids, int_list
 from .table import HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, canonical_name
 

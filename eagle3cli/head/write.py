@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
-from ..manifest import (
+from ..run_folder.manifest import (
     atomic_write_json,
     atomic_write_tensors,
     read_json,

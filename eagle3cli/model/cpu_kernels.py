@@ -15,7 +15,7 @@ token as a one-token step would. Exactness never rests on it: eval compares outp
 Inference only: a packed weight has no gradient. `pack_linears` replaces modules in place.
 
 Which CPUs: oneDNN's fp32 path runs on any x86-64 CPU; its bf16 path needs AVX-512 (bw, vl, dq)
-or AVX-NE-CONVERT (`eagle3cli/cpu_features.py`). `--cpu-kernels auto` (the default) packs only
+or AVX-NE-CONVERT (`eagle3cli/node/cpu_features.py`). `--cpu-kernels auto` (the default) packs only
 where the CPU can run the model's dtype and says which it chose; an explicit `onednn` that the CPU
 cannot run is refused before anything is loaded.
 """
@@ -29,8 +29,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, forced_level, onednn_bf16_missing
 from ..errors import UsageError
+from ..node.cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, forced_level, onednn_bf16_missing
 
 PACKABLE_DTYPES = (torch.float32, torch.bfloat16)
 _PACKED: weakref.WeakSet[nn.Module] = weakref.WeakSet()  # models pack_linears ran on

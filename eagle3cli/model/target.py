@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from ..errors import UsageError
-from ..manifest import model_fingerprint, tokenizer_fingerprint
+from ..run_folder.manifest import model_fingerprint, tokenizer_fingerprint
 from ..speculate.target import text_config
 
 
@@ -110,7 +110,7 @@ def resolvable_reference(ref: str | None, base: Path | None = None) -> str | Non
 
 
 def pick_device(device: str | None = None) -> torch.device:
-    from ..devices import check_device
+    from ..node.devices import check_device
 
     check_device(device)
     if device and device != "auto":

@@ -21,12 +21,12 @@ from pathlib import Path
 
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
-from ..engine_api import EngineClient, Unreachable, chat_body, generate_body
+from ..engines.engine_api import EngineClient, Unreachable, chat_body, generate_body
 from ..errors import UsageError
 from ..extras import draw_plot
-from ..folders import begin_writing, claim_output, end_writing, refuse_replacing
-from ..lock import locked_stage
-from ..manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
+from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
+from ..run_folder.lock import locked_stage
+from ..run_folder.manifest import atomic_write, atomic_write_json, remove_dead_temps, write_manifest
 from .config import BenchConfig
 
 DEFAULT_PROMPTS = "mt_bench"

@@ -19,7 +19,7 @@ from pathlib import Path
 from rich.markup import escape
 
 from ..console import console, log
-from ..engine_api import is_healthy
+from ..engines.engine_api import is_healthy
 
 HEALTH_TIMEOUT_EXIT = 124  # as timeout(1): the engine never became healthy in time
 

@@ -31,9 +31,9 @@ from pathlib import Path
 from rich.markup import escape
 
 from ..console import log, out, warn
+from ..engines.gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
 from ..errors import UsageError
-from ..gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
-from ..manifest import cache_dir, file_digest, model_fingerprint
+from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
 from .config import ServeConfig
 from .problems import Problem, error, raise_if_errors, warning
 
@@ -61,7 +61,7 @@ SAMPLE_TEXTS = (
 
 
 def which_llama_server() -> str | None:
-    from ..local_engine import which_llama_server as find
+    from ..engines.local_engine import which_llama_server as find
 
     return find()
 
@@ -242,7 +242,7 @@ def format_argv(argv: list[str]) -> str:
 # ---------------------------------------------------------------- after start: the tokenizer
 def tokenizer_check(base_url: str, target_dir: Path) -> str | None:
     """None when llama-server tokenizes and templates like transformers; else what differs."""
-    from ..engine_api import EngineClient, Unreachable, run_sync
+    from ..engines.engine_api import EngineClient, Unreachable, run_sync
     from ..model.target import load_tokenizer
 
     tok = load_tokenizer(target_dir)

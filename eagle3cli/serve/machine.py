@@ -12,7 +12,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..local_engine import VLLM_CPU_VENV, free_port, vllm_python
+from ..engines.local_engine import VLLM_CPU_VENV, free_port, vllm_python
 from .problems import Problem, error
 
 __all__ = ["VLLM_CPU_VENV", "free_port"]  # re-exported: serve's callers and tests import them from here
@@ -66,8 +66,8 @@ def vllm_build(python: str | None) -> VllmBuild | None:
 
 
 def cpu_flags() -> set[str]:
-    """The CPU's flags (EAGLE3_CPU_FEATURES=avx2 hides AVX-512: see eagle3cli/cpu_features.py)."""
-    from ..cpu_features import cpu_flags as flags
+    """The CPU's flags (EAGLE3_CPU_FEATURES=avx2 hides AVX-512: see eagle3cli/node/cpu_features.py)."""
+    from ..node.cpu_features import cpu_flags as flags
 
     return flags()
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from rich.markup import escape
 
 from ..console import log, out, warn
+from ..engines.local_engine import vllm_loadable
 from ..errors import UsageError
-from ..local_engine import vllm_loadable
 from ..model.target import resolve_model_path
 from .commands import (
     VLLM_API_MODULE,

@@ -26,8 +26,8 @@ from typing import Any
 import torch
 
 from ..errors import StageError
-from ..jsonl import split_byte_lines
-from ..manifest import atomic_write_bytes, atomic_write_tensors
+from ..readers.jsonl import split_byte_lines
+from ..run_folder.manifest import atomic_write_bytes, atomic_write_tensors
 
 CKPT_DIR = "checkpoints"
 SUFFIX = ".safetensors"

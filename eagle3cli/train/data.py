@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
-from ..jsonl import read_records
-from ..manifest import folder_fingerprint, read_json
+from ..readers.jsonl import read_records
+from ..run_folder.manifest import folder_fingerprint, read_json
 from ..speculate.vocab import build_mapping, select_draft_tokens, token_counts
 
 
@@ -151,7 +151,7 @@ class CacheSource:
 
 def read_conversations(data_dir: Path) -> list[dict]:
     """The records of a gen-data folder, in shard order (the manifest must exist: a finished stage)."""
-    from ..manifest import contained, read_manifest
+    from ..run_folder.manifest import contained, read_manifest
 
     m = read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
     records = []

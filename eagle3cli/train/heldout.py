@@ -115,7 +115,7 @@ def plot_curve(path: Path, points: list[dict], title: str) -> None:
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter
 
-    from ..manifest import atomic_write
+    from ..run_folder.manifest import atomic_write
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     taus = [p["heldout_tau"] for p in points]

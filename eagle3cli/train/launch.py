@@ -28,7 +28,7 @@ import yaml
 from .. import console
 from ..config import config_dict
 from ..errors import StageError, UsageError
-from ..manifest import atomic_write_json, atomic_write_text, read_json, read_json_object
+from ..run_folder.manifest import atomic_write_json, atomic_write_text, read_json, read_json_object
 from .config import DEEPSPEED_PRESETS, TrainConfig
 
 # Sections whose values eagle3 sets from its own flags; "auto" in a user config means "take the flag".
@@ -375,7 +375,7 @@ _NOT_RESULTS = ("resume", "hostfile", "master_addr", "master_port", "tensorboard
 
 def _finished_run(train_dir: Path, head: Path, child: dict) -> bool:
     """A run that finished with these settings and whose exported head is intact."""
-    from ..manifest import verify_shards
+    from ..run_folder.manifest import verify_shards
 
     try:
         m, h = read_json(train_dir / "manifest.json"), read_json(head / "manifest.json")

@@ -19,13 +19,20 @@ import torch
 
 from .. import console
 from ..config import config_dict
-from ..devices import check_device
 from ..errors import StageError
 from ..extras import require
 from ..head.check import nonfinite_tensors
 from ..head.write import save_head, self_check
-from ..lock import stage_lock
-from ..manifest import atomic_write_json, read_json, remove_dead_temps, sha256_file, verify_shards, write_manifest
+from ..node.devices import check_device
+from ..run_folder.lock import stage_lock
+from ..run_folder.manifest import (
+    atomic_write_json,
+    read_json,
+    remove_dead_temps,
+    sha256_file,
+    verify_shards,
+    write_manifest,
+)
 from ..speculate.acceptance import conditional_acceptance, simulated_accept_length, simulated_tau
 from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt

@@ -23,8 +23,8 @@ from .. import console
 from ..config import config_dict
 from ..errors import UsageError
 from ..head.read import init_draft_from_weights
-from ..manifest import check_matches, read_json
 from ..model.target import open_target, pick_device, pick_dtype
+from ..run_folder.manifest import check_matches, read_json
 from ..speculate.aux_layers import (
     EXPECTED,
     aux_layer_problems,

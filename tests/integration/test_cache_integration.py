@@ -17,7 +17,7 @@ from eagle3cli.cache.config import CacheConfig
 from eagle3cli.cache.reader import CacheReader
 from eagle3cli.cache.run import run_cache
 from eagle3cli.config import build_config
-from eagle3cli.manifest import sha256_file
+from eagle3cli.run_folder.manifest import sha256_file
 
 pytestmark = pytest.mark.integration
 FLAGS = {"shard_tokens": 150, "token_budget": 600, "max_length": 160}

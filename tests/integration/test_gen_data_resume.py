@@ -15,7 +15,7 @@ import pytest
 from cli_helpers import gen_data_args
 
 from eagle3cli.cli import main
-from eagle3cli.sources import bundled
+from eagle3cli.readers.sources import bundled
 
 pytestmark = pytest.mark.integration
 

@@ -21,10 +21,10 @@ from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.data.http_server import ModelServer
 from eagle3cli.data.run import run_gen_data
-from eagle3cli.jsonl import read_records, split_lines
 from eagle3cli.model.target import load_target
 from eagle3cli.prompts import load_prompts
-from eagle3cli.sources import bundled
+from eagle3cli.readers.jsonl import read_records, split_lines
+from eagle3cli.readers.sources import bundled
 
 pytestmark = pytest.mark.integration
 

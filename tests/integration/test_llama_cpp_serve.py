@@ -19,8 +19,8 @@ import psutil
 import pytest
 from head_fixtures import make_head
 
-from eagle3cli.gguf_export import llama_cpp_source
-from eagle3cli.local_engine import free_port, which_llama_server
+from eagle3cli.engines.gguf_export import llama_cpp_source
+from eagle3cli.engines.local_engine import free_port, which_llama_server
 
 REPO = Path(__file__).resolve().parents[2]
 SMOLLM2 = REPO / "models" / "smollm2-135m"
@@ -94,7 +94,7 @@ def test_tokenizer_check_passes_for_the_converted_tokenizer_and_catches_another(
     import json
     import shutil
 
-    from eagle3cli.gguf_export import export_gguf, read_gguf
+    from eagle3cli.engines.gguf_export import export_gguf, read_gguf
     from eagle3cli.serve.llama_cpp import tokenizer_check
 
     tiny = REPO / "models" / "tiny-target"

@@ -171,7 +171,7 @@ def test_template_refusals_become_rejects_in_gen_data_and_skips_in_cache(tmp_pat
     shard.write_text(
         shard.read_text() + json.dumps({"id": "x:sys", "source": "x", "messages": rows[0]["messages"]}) + "\n"
     )
-    from eagle3cli.manifest import shard_record, write_manifest
+    from eagle3cli.run_folder.manifest import shard_record, write_manifest
 
     m = json.loads((data / "manifest.json").read_text())
     m["shards"] = [shard_record(shard, records=2)]

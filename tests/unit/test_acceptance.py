@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle3cli.engine_api import SpecCounters
+from eagle3cli.engines.engine_api import SpecCounters
 from eagle3cli.eval.endpoint import acceptance_summary
 from eagle3cli.speculate.acceptance import (
     acceptance_by_depth,

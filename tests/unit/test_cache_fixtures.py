@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cache_fixtures import conversations, write_data_folder
 
-from eagle3cli.manifest import read_manifest, verify_shards
+from eagle3cli.run_folder.manifest import read_manifest, verify_shards
 
 
 def test_data_folder_follows_the_contract(tmp_path, tiny_target_dir):

@@ -10,11 +10,11 @@ import pytest
 import torch
 from head_fixtures import make_head
 
-from eagle3cli import cpu_features
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
 from eagle3cli.model import cpu_kernels
 from eagle3cli.model.cpu_kernels import choose_cpu_kernels, onednn_cannot_run, onednn_linear_available
+from eagle3cli.node import cpu_features
 
 AVX512 = frozenset("sse4_2 avx avx2 fma avx512f avx512dq avx512bw avx512vl avx512_bf16 avx512_vnni".split())
 EPYC_ZEN2 = frozenset("sse4_2 avx avx2 fma f16c avx_vnni".split())  # AVX2 only: no AVX-512

@@ -21,8 +21,8 @@ from head_fixtures import make_head
 from safetensors.torch import load_file, save_file
 
 from eagle3cli.cli import main
+from eagle3cli.engines.gguf_export import HEAD_GGUF, check_head_gguf, llama_cpp_source, read_gguf
 from eagle3cli.export.run import export_head
-from eagle3cli.gguf_export import HEAD_GGUF, check_head_gguf, llama_cpp_source, read_gguf
 from eagle3cli.head.engines import sglang_norm_flags
 from eagle3cli.head.read import load_any_head, load_head_weights, read_head
 from eagle3cli.model.target import load_target

@@ -12,7 +12,7 @@ import pytest
 from http_fixtures import ThreadedServer, running
 
 from eagle3cli.cli import main
-from eagle3cli.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
+from eagle3cli.engines.engine_api import SpecCounters, chat_body, completion_body, parse_prometheus, spec_counters
 from eagle3cli.serve.commands import SpecNumbers, build_command
 from eagle3cli.serve.machine import check_vllm_cpu
 from eagle3cli.serve.vllm_cpu import KVCACHE_ENV, cpu_launch
@@ -267,7 +267,7 @@ def test_one_module_speaks_http():
                 names = [node.module or ""]
             if any(n == c or n.startswith(c + ".") for n in names for c in clients):
                 users.add(path.relative_to(root).as_posix())
-    assert users == {"engine_api.py"}
+    assert users == {"engines/engine_api.py"}
 
 
 def test_doctor_reports_vllm_cpu_without_requiring_it(monkeypatch, tmp_path):

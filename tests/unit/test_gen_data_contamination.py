@@ -7,7 +7,7 @@ import json
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.contamination import EvalIndex, drop_eval_prompts, eval_index
 from eagle3cli.data.run import run_gen_data
-from eagle3cli.sources import bundled
+from eagle3cli.readers.sources import bundled
 
 
 def _rec(i: int, *users: str) -> dict:

@@ -13,7 +13,7 @@ import pytest
 from eagle3cli.cli import main
 from eagle3cli.data import dedup, levers
 from eagle3cli.data.formats import parse_input_spec, read_input
-from eagle3cli.sources import _chitchat_row, bundled
+from eagle3cli.readers.sources import _chitchat_row, bundled
 
 GSM8K_TEST = bundled("gsm8k_test.jsonl")
 

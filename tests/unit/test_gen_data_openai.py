@@ -11,8 +11,8 @@ import pytest
 
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.run import run_gen_data
+from eagle3cli.engines.local_engine import free_port
 from eagle3cli.errors import IncompleteError
-from eagle3cli.local_engine import free_port
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from eagle3cli.engines.gguf import STAMP, convert_gguf
 from eagle3cli.errors import UsageError
-from eagle3cli.gguf import STAMP, convert_gguf
 
 gguf = pytest.importorskip("gguf")
 TOK_DIR = Path(__file__).resolve().parents[2] / "models" / "tiny-target"

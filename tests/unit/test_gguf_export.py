@@ -17,7 +17,7 @@ from head_fixtures import make_head
 from safetensors.torch import load_file, save_file
 
 from eagle3cli.cli import main
-from eagle3cli.gguf_export import (
+from eagle3cli.engines.gguf_export import (
     HEAD_GGUF,
     TARGET_GGUF,
     check_head_gguf,

@@ -18,7 +18,7 @@ from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
 from eagle3cli.head.check import problems
 from eagle3cli.head.read import read_head
-from eagle3cli.manifest import model_fingerprint, same_fingerprint
+from eagle3cli.run_folder.manifest import model_fingerprint, same_fingerprint
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +137,7 @@ def test_naming_the_architecture_keeps_the_targets_identity(deep_target_dir, tmp
     against the unnamed config still match it."""
     import shutil
 
-    from eagle3cli.gguf import name_architecture
+    from eagle3cli.engines.gguf import name_architecture
 
     target = Path(shutil.copytree(deep_target_dir, tmp_path / "target"))
     cfg = json.loads((target / "config.json").read_text())

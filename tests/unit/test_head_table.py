@@ -10,7 +10,7 @@ import pytest
 import torch
 from head_fixtures import make_head
 
-from eagle3cli.gguf_export import expected_head_tensors
+from eagle3cli.engines.gguf_export import expected_head_tensors
 from eagle3cli.head.check import problems
 from eagle3cli.head.read import draft_config, load_any_head, read_head
 from eagle3cli.head.table import (

@@ -5,6 +5,8 @@ serve does not read through eval."""
 from __future__ import annotations
 
 import ast
+import functools
+import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,6 +18,7 @@ def module_name(path: Path, base: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
+@functools.cache  # read once per process: six tests walk the same tree
 def import_graph(base: Path, roots: tuple[str, ...]) -> dict[str, set[str]]:
     """module -> the modules under `roots` it imports (every import statement, at any depth)."""
     files = {module_name(p, base): p for root in roots for p in sorted((base / root).rglob("*.py"))}
@@ -119,7 +122,12 @@ def test_recipes_hold_data_and_short_scripts_only():
 STAGES = ("data", "cache", "train", "export", "eval", "serve")
 # The method wing (docs/architecture.md): pure, it knows no stage, file, folder or screen.
 WING = "eagle3cli.speculate"
-SHELL_MODULES_A_WING_MAY_NOT_USE = ("eagle3cli.manifest", "eagle3cli.console", "eagle3cli.errors", "eagle3cli.folders")
+SHELL_MODULES_A_WING_MAY_NOT_USE = (
+    "eagle3cli.run_folder.manifest",
+    "eagle3cli.console",
+    "eagle3cli.errors",
+    "eagle3cli.run_folder.folders",
+)
 # Its one import outside itself: the oneDNN-packed linears the draft's fused decode projections
 # use (torch only; docs/architecture.md, "where the structure bends").
 WING_MAY_IMPORT = {"eagle3cli.model.cpu_kernels"}
@@ -255,3 +263,82 @@ def test_no_stage_imports_another_stages_internals():
             if own is not None or (m not in ("eagle3cli.cli",) and (m, t) not in SHELL_INTO_STAGE):
                 bad.append(f"{m} -> {t}")
     assert bad == []
+
+
+# ---------------------------------------------------------------- the layers
+# docs/architecture.md, "The layers": a table of rows `| N | `a.py`, `room/` | what |`. A module
+# imports its own layer or a lower one (a larger N), never a higher one; the root holds <= 12 modules.
+ROOT_MODULES_AT_MOST = 12
+
+
+def documented_layers(doc: str) -> dict[str, int]:
+    """The layer table of the architecture page: dotted module or package name -> its layer."""
+    section = ("\n" + doc).split("\n## The layers\n", 1)[1].split("\n## ", 1)[0]
+    layers: dict[str, int] = {}
+    for line in section.splitlines():
+        row = re.match(r"\| (\d+) \| (.*?) \|", line)
+        for entry in re.findall(r"`([^`]+)`", row[2]) if row else []:
+            parts = entry.rstrip("/").removesuffix(".py").split("/")
+            name = ".".join(["eagle3cli", *([] if parts == ["__init__"] else parts)])
+            assert name not in layers, f"{entry} is in two layers"
+            layers[name] = int(row[1])  # type: ignore[index]
+    return layers
+
+
+def layer_of(module: str, layers: dict[str, int]) -> int | None:
+    """The layer of the most specific entry naming `module` (itself, or a package above it)."""
+    names = [n for n in layers if module == n or (n != "eagle3cli" and module.startswith(n + "."))]
+    return layers[max(names, key=len)] if names else None
+
+
+def upward_imports(graph: dict[str, set[str]], layers: dict[str, int]) -> list[str]:
+    """Every import from a lower layer to a higher one, as `module (N) -> target (M)`."""
+    bad = []
+    for m, ts in sorted(graph.items()):
+        for t in sorted(ts):
+            lm, lt = layer_of(m, layers), layer_of(t, layers)
+            if lm is not None and lt is not None and lt < lm:
+                bad.append(f"{m} ({lm}) -> {t} ({lt})")
+    return bad
+
+
+def _doc() -> str:
+    return (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+
+
+def test_the_layer_checker_finds_an_import_from_below(tmp_path):
+    doc = "## The layers\n\n| layer | modules | what |\n| --- | --- | --- |\n"
+    doc += (
+        "| 1 | `cli.py` | top |\n| 2 | `a/` | middle |\n| 3 | `a/low.py`, `b/`, `__init__.py` | bottom |\n\n## Next\n"
+    )
+    layers = documented_layers(doc)
+    assert layers == {"eagle3cli.cli": 1, "eagle3cli.a": 2, "eagle3cli.a.low": 3, "eagle3cli.b": 3, "eagle3cli": 3}
+    graph = {
+        "eagle3cli.cli": {"eagle3cli.a.x", "eagle3cli"},
+        "eagle3cli.a.x": {"eagle3cli.a.low", "eagle3cli.b.y"},
+        "eagle3cli.a.low": {"eagle3cli.b.y"},
+        "eagle3cli.b.y": {"eagle3cli.a.x", "eagle3cli.cli"},  # two imports from below
+    }
+    assert upward_imports(graph, layers) == [
+        "eagle3cli.b.y (3) -> eagle3cli.a.x (2)",
+        "eagle3cli.b.y (3) -> eagle3cli.cli (1)",
+    ]
+
+
+def test_every_module_of_the_package_has_a_layer():
+    layers = documented_layers(_doc())
+    graph = import_graph(REPO, ("eagle3cli",))
+    assert [m for m in sorted(graph) if layer_of(m, layers) is None] == [], "add them to docs/architecture.md's layers"
+    assert [n for n in sorted(layers) if n not in graph] == [], "the layer table names modules that do not exist"
+
+
+def test_no_import_from_a_lower_layer_to_a_higher_one():
+    """Lazy imports inside functions count: a module that needs a higher layer belongs higher."""
+    graph = import_graph(REPO, ("eagle3cli",))
+    assert "eagle3cli.engines.gguf_export" in graph and "eagle3cli.run_folder.manifest" in graph
+    assert upward_imports(graph, documented_layers(_doc())) == []
+
+
+def test_the_package_root_holds_at_most_12_modules():
+    root = sorted(p.name for p in (REPO / "eagle3cli").glob("*.py"))
+    assert len(root) <= ROOT_MODULES_AT_MOST, f"{len(root)} modules at the root: group them into rooms: {root}"

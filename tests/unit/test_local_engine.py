@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from eagle3cli.local_engine import EngineInfo, EngineStartError, free_port, running, served_copy
+from eagle3cli.engines.local_engine import EngineInfo, EngineStartError, free_port, running, served_copy
 
 FAKE = textwrap.dedent(
     """
@@ -83,7 +83,7 @@ def test_the_engine_and_its_workers_stop_when_we_are_terminated_or_killed(tmp_pa
         f"""
         import os, sys, time
         from pathlib import Path
-        from eagle3cli.local_engine import running
+        from eagle3cli.engines.local_engine import running
         argv = [sys.executable, "-c", {WORKER_ENGINE!r}, "{port}", {str(pids)!r}]
         with running(argv, dict(os.environ), Path({str(tmp_path / "e.log")!r}), "http://127.0.0.1:{port}/health",
                      timeout_s=60):
@@ -134,7 +134,7 @@ def test_a_corpus_is_not_resumed_on_another_engine_or_dtype(tmp_path):
 def test_a_target_naming_no_architecture_is_loaded_from_one_lasting_copy_per_config(tmp_path, monkeypatch):
     """local_engine.vllm_loadable (serve, run_bench): the target itself when it names its class; else
     one copy in eagle3's cache, made again only when the target's config changes."""
-    from eagle3cli.local_engine import vllm_loadable
+    from eagle3cli.engines.local_engine import vllm_loadable
 
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
     named = tmp_path / "named"
@@ -159,7 +159,7 @@ def test_gen_data_starts_vllm_on_the_same_lasting_copy_serve_uses(tmp_path, monk
     target's lasting copy when its config names no class, so a corpus and a served head meet one model."""
     import contextlib
 
-    from eagle3cli import local_engine
+    from eagle3cli.engines import local_engine
 
     monkeypatch.setenv("EAGLE3_CACHE", str(tmp_path / "cache"))
     target = tmp_path / "t"

@@ -10,7 +10,7 @@ import pytest
 
 from eagle3cli.config import build_config
 from eagle3cli.errors import StageError, UsageError
-from eagle3cli.manifest import (
+from eagle3cli.run_folder.manifest import (
     atomic_write,
     atomic_write_json,
     check_matches,

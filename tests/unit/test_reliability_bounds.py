@@ -122,7 +122,7 @@ def test_hostile_replies_reject_their_rows_and_the_run_completes_under_2_gb(tmp_
 
 
 def test_timeout_is_for_the_whole_request_not_each_read(hostile):
-    from eagle3cli.engine_api import EngineClient, Unreachable, chat_body
+    from eagle3cli.engines.engine_api import EngineClient, Unreachable, chat_body
 
     body = chat_body("m", [{"role": "user", "content": "drip"}], 8)
 
@@ -138,8 +138,8 @@ def test_timeout_is_for_the_whole_request_not_each_read(hostile):
 
 
 def test_reply_json_refuses_nan_infinity_and_deep_nesting():
-    from eagle3cli.engine_api import Reply
-    from eagle3cli.limits import UnusableReply
+    from eagle3cli.engines.engine_api import Reply
+    from eagle3cli.readers.limits import UnusableReply
 
     for text in ('{"a": NaN}', '{"a": -Infinity}', '{"a": 1e400}', "[" * 3000 + "]" * 3000):
         with pytest.raises(UnusableReply):

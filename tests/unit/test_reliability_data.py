@@ -13,7 +13,7 @@ from eagle3cli.cli import main
 from eagle3cli.config import build_config
 from eagle3cli.data.config import GenDataConfig
 from eagle3cli.data.formats import parse_input_spec, read_input
-from eagle3cli.local_engine import free_port
+from eagle3cli.engines.local_engine import free_port
 
 
 @pytest.fixture

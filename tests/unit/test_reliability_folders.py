@@ -18,12 +18,12 @@ from train_fixtures import REPO, write_data
 
 from eagle3cli.cli import main
 from eagle3cli.errors import StageError, UsageError
-from eagle3cli.manifest import atomic_write_text, model_fingerprint, verify_shards
+from eagle3cli.run_folder.manifest import atomic_write_text, model_fingerprint, verify_shards
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from eagle3cli.lock import stage_lock
+from eagle3cli.run_folder.lock import stage_lock
 with stage_lock(Path(sys.argv[1]), "test", *sys.argv[2:]):
     print("held", flush=True)
     time.sleep(300)
@@ -111,7 +111,7 @@ def test_two_trains_on_one_run_the_second_is_refused(tmp_path, tiny_target_dir, 
 
 
 def test_cache_shard_processes_share_a_folder_but_not_a_slice(tmp_path, holder):
-    from eagle3cli.lock import stage_lock
+    from eagle3cli.run_folder.lock import stage_lock
 
     folder = tmp_path / "cache"
     holder(folder, ".lock.shard-0-of-2")
@@ -124,7 +124,7 @@ def test_cache_shard_processes_share_a_folder_but_not_a_slice(tmp_path, holder):
 def test_without_flock_a_pid_lock_of_a_dead_process_is_taken_over(tmp_path, monkeypatch):
     import socket
 
-    from eagle3cli import lock
+    from eagle3cli.run_folder import lock
 
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
@@ -196,7 +196,7 @@ def test_folders_recorded_before_fingerprint_3_still_match_their_target(tiny_tar
     whose config was not re-saved, and still refuse another target."""
     import hashlib
 
-    from eagle3cli.manifest import check_matches, file_digest
+    from eagle3cli.run_folder.manifest import check_matches, file_digest
 
     cfg = json.loads((tiny_target_dir / "config.json").read_text())
     weights = b"".join(
@@ -269,7 +269,7 @@ def test_cache_verify_refuses_a_crafted_manifest(tmp_path, tiny_target_dir, caps
 
 # ---------------------------------------------------------------- files honour the umask
 def test_atomic_writes_honour_the_umask(tmp_path, monkeypatch):
-    import eagle3cli.manifest as man
+    import eagle3cli.run_folder.manifest as man
 
     old = os.umask(0o027)
     try:

@@ -81,7 +81,7 @@ def test_an_extra_newline_in_rejects_then_a_dead_endpoint_loses_nothing(tmp_path
 # ---------------------------------------------------------------- the lock and secrets
 def test_the_lock_holds_no_command_line_and_never_follows_a_link(tmp_path, monkeypatch):
     from eagle3cli.errors import UsageError
-    from eagle3cli.lock import stage_lock
+    from eagle3cli.run_folder.lock import stage_lock
 
     monkeypatch.setattr("sys.argv", ["eagle3", "gen-data", "--endpoint", "http://u:hunter2@h:1/?api_key=s3cret"])
     folder = tmp_path / "d"
@@ -126,7 +126,7 @@ def test_credentials_in_any_endpoint_spelling_never_reach_disk(tmp_path, tiny_ta
 def test_the_digest_memo_notices_a_rewrite_that_kept_size_and_mtime(tmp_path, monkeypatch):
     import time
 
-    from eagle3cli import manifest
+    from eagle3cli.run_folder import manifest
 
     monkeypatch.setenv("EAGLE3_CACHE_DIR", str(tmp_path / "memo"))
     monkeypatch.setattr(manifest, "_DIGESTS", {})

@@ -19,7 +19,7 @@ from head_fixtures import make_head
 from train_fixtures import REPO, make_run, write_data
 
 from eagle3cli.cli import main
-from eagle3cli.manifest import folder_fingerprint, verify_shards
+from eagle3cli.run_folder.manifest import folder_fingerprint, verify_shards
 
 
 def snapshot(folder):
@@ -226,7 +226,7 @@ def test_a_full_disk_at_export_exits_2_naming_the_file_and_leaves_no_temp(disk, 
     ballast.unlink()
     old = os.umask(0o027)
     try:
-        import eagle3cli.manifest as man
+        import eagle3cli.run_folder.manifest as man
 
         man._UMASK = None
         assert main(["export", "--head", str(head), "--format", "speculators", "--out", str(out)]) == 0
@@ -241,7 +241,7 @@ def test_a_full_disk_at_export_exits_2_naming_the_file_and_leaves_no_temp(disk, 
 CUT = """
 import sys, time
 from pathlib import Path
-from eagle3cli.manifest import atomic_write
+from eagle3cli.run_folder.manifest import atomic_write
 def write(tmp):
     tmp.write_bytes(b"x" * 100_000)
     print("writing", flush=True)

@@ -13,7 +13,7 @@ import pytest
 from head_fixtures import make_head
 
 from eagle3cli.cli import main
-from eagle3cli.manifest import write_manifest
+from eagle3cli.run_folder.manifest import write_manifest
 
 
 @pytest.fixture(autouse=True)
@@ -70,7 +70,7 @@ def test_export_killed_before_its_manifest_is_still_its_own(tmp_path, head, caps
 
 
 def test_export_gguf_refuses_a_users_folder(tmp_path, head, capsys, monkeypatch):
-    import eagle3cli.gguf_export as ge
+    import eagle3cli.engines.gguf_export as ge
 
     monkeypatch.setattr(ge, "head_for_llama_cpp", lambda *a: None)  # no llama.cpp source needed to refuse
     monkeypatch.setattr(ge, "converter_source", lambda: tmp_path)
@@ -140,7 +140,7 @@ def _manifest(cache):
 
 def _reseal(cache, m, shard):
     """The manifest's checksum made to agree with the edited shard: a crafted cache, not a damaged one."""
-    from eagle3cli.manifest import sha256_file
+    from eagle3cli.run_folder.manifest import sha256_file
 
     m["shards"][0].update(bytes=shard.stat().st_size, sha256=sha256_file(shard))
     (cache / "manifest.json").write_text(json.dumps(m))
@@ -402,7 +402,7 @@ def test_openai_permanent_errors_stop_the_run_with_exit_2(
 
 
 def test_openai_a_dead_endpoint_among_several_is_skipped(tiny_target_dir, tmp_path, capsys):
-    from eagle3cli.local_engine import free_port
+    from eagle3cli.engines.local_engine import free_port
 
     p = tmp_path / "p.jsonl"
     p.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Q {i}?"}) + "\n" for i in range(12)))

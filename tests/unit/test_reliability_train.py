@@ -18,9 +18,9 @@ from train_fixtures import copy_run, make_run, metrics
 import eagle3cli.train.loop as loop
 from eagle3cli.cli import main
 from eagle3cli.config import build_config
+from eagle3cli.engines.local_engine import free_port
 from eagle3cli.errors import StageError
 from eagle3cli.head.read import load_head
-from eagle3cli.local_engine import free_port
 from eagle3cli.serve import preflight as pf
 from eagle3cli.train import checkpoint as ckpt
 from eagle3cli.train.config import TrainConfig
@@ -115,7 +115,7 @@ def _poison_shard(cache, *, fix_checksum: bool) -> str:
     data[8 + n + a : 8 + n + b] = b"\xc0\x7f" * ((b - a) // 2)
     shard.write_bytes(bytes(data))
     if fix_checksum:  # as if the cache had been written with NaN features: the checksum agrees
-        from eagle3cli.manifest import sha256_file
+        from eagle3cli.run_folder.manifest import sha256_file
 
         man["shards"][0]["sha256"] = sha256_file(shard)
         (cache / "manifest.json").write_text(json.dumps(man))

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from eagle3cli import sources
 from eagle3cli.data.formats import parse_input_spec, read_input
 from eagle3cli.errors import UsageError
 from eagle3cli.prompts import load_conversations, load_prompts
+from eagle3cli.readers import sources
 
 REPO = Path(__file__).resolve().parents[2]
 

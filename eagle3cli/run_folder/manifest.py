@@ -18,7 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .errors import StageError, UsageError
+from ..errors import StageError, UsageError
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1

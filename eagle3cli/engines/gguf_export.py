@@ -47,8 +47,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import UsageError
-from .manifest import cache_dir
+from ..errors import UsageError
+from ..run_folder.manifest import cache_dir
 
 HEAD_GGUF = "head.gguf"
 TARGET_GGUF = "target.gguf"
@@ -256,8 +256,8 @@ def expected_head_tensors(draft) -> dict[str, torch.Tensor]:
     our weights: q/k rope-permuted as the converter does, d2t as absolute target ids (the graph
     scatters draft logits with `ggml_set_rows` at d2t[i]); with EAGLE-3.1's norm_before_fc the
     converter writes input_norm.weight as ENC_OUTPUT_NORM, which the loader then creates."""
-    from .head.table import GGUF_TENSOR_NAMES
-    from .speculate.vocab import target_ids
+    from ..head.table import GGUF_TENSOR_NAMES
+    from ..speculate.vocab import target_ids
 
     cfg = draft.config
     sd = {k: v.detach().float().cpu() for k, v in draft.state_dict().items()}
@@ -277,7 +277,7 @@ _AS_STORED = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16
 
 def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers: int, target_vocab: int) -> list[str]:
     """Every difference between the GGUF llama.cpp would load and the head we have (empty: none)."""
-    from .speculate.draft import norm_flags
+    from ..speculate.draft import norm_flags
 
     cfg = draft.config
     problems = []
@@ -444,7 +444,7 @@ def _refuse(path: Path, what: str, problems: list[str], next_step: str) -> None:
 
 
 def _target_config(target_dir: Path) -> dict:
-    from .manifest import read_json_object
+    from ..run_folder.manifest import read_json_object
 
     return read_json_object(Path(target_dir) / "config.json", "a transformers config.json", "pass --target MODEL_DIR")
 
@@ -452,9 +452,9 @@ def _target_config(target_dir: Path) -> dict:
 def stage_head(draft, spec, folder: Path) -> Path:
     """The head as the converter reads it: eagle3's layout, fp32 names, the aux ids top-level (the
     converter reads `eagle_aux_hidden_state_layer_ids` as llama.cpp's extract layers, hidden_states[k])."""
-    from .head.write import head_state_dict, own_layout_config
-    from .manifest import atomic_write_json, atomic_write_tensors
-    from .speculate.draft import norm_flags
+    from ..head.write import head_state_dict, own_layout_config
+    from ..run_folder.manifest import atomic_write_json, atomic_write_tensors
+    from ..speculate.draft import norm_flags
 
     cfg = own_layout_config(draft, spec)
     cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in spec.aux_layer_ids]
@@ -470,7 +470,7 @@ def stage_head(draft, spec, folder: Path) -> Path:
 def head_for_llama_cpp(head_dir: Path, target_dir: Path):
     """(draft, spec) of a head llama.cpp can serve on `target_dir`, or the UsageError naming every reason
     it cannot (checked before anything is converted or written)."""
-    from .head.check import problems, read_target, refuse
+    from ..head.check import problems, read_target, refuse
 
     t = read_target(Path(target_dir))
     refuse(
@@ -510,7 +510,7 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
 
 
 def _load_head_for(head_dir: Path, n_layers: int):
-    from .head.read import load_head_weights, read_head
+    from ..head.read import load_head_weights, read_head
 
     spec = read_head(head_dir, n_layers)
     return load_head_weights(spec, None, torch.float32), spec
@@ -558,10 +558,10 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from .folders import begin_writing, claim_output, end_writing, refuse_replacing
-    from .head.read import read_head
-    from .manifest import remove_dead_temps, shard_record, write_manifest
-    from .model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
+    from ..head.read import read_head
+    from ..model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
+    from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
+    from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
 
     if head_dir is None and target_dir is None:
         raise UsageError("--format gguf needs --head, --target or both", None, "eagle3 export --help")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import UsageError
+from ..errors import UsageError
 
 STAMP = "eagle3-gguf.json"  # what was converted, from which file, and the check that passed
 CHECK_PROMPTS = (
@@ -76,7 +76,7 @@ def _greedy(model, tok, prompt: str, max_new_tokens: int) -> list[int]:
 
 
 def _write_folder(model, tok, out: Path, dtype: torch.dtype, source: dict) -> None:
-    from .manifest import atomic_write_tensors
+    from ..run_folder.manifest import atomic_write_tensors
 
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -105,7 +105,7 @@ def name_architecture(out: Path) -> None:
     folder's config.json that says null: SGLang reads architectures[0] before any weight and vLLM
     refuses null. Its fingerprint still matches what its corpora and heads recorded
     (`manifest.model_fingerprint` accepts the unnamed config's)."""
-    from .manifest import atomic_write_text
+    from ..run_folder.manifest import atomic_write_text
 
     path = out / "config.json"
     cfg = json.loads(path.read_text())

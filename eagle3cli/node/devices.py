@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import UsageError
+from ..errors import UsageError
 
 AUTO = ("auto",)
 _DEVICE = re.compile(r"^(cpu|cuda|mps)(?::(\d+))?$")

@@ -16,7 +16,7 @@ import functools
 import os
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 FORCE_ENV = "EAGLE3_CPU_FEATURES"
 LEVELS = ("native", "avx2")

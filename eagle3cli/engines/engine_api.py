@@ -26,9 +26,9 @@ from typing import Any, TypeVar
 
 import httpx
 
-from .errors import UsageError
-from .limits import BODY_ENV, UnusableReply, max_body_bytes, strict_json
-from .urls import endpoint_url, redact_text
+from ..errors import UsageError
+from ..readers.limits import BODY_ENV, UnusableReply, max_body_bytes, strict_json
+from ..urls import endpoint_url, redact_text
 
 T = TypeVar("T")
 
@@ -463,13 +463,13 @@ class SpecCounters:
     @property
     def tau(self) -> float | None:
         """Tokens per verification pass: 1 + accepted / drafts (the bonus token included)."""
-        from .speculate.acceptance import tau_from_counts  # lazy: the wing imports torch
+        from ..speculate.acceptance import tau_from_counts  # lazy: the wing imports torch
 
         return tau_from_counts(self.accepted, self.drafts)
 
     def per_position(self) -> list[float]:
         """P(draft token k accepted) over rounds, k = 1..K: eval's chain `unconditional` acceptance."""
-        from .speculate.acceptance import unconditional_from_counts
+        from ..speculate.acceptance import unconditional_from_counts
 
         return unconditional_from_counts(self.per_pos, self.drafts)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 HELDOUT_PER_MILLE = 20  # ShareGPT conversations held out for eval (2%)
 HUMANEVAL_INSTRUCTION = "Complete this Python function.\n\n"

@@ -21,7 +21,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from .errors import UsageError
+from ..errors import UsageError
 
 INPUT_ENV = "EAGLE3_MAX_INPUT_BYTES"
 BODY_ENV = "EAGLE3_MAX_BODY_BYTES"

