@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
+from collections.abc import Sequence
 from types import ModuleType
 
 from .errors import UsageError
@@ -40,6 +42,18 @@ def require(module: str, what: str) -> ModuleType:
             f"the `{EXTRAS.get(module, module)}` extra of eagle3cli",
             install_hint(module),
         ) from e
+
+
+def require_all(modules: Sequence[str], what: str, extra: str) -> None:
+    """Stop with exit 2 unless every one of `modules` is importable here (checked without importing
+    them: `what` may be a child process), naming the extra that installs them."""
+    lacking = [m for m in modules if not available(m)]
+    if lacking:
+        raise UsageError(
+            f"{what} imports {', '.join(lacking)}, which this environment lacks",
+            f"the `{extra}` extra installed",
+            f"{sys.executable} -m pip install 'eagle3cli[{extra}]'   (or: pip install {' '.join(lacking)})",
+        )
 
 
 def plotting() -> bool:

@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from ..errors import UsageError
+from ..extras import require_all
 from ..run_folder.manifest import cache_dir
 
 HEAD_GGUF = "head.gguf"
@@ -115,15 +116,7 @@ def converter_source() -> Path:
             "the llama.cpp source at .llama-cpp/src (or EAGLE3_LLAMA_CPP_SRC=DIR)",
             MAKE,
         )
-    import importlib.util
-
-    lacking = [m for m in ("sentencepiece", "numpy", "transformers") if importlib.util.find_spec(m) is None]
-    if lacking:
-        raise UsageError(
-            f"llama.cpp's converter imports {', '.join(lacking)}, which this environment lacks",
-            "the `gguf` extra installed",
-            f"{sys.executable} -m pip install 'eagle3cli[gguf]'   (or: pip install {' '.join(lacking)})",
-        )
+    require_all(("sentencepiece", "numpy", "transformers"), "llama.cpp's converter", "gguf")
     return src
 
 

@@ -247,3 +247,24 @@ def test_pair_preflight_finds_what_llama_cpp_refuses(exported):
     target = read_gguf(exported / TARGET_GGUF, tensors=False)
     target.fields["llama.embedding_length"] = 96
     assert any("96" in p.what for p in check_pair(head, target))
+
+
+def test_a_converter_without_its_imports_names_the_gguf_extra(monkeypatch, tmp_path):
+    """The converter runs in a child process, so what it imports is checked here first (by
+    `extras.require_all`, the one home of "an extra is missing"): exit 2 naming the package and the extra."""
+    import eagle3cli.engines.gguf_export as ge
+    from eagle3cli import extras
+    from eagle3cli.errors import UsageError
+
+    monkeypatch.setattr(ge, "llama_cpp_source", lambda: tmp_path)
+    present = extras.available
+    monkeypatch.setattr(extras, "available", lambda m: m != "sentencepiece" and present(m))
+    with pytest.raises(UsageError) as e:
+        ge.converter_source()
+    assert e.value.what == "llama.cpp's converter imports sentencepiece, which this environment lacks"
+    assert "pip install 'eagle3cli[gguf]'" in (e.value.next_step or "") and "pip install sentencepiece" in (
+        e.value.next_step or ""
+    )
+    monkeypatch.setattr(extras, "available", present)
+    if all(present(m) for m in ("sentencepiece", "numpy", "transformers")):
+        assert ge.converter_source() == tmp_path
