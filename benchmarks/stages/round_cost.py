@@ -7,7 +7,7 @@
 
 Prints one JSON object (also written to --out):
   parts[dtype]   ms per call, and in target-token times, of the pieces of a round: target passes
-                 over 1, 2, 9 and 16 new tokens (lm_head included), a draft step (forward + logits
+                 over 1, 2, 3, 4, 5, 9 and 16 new tokens (lm_head included), a draft step (forward + logits
                  + argmax) and its two halves, a 9-token commit; and the draft step's weight-bytes
                  share (bytes a chain step reads / bytes one target token reads).
   rounds[head][dtype][variant]  for chain depth d (`chain{d}`) and a tree verifying as many tokens
@@ -85,7 +85,7 @@ def measure_parts(target, head, repeats: int, share: float, context: int = 200) 
     h = torch.randn(1, 1, head.config.hidden_size, device=dev, dtype=head.fc.weight.dtype)
     tok = torch.tensor([[7]], device=dev)
     fns = {}
-    for n in (1, 2, 9, 16):
+    for n in (1, 2, 3, 4, 5, 9, 16):  # k+1 for a chain of k = 1..4, and two trees
         ids = torch.randint(0, 1000, (1, n), device=dev)
         fns[f"target_pass_{n}"] = lambda ids=ids: target_logits(target, target_forward(target, kv, ids, context))
     fns["draft_step"] = lambda: head.logits(head(tok, h, cache, context, False)).argmax(-1)
