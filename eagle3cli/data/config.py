@@ -151,8 +151,9 @@ class GenDataConfig:
     """A written prompt whose MinHash Jaccard similarity (word 5-grams) with a prompt already in the corpus, the
     --dedup-against folders, an eval bench or an earlier written prompt reaches this is dropped."""
     dedup_against: tuple[str, ...] = ()
-    """gen-data folders whose prompts count as already in the corpus for --synthetic's near-duplicate removal
-    (repeatable), e.g. corpora/smollm2-135m-sharegpt-vllm."""
+    """gen-data folders whose prompts count as already in the corpus (repeatable): a human record whose first
+    prompt they hold is skipped (in_corpus), so a second folder takes the rest of a source, trained beside
+    the first with `train --extra-data`; written prompts (--synthetic) must not nearly repeat them."""
     answers_per_prompt: int = 1
     """K answers per planned prompt (ids ID#k0..k(K-1)), at --answer-temperatures; identical answers to one
     prompt are kept once (duplicate_answer)."""

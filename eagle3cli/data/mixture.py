@@ -17,9 +17,14 @@ def first_user(record: dict) -> str:
     return next((m["content"] for m in record["messages"] if m["role"] == "user"), "")
 
 
+def prompt_key(text: str) -> str:
+    """Dedup key of a prompt: case-folded, whitespace collapsed."""
+    return re.sub(r"\s+", " ", text).strip().casefold()
+
+
 def first_prompt_key(record: dict) -> str:
-    """Dedup key: the first user prompt, case-folded, whitespace collapsed."""
-    return re.sub(r"\s+", " ", first_user(record)).strip().casefold()
+    """Dedup key of a record: its first user prompt's."""
+    return prompt_key(first_user(record))
 
 
 def quotas(sizes: list[int], weights: list[float], total: int | None) -> list[int]:

@@ -18,6 +18,7 @@ import random
 import shutil
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,7 @@ from ..urls import redact_text
 from . import dedup, levers
 from .config import PLAN_FIELDS, GenDataConfig
 from .contamination import eval_index, eval_reject
-from .formats import ReadResult, limit_turns, parse_input_spec, read_input
+from .formats import ReadResult, limit_turns, parse_input_spec, read_input, reject_row
 from .journal import (
     PROGRESS,
     REJECTS,
@@ -55,7 +56,7 @@ from .journal import (
     read_journal,
     shard_name,
 )
-from .mixture import build_plan, first_user
+from .mixture import build_plan, first_prompt_key, first_user, prompt_key
 from .regen import Conversation, Sampling, template_kwargs_for
 
 
@@ -88,17 +89,53 @@ def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[
     if cfg.max_turns is not None:
         for r in results:
             r.records = [limit_turns(rec, cfg.max_turns) for rec in r.records]
-    eval_check, reject = None, None
+    eval_check, rejecters = None, []
     if cfg.exclude_eval:
         idx = eval_index()
-        eval_check, reject = idx.summary(), functools.partial(eval_reject, idx)
-    plan, plan_rejects = build_plan(results, cfg.num_samples, cfg.seed, reject)
+        eval_check = idx.summary()
+        rejecters.append(functools.partial(eval_reject, idx))
+    if cfg.dedup_against:
+        rejecters.append(held_elsewhere(cfg.dedup_against))
+    plan, plan_rejects = build_plan(results, cfg.num_samples, cfg.seed, first_reject(rejecters))
     if eval_check is not None:
         eval_check["rejected"] = sum(r["reason"] == "eval_prompt" for r in plan_rejects)
     read_rejects = [r for res in results for r in res.rejects]
     if cfg.num_samples and len(plan) < cfg.num_samples:
         warn(f"asked for {cfg.num_samples} conversations, the inputs hold {len(plan)} usable ones after dedup")
     return results, apply_levers(cfg, plan), read_rejects + plan_rejects, eval_check
+
+
+def held_elsewhere(folders: tuple[str, ...]) -> Callable[[dict], dict | None]:
+    """--dedup-against: a human record whose first prompt one of these gen-data folders already holds is
+    skipped (`in_corpus`), so a second folder grows a corpus with the rest of a source (trained beside
+    the first: `train --extra-data`) instead of answering the same prompts again."""
+    held: dict[str, str] = {}
+    for folder in folders:  # checked before any generation, not when the dedup pass runs hours later
+        if not any(Path(folder).glob("shard-*.jsonl")):
+            raise UsageError(
+                f"--dedup-against {folder}: not a gen-data folder (no shard-*.jsonl in it)",
+                "folders written by eagle3 gen-data, whose prompts count as already in the corpus",
+                "check the path (ls), e.g. --dedup-against corpora/smollm2-135m-sharegpt-vllm",
+            )
+        for prompt in dedup.folder_prompts(Path(folder)):
+            held.setdefault(prompt_key(prompt), folder)
+
+    def reject(record: dict) -> dict | None:
+        folder = held.get(first_prompt_key(record))
+        if folder is None:
+            return None
+        return reject_row(
+            record["source"], record["meta"]["row"], "in_corpus", f"its first prompt is in {folder}", record["id"]
+        )
+
+    return reject
+
+
+def first_reject(rejecters: list[Callable[[dict], dict | None]]) -> Callable[[dict], dict | None] | None:
+    """The first reason any of `rejecters` gives to drop a record (None: keep it)."""
+    if not rejecters:
+        return None
+    return lambda record: next((why for r in rejecters if (why := r(record)) is not None), None)
 
 
 def apply_levers(cfg: GenDataConfig, plan: list[dict]) -> list[dict]:
@@ -108,13 +145,6 @@ def apply_levers(cfg: GenDataConfig, plan: list[dict]) -> list[dict]:
         plan = levers.augment(plan, levers.read_augmentations(Path(cfg.augment)), cfg.augment_fraction, cfg.seed)
     plan = levers.several_answers(plan, cfg.answers_per_prompt, tuple(cfg.answer_temperatures))
     if cfg.synthetic:
-        for folder in cfg.dedup_against:  # checked now, not when the dedup pass runs hours later
-            if not any(Path(folder).glob("shard-*.jsonl")):
-                raise UsageError(
-                    f"--dedup-against {folder}: not a gen-data folder (no shard-*.jsonl in it)",
-                    "folders written by eagle3 gen-data, whose prompts count as already in the corpus",
-                    "check the path (ls), e.g. --dedup-against corpora/smollm2-135m-sharegpt-vllm",
-                )
         match = eval_index().match if cfg.exclude_eval else None
         topics = levers.read_topics(Path(cfg.synth_topics), match) if cfg.synth_topics is not None else None
         synth = levers.synthetic_records(cfg.synthetic, cfg.synth_turns, cfg.seed, topics)

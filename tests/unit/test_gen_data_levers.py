@@ -148,6 +148,21 @@ def test_near_duplicates_are_dropped_in_plan_order_and_the_pass_is_idempotent(tm
     assert {p.name: p.read_bytes() for p in out.glob("shard-*")} == before
 
 
+def test_a_second_folder_takes_the_rest_of_a_source_with_dedup_against(tiny_target_dir, tmp_path):
+    first, rest = tmp_path / "first", tmp_path / "rest"
+    args = ["--input", str(GSM8K_TEST), "--keep-eval", "--temperature", "0"]
+    assert main(_base(tiny_target_dir, first, *args, "--num-samples", "4")) == 0
+    assert main(_base(tiny_target_dir, rest, *args, "--num-samples", "6", "--dedup-against", str(first))) == 0
+    held = {r["messages"][0]["content"] for r in _records(first)}
+    grown = _records(rest)
+    assert len(held) == 4 and len(grown) == 6 and not held & {r["messages"][0]["content"] for r in grown}
+    m = json.loads((rest / "manifest.json").read_text())
+    assert m["counts"]["skipped_by_reason"]["in_corpus"] == 4
+    # a human-prompt run checks its --dedup-against folders before it writes anything, as --synthetic does
+    assert main(_base(tiny_target_dir, tmp_path / "o", *args, "--dedup-against", str(tmp_path / "none"))) == 2
+    assert not (tmp_path / "o").exists()
+
+
 def test_chitchat_conversations_become_alternating_turns(tmp_path):
     raw = {
         "c1": {"messages": [[{"text": "Hello"}, {"text": "how are you?"}], [{"text": "fine"}], [{"text": "cool"}]]},
