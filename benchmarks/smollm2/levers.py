@@ -5,6 +5,8 @@ one arm's data, then score it as every arm is scored. Resumable: rerun the same 
     .venv/bin/python benchmarks/smollm2/levers.py --arm baseline --data corpora/smollm2-135m-sharegpt-vllm
     .venv/bin/python benchmarks/smollm2/levers.py --arm lk --data corpora/smollm2-135m-sharegpt-vllm --loss lk
     .venv/bin/python benchmarks/smollm2/levers.py --arm synthetic --data corpora/smollm2-135m-synthetic-vllm
+    .venv/bin/python benchmarks/smollm2/levers.py --arm chitchat --data corpora/smollm2-135m-chitchat-vllm \
+        --extra-data corpora/smollm2-135m-chitchat-rest-vllm
 
 The budget: 1,320 optimizer steps of the online recipe's 1,024-token steps (~1.04M real tokens), lr
 1.5e-4 (the long run's continuation rate). One thread each (`--core`: taskset), so two arms run side
@@ -35,6 +37,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arm", required=True, help="the arm's name: its run folder is runs/lever-NAME")
     ap.add_argument("--data", required=True, help="the arm's gen-data folder")
+    ap.add_argument("--extra-data", action="append", default=[], help="more gen-data folders (train --extra-data)")
     ap.add_argument("--loss", default="ce", choices=("ce", "tv", "lk"))
     ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
     ap.add_argument("--runs", type=Path, default=REPO / "runs")
@@ -46,7 +49,8 @@ def main() -> None:
     if not (run / "head" / "manifest.json").is_file():
         rec.sh([*pin, *E3, "train", "--recipe", "recipes/smollm2-135m/train-online.yaml", "--run", run,
                 "--data", a.data, "--target", TARGET, "--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1",
-                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss], env=env)  # fmt: skip
+                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss,
+                *[x for d in a.extra_data for x in ("--extra-data", d)]], env=env)  # fmt: skip
     for bench, n in EVALS:
         out = run / f"eval-{bench}"
         if (out / "report.json").is_file():
