@@ -687,6 +687,15 @@ def main() -> None:
         "benchmarks/stages/data_scaling.py's data_scaling.json",
     )
     ap.add_argument(
+        "--data-scaling-equal-compute",
+        type=Path,
+        nargs="+",
+        default=None,
+        metavar="SCALING_JSON",
+        help="write `data_scaling_equal_compute` (its section's part and the figure's curve) from data_scaling.py's "
+        "JSON of a --steps-per-run curve; more JSONs: other corpora at that budget, points beside it",
+    )
+    ap.add_argument(
         "--whole-corpus",
         type=Path,
         default=None,
@@ -748,12 +757,14 @@ def main() -> None:
     if a.equal_budget is not None:
         write_equal_budget(a.results_md, a.equal_budget)
         return
-    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, a.vllm_cpu, a.whole_corpus)):
+    equal = a.data_scaling_equal_compute
+    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, equal, a.vllm_cpu, a.whole_corpus)):
         from benchmarks.smollm2.report_data import (
             SCALING_HEADING,
             corpus_sources_json,
             data_scaling_json,
             data_section,
+            equal_compute_json,
             gen_data_throughput_json,
             replace_section,
             scaling_section,
@@ -763,6 +774,7 @@ def main() -> None:
         for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
                             (a.gen_data_engine, "gen_data_engine.py's JSON"),
                             (a.data_scaling, "data_scaling.py's data_scaling.json"),
+                            *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
                             (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
                             (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
                             *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
@@ -783,6 +795,14 @@ def main() -> None:
             data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
                 a.data_scaling
             )
+        if equal is not None:
+            try:
+                e = equal_compute_json(equal[0], equal[1:])
+            except (ValueError, KeyError) as err:
+                print(f"error: {err}; nothing was written", file=sys.stderr)
+                raise SystemExit(2) from err
+            data["data_scaling_equal_compute"] = e["rows"]
+            data["data_scaling_equal_compute_settings"] = {**e["settings"], "fit": e["fit"], "points": e["points"]}
         if a.whole_corpus is not None:
             from benchmarks.smollm2.report_long_run import session_rows, whole_corpus_json
 

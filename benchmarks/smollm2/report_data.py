@@ -11,6 +11,8 @@ Used by report.py (`--corpus DIR --gen-data-engine FILE --data-scaling FILE`); n
 from __future__ import annotations
 
 import json
+import math
+import re
 from pathlib import Path
 
 from benchmarks.smollm2.report_long_run import whole_corpus_lines
@@ -290,8 +292,75 @@ def scaling_section(data: dict) -> list[str]:
                 f"Held-out tau: fitted on {held['fit_on']} it predicted {held['predicted_full']:.3f}, measured "
                 f"{held['measured_full']:.3f}; +{held['fit_all']['b_per_doubling']:.3f} per doubling over every size."
             )
+    lines += equal_compute_lines(data)
     lines.append("")
     return lines
+
+
+def equal_compute_lines(data: dict) -> list[str]:
+    """The section's equal-compute part (none without `data_scaling_equal_compute`)."""
+    rows, s = data.get("data_scaling_equal_compute"), data.get("data_scaling_equal_compute_settings") or {}
+    if not rows:
+        return []
+    budget, fit = s["budget"], s.get("fit") or {}
+    one_epoch = {r["fraction"]: r.get("mt_bench_tau") for r in data.get("data_scaling") or []}
+    lines = [
+        "",
+        "### At equal compute: what distinct data is worth apart from training",
+        "",
+        f"Every size trained {budget['steps_per_run']:,} optimizer steps of {budget['token_budget']:,} padded tokens "
+        "(`data_scaling.py --steps-per-run`), so the smaller sizes repeat their data; a size whose one epoch is "
+        "that many steps is the same run in both curves (epoch 0's batches, the same schedule). Same recipe, "
+        "held-out set and MT-bench eval as above.",
+        "",
+        "| fraction | distinct tokens | trained tokens | passes | held-out tau | MT-bench tau | at one epoch |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        passes = (r.get("trained_tokens") or 0) / r["tokens"]
+        lines.append(f"| {r['fraction']} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | {passes:.1f} | "
+                     f"{_cell(r.get('heldout_tau'))} | {_cell(r.get('mt_bench_tau'))} | "
+                     f"{_cell(one_epoch.get(r['fraction']))} |")  # fmt: skip
+    whole = (data.get("data_scaling_fit") or {}).get("fit_all") or {}
+    if fit.get("fit_all") and whole:
+        b, b1 = fit["fit_all"]["b_per_doubling"], whole["b_per_doubling"]
+        lines += ["", f"At equal compute, MT-bench tau grows **{b:+.3f} per doubling of distinct tokens**, against "
+                      f"{b1:+.3f} at one epoch per size: that part of the one-epoch curve's slope is the data itself, "
+                      "the rest is the smaller sizes' shorter training."]  # fmt: skip
+    for p in s.get("points") or []:
+        on_curve = fit.get("fit_all") and fit["fit_all"]["a"] + fit["fit_all"]["b_per_doubling"] * math.log2(
+            p["tokens"]
+        )
+        lines += ["", f"Another corpus at the same budget: `{p['data']}` ({p['conversations']:,} samples, "
+                      f"{p['tokens']:,} distinct tokens) reads MT-bench **{p['mt_bench_tau']:.3f}**"
+                      + (f", where the curve's fit says {on_curve:.3f} ({p['mt_bench_tau'] - on_curve:+.3f})."
+                         if on_curve else ".")]  # fmt: skip
+    return lines
+
+
+def equal_compute_json(curve: Path, others: list[Path]) -> dict:
+    """`data_scaling_equal_compute` and its settings: data_scaling.py's curve at one step budget (every size the
+    same optimizer steps) and, from `others`, other corpora trained at that budget with the same recipe and eval
+    (e.g. the target's own prompts), each a point beside the curve. ValueError: not one budget and recipe."""
+    rows, fit, settings = data_scaling_json(curve)
+    budget = settings.get("budget") or {}
+    if "steps_per_run" not in budget:
+        raise ValueError(f"{curve} was trained at {budget or 'no budget'}, not at equal compute (--steps-per-run)")
+    how = [_how(c) for c in rows[0]["commands"]]
+    points = []
+    for other in others:
+        o_rows, _fit, o = data_scaling_json(other)
+        for r in o_rows:
+            if o.get("budget") != budget or [_how(c) for c in r["commands"]] != how or r["mt_bench_tau"] is None:
+                raise ValueError(f"{other}: {r['fraction']} is not trained at the curve's budget {budget} with its "
+                                 "recipe and scored by its eval")  # fmt: skip
+            points.append({"data": o.get("data") or o.get("cache"), **r})
+    return {"rows": rows, "fit": fit, "settings": settings, "points": points}
+
+
+def _how(command: str | None) -> str:
+    """A command without its run folder, corpus and size: how it trains or scores, not where or on what."""
+    return re.sub(r"--(run|data|cache|train-samples) \S+", r"--\1 X", command or "")
 
 
 def _cell(x) -> str:

@@ -124,8 +124,10 @@ def draw_figures(data: dict, docs: Path) -> list[str]:
         fit = data.get("data_scaling_fit") or {}
         fits = {"mt_bench_tau": {k: v for k, v in fit.items() if k != "heldout"}, "heldout_tau": fit.get("heldout")}
         corpus = (data.get("data_scaling_settings") or {}).get("corpus") or {}
+        equal = data.get("data_scaling_equal_compute")
         plot(data["data_scaling"], {k: v for k, v in fits.items() if v and "a" in v}, docs / DATA_SCALING,
-             corpus.get("tokens"), data.get("data_scaling_whole_corpus"))  # fmt: skip
+             corpus.get("tokens"), data.get("data_scaling_whole_corpus"),
+             (equal, data["data_scaling_equal_compute_settings"]) if equal else None)  # fmt: skip
         drawn.append(DATA_SCALING)
     return drawn
 

@@ -13,8 +13,11 @@ the cache or corpus (one fixed order: every smaller subset is inside every large
 samples train reads, with --data the corpus's masked samples) and scores the head on
 the held-out samples every run shares (the held-out tau of train's learning curve) and, unless
 --no-eval, on MT-bench (80 first turns, fp32 greedy chain, depth 8). Budgets (say which you used):
-`--tokens-per-run T` trains every size on the same T tokens (small subsets repeat epochs: the
-question is what distinct data is worth at equal compute), `--epochs E` trains each to E passes.
+`--steps-per-run S` trains every size S optimizer steps of the recipe's token budget (small subsets
+repeat epochs: the question is what distinct data is worth at equal compute; `--tokens-per-run T` is
+T // token budget steps), `--epochs E` trains each to E passes. A size whose one epoch is exactly S
+steps is the same run either way (epoch 0's batches, a schedule over S steps), so `--reuse` takes its
+one-epoch row: an equal-compute curve shares its largest size with the one-epoch curve.
 
 Then tau is fitted as a + b*log2(distinct tokens) on all but the largest size, and that fit's
 prediction for the largest is set beside the measured value (the test of the fit), and the fit over
@@ -33,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from fractions import Fraction
 from pathlib import Path
@@ -87,9 +91,18 @@ def analyse(rows: list[dict], key: str, corpus_tokens: int | None = None) -> dic
     return fit
 
 
-def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = None, whole: dict | None = None) -> None:
+def plot(
+    rows: list[dict],
+    fits: dict,
+    out: Path,
+    corpus_tokens: int | None = None,
+    whole: dict | None = None,
+    equal: tuple[list[dict], dict] | None = None,
+) -> None:
     """tau against distinct tokens (log2), each fit dashed from the smallest size to past the corpus's size;
-    WHOLE (report.py's `data_scaling_whole_corpus`) the long run's whole-corpus MT-bench point, apart."""
+    WHOLE (report.py's `data_scaling_whole_corpus`) the long run's whole-corpus MT-bench point, apart; EQUAL
+    (report.py's `data_scaling_equal_compute` rows and settings) the MT-bench curve at one step budget and
+    the other corpora's points at that budget."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,6 +123,15 @@ def plot(rows: list[dict], fits: dict, out: Path, corpus_tokens: int | None = No
             if f.get("predicted_corpus") is not None:
                 ax.plot([f["corpus_tokens"]], [f["predicted_corpus"]], "x", color=line.get_color(), ms=9,
                         label=f"fit on all sizes at the whole corpus: {f['predicted_corpus']:.3f}")  # fmt: skip
+    if equal:
+        eq_rows, eq = equal
+        pts = sorted((r["tokens"], r["mt_bench_tau"]) for r in eq_rows if r.get("mt_bench_tau") is not None)
+        steps = eq["budget"]["steps_per_run"]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "^-", color="tab:green",
+                label=f"MT-bench tau (d8), every size {steps:,} steps (equal compute)")  # fmt: skip
+        for p in eq.get("points") or []:
+            ax.plot([p["tokens"]], [p["mt_bench_tau"]], "D", color="tab:red", ms=7,
+                    label=f"{Path(p['data']).name}, {steps:,} steps: {p['mt_bench_tau']:.3f}")  # fmt: skip
     if whole:
         ax.plot([whole["distinct_tokens"]], [whole["mt_bench_tau"]], "*", color="black", ms=12,
                 label=f"MT-bench, whole corpus{' + --extra-data' if whole.get('extra_data') else ''} by the long run "
@@ -190,19 +212,47 @@ def one_size(frac: Fraction, run: Path, cmd: list, ev: list, a: argparse.Namespa
     return row
 
 
-def seed_rows(path: Path, jobs: list, rec: Recorder) -> None:
-    """Write each reusable row of `path` as its size's row file (never over one this folder made)."""
+def epoch_steps(a: argparse.Namespace, lengths: list[int], n: int) -> int:
+    """Optimizer steps of one epoch over the first n samples: train's own held-out set, subset and batch plan
+    under the recipe's limits (one process, no --grad-accum)."""
+    from eagle3cli.config import build_config
+    from eagle3cli.train.config import TrainConfig
+    from eagle3cli.train.data import plan_for
+    from eagle3cli.train.heldout import heldout_indices, unused_indices
+
+    cfg = build_config(TrainConfig, Path(a.recipe) if a.recipe else None, "train", token_budget=a.token_budget)
+    unused = unused_indices(len(lengths), heldout_indices(len(lengths), cfg.heldout_samples), n)
+    return len(plan_for(cfg, lengths, 0, exclude=unused)) // max(1, cfg.grad_accum)
+
+
+def _what(command: str | None) -> str | None:
+    """A command without its run folder: what it trains or scores, not where."""
+    return None if command is None else re.sub(r"--run \S+", "--run RUN", command)
+
+
+def seed_rows(path: Path, jobs: list, rec: Recorder, one_epoch_is_budget: dict[int, bool] | None = None) -> None:
+    """Write each reusable row of `path` as its size's row file (never over one this folder made): a row
+    trained by this call's command (in any run folder), or by the one-epoch command of a size whose epoch is
+    this budget's steps; its MT-bench tau counts when its eval is this call's too."""
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         earlier = data["data_scaling"] if "data_scaling" in data else data["rows"]  # a results page has `rows` too
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"--reuse {path}: expected data_scaling.py's data_scaling.json or a results JSON with a "
                          f"`data_scaling` key ({e})") from None  # fmt: skip
-    by_train = {(r.get("commands") or [None])[0]: r for r in earlier}
-    for _frac, _n, run, cmd, _ev in jobs:
-        row = by_train.get(rec.show(cmd))
+    by_train = {_what((r.get("commands") or [None])[0]): r for r in earlier}
+    for _frac, n, run, cmd, ev in jobs:
+        row = by_train.get(_what(rec.show(cmd)))
+        if row is None and (one_epoch_is_budget or {}).get(n):
+            i = cmd.index("--max-steps")
+            row = by_train.get(_what(rec.show([*cmd[:i], "--epochs", 1])))
+            row = row and {**row, "same_run_as": row["commands"][0]}
         done = run / "data_scaling_row.json"
         if row is not None and not done.exists():
+            evaluated = _what(row["commands"][1]) == _what(rec.show(ev))
+            if not evaluated:
+                row = {k: v for k, v in row.items() if k != "mt_bench_tau"}
+            row["commands"] = [rec.show(cmd), rec.show(ev) if evaluated else None]
             run.mkdir(parents=True, exist_ok=True)
             done.write_text(json.dumps(row, indent=1) + "\n")
             print(f"reused from {path}: {row['fraction']} ({row['conversations']} samples)", flush=True)
@@ -248,7 +298,9 @@ def main() -> None:
     ap.add_argument("--recipe", default=None, help="the train recipe every size uses")
     ap.add_argument("--fractions", default="1/16,1/8,1/4,1/2,1")
     budget = ap.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--tokens-per-run", type=int, help="equal compute: every size trains on T tokens")
+    budget.add_argument("--steps-per-run", type=int, help="equal compute: every size trains S optimizer steps")
+    budget.add_argument("--tokens-per-run", type=int,
+                        help="equal compute: T padded tokens, T // --token-budget steps (as --steps-per-run)")  # fmt: skip
     budget.add_argument("--epochs", type=int, help="every size trains E passes over its own subset")
     ap.add_argument(
         "--token-budget",
@@ -282,6 +334,7 @@ def main() -> None:
     corpus = corpus_size(lengths, int(train_recipe.get("heldout_samples", 32)))  # as train's held-out set
     trainable = corpus["samples"]
     rec = Recorder()
+    steps = a.steps_per_run or (max(1, a.tokens_per_run // a.token_budget) if a.tokens_per_run else None)
     jobs = []
     for frac in [Fraction(f) for f in a.fractions.split(",")]:
         n = max(1, int(trainable * frac))
@@ -290,8 +343,7 @@ def main() -> None:
         cmd = [*E3, "train", "--run", run, *source, "--train-samples", n, "--token-budget", a.token_budget]
         if a.recipe:
             cmd += ["--recipe", a.recipe]
-        cmd += (["--max-steps", max(1, a.tokens_per_run // a.token_budget), "--epochs", 10**6]
-                if a.tokens_per_run else ["--epochs", a.epochs])  # fmt: skip
+        cmd += ["--max-steps", steps, "--epochs", 10**6] if steps else ["--epochs", a.epochs]
         ev = [*E3, "eval", "--run", run, "--target", a.target, "--bench", "mt_bench", "--num-prompts", a.num_prompts,
               "--depth", 8, "--mode", "chain", "--dtype", "fp32", "--temperature", 0]  # fmt: skip
         if a.dry_run:
@@ -301,14 +353,15 @@ def main() -> None:
             continue
         jobs.append((frac, n, run, cmd, ev))
     if a.reuse:
-        seed_rows(Path(a.reuse), jobs, rec)
+        one_epoch = {n: epoch_steps(a, lengths, n) for _f, n, *_ in jobs} if steps else {}
+        seed_rows(Path(a.reuse), jobs, rec, {n: k == steps for n, k in one_epoch.items()})
     rows = run_sizes(jobs, a, rec)
     if a.dry_run:
         return
     fits = {k: f for k in ("heldout_tau", "mt_bench_tau") if (f := analyse(rows, k, corpus["tokens"]))}
     result = {
         **({"cache": str(a.cache)} if a.cache else {"data": str(a.data), "online": True}),
-        "budget": {"tokens_per_run": a.tokens_per_run} if a.tokens_per_run else {"epochs": a.epochs},
+        "budget": {"steps_per_run": steps, "token_budget": a.token_budget} if steps else {"epochs": a.epochs},
         "corpus": corpus,
         "rows": rows,
         "fits": fits,

@@ -46,7 +46,7 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path,
     assert fit["measured_full"] == round(rows[-1]["heldout_tau"], 4)
     assert fit["fit_on"] == "the 2 smaller sizes" and math.isfinite(fit["predicted_full"])
     assert (out / "data_scaling.png").stat().st_size > 0
-    assert result["budget"] == {"tokens_per_run": 1536}
+    assert result["budget"] == {"steps_per_run": 3, "token_budget": 512}
     # fraction 1 is the whole corpus less the held-out set: its distinct tokens are the corpus's
     assert result["corpus"] == {"samples": 54, "tokens": rows[-1]["tokens"], "heldout_samples": 6}
     if source == "cache":  # a second call reuses every finished size: same rows, nothing retrained
@@ -68,6 +68,26 @@ def test_nested_subsets_are_trained_scored_and_fitted(tiny_target_dir, tmp_path,
         assert fresh.returncode == 0, fresh.stderr[-3000:]
         assert json.loads((out / "data_scaling.json").read_text())["rows"] == rows
         assert not any(out.glob("n*/train")), "a reused size was trained again"
+        # equal compute beside one epoch: S = the whole corpus's one epoch in steps; that size is the same run
+        # under either budget (epoch 0's batches, a schedule over S steps), so --reuse takes its row
+        base = [a for a in cmd if a not in ("--tokens-per-run", "1536")]
+        frac_at = base.index("--fractions") + 1
+        epoch = tmp_path / "epoch"
+        one = [*base[:frac_at], "1", *base[frac_at + 1 :], "--epochs", "1"]
+        one[one.index("--out") + 1] = str(epoch)
+        env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
+        assert subprocess.run(one, capture_output=True, text=True, timeout=300, cwd=REPO, env=env).returncode == 0
+        steps = json.loads((epoch / "n54" / "train" / "manifest.json").read_text())["steps"]
+        eq = tmp_path / "equal"
+        equal = [*base[:frac_at], "1/4,1", *base[frac_at + 1 :], "--steps-per-run", str(steps),
+                 "--reuse", str(epoch / "data_scaling.json")]  # fmt: skip
+        equal[equal.index("--out") + 1] = str(eq)
+        r = subprocess.run(equal, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        assert r.returncode == 0, r.stderr[-3000:]
+        curve = json.loads((eq / "data_scaling.json").read_text())
+        assert curve["budget"] == {"steps_per_run": steps, "token_budget": 512}
+        assert not (eq / "n54" / "train").exists() and curve["rows"][1]["same_run_as"].endswith("--epochs 1")
+        assert json.loads((eq / "n13" / "train" / "manifest.json").read_text())["steps"] == steps
     if source == "data":
         assert result["online"] is True
         for x in rows:  # each size really trained online, from the corpus

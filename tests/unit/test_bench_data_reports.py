@@ -374,6 +374,62 @@ def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(t
     assert md.read_text().count("(results-data-scaling.png)") == 1
 
 
+def _equal_compute_json(path: Path, data: str, sizes: tuple[int, ...], tau, steps: int = 1380) -> Path:
+    train = f"eagle3 train --run runs/x --online --data {data} --train-samples N --recipe r.yaml --max-steps {steps}"
+    ev = "eagle3 eval --run runs/x --bench mt_bench --num-prompts 80"
+    rows = [{"fraction": f"1/{2**k}", "conversations": 100 * 2 ** (4 - k), "tokens": 50_000 * 2 ** (4 - k),
+             "trained_tokens": 800_000, "heldout_tau": 1.5, "mt_bench_tau": tau(k),
+             "commands": [train.replace("N", str(100 * 2 ** (4 - k))), ev]} for k in sizes]  # fmt: skip
+    from benchmarks.stages.data_scaling import analyse
+
+    fits = {"mt_bench_tau": analyse(rows, "mt_bench_tau")} if len(rows) >= 3 else {}
+    path.write_text(json.dumps({"data": data, "online": True, "budget": {"steps_per_run": steps, "token_budget": 1024},
+                                "corpus": {"samples": 3200, "tokens": 1_600_000, "heldout_samples": 32},
+                                "rows": rows, "fits": fits}))  # fmt: skip
+    return path
+
+
+def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scaling_section(tmp_path):
+    import subprocess
+    import sys
+
+    from benchmarks.stages.data_scaling import analyse
+
+    one = [{"fraction": f"1/{2**k}", "conversations": 100 * 2 ** (4 - k), "tokens": 50_000 * 2 ** (4 - k),
+            "trained_tokens": 50_000 * 2 ** (4 - k), "heldout_tau": 1.2, "mt_bench_tau": 1.0 + 0.2 * (4 - k),
+            "commands": ["t", "e"]} for k in (4, 3, 2, 1)]  # fmt: skip
+    first = tmp_path / "one.json"
+    first.write_text(json.dumps({"data": "corpora/c", "online": True, "budget": {"epochs": 1},
+                                 "corpus": {"samples": 3200, "tokens": 1_600_000, "heldout_samples": 32},
+                                 "rows": one, "fits": {"mt_bench_tau": analyse(one, "mt_bench_tau")}}))  # fmt: skip
+    eq = _equal_compute_json(tmp_path / "eq.json", "corpora/c", (4, 3, 2, 1), lambda k: 1.4 + 0.05 * (4 - k))
+    synth = _equal_compute_json(tmp_path / "syn.json", "corpora/synth", (1,), lambda k: 1.7)
+    md = tmp_path / "results.md"
+    md.write_text("# R\n\n## Acceptance and speed by bench (depth 8)\n\nx\n")
+    report = [sys.executable, str(Path(__file__).resolve().parents[2] / "benchmarks/smollm2/report.py")]
+    r = subprocess.run([*report, "--data-scaling", str(first), "--data-scaling-equal-compute", str(eq), str(synth),
+                        "--results-md", str(md)], capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [x["mt_bench_tau"] for x in data["data_scaling_equal_compute"]] == pytest.approx([1.4, 1.45, 1.5, 1.55])
+    settings = data["data_scaling_equal_compute_settings"]
+    assert settings["budget"]["steps_per_run"] == 1380 and settings["points"][0]["data"] == "corpora/synth"
+    text = md.read_text()
+    # the slope at equal compute beside one epoch's; the other corpus against the curve's fit at its tokens (400k)
+    assert "**+0.050 per doubling of distinct tokens**, against +0.200" in text
+    assert "`corpora/synth`" in text and "reads MT-bench **1.700**, where the curve's fit says 1.550 (+0.150)" in text
+    assert "| 1/16 | 50,000 | 800,000 | 16.0 | 1.500 | 1.400 | 1.000 |" in text
+    assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
+    # a point at another budget, or a curve at one epoch per size, is refused and nothing is written
+    before = md.with_suffix(".json").read_text()
+    other = _equal_compute_json(tmp_path / "other.json", "corpora/synth", (1,), lambda k: 1.7, steps=999)
+    for bad in ([str(eq), str(other)], [str(first)]):
+        r = subprocess.run([*report, "--data-scaling-equal-compute", *bad, "--results-md", str(md)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+        assert r.returncode == 2 and "nothing was written" in r.stderr, r.stderr
+    assert md.with_suffix(".json").read_text() == before
+
+
 def _vllm_results(path: Path) -> Path:
     run = {"tok_s": 30.0, "plain_tok_s": 25.0, "tau": 1.5, "per_position": [0.5], "drafts": 10, "outputs_differ": 0}
     slow = {**run, "tok_s": 20.0, "tau": 1.7, "outputs_differ": 1}
