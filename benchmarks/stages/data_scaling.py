@@ -212,15 +212,18 @@ def one_size(frac: Fraction, run: Path, cmd: list, ev: list, a: argparse.Namespa
     return row
 
 
-def epoch_steps(a: argparse.Namespace, lengths: list[int], n: int) -> int:
+def epoch_steps(train_recipe: dict, token_budget: int, lengths: list[int], n: int) -> int:
     """Optimizer steps of one epoch over the first n samples: train's own held-out set, subset and batch plan
-    under the recipe's limits (one process, no --grad-accum)."""
-    from eagle3cli.config import build_config
+    under the recipe's batch limits (one process)."""
+    import dataclasses
+
     from eagle3cli.train.config import TrainConfig
     from eagle3cli.train.data import plan_for
     from eagle3cli.train.heldout import heldout_indices, unused_indices
 
-    cfg = build_config(TrainConfig, Path(a.recipe) if a.recipe else None, "train", token_budget=a.token_budget)
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    cfg = dataclasses.replace(TrainConfig(), **{k: v for k, v in train_recipe.items() if k in known})
+    cfg = dataclasses.replace(cfg, token_budget=token_budget)
     unused = unused_indices(len(lengths), heldout_indices(len(lengths), cfg.heldout_samples), n)
     return len(plan_for(cfg, lengths, 0, exclude=unused)) // max(1, cfg.grad_accum)
 
@@ -353,7 +356,7 @@ def main() -> None:
             continue
         jobs.append((frac, n, run, cmd, ev))
     if a.reuse:
-        one_epoch = {n: epoch_steps(a, lengths, n) for _f, n, *_ in jobs} if steps else {}
+        one_epoch = {n: epoch_steps(train_recipe, a.token_budget, lengths, n) for _f, n, *_ in jobs} if steps else {}
         seed_rows(Path(a.reuse), jobs, rec, {n: k == steps for n, k in one_epoch.items()})
     rows = run_sizes(jobs, a, rec)
     if a.dry_run:
