@@ -219,7 +219,9 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
     """`data_scaling` rows, `data_scaling_fit` (MT-bench's fit when the sizes were evaluated, else the
     held-out one; the held-out fit under `heldout`) and the settings, from data_scaling.py's JSON."""
     r = json.loads(bench.read_text(encoding="utf-8"))
-    rows = [{k: row.get(k) for k in ROW_KEYS} for row in r["rows"]]
+    # same_run_as: a size an equal-compute curve shares with the one-epoch curve (data_scaling.py --reuse)
+    rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
+            for row in r["rows"]]  # fmt: skip
     fits = r.get("fits") or {}
     main = fits.get("mt_bench_tau") or fits.get("heldout_tau") or {}
     fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau", **main}
@@ -318,7 +320,8 @@ def equal_compute_lines(data: dict) -> list[str]:
     ]
     for r in rows:
         passes = (r.get("trained_tokens") or 0) / r["tokens"]
-        lines.append(f"| {r['fraction']} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | {passes:.1f} | "
+        shared = " (the one-epoch run)" if r.get("same_run_as") else ""
+        lines.append(f"| {r['fraction']}{shared} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | {passes:.1f} | "
                      f"{_cell(r.get('heldout_tau'))} | {_cell(r.get('mt_bench_tau'))} | "
                      f"{_cell(one_epoch.get(r['fraction']))} |")  # fmt: skip
     whole = (data.get("data_scaling_fit") or {}).get("fit_all") or {}

@@ -403,6 +403,9 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
                                  "corpus": {"samples": 3200, "tokens": 1_600_000, "heldout_samples": 32},
                                  "rows": one, "fits": {"mt_bench_tau": analyse(one, "mt_bench_tau")}}))  # fmt: skip
     eq = _equal_compute_json(tmp_path / "eq.json", "corpora/c", (4, 3, 2, 1), lambda k: 1.4 + 0.05 * (4 - k))
+    curve = json.loads(eq.read_text())
+    curve["rows"][-1]["same_run_as"] = "eagle3 train ... --epochs 1"  # data_scaling.py --reuse's mark
+    eq.write_text(json.dumps(curve))
     synth = _equal_compute_json(tmp_path / "syn.json", "corpora/synth", (1,), lambda k: 1.7)
     md = tmp_path / "results.md"
     md.write_text("# R\n\n## Acceptance and speed by bench (depth 8)\n\nx\n")
@@ -419,6 +422,7 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     assert "**+0.050 per doubling of distinct tokens**, against +0.200" in text
     assert "`corpora/synth`" in text and "reads MT-bench **1.700**, where the curve's fit says 1.550 (+0.150)" in text
     assert "| 1/16 | 50,000 | 800,000 | 16.0 | 1.500 | 1.400 | 1.000 |" in text
+    assert "| 1/2 (the one-epoch run) | 400,000 |" in text
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
     # a point at another budget, or a curve at one epoch per size, is refused and nothing is written
     before = md.with_suffix(".json").read_text()
