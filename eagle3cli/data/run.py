@@ -89,7 +89,8 @@ def read_inputs(cfg: GenDataConfig) -> tuple[list[ReadResult], list[dict], list[
     if cfg.max_turns is not None:
         for r in results:
             r.records = [limit_turns(rec, cfg.max_turns) for rec in r.records]
-    eval_check, rejecters = None, []
+    eval_check = None
+    rejecters: list[Callable[[dict], dict | None]] = []
     if cfg.exclude_eval:
         idx = eval_index()
         eval_check = idx.summary()
