@@ -91,6 +91,12 @@ def arm_facts(run: Path) -> dict:
     return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "reports": reports}
 
 
+def _in_repo(folder: str | None) -> str:
+    """A data folder as the page names it: relative to the repository when it is inside it."""
+    p = Path(folder or "?")
+    return str(p.relative_to(REPO)) if p.is_absolute() and p.is_relative_to(REPO) else str(p)
+
+
 def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     """One arm's row, from its run folder. It keeps what pairing and the refusals need (the MT-bench
     per-prompt counts, the evals' settings, the budget), so a later report pairs new arms against it
@@ -102,7 +108,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     return {
         "arm": name,
         "run": str(run),
-        "data": f["config"].get("data"),
+        "data": " + ".join(_in_repo(d) for d in [f["config"].get("data"), *(f["config"].get("extra_data") or ())]),
         "loss": f["config"].get("loss"),
         "new_tokens": f["tokens"],
         "steps": f["config"].get("max_steps"),

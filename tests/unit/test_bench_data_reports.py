@@ -644,6 +644,15 @@ def test_data_levers_rows_pair_each_arm_with_the_baseline_and_refuse_other_budge
     lo, hi = by["synthetic"]["delta_interval"]
     assert 0.0 <= lo <= 0.5 <= hi <= 1.0  # prompts resampled together: never below what no prompt gained
     assert by["synthetic"]["tau_gain_per_million_tokens"] == 1.0  # (2.5 - 1.5) over 1M tokens
+    assert by["synthetic"]["data"] == "corpora/synthetic"
+    # an arm over two folders (levers.py --extra-data) names both, inside the repository as relative paths
+    from benchmarks.smollm2.report_levers import REPO, arm_row
+
+    manifest = better / "train" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["config"].update(data=str(REPO / "corpora/chitchat"), extra_data=["corpora/chitchat-rest"])
+    manifest.write_text(json.dumps(m))
+    assert arm_row("chitchat", better, None)["data"] == "corpora/chitchat + corpora/chitchat-rest"
     other = _lever_arm(tmp_path, "lk", 50, [(4, 4)] * 4)
     with pytest.raises(ValueError, match="different budgets"):
         levers_json({"baseline": base, "lk": other}, "baseline", start_tau=None)
