@@ -322,6 +322,10 @@ def main() -> None:
                     "in git grows on a fresh machine")  # fmt: skip
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args()
+    for flag, value in (("--steps-per-run", a.steps_per_run), ("--tokens-per-run", a.tokens_per_run),
+                        ("--epochs", a.epochs)):  # fmt: skip
+        if value is not None and value < 1:
+            ap.error(f"{flag} {value}: expected a positive integer")  # exit 2, before anything is read or trained
     out = Path(a.out)
     recipe = yaml.safe_load(Path(a.recipe).read_text(encoding="utf-8")) if a.recipe else {}
     train_recipe = (recipe or {}).get("train") or recipe or {}

@@ -320,6 +320,12 @@ def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, ti
     assert r.returncode == 2, r.stderr[-2000:]
     assert "has no manifest.json" in r.stderr and "Traceback" not in r.stderr
     assert not out.exists()
+    # a budget of no steps would have trained with --epochs None: refused before anything is read
+    for budget in (["--steps-per-run", "0"], ["--tokens-per-run", "-5"], ["--epochs", "0"]):
+        r = subprocess.run([sys.executable, "benchmarks/stages/data_scaling.py", "--data", str(corpus), "--target",
+                            str(tiny_target_dir), *budget, "--out", str(out)],
+                           capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
+        assert r.returncode == 2 and "expected a positive integer" in r.stderr and not out.exists(), r.stderr
 
 
 def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(tmp_path):
