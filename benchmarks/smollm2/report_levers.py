@@ -3,8 +3,8 @@ data from the prompts we have, or from prompts the target writes, buys a head th
 prompts, each arm trained from the published head at one budget and scored the same way.
 
 An arm is a train run folder (`eagle3 train ... --init-head models/smollm2-135m-eagle3 --max-steps N`)
-holding `eval-mt_bench`, `eval-gsm8k` and `eval-sharegpt` (eagle3 eval, chain d8, fp32, greedy, 64 new
-tokens; the arms' script is benchmarks/smollm2/levers.py). Every arm must have run the baseline's
+holding `eval-mt_bench`, `eval-gsm8k`, `eval-sharegpt` and, for the carry-over column, `eval-humaneval`
+(eagle3 eval, chain d8, fp32, greedy, 64 new tokens; the arms' script is benchmarks/smollm2/levers.py). Every arm must have run the baseline's
 steps and evals (refused otherwise: rows at other budgets or settings do not stand in one table).
 Each row keeps its MT-bench per-prompt counts and eval settings in the JSON, so an arm measured in a later
 session is paired against the stored baseline without the baseline's run folder:
@@ -34,6 +34,9 @@ ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixtur
 HEADING = "## Data levers: what more data buys a head that has used up the human prompts"
 BEFORE = "## Data scaling"
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt"}  # key -> eval folder suffix
+# A public bench no corpus here holds and no head trained on (gen-data keeps HumanEval out by text): does an
+# MT-bench gain carry over? Its eval came after the first arms, so a row may lack it (then "-" on the page).
+CARRY = "humaneval"
 SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "temperature")
 
 
@@ -88,6 +91,9 @@ def arm_facts(run: Path) -> dict:
         if not p.is_file():
             raise FileNotFoundError(f"{p} is missing: run the arm's evals (benchmarks/smollm2/levers.py)")
         reports[key] = json.loads(p.read_text())
+    carry = run / f"eval-{CARRY}" / "report.json"
+    if carry.is_file():
+        reports[CARRY] = json.loads(carry.read_text())
     return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "reports": reports}
 
 
@@ -105,6 +111,13 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     mt = _chain(f["reports"]["mt_bench"])["acceptance"]
     emitted, rounds = _per_prompt(f["reports"]["mt_bench"])
     tau = mt["tau"]
+    carry = {}
+    if CARRY in f["reports"]:
+        c_emitted, c_rounds = _per_prompt(f["reports"][CARRY])
+        carry = {
+            f"{CARRY}_tau": round(_chain(f["reports"][CARRY])["acceptance"]["tau"], 4),
+            f"{CARRY}_per_prompt": {"emitted": c_emitted, "rounds": c_rounds},
+        }
     return {
         "arm": name,
         "run": str(run),
@@ -119,9 +132,10 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
         ),
         "heldout_tau": round(_chain(f["reports"]["heldout"])["acceptance"]["tau"], 4),
         "gsm8k_tau": round(_chain(f["reports"]["gsm8k"])["acceptance"]["tau"], 4),
-        "mismatches": sum(_chain(f["reports"][k]).get("lossless", {}).get("mismatches", 0) for k in BENCHES),
-        "eval_settings": {k: _eval_settings(f["reports"][k]) for k in BENCHES},
+        "mismatches": sum(_chain(r).get("lossless", {}).get("mismatches", 0) for r in f["reports"].values()),
+        "eval_settings": {k: _eval_settings(r) for k, r in f["reports"].items()},
         "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds},
+        **carry,
     }
 
 
@@ -149,26 +163,32 @@ def levers_json(
             raise ValueError(
                 f"the arms trained different budgets (--max-steps): {n} {r['steps']}, {baseline} {base['steps']}"
             )
-        for key in BENCHES:
-            if r["eval_settings"][key] != base["eval_settings"][key]:
-                raise ValueError(f"{n}'s {key} eval differs from {baseline}'s: {r['eval_settings'][key]}")
+        for key in (*BENCHES, CARRY):
+            mine, theirs = r["eval_settings"].get(key), base["eval_settings"].get(key)
+            if key == CARRY and (mine is None or theirs is None):
+                continue  # not measured on one side: no carry-over pair, the page shows "-"
+            if mine != theirs:
+                raise ValueError(f"{n}'s {key} eval differs from {baseline}'s: {mine}")
     order = [a for a in ARMS if a in rows] + [a for a in rows if a not in ARMS]
     out = []
     for n in order:
         r = rows[n]
         d = paired_delta(_counts(r), _counts(base))
-        out.append(
-            {
-                **r,
-                "delta_vs_baseline": round(d["value"], 4),
-                "delta_interval": [round(d["low"], 4), round(d["high"], 4)],
-            }
-        )
+        row = {
+            **{k: v for k, v in r.items() if not k.startswith(f"{CARRY}_delta")},
+            "delta_vs_baseline": round(d["value"], 4),
+            "delta_interval": [round(d["low"], 4), round(d["high"], 4)],
+        }
+        if f"{CARRY}_per_prompt" in r and f"{CARRY}_per_prompt" in base:
+            c = paired_delta(_counts(r, CARRY), _counts(base, CARRY))
+            row[f"{CARRY}_delta"] = round(c["value"], 4)
+            row[f"{CARRY}_delta_interval"] = [round(c["low"], 4), round(c["high"], 4)]
+        out.append(row)
     return out
 
 
-def _counts(row: dict) -> tuple[list[float], list[float]]:
-    pp = row["mt_bench_per_prompt"]
+def _counts(row: dict, bench: str = "mt_bench") -> tuple[list[float], list[float]]:
+    pp = row[f"{bench}_per_prompt"]
     return pp["emitted"], pp["rounds"]
 
 
@@ -179,13 +199,15 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         "Every arm starts from the published head and trains the same number of steps (1,024-token steps, the "
         "online recipe, lr 1.5e-4) on its own data; each is scored by `eagle3 eval` (chain d8, fp32, greedy, 64 "
         "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (its first 40 prompts of at most "
-        "2,048 tokens) and GSM8K test (40). The gain "
+        "2,048 tokens), GSM8K test (40) and HumanEval (40: a public bench no corpus here holds, code prompts no "
+        "head trained on, so an MT-bench gain that does not carry over shows there). The gains "
         "is paired by prompt against the baseline (another pass over the ShareGPT corpus the head has seen), "
         "with a 90% interval; tau per million new tokens is against the published head's MT-bench tau"
         + (f" ({start_tau:.3f})." if start_tau is not None else "."),
         "",
-        "| arm | data | loss | tokens trained | MT-bench tau [90%] | vs baseline [90%] | tau / M tokens | held-out tau | GSM8K tau |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | data | loss | tokens trained | MT-bench tau [90%] | vs baseline [90%] | tau / M tokens | held-out tau "
+        "| GSM8K tau | HumanEval tau (vs baseline [90%]) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         iv, d = r["mt_bench_tau_interval"], r["delta_interval"]
@@ -193,7 +215,8 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         lines.append(
             f"| {r['arm']} | `{r['data']}` | {r['loss']} | {r['new_tokens']:,} | {r['mt_bench_tau']:.3f} "
             f"[{iv[0]:.2f}, {iv[1]:.2f}] | {r['delta_vs_baseline']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}] | "
-            f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} |"
+            f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} | "
+            f"{_carry_cell(r)} |"
         )
     if len(rows) < len(ARMS):
         left = [a for a in ARMS if a not in {r["arm"] for r in rows}]
@@ -202,12 +225,21 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
     lines += [
         "",
         "Each arm: `.venv/bin/python benchmarks/smollm2/levers.py --arm NAME --data FOLDER [--loss lk] --core N` "
-        f"(train, then the three evals); this table: `.venv/bin/python benchmarks/smollm2/report_levers.py {arms}`.",
+        f"(train, then the four evals); this table: `.venv/bin/python benchmarks/smollm2/report_levers.py {arms}`.",
         "",
         f"![MT-bench tau by lever, beside the published head]({figure})",
         "",
     ]
     return lines
+
+
+def _carry_cell(r: dict) -> str:
+    if f"{CARRY}_tau" not in r:
+        return "-"
+    if f"{CARRY}_delta" not in r:
+        return f"{r[f'{CARRY}_tau']:.3f}"
+    d = r[f"{CARRY}_delta_interval"]
+    return f"{r[f'{CARRY}_tau']:.3f} ({r[f'{CARRY}_delta']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}])"
 
 
 def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:

@@ -620,15 +620,18 @@ def test_report_long_run_refuses_sessions_that_leave_a_gap_with_exit_2(tmp_path)
     assert r.returncode == 2 and "--whole-corpus EVAL_DIR, which is missing" in r.stderr
 
 
-def _lever_arm(root: Path, name: str, steps: int, per_prompt: list[tuple[int, int]], num_prompts: int = 4) -> Path:
-    """An arm folder as benchmarks/smollm2/levers.py leaves it: train manifest + three eval reports."""
+def _lever_arm(
+    root: Path, name: str, steps: int, per_prompt: list[tuple[int, int]], num_prompts: int = 4, carry: bool = False
+) -> Path:
+    """An arm folder as benchmarks/smollm2/levers.py leaves it: train manifest + three eval reports (four with
+    the carry-over bench, HumanEval)."""
     run = root / name
     (run / "train").mkdir(parents=True)
     cfg = {"data": f"corpora/{name}", "loss": "ce", "max_steps": steps}
     (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "tokens_seen": 1_000_000}))
     rows = [{"prompt": i, "tokens": 10, "rounds": r, "accepted": a} for i, (a, r) in enumerate(per_prompt)]
     tau = sum(a + r for a, r in per_prompt) / sum(r for _, r in per_prompt)
-    for bench in ("mt_bench", "gsm8k", "sharegpt"):
+    for bench in ("mt_bench", "gsm8k", "sharegpt", *(["humaneval"] if carry else [])):
         (run / f"eval-{bench}").mkdir()
         chain = {"acceptance": {"tau": tau, "tau_interval": [tau - 0.1, tau + 0.1]}, "per_prompt": rows,
                  "lossless": {"mismatches": 0}}  # fmt: skip
@@ -687,3 +690,31 @@ def test_data_levers_pairs_a_new_arm_with_the_stored_baseline_when_its_run_folde
         levers_json({"lk": lk}, "baseline", start_tau=None, stored=old)
     with pytest.raises(KeyError, match="no run folder and no stored row"):
         levers_json({"augment": None}, "baseline", start_tau=None, stored=stored)
+
+
+def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_measured_it(tmp_path):
+    from benchmarks.smollm2.report_levers import levers_json, section
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4, carry=True)
+    synth = _lever_arm(tmp_path, "synthetic", 100, [(8, 4), (8, 4), (4, 4), (4, 4)], carry=True)
+    lk = _lever_arm(tmp_path, "lk", 100, [(4, 4)] * 4)  # measured before the carry-over eval existed
+    rows = {r["arm"]: r for r in levers_json({"baseline": base, "synthetic": synth, "lk": lk}, "baseline", None)}
+    assert rows["synthetic"]["humaneval_tau"] == 2.5 and rows["synthetic"]["humaneval_delta"] == 0.5
+    assert "humaneval_tau" not in rows["lk"] and "humaneval_delta" not in rows["lk"]
+    page = "\n".join(section(list(rows.values()), None, "f.png"))
+    assert "| 2.500 (+0.500 [" in page
+    assert [ln.endswith("| - |") for ln in page.splitlines() if ln.startswith("| ")][1:] == [False, False, True]
+    # a carry-over eval at other settings does not pair
+    odd = _lever_arm(tmp_path, "augment", 100, [(4, 4)] * 4, num_prompts=3, carry=True)
+    report = odd / "eval-mt_bench" / "report.json"
+    report.write_text(report.read_text().replace('"num_prompts": 3', '"num_prompts": 4'))
+    for bench in ("gsm8k", "sharegpt"):
+        r = odd / f"eval-{bench}" / "report.json"
+        r.write_text(r.read_text().replace('"num_prompts": 3', '"num_prompts": 4'))
+    with pytest.raises(ValueError, match="humaneval eval differs"):
+        levers_json({"baseline": base, "augment": odd}, "baseline", None)
+    # without the baseline's, no pair: the value alone
+    rows = levers_json(
+        {"baseline": _lever_arm(tmp_path / "b", "baseline", 100, [(4, 4)] * 4), "s": synth}, "baseline", None
+    )
+    assert rows[1]["humaneval_tau"] == 2.5 and "humaneval_delta" not in rows[1]
