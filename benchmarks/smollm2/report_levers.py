@@ -227,7 +227,7 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         "Each arm: `.venv/bin/python benchmarks/smollm2/levers.py --arm NAME --data FOLDER [--loss lk] --core N` "
         f"(train, then the four evals); this table: `.venv/bin/python benchmarks/smollm2/report_levers.py {arms}`.",
         "",
-        f"![MT-bench tau by lever, beside the published head]({figure})",
+        f"![MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline]({figure})",
         "",
     ]
     return lines
@@ -243,29 +243,41 @@ def _carry_cell(r: dict) -> str:
 
 
 def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
-    """Each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
-    baseline (the gains over the baseline, paired, are the table's)."""
+    """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
+    baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
+    measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 0.6 * len(rows) + 1.8))
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 1.9), sharey=True)
     ys = list(range(len(rows)))
     for y, r in zip(ys, rows):
         lo, hi = r["mt_bench_tau_interval"]
         ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
         ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
+        lo, hi = r["delta_interval"]
+        dx.plot([lo, hi], [y - 0.1, y - 0.1], color="#4c72b0", lw=2)
+        dx.plot([r["delta_vs_baseline"]], [y - 0.1], "o", color="#4c72b0", label="MT-bench" if y == 0 else None)
+        if f"{CARRY}_delta" in r:
+            lo, hi = r[f"{CARRY}_delta_interval"]
+            dx.plot([lo, hi], [y + 0.1, y + 0.1], color="#dd8452", lw=2)
+            dx.plot([r[f"{CARRY}_delta"]], [y + 0.1], "s", color="#dd8452", label=CARRY if y == 0 else None)
     if start_tau is not None:
         ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
     ax.axvline(
         rows[0]["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{rows[0]['arm']} ({rows[0]['mt_bench_tau']:.3f})"
     )
+    dx.axvline(0, color="#c44e52", lw=0.8)
     ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
     ax.set_ylim(len(rows) - 0.5, -0.5)
     ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
-    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)")
+    dx.set_xlabel(f"tau gain over {rows[0]['arm']}, paired by prompt, 90% interval")
+    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
+    dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
+    dx.legend(loc="lower right", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
