@@ -338,6 +338,11 @@ def equal_compute_lines(data: dict) -> list[str]:
                       f"{p['tokens']:,} distinct tokens) reads MT-bench **{p['mt_bench_tau']:.3f}**"
                       + (f", where the curve's fit says {on_curve:.3f} ({p['mt_bench_tau'] - on_curve:+.3f})."
                          if on_curve else ".")]  # fmt: skip
+        b = on_curve and fit["fit_all"]["b_per_doubling"]
+        if b and b > 0:  # the human tokens that buy its tau on the fit: what one of its tokens is worth
+            worth = p["tokens"] * 2 ** ((p["mt_bench_tau"] - on_curve) / b)
+            lines[-1] += (f" On the fit, the curve's corpus buys that tau with {worth:,.0f} distinct tokens: one of "
+                          f"this corpus's tokens is worth **{worth / p['tokens']:.2f}** of them at this budget.")  # fmt: skip
     return lines
 
 

@@ -427,6 +427,8 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     # the slope at equal compute beside one epoch's; the other corpus against the curve's fit at its tokens (400k)
     assert "**+0.050 per doubling of distinct tokens**, against +0.200" in text
     assert "`corpora/synth`" in text and "reads MT-bench **1.700**, where the curve's fit says 1.550 (+0.150)" in text
+    # +0.150 at +0.050 per doubling: 2**3 times its 400k tokens (the fit's rounding in the last digits)
+    assert "buys that tau with 3,20" in text and "one of this corpus's tokens is worth **8.00** of them" in text
     assert "| 1/16 | 50,000 | 800,000 | 16.0 | 1.500 | 1.400 | 1.000 |" in text
     assert "| 1/2 (the one-epoch run) | 400,000 |" in text
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
