@@ -7,6 +7,8 @@ one arm's data, then score it as every arm is scored. Resumable: rerun the same 
     .venv/bin/python benchmarks/smollm2/levers.py --arm synthetic --data corpora/smollm2-135m-synthetic-vllm
     .venv/bin/python benchmarks/smollm2/levers.py --arm chitchat --data corpora/smollm2-135m-chitchat-vllm \
         --extra-data corpora/smollm2-135m-chitchat-rest-vllm
+    .venv/bin/python benchmarks/smollm2/levers.py --arm augment --data corpora/smollm2-135m-sharegpt-augment-vllm
+    .venv/bin/python benchmarks/smollm2/levers.py --arm answers --data corpora/smollm2-135m-sharegpt-answers-vllm
 
 The budget: 1,320 optimizer steps of the online recipe's 1,024-token steps (~1.04M real tokens), lr
 1.5e-4 (the long run's continuation rate). One thread each (`--core`: taskset), so two arms run side
