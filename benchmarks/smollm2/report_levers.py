@@ -82,6 +82,17 @@ def _tokens_seen(run: Path) -> int:
     raise KeyError(f"{run}/train/manifest.json records no tokens_seen")
 
 
+def _epochs(run: Path) -> int:
+    """Epochs the arm's training began (1: every token it trained on was new to it; more: its corpus was
+    smaller than the budget and it repeated data, so its tokens are not all new)."""
+    last = None
+    with open(run / "train" / "metrics.jsonl", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                last = line
+    return 1 + int(json.loads(last).get("epoch", 0)) if last else 1
+
+
 def arm_facts(run: Path) -> dict:
     m = json.loads((run / "train" / "manifest.json").read_text())
     cfg = m.get("config") or {}
@@ -94,7 +105,7 @@ def arm_facts(run: Path) -> dict:
     carry = run / f"eval-{CARRY}" / "report.json"
     if carry.is_file():
         reports[CARRY] = json.loads(carry.read_text())
-    return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "reports": reports}
+    return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "epochs": _epochs(run), "reports": reports}
 
 
 def _in_repo(folder: str | None) -> str:
@@ -124,6 +135,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
         "data": " + ".join(_in_repo(d) for d in [f["config"].get("data"), *(f["config"].get("extra_data") or ())]),
         "loss": f["config"].get("loss"),
         "new_tokens": f["tokens"],
+        "epochs": f["epochs"],
         "steps": f["config"].get("max_steps"),
         "mt_bench_tau": round(tau, 4),
         "mt_bench_tau_interval": [round(x, 4) for x in mt["tau_interval"]],
@@ -213,7 +225,7 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         iv, d = r["mt_bench_tau_interval"], r["delta_interval"]
         per_m = r["tau_gain_per_million_tokens"]
         lines.append(
-            f"| {r['arm']} | `{r['data']}` | {r['loss']} | {r['new_tokens']:,} | {r['mt_bench_tau']:.3f} "
+            f"| {r['arm']} | `{r['data']}` | {r['loss']} | {r['new_tokens']:,}{_repeats(r)} | {r['mt_bench_tau']:.3f} "
             f"[{iv[0]:.2f}, {iv[1]:.2f}] | {r['delta_vs_baseline']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}] | "
             f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} | "
             f"{_carry_cell(r)} |"
@@ -231,6 +243,11 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         "",
     ]
     return lines
+
+
+def _repeats(r: dict) -> str:
+    """A row whose corpus was smaller than the budget says so: its tokens were not all new."""
+    return f" ({r['epochs']} epochs: repeated)" if r.get("epochs", 1) > 1 else ""
 
 
 def _carry_cell(r: dict) -> str:

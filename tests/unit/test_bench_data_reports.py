@@ -631,6 +631,7 @@ def _lever_arm(
     (run / "train").mkdir(parents=True)
     cfg = {"data": f"corpora/{name}", "loss": "ce", "max_steps": steps}
     (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "tokens_seen": 1_000_000}))
+    (run / "train" / "metrics.jsonl").write_text(json.dumps({"step": steps, "epoch": 0}) + "\n")
     rows = [{"prompt": i, "tokens": 10, "rounds": r, "accepted": a} for i, (a, r) in enumerate(per_prompt)]
     tau = sum(a + r for a, r in per_prompt) / sum(r for _, r in per_prompt)
     for bench in ("mt_bench", "gsm8k", "sharegpt", *(["humaneval"] if carry else [])):
@@ -705,6 +706,10 @@ def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_mea
     assert "humaneval_tau" not in rows["lk"] and "humaneval_delta" not in rows["lk"]
     page = "\n".join(section(list(rows.values()), None, "f.png"))
     assert "| 2.500 (+0.500 [" in page
+    assert "(2 epochs: repeated)" not in page
+    (lk / "train" / "metrics.jsonl").write_text('{"step": 50, "epoch": 0}\n{"step": 100, "epoch": 1}\n')
+    rows = levers_json({"baseline": base, "lk": lk}, "baseline", None)  # a corpus under the budget: said so
+    assert rows[1]["epochs"] == 2 and "| 1,000,000 (2 epochs: repeated) |" in "\n".join(section(rows, None, "f"))
     assert [ln.endswith("| - |") for ln in page.splitlines() if ln.startswith("| ")][1:] == [False, False, True]
     # a carry-over eval at other settings does not pair
     odd = _lever_arm(tmp_path, "augment", 100, [(4, 4)] * 4, num_prompts=3, carry=True)
