@@ -766,10 +766,10 @@ def finish_early(cfg, out: Path, identity, inputs: Inputs, n_shards: int, todo, 
     if dropped:
         warn(f"{dropped} conversation(s) of unfinished shards are left out (only whole shards are kept)")
     partial = {"shards": len(done), "of_shards": n_shards, "conversations_planned": len(inputs.plan)}
-    i = inputs
     return finalize(
-        cfg, out, identity, i.results, i.plan, i.read_rejects, done, 0.0, None, 0, partial, i.eval_check, engine
-    )
+        cfg, out, identity, inputs.results, inputs.plan, inputs.read_rejects, done, 0.0, None, 0, partial,
+        inputs.eval_check, engine,
+    )  # fmt: skip
 
 
 def pending_error(cfg: GenDataConfig, out: Path, left: dict[int, str], planned: int) -> IncompleteError:
