@@ -16,8 +16,8 @@ import re
 from pathlib import Path
 
 from benchmarks.smollm2.report_long_run import whole_corpus_lines
+from eagle3cli.data.finish import throughput
 from eagle3cli.data.journal import PROGRESS, STATE
-from eagle3cli.data.run import throughput
 from eagle3cli.readers.jsonl import read_records
 
 

@@ -80,7 +80,7 @@ def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(t
 def test_side_by_side_shard_processes_count_their_clock_time_once(tmp_path):
     # two `--shard i/2` processes worked 0-100 s and 50-150 s (150 s of clock, 200 process-seconds);
     # a session of an older eagle3 (no interval) adds its own 40 s
-    from eagle3cli.data.run import throughput
+    from eagle3cli.data.finish import throughput
 
     sessions = tmp_path / "progress" / "sessions"
     sessions.mkdir(parents=True)
