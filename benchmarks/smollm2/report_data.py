@@ -318,7 +318,8 @@ def equal_compute_lines(data: dict) -> list[str]:
         "| fraction | distinct tokens | trained tokens | passes | held-out tau | MT-bench tau | at one epoch |",
         "|---|---|---|---|---|---|---|",
     ]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: r["tokens"]):  # fewest tokens first, as the one-epoch table (data_scaling.py
+        # writes them in the order its --fractions ran)
         passes = (r.get("trained_tokens") or 0) / r["tokens"]
         shared = " (the one-epoch run)" if r.get("same_run_as") else ""
         lines.append(f"| {r['fraction']}{shared} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | {passes:.1f} | "
@@ -328,7 +329,7 @@ def equal_compute_lines(data: dict) -> list[str]:
     if fit.get("fit_all") and whole:
         b, b1 = fit["fit_all"]["b_per_doubling"], whole["b_per_doubling"]
         lines += ["", f"At equal compute, MT-bench tau grows **{b:+.3f} per doubling of distinct tokens**, against "
-                      f"{b1:+.3f} at one epoch per size: that part of the one-epoch curve's slope is the data itself, "
+                      f"{b1:+.3f} at one epoch per size: {b / b1:.0%} of the one-epoch curve's slope is the data itself, "
                       "the rest is the smaller sizes' shorter training."]  # fmt: skip
     for p in s.get("points") or []:
         on_curve = fit.get("fit_all") and fit["fit_all"]["a"] + fit["fit_all"]["b_per_doubling"] * math.log2(

@@ -408,7 +408,8 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     first.write_text(json.dumps({"data": "corpora/c", "online": True, "budget": {"epochs": 1},
                                  "corpus": {"samples": 3200, "tokens": 1_600_000, "heldout_samples": 32},
                                  "rows": one, "fits": {"mt_bench_tau": analyse(one, "mt_bench_tau")}}))  # fmt: skip
-    eq = _equal_compute_json(tmp_path / "eq.json", "corpora/c", (4, 3, 2, 1), lambda k: 1.4 + 0.05 * (4 - k))
+    # the sizes in the order a curve resumed them (--fractions 1/4,1/16,1/8,1/2): the table sorts them by size
+    eq = _equal_compute_json(tmp_path / "eq.json", "corpora/c", (2, 4, 3, 1), lambda k: 1.4 + 0.05 * (4 - k))
     curve = json.loads(eq.read_text())
     curve["rows"][-1]["same_run_as"] = "eagle3 train ... --epochs 1"  # data_scaling.py --reuse's mark
     eq.write_text(json.dumps(curve))
@@ -420,17 +421,19 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
                         "--results-md", str(md)], capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode == 0, r.stderr
     data = json.loads(md.with_suffix(".json").read_text())
-    assert [x["mt_bench_tau"] for x in data["data_scaling_equal_compute"]] == pytest.approx([1.4, 1.45, 1.5, 1.55])
+    assert [x["mt_bench_tau"] for x in data["data_scaling_equal_compute"]] == pytest.approx([1.5, 1.4, 1.45, 1.55])
     settings = data["data_scaling_equal_compute_settings"]
     assert settings["budget"]["steps_per_run"] == 1380 and settings["points"][0]["data"] == "corpora/synth"
     text = md.read_text()
     # the slope at equal compute beside one epoch's; the other corpus against the curve's fit at its tokens (400k)
-    assert "**+0.050 per doubling of distinct tokens**, against +0.200" in text
+    assert "**+0.050 per doubling of distinct tokens**, against +0.200 at one epoch per size: 25% of" in text
     assert "`corpora/synth`" in text and "reads MT-bench **1.700**, where the curve's fit says 1.550 (+0.150)" in text
     # +0.150 at +0.050 per doubling: 2**3 times its 400k tokens (the fit's rounding in the last digits)
     assert "buys that tau with 3,20" in text and "one of this corpus's tokens is worth **8.00** of them" in text
     assert "| 1/16 | 50,000 | 800,000 | 16.0 | 1.500 | 1.400 | 1.000 |" in text
     assert "| 1/2 (the one-epoch run) | 400,000 |" in text
+    table = [line.split(" |")[0] for line in text.splitlines() if line.startswith("| 1/") and "| 800,000 |" in line]
+    assert table == ["| 1/16", "| 1/8", "| 1/4", "| 1/2 (the one-epoch run)"]  # fewest tokens first
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
     # a point at another budget, or a curve at one epoch per size, is refused and nothing is written
     before = md.with_suffix(".json").read_text()
