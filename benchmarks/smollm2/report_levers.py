@@ -212,7 +212,7 @@ def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]
         "online recipe, lr 1.5e-4) on its own data; each is scored by `eagle3 eval` (chain d8, fp32, greedy, 64 "
         "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (its first 40 prompts of at most "
         "2,048 tokens), GSM8K test (40) and HumanEval (40: a public bench no corpus here holds, code prompts no "
-        "head trained on, so an MT-bench gain that does not carry over shows there). The gains "
+        "head trained on, so an MT-bench gain that does not carry over shows there). Each gain "
         "is paired by prompt against the baseline (another pass over the ShareGPT corpus the head has seen), "
         "with a 90% interval; tau per million new tokens is against the published head's MT-bench tau"
         + (f" ({start_tau:.3f})." if start_tau is not None else "."),
