@@ -20,6 +20,8 @@ from eagle3cli.data.finish import throughput
 from eagle3cli.data.journal import PROGRESS, STATE
 from eagle3cli.readers.jsonl import read_records
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def corpus_json(folder: Path) -> dict:
     """Conversations and completion tokens in a gen-data folder, finished or not (a corpus made over
@@ -222,6 +224,8 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
     # same_run_as: a size an equal-compute curve shares with the one-epoch curve (data_scaling.py --reuse)
     rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
             for row in r["rows"]]  # fmt: skip
+    for row in rows:  # a curve run from another checkout with --out into this one names its runs by absolute path
+        row["commands"] = [_repo_relative(c) for c in row["commands"] or []]
     fits = r.get("fits") or {}
     main = fits.get("mt_bench_tau") or fits.get("heldout_tau") or {}
     fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau", **main}
@@ -229,6 +233,17 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
         fit["heldout"] = fits["heldout_tau"]
     settings = {k: r.get(k) for k in ("data", "cache", "online", "budget", "corpus") if r.get(k) is not None}
     return rows, fit, settings
+
+
+def _repo_relative(command: str) -> str:
+    """A command with every absolute path inside this repository made relative to it (the page's JSON names no
+    folder of the machine that ran it: tests/unit/test_portable_repo.py)."""
+
+    def rel(m: re.Match) -> str:
+        path = Path(m.group(0))
+        return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else m.group(0)
+
+    return re.sub(r"(?<![^\s=])/[^\s'\"]+", rel, command)
 
 
 def _tokens(n, per_sample: float | None) -> str:

@@ -412,6 +412,8 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     eq = _equal_compute_json(tmp_path / "eq.json", "corpora/c", (2, 4, 3, 1), lambda k: 1.4 + 0.05 * (4 - k))
     curve = json.loads(eq.read_text())
     curve["rows"][-1]["same_run_as"] = "eagle3 train ... --epochs 1"  # data_scaling.py --reuse's mark
+    repo = Path(__file__).resolve().parents[2]  # a curve run from another checkout with --out into this one
+    curve["rows"][0]["commands"][0] = curve["rows"][0]["commands"][0].replace("runs/x", f"{repo}/runs/eq/n1")
     eq.write_text(json.dumps(curve))
     synth = _equal_compute_json(tmp_path / "syn.json", "corpora/synth", (1,), lambda k: 1.7)
     md = tmp_path / "results.md"
@@ -422,6 +424,7 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     assert r.returncode == 0, r.stderr
     data = json.loads(md.with_suffix(".json").read_text())
     assert [x["mt_bench_tau"] for x in data["data_scaling_equal_compute"]] == pytest.approx([1.5, 1.4, 1.45, 1.55])
+    assert data["data_scaling_equal_compute"][0]["commands"][0].startswith("eagle3 train --run runs/eq/n1 --online")
     settings = data["data_scaling_equal_compute_settings"]
     assert settings["budget"]["steps_per_run"] == 1380 and settings["points"][0]["data"] == "corpora/synth"
     text = md.read_text()
