@@ -129,8 +129,7 @@ def gen_data_throughput_json(bench: Path) -> tuple[list[dict], dict]:
 def _repo_relative(path: str | None) -> str | None:
     if path is None or not Path(path).is_absolute():
         return path
-    repo = Path(__file__).resolve().parents[2]
-    return str(Path(path).relative_to(repo)) if Path(path).is_relative_to(repo) else Path(path).name
+    return str(Path(path).relative_to(REPO)) if Path(path).is_relative_to(REPO) else Path(path).name
 
 
 def throughput_table(rows: list[dict]) -> str:
@@ -225,7 +224,7 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
     rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
             for row in r["rows"]]  # fmt: skip
     for row in rows:  # a curve run from another checkout with --out into this one names its runs by absolute path
-        row["commands"] = [_repo_relative(c) for c in row["commands"] or []]
+        row["commands"] = [_command_repo_relative(c) for c in row["commands"] or []]
     fits = r.get("fits") or {}
     main = fits.get("mt_bench_tau") or fits.get("heldout_tau") or {}
     fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau", **main}
@@ -235,7 +234,7 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
     return rows, fit, settings
 
 
-def _repo_relative(command: str) -> str:
+def _command_repo_relative(command: str) -> str:
     """A command with every absolute path inside this repository made relative to it (the page's JSON names no
     folder of the machine that ran it: tests/unit/test_portable_repo.py)."""
 
