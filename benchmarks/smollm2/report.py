@@ -24,7 +24,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report_bars import BARS31_HEADING, bars31_json, bars31_section, vllm_engine_json  # noqa: E402
+from benchmarks.smollm2.report_bars import bars31_section, bars50_section, bars_json, rewrite_bars, vllm_engine_json  # noqa: E402
 from benchmarks.smollm2.report_compute import heldout_curve, kept_sections, sections, sweep_summary  # noqa: E402
 from benchmarks.smollm2.report_compute import md_table as _table  # noqa: E402
 
@@ -494,7 +494,7 @@ def write_report(
     lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier),
                     *scaling_section(earlier)]  # fmt: skip
     at = next(i for i, line in enumerate(lines) if line.startswith("## Issue 22's bars"))
-    lines[at:at] = bars31_section({**earlier, "rows": rows, **issue22_json})
+    lines[at:at] = [*bars50_section(page := {**earlier, "rows": rows, **issue22_json}), *bars31_section(page)]
     md_path.write_text("\n".join(lines))
     machine = {
         "rows": [json_row(r) for r in rows],
@@ -516,7 +516,7 @@ def write_report(
     # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
     if earlier:
         machine.update({k: v for k, v in earlier.items() if k not in machine and k not in SUPERSEDED})
-    machine["bar_issue31"] = bars31_json(machine)
+    machine.update(bars_json(machine))
     json_path.write_text(json.dumps(machine, indent=2) + "\n")
     write_figures(md_path)
     print(f"wrote {md_path} and {json_path}")
@@ -822,12 +822,12 @@ def main() -> None:
                 raise SystemExit(2) from e
             data.setdefault("engine_speedup", {})["vllm_cpu"] = v
             print(f"vllm_cpu: best k={v['k']} {v['speedup_vs_plain']:.2f}x, tau {v['tau']:.3f}")
-        data["bar_issue31"] = bars31_json(data)
+        data.update(bars_json(data))
         json_path.write_text(json.dumps(data, indent=2) + "\n")
         md = a.results_md.read_text() if a.results_md.exists() else ""
         md = replace_section(md, data_section(data), "## Acceptance and speed by bench")
         md = replace_section(md, scaling_section(data), "## Acceptance and speed by bench", SCALING_HEADING)
-        md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
+        md = rewrite_bars(md, data)
         a.results_md.write_text(md)
         write_figures(a.results_md)  # the rewritten sections lose their figure links: drawn and linked again
         print(f"wrote {json_path} and the data sections of {a.results_md}")

@@ -301,6 +301,7 @@ def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
 
 
 def main() -> None:
+    from benchmarks.smollm2.report_bars import bars_json, rewrite_bars
     from benchmarks.smollm2.report_data import replace_section
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -325,12 +326,13 @@ def main() -> None:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from None
     data["data_levers"] = rows
+    data.update(bars_json(data))
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     figure = a.results_md.parent / "results-data-levers.png"
     plot(rows, figure, start)
     lines = section(rows, start, figure.name)
     md = a.results_md.read_text() if a.results_md.exists() else ""
-    a.results_md.write_text(replace_section(md, lines, BEFORE, HEADING))
+    a.results_md.write_text(rewrite_bars(replace_section(md, lines, BEFORE, HEADING), data))
     print("\n".join(lines))
     print(f"wrote data_levers ({len(rows)} arm(s)) into {json_path}, its section of {a.results_md} and {figure}")
 

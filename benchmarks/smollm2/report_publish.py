@@ -12,7 +12,7 @@ from pathlib import Path
 from benchmarks.common import REPO
 from benchmarks.smollm2.report import PAIR_EVALS, WHY_MISSED, _minutes, bench_lines, eval_command, eval_rows, json_row
 from benchmarks.smollm2.report import _json as _read_json
-from benchmarks.smollm2.report_bars import BARS31_HEADING, bars31_json, bars31_section
+from benchmarks.smollm2.report_bars import bars_json, rewrite_bars
 from benchmarks.smollm2.report_compute import (
     BARS,
     bars22_lines,
@@ -149,7 +149,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         "mt_bench_tau_before": old["mt_bench_tau"],
         "trained_tokens": curve[-1]["tokens"],
     }
-    data["bar_issue31"] = bars31_json(data)
+    data.update(bars_json(data))
     json_path.write_text(json.dumps(data, indent=2) + "\n")
 
     md = replace_section(md, [*bars22_lines(mt, sweep, hour_row), ""], "## Learning curve", "## Issue 22's bars")
@@ -161,7 +161,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     kept = _subsections(md, BENCH_HEADING)  # e.g. "Why the target runs in fp32 here", from the pair's evals
     bench = [*bench_lines(rows + pair, reports, last.name), "", *kept]
     md = replace_section(md, bench, "## Training-time test", BENCH_HEADING)
-    md = replace_section(md, bars31_section(data), "## Issue 22's bars", BARS31_HEADING)
+    md = rewrite_bars(md, data)
     md = _header_note(md, last)
     md = _costs(md, steps)
     md = _commands(md, sessions, evals, [r["run"] for r in kept_rows])

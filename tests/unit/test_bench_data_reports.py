@@ -731,3 +731,51 @@ def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_mea
         {"baseline": _lever_arm(tmp_path / "b", "baseline", 100, [(4, 4)] * 4), "s": synth}, "baseline", None
     )
     assert rows[1]["humaneval_tau"] == 2.5 and "humaneval_delta" not in rows[1]
+
+
+def _arm(name: str, tokens: int, tau: float, delta: float, per_m: float, carry: float | None = 0.01) -> dict:
+    a = {"arm": name, "new_tokens": tokens, "steps": 1320, "mt_bench_tau": tau, "delta_vs_baseline": delta,
+         "tau_gain_per_million_tokens": per_m, "humaneval_tau": None if carry is None else 2.1}  # fmt: skip
+    if carry is not None:
+        a.update(humaneval_delta=carry, humaneval_delta_interval=[carry - 0.03, carry + 0.03])
+    return a
+
+
+def test_issue50_bars_count_arms_at_budget_sizes_and_points_and_project_the_head_from_the_best_lever(tmp_path):
+    from benchmarks.smollm2.report_bars import bars50, bars_json, rewrite_bars
+
+    arms = [_arm("baseline", 1_040_000, 1.85, 0.0, 0.012), _arm("synthetic", 1_150_000, 1.87, 0.02, 0.03, carry=0.02),
+            _arm("chitchat", 980_000, 1.80, -0.04, -0.03, carry=None)]  # fmt: skip
+    data = {"data_levers": arms, "rows": [{"eval": "mt_bench", "tau": 1.8, "greedy_mismatches": 0, "prompts": 80}],
+            "data_scaling_equal_compute": [{"mt_bench_tau": 1.3}, {"mt_bench_tau": 1.35}, {"mt_bench_tau": None}],
+            "data_scaling_equal_compute_settings": {"budget": {"steps_per_run": 1380}, "points": []}}  # fmt: skip
+    rows = {r["criterion"].split(",")[0].split(" (")[0]: r for r in bars50(data)}
+    arm_bar = rows["data-lever arms from the published head"]
+    assert arm_bar["met"] is False and arm_bar["measured"].startswith("2 of 3 (1,320 steps each; chitchat 980,000")
+    assert rows["the best mixture"]["met"] is None  # not run yet: said, never guessed
+    sizes = rows["sizes of the curve at one budget"]
+    assert (
+        sizes["met"] is False and sizes["measured"] == "2 (1,380 steps each)"
+    )  # the size without its eval not counted
+    assert rows["the target-written data's point beside that curve"]["met"] is None
+    head = rows["MT-bench"]
+    assert head["met"] is False and "short by 0.400" in head["needs"]
+    assert "(synthetic, +0.030 tau per M new tokens" in head["needs"] and "~13M new tokens" in head["needs"]  # 0.4/0.03
+    carry = rows["every arm also measured on a public bench no corpus here holds"]
+    assert carry["met"] is False and carry["measured"].startswith(
+        "2 of 3; the best MT-bench arm (synthetic) reads +0.020"
+    )
+    arms += [_arm("mixture", 1_100_000, 1.86, 0.01, 0.02), _arm("lk", 1_040_000, 1.84, -0.01, 0.01),
+             _arm("answers", 1_030_000, 1.85, 0.0, 0.01), _arm("augment", 1_040_000, 1.85, 0.0, 0.01)]  # fmt: skip
+    data["data_scaling_equal_compute"] = [{"mt_bench_tau": 1.3 + i / 100} for i in range(4)]
+    data["data_scaling_equal_compute_settings"]["points"] = [{"data": "corpora/s", "mt_bench_tau": 1.4}]
+    rows = {r["criterion"].split(",")[0].split(" (")[0]: r for r in bars50(data)}
+    assert rows["data-lever arms from the published head"]["met"] is True
+    assert rows["the best mixture"]["measured"] == "1.860 (+0.010 vs the baseline)"
+    assert rows["sizes of the curve at one budget"]["met"] is True
+    assert rows["the target-written data's point beside that curve"]["measured"] == "`corpora/s` 1.400"
+    assert set(bars_json(data)) == {"bar_issue31", "bar_issue50"}
+    page = "# page\n\n## Issue 22's bars\n\nold\n"
+    md = rewrite_bars(rewrite_bars(page, data), data)  # twice: each section replaced in place, never doubled
+    assert md.count("## Issue 50's bars") == 1 and md.count("## Issue 31's bars") == 1
+    assert md.index("## Issue 50's bars") < md.index("## Issue 31's bars") < md.index("## Issue 22's bars")
