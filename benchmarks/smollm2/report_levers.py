@@ -268,7 +268,7 @@ def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 1.9), sharey=True)
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
     ys = list(range(len(rows)))
     for y, r in zip(ys, rows):
         lo, hi = r["mt_bench_tau_interval"]
@@ -288,7 +288,7 @@ def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
     )
     dx.axvline(0, color="#c44e52", lw=0.8)
     ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
-    ax.set_ylim(len(rows) - 0.5, -0.5)
+    ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
     ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
     dx.set_xlabel(f"tau gain over {rows[0]['arm']}, paired by prompt, 90% interval")
     ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
