@@ -353,11 +353,18 @@ def equal_compute_lines(data: dict) -> list[str]:
                       f"{p['tokens']:,} distinct tokens) reads MT-bench **{p['mt_bench_tau']:.3f}**"
                       + (f", where the curve's fit says {on_curve:.3f} ({p['mt_bench_tau'] - on_curve:+.3f})."
                          if on_curve else ".")]  # fmt: skip
+        near = min(rows, key=lambda r: abs(math.log2(r["tokens"] / p["tokens"])))
+        if near.get("mt_bench_tau") is not None:  # measured beside measured: no fit between them
+            lines[-1] += (f" The curve's size nearest in distinct tokens ({near['fraction']}, {near['tokens']:,}) "
+                          f"reads {near['mt_bench_tau']:.3f}: {p['mt_bench_tau'] - near['mt_bench_tau']:+.3f}.")  # fmt: skip
         b = on_curve and fit["fit_all"]["b_per_doubling"]
         if b and b > 0:  # the human tokens that buy its tau on the fit: what one of its tokens is worth
             worth = p["tokens"] * 2 ** ((p["mt_bench_tau"] - on_curve) / b)
+            beyond = max(r["tokens"] for r in rows)
             lines[-1] += (f" On the fit, the curve's corpus buys that tau with {worth:,.0f} distinct tokens: one of "
-                          f"this corpus's tokens is worth **{worth / p['tokens']:.2f}** of them at this budget.")  # fmt: skip
+                          f"this corpus's tokens is worth **{worth / p['tokens']:.2f}** of them at this budget"
+                          + (f" (an extrapolation: {worth / beyond:,.0f}x the curve's largest size, on a slope of "
+                             f"{b:+.3f} per doubling)." if worth > 2 * beyond else "."))  # fmt: skip
     return lines
 
 

@@ -433,6 +433,9 @@ def test_the_equal_compute_curve_and_other_corpora_at_its_budget_join_the_scalin
     assert "`corpora/synth`" in text and "reads MT-bench **1.700**, where the curve's fit says 1.550 (+0.150)" in text
     # +0.150 at +0.050 per doubling: 2**3 times its 400k tokens (the fit's rounding in the last digits)
     assert "buys that tau with 3,20" in text and "one of this corpus's tokens is worth **8.00** of them" in text
+    # measured beside measured, then the fit's exchange rate flagged where it reaches past the curve's sizes
+    assert "The curve's size nearest in distinct tokens (1/2, 400,000) reads 1.550: +0.150." in text
+    assert "(an extrapolation: 8x the curve's largest size, on a slope of +0.050 per doubling)." in text
     assert "| 1/16 | 50,000 | 800,000 | 16.0 | 1.500 | 1.400 | 1.000 |" in text
     assert "| 1/2 (the one-epoch run) | 400,000 |" in text
     table = [line.split(" |")[0] for line in text.splitlines() if line.startswith("| 1/") and "| 800,000 |" in line]
