@@ -29,14 +29,16 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks.smollm2.report_bars import CARRY, bars_json, rewrite_bars  # noqa: E402
+
 # the arms of issue 50's table, in the order the page lists them
 ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")
 HEADING = "## Data levers: what more data buys a head that has used up the human prompts"
 BEFORE = "## Data scaling"
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt"}  # key -> eval folder suffix
-# A public bench no corpus here holds and no head trained on (gen-data keeps HumanEval out by text): does an
-# MT-bench gain carry over? Its eval came after the first arms, so a row may lack it (then "-" on the page).
-CARRY = "humaneval"
+# CARRY (report_bars.py, which issue 50's bars share): a public bench no corpus here holds and no head trained on
+# (gen-data keeps HumanEval out by text): does an MT-bench gain carry over? Its eval came after the first arms,
+# so a row may lack it (then "-" on the page).
 SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "temperature")
 
 
@@ -301,7 +303,6 @@ def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
 
 
 def main() -> None:
-    from benchmarks.smollm2.report_bars import bars_json, rewrite_bars
     from benchmarks.smollm2.report_data import replace_section
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
