@@ -104,14 +104,21 @@ def _speed_need(tau: float, speedup: float, goal: float) -> str:
     return f"at its measured round cost ({round_cost:.2f} plain steps) {goal}x needs tau {goal * round_cost:.2f}"
 
 
+def _adder(rows: list[dict]):
+    """A bar row appender: criterion, bar, measured (None: not measured), met (None: not measured), needs."""
+
+    def add(criterion: str, bar: str, measured, met, needs: str = "") -> None:
+        rows.append({"criterion": criterion, "bar": bar, "measured": measured, "met": met, "needs": needs})
+
+    return add
+
+
 def bars31(data: dict) -> list[dict]:
     """One row per bar: criterion, bar, measured (text), met (bool or None when not measured), and what
     a missed bar would take."""
     B = BARS31
     rows: list[dict] = []
-
-    def add(criterion: str, bar: str, measured, met, needs: str = "") -> None:
-        rows.append({"criterion": criterion, "bar": bar, "measured": measured, "met": met, "needs": needs})
+    add = _adder(rows)
 
     corpus = data.get("corpus") or {}
     n = corpus.get("conversations")
@@ -246,9 +253,7 @@ def bars50(data: dict) -> list[dict]:
     over; read from the page's keys (data_levers, data_scaling_equal_compute, rows, engine_speedup)."""
     B = BARS50
     rows: list[dict] = []
-
-    def add(criterion: str, bar: str, measured, met, needs: str = "") -> None:
-        rows.append({"criterion": criterion, "bar": bar, "measured": measured, "met": met, "needs": needs})
+    add = _adder(rows)
 
     arms = data.get("data_levers") or []
     full = [a for a in arms if a["new_tokens"] >= B["arm_tokens"]]
@@ -301,13 +306,9 @@ def _bars_json(rows: list[dict]) -> dict:
     return {r["criterion"]: {"bar": r["bar"], "measured": r["measured"], "met": r["met"]} for r in rows}
 
 
-def bars31_json(data: dict) -> dict:
-    """`bar_issue31`: each bar's measured value and whether it is met (None: not measured yet)."""
-    return _bars_json(bars31(data))
-
-
 def bars_json(data: dict) -> dict:
-    """`bar_issue31` and `bar_issue50`, for the page's JSON."""
+    """`bar_issue31` and `bar_issue50`, for the page's JSON: each bar's measured value and whether it is met
+    (None: not measured yet)."""
     return {"bar_issue31": _bars_json(bars31(data)), "bar_issue50": _bars_json(bars50(data))}
 
 
