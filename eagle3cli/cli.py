@@ -99,6 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_as_module() -> None:
+    """`python -m eagle3cli`, which is how the DeepSpeed launcher starts training ranks: a rank
+    ends through `end_rank` (it skips interpreter finalization, where a rank could abort)."""
+    code = main()
+    if "torch.distributed" in sys.modules:
+        from .train.loop import end_rank
+
+        end_rank(code)
+    sys.exit(code)
+
+
 def _fsize_limit() -> str:
     import resource
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import typer
 
 from ..console import log
@@ -30,4 +32,5 @@ def register(app: typer.Typer) -> None:
         from .loop import run_train
 
         head = run_train(flags.config())
-        log(f"head in {head}", ("done:", "bold green"))
+        if "LOCAL_RANK" not in os.environ:  # a launched rank: its launcher says it once for the run
+            log(f"head in {head}", ("done:", "bold green"))

@@ -10,6 +10,7 @@ own checkpoints; bit-exactness then depends on the collective's reduction order 
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -450,22 +451,31 @@ def _run_train(cfg: TrainConfig) -> Path:
     tr = setup(cfg)
     if finished(tr):
         console.log(f"{tr.train_dir} already finished at step {tr.loop.step}; the head in {tr.head_dir} is intact")
-        _leave_process_group()
         return tr.head_dir
     fit(tr)
-    head = finish(tr)
-    _leave_process_group()
-    return head
+    return finish(tr)
 
 
-def _leave_process_group() -> None:
-    """A DeepSpeed rank tears its process group down itself: left to interpreter exit, a rank
-    could abort in C++ ("terminate called without an active exception", exit 250) after a
-    finished run, failing the launch."""
+def end_rank(code: int) -> None:
+    """End a launched rank's process (`python -m eagle3cli`, as the DeepSpeed launcher starts
+    ranks) without interpreter finalization; a no-op where no process group is up.
+
+    Why: DeepSpeed keeps references to the gloo process group in module globals, so its C++
+    object outlives `destroy_process_group` and is freed while the interpreter shuts down. A gloo
+    worker thread that then needs the GIL is ended by Python mid-C++ ("terminate called without
+    an active exception", SIGABRT): now and then a rank of a finished run died so, and the
+    launch failed (CI, ZeRO-3, 1 in many). Every file a rank writes is already closed and
+    renamed into place by now, so nothing is lost by skipping finalization."""
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    if code == 0:
+        dist.barrier()  # no rank leaves while another could still need it
         dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # a failed rank leaves at once: the launcher stops the others
 
 
 def finished(tr: Trainer) -> bool:

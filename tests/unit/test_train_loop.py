@@ -225,6 +225,29 @@ def test_deepspeed_two_processes_resume_after_kill9_and_track_single_process(tmp
             assert torch.equal(got, t), name
 
 
+@pytest.mark.parametrize("code", [0, 3])
+def test_a_rank_ends_with_its_code_and_skips_interpreter_finalization(tmp_path, code):
+    """A rank's process group outlives destroy_process_group (DeepSpeed holds it), and freeing it
+    during interpreter shutdown could abort a finished rank. end_rank leaves with the rank's code
+    before finalization (no atexit handler runs), and is a no-op where no group is up."""
+    marker = tmp_path / "finalized"
+    script = (
+        "import atexit, sys\n"
+        "import torch.distributed as dist\n"
+        "from eagle3cli.train.loop import end_rank\n"
+        "end_rank(0)\n"  # no process group: returns
+        f"atexit.register(lambda: open({str(marker)!r}, 'w').close())\n"
+        f"dist.init_process_group('gloo', init_method={(tmp_path / 'store').as_uri()!r}, rank=0, world_size=1)\n"
+        "print('up', flush=True)\n"
+        f"end_rank({code})\n"
+        "print('not reached', flush=True)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert r.returncode == code, r.stderr[-2000:]
+    assert r.stdout.split() == ["up"]
+    assert not marker.exists()
+
+
 def test_recipes_and_deepspeed_configs_validate():
     from eagle3cli.train.launch import deepspeed_config, preset_path
 
