@@ -35,6 +35,11 @@ def is_rank0() -> bool:
     return os.environ.get("RANK", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
 
 
+def is_launched_rank() -> bool:
+    """A process a distributed launcher (deepspeed, torchrun) started: it sets LOCAL_RANK."""
+    return "LOCAL_RANK" in os.environ
+
+
 # Messages are plain text: they carry folder names, record ids and server replies, which rich would
 # read as markup (`[bold red]x[/] [/]` as a folder name raised MarkupError on every rerun). Style
 # comes only from `lead`/`style`, the code's own words.

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 import typer
 
-from ..console import log
+from ..console import is_launched_rank, log
 from ..options import Flags, examples, stage_command
 from .config import TrainConfig
 
@@ -32,5 +30,5 @@ def register(app: typer.Typer) -> None:
         from .loop import run_train
 
         head = run_train(flags.config())
-        if "LOCAL_RANK" not in os.environ:  # a launched rank: its launcher says it once for the run
+        if not is_launched_rank():  # a rank's launcher says it once for the run
             log(f"head in {head}", ("done:", "bold green"))
