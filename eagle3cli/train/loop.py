@@ -67,10 +67,17 @@ class Interval:
         self.tokens += tokens
 
 
-def save_checkpoint(tr: Trainer) -> None:
-    is_best = tr.loop.metrics.get("sim_accept_len", -1.0) > tr.loop.best
-    if is_best:
-        tr.loop.best = tr.loop.metrics["sim_accept_len"]
+def new_best(tr: Trainer, m: dict) -> bool:
+    """Whether this metrics line's held-out tau beats every earlier one; if so the loop records it
+    and the checkpoint at this step becomes `best` (the one `--export-checkpoint best` exports)."""
+    tau = m.get("heldout_tau")
+    if tau is None or not tau > tr.loop.best:
+        return False
+    tr.loop.best, tr.loop.best_step = float(tau), tr.loop.step
+    return True
+
+
+def save_checkpoint(tr: Trainer, is_best: bool = False) -> None:
     tag = ckpt.ckpt_name(tr.loop.step)
     state = {
         **tr.loop.checkpoint(),  # step, epoch, batch_pos, best, tokens_seen, train_(cpu_)seconds, metrics
@@ -324,6 +331,7 @@ def fit(tr: Trainer) -> None:
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
     iv = Interval()
+    saved = -1
     plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)
     total = None if cfg.time_budget_s is not None else tr.total_steps  # a time budget: steps are not known
     if cfg.init_head is not None and tr.heldout and tr.loop.step == 0 and not learning_curve(tr):
@@ -349,21 +357,49 @@ def fit(tr: Trainer) -> None:
             bar.advance(1, tokens=iv.tokens - before)
             last = tr.loop.step == tr.total_steps or tr.out_of_time()
             measure = bool(tr.heldout) and (tr.loop.step % cfg.heldout_every == 0 or last)
+            best = False
             if tr.loop.step % cfg.log_every == 0 or last or measure:
-                log_interval(tr, iv, heldout=measure)
+                best = new_best(tr, log_interval(tr, iv, heldout=measure))
                 iv = Interval()
-            if tr.loop.step % cfg.save_every == 0:
-                save_checkpoint(tr)
-    if iv.steps:
-        log_interval(tr, iv, heldout=bool(tr.heldout))
+            if tr.loop.step % cfg.save_every == 0 or best:  # a new best is kept off the cadence too
+                save_checkpoint(tr, best)
+                saved = tr.loop.step
+    best = bool(iv.steps) and new_best(tr, log_interval(tr, iv, heldout=bool(tr.heldout)))
     if tr.out_of_time():
         tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.loop.step} steps"
     elif tr.loop.step >= tr.total_steps:
         tr.stopped = f"reached {tr.total_steps} optimizer steps"
     else:
         tr.stopped = f"finished {cfg.epochs} epoch(s)"
-    if tr.loop.step % cfg.save_every:
-        save_checkpoint(tr)
+    if (tr.loop.step % cfg.save_every or best) and saved != tr.loop.step:
+        save_checkpoint(tr, best)
+
+
+def keep_best(tr: Trainer) -> dict:
+    """`--export-checkpoint best`: put the weights of the checkpoint with the highest held-out tau
+    back into the draft when the last step's is lower (every rank: they measured the same tau).
+    Returns what the manifest records of the choice; {} when nothing was measured."""
+    last_tau = tr.loop.metrics.get("heldout_tau")
+    if tr.loop.best_step < 0 or last_tau is None:
+        return {}
+    kept = {"exported_step": tr.loop.step, "exported_heldout_tau": last_tau, "last_step": tr.loop.step,
+            "last_heldout_tau": last_tau, "best_step": tr.loop.best_step, "best_heldout_tau": tr.loop.best}  # fmt: skip
+    if tr.cfg.export_checkpoint == "last" or tr.loop.best_step == tr.loop.step or not tr.loop.best > last_tau:
+        return kept
+    link = tr.train_dir / ckpt.CKPT_DIR / "best"
+    if not link.resolve().is_file():
+        if tr.rank == 0:
+            console.warn(f"{link} is gone: exporting the last step's weights (held-out tau {last_tau:.3f})")
+        return kept
+    state = ckpt.load(link.resolve())
+    if tr.deepspeed:
+        ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
+    else:
+        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
+    if tr.rank == 0:
+        console.log(f"exporting step {tr.loop.best_step}'s weights: held-out tau {tr.loop.best:.3f}, above the last "
+                    f"step's {last_tau:.3f} (--export-checkpoint last exports the last)")  # fmt: skip
+    return kept | {"exported_step": tr.loop.best_step, "exported_heldout_tau": tr.loop.best}
 
 
 def finish(tr: Trainer) -> Path:
@@ -376,6 +412,7 @@ def finish(tr: Trainer) -> Path:
         "ttt_steps": tr.cfg.ttt_steps,
         "final_metrics": tr.loop.metrics,
     }
+    summary |= keep_best(tr)
     draft = tr.draft
     if tr.deepspeed:
         from .launch import gathered_copy

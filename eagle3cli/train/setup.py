@@ -106,7 +106,8 @@ class LoopState:
     step: int = 0
     epoch: int = 0
     batch_pos: int = 0  # batches of the current epoch's plan already consumed (all ranks)
-    best: float = -1.0  # the best interval's sim_accept_len so far (the `best` checkpoint)
+    best: float = -1.0  # the highest held-out tau so far (the `best` checkpoint); -1: none measured
+    best_step: int = -1  # the step it was measured at
     tokens_seen: int = 0
     train_seconds: float = 0.0  # wall time over every session
     train_cpu_seconds: float = 0.0  # this process's core-seconds: what a busy shared machine does not inflate
@@ -122,6 +123,8 @@ class LoopState:
                 setattr(self, f.name, state[f.name])
         self.train_seconds, self.train_cpu_seconds = float(self.train_seconds), float(self.train_cpu_seconds)
         self.metrics = dict(self.metrics or {})
+        if "best_step" not in state:  # older checkpoints' `best` was a training-batch estimate, not held-out tau
+            self.best, self.best_step = -1.0, -1
 
 
 @dataclass(frozen=True)
@@ -471,6 +474,7 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "device",
         "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
         "heldout_depth",
+        "export_checkpoint",  # which weights the head gets at the end: training is the same
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
     ):
         d.pop(k, None)

@@ -3,6 +3,9 @@ scored as a chain decoder would score it, and training writes it to metrics.json
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 from train_fixtures import copy_run, fast_train_config, make_run, metrics
@@ -94,6 +97,44 @@ def test_training_writes_the_learning_curve(tmp_path, base_run, capsys):
     last = metrics(run)[-1]
     assert f"train-tau@2 {1 + last['sim_accept_len']:.3f}" in log and "accept_len" not in log
     assert f"tau {last['heldout_tau']:.3f} at depth 4" in log
+
+
+@pytest.mark.parametrize("export", ["best", "last"])
+def test_the_head_is_the_checkpoint_with_the_best_heldout_tau(tmp_path, base_run, monkeypatch, capsys, export):
+    """Held-out tau that peaks mid-run (scripted: 1.5, 2.5, 1.8 at steps 2, 4, 5): `best` keeps the
+    step-4 weights, saved off the checkpoint cadence, and exports them; `last` exports step 5's."""
+    from safetensors.torch import load_file
+
+    from eagle3cli.train import checkpoint as ckpt
+    from eagle3cli.train import loop
+
+    taus = iter([1.5, 2.5, 1.8])
+    scripted = lambda *a: {"tau": next(taus), "alpha_k": [0.5], "samples": 4, "anchors": 9}  # noqa: E731
+    monkeypatch.setattr(loop, "heldout_acceptance", scripted)
+    monkeypatch.setattr(loop, "plot_curve", lambda *a, **k: None)
+    run = copy_run(base_run, tmp_path / "run")
+    cfg = fast_train_config(run, max_steps=5, log_every=1, save_every=3, heldout_every=2, ttt_steps=1,
+                            export_checkpoint=export, lr=1e-2)  # fmt: skip
+    tr = setup(cfg)
+    fit(tr)
+    final = {k: v.clone() for k, v in tr.draft.state_dict().items()}
+    finish(tr)
+    d = run / "train" / ckpt.CKPT_DIR
+    assert os.readlink(d / "best") == "step-0000004.safetensors"  # not a multiple of --save-every
+    best_fc = ckpt.load(d / "best")["model"]["fc.weight"]
+    head_fc = load_file(run / "head" / "model.safetensors")["fc.weight"]
+    assert not torch.equal(best_fc, final["fc.weight"])  # the steps after it moved the weights
+    manifest = json.loads((run / "train" / "manifest.json").read_text())
+    assert (manifest["best_step"], manifest["best_heldout_tau"]) == (4, 2.5)
+    assert (manifest["last_step"], manifest["last_heldout_tau"]) == (5, 1.8)
+    log = " ".join(capsys.readouterr().err.split())
+    if export == "best":
+        assert torch.equal(head_fc, best_fc)
+        assert (manifest["exported_step"], manifest["exported_heldout_tau"]) == (4, 2.5)
+        assert "exporting step 4's weights: held-out tau 2.500, above the last step's 1.800" in log
+    else:
+        assert torch.equal(head_fc, final["fc.weight"])
+        assert manifest["exported_step"] == 5 and "exporting step" not in log
 
 
 def test_batches_bound_attention_memory_by_length_squared():
