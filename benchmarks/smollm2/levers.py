@@ -13,6 +13,12 @@ one arm's data, then score it as every arm is scored. Resumable: rerun the same 
 The budget: 1,320 optimizer steps of the online recipe's 1,024-token steps (~1.04M real tokens), lr
 1.5e-4 (the long run's continuation rate). One thread each (`--core`: taskset), so two arms run side
 by side on a 2-core machine. Then report_levers.py writes the table.
+
+The recipe levers (issue 62) are arms on the baseline's data with one training setting changed,
+passed through to `eagle3 train` with --train-flag (the head is the last step's, as every arm's):
+
+    .venv/bin/python benchmarks/smollm2/levers.py --arm ttt5 --data corpora/smollm2-135m-sharegpt-vllm \
+        --train-flag=--ttt-steps=5
 """
 
 from __future__ import annotations
@@ -43,6 +49,12 @@ def main() -> None:
     ap.add_argument("--data", required=True, help="the arm's gen-data folder")
     ap.add_argument("--extra-data", action="append", default=[], help="more gen-data folders (train --extra-data)")
     ap.add_argument("--loss", default="ce", choices=("ce", "tv", "lk"))
+    ap.add_argument(
+        "--train-flag",
+        action="append",
+        default=[],
+        help="one more `eagle3 train` flag, e.g. --train-flag=--ttt-steps=5",
+    )
     ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
     ap.add_argument("--runs", type=Path, default=REPO / "runs")
     a = ap.parse_args()
@@ -53,8 +65,8 @@ def main() -> None:
     if not (run / "head" / "manifest.json").is_file():
         rec.sh([*pin, *E3, "train", "--recipe", "recipes/smollm2-135m/train-online.yaml", "--run", run,
                 "--data", a.data, "--target", TARGET, "--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1",
-                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss,
-                *[x for d in a.extra_data for x in ("--extra-data", d)]], env=env)  # fmt: skip
+                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss, "--export-checkpoint", "last",
+                *[x for d in a.extra_data for x in ("--extra-data", d)], *a.train_flag], env=env)  # fmt: skip
     for bench, n in EVALS:
         out = run / f"eval-{bench}"
         if (out / "report.json").is_file():
