@@ -2,7 +2,7 @@
 
 A spec names the JSON key its section reads, its heading and a body (a function of the whole JSON
 that returns Markdown lines: prose, `table(...)` or `rows_table(...)`). A section whose key is
-absent is left out, or says `missing` (e.g. "not yet run on a GPU") when the spec gives it. The
+absent (or empty) is left out, or says `missing` (e.g. "not yet run on a GPU") when the spec gives it. The
 measurement programs write keys; nothing here measures or reads a run folder, so a page
 regenerates byte for byte from its JSON (`python benchmarks/smollm2/report_page.py --check`).
 
@@ -57,7 +57,7 @@ def render(data: dict, sections: Sequence[Section]) -> str:
     """The page: each section whose key DATA holds (or that says what is missing), one blank line apart."""
     parts: list[list[str]] = []
     for s in sections:
-        if s.key and s.key not in data:
+        if s.key and not data.get(s.key):  # absent, or written empty (a run that measured nothing there)
             if s.missing is None:
                 continue
             body = [s.missing]

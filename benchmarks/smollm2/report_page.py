@@ -93,28 +93,40 @@ def gpu_check(d: dict) -> list[str]:
 
 
 def learning_curve(d: dict) -> list[str]:
-    curve, pub, old = d["learning_curve"], d["published"], d["published_before_sessions"]
+    curve, pub, old = d["learning_curve"], d.get("published"), d.get("published_before_sessions")
     step = max(1, len(curve) // 12)
     shown = curve[::step] + ([curve[-1]] if curve[::step][-1] is not curve[-1] else [])
-    lines = [
-        figure_line(LEARNING_CURVE),
-        "",
-        f"Held-out chain tau at depth 8 of the published head's training: the head published before "
-        f"(`{old['head']}`, {old['learning_curve'][-1]['tokens']:,} tokens, on the ~2.9k-conversation corpus's "
-        f"held-out conversations), then the long run's sessions, each started from the last one's head on "
-        f"conversations it never saw (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md), "
-        f"held out on `{curve[-1]['heldout_set']}`'s 32 held-out conversations: a different set, so the curve "
-        f"steps where the sessions begin. Tokens and CPU seconds count on from the head before.",
-        "",
-        *table(["session", "steps", "tokens", "CPU s", "held-out tau"],
-               [[p.get("session") or "before", p["steps"], f"{p['tokens']:,}", f"{p['cpu_seconds']:.0f}",
-                 f"{p['heldout_tau']:.3f}"] for p in shown]),
-    ]  # fmt: skip
+    about = (
+        "Held-out chain tau at depth 8 while training (the TTT unroll walked like a chain decoder, on the run's "
+        "held-out conversations); the figure plots it against tokens and CPU time."
+    )
+    if pub and old:
+        about = (
+            f"Held-out chain tau at depth 8 of the published head's training: the head published before "
+            f"(`{old['head']}`, {old['learning_curve'][-1]['tokens']:,} tokens, on the ~2.9k-conversation corpus's "
+            f"held-out conversations), then the long run's sessions, each started from the last one's head on "
+            f"conversations it never saw (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md), "
+            f"held out on `{curve[-1].get('heldout_set')}`'s 32 held-out conversations: a different set, so the "
+            f"curve steps where the sessions begin. Tokens and CPU seconds count on from the head before."
+        )
+    lines = [figure_line(LEARNING_CURVE), "", about, ""]
+    lines += table(
+        ["session", "steps", "tokens", "CPU s", "held-out tau"],
+        [[p.get("session") or "before", p["steps"], f"{p['tokens']:,}", f"{p['cpu_seconds']:.0f}",
+          f"{p['heldout_tau']:.3f}"] for p in shown],
+    )  # fmt: skip
     if proj := d.get("learning_curve_projection"):
-        lines += ["", f"Over the second half of the sessions' points (one held-out set) held-out tau grows "
+        which = "sessions' points (one held-out set)" if pub else "curve"
+        lines += ["", f"Over the second half of the {which} held-out tau grows "
                       f"{proj['tau_per_doubling_of_tokens']:.3f} per doubling of trained tokens."]  # fmt: skip
-    lines += ["", "The sessions (each from the previous one's head, exported into the folder named when the session "
-                  "began; an export overwrites that folder, so a path here names the head it held then):", ""]
+    if not (pub and old):
+        return lines
+    lines += [
+        "",
+        "The sessions (each from the previous one's head, exported into the folder named when the session "
+        "began; an export overwrites that folder, so a path here names the head it held then):",
+        "",
+    ]
     lines += table(
         ["session", "started from", "samples", "steps", "new tokens", "held-out tau (start -> end)"],
         [[f"`{s['run']}`", f"`{s['init_head']}`" + (f" (then: {old['head']})" if i == 0 else ""),
@@ -147,6 +159,8 @@ def one_core_hour(d: dict) -> list[str]:
 
 def sweep(d: dict) -> list[str]:
     sw = {k: v for k, v in d["sweep"].items() if v}
+    if not sw:
+        return []
     names = next(iter(sw.values()))["configurations"]
     lines = [figure_line(SWEEP), ""]
     lines += table(
@@ -366,7 +380,8 @@ def whole_corpus(w: dict | None) -> list[str]:
     return [
         f"**The whole corpus, measured by the long run** (`{w['sessions'][0]}` to `{w['sessions'][-1]}`: every one of "
         f"the {w['samples']:,} trainable samples once, in order{extra}; {w['distinct_tokens']:,} distinct tokens): "
-        f"MT-bench tau **{w['mt_bench_tau']:.3f}**" + (f" [{lo:.2f}, {hi:.2f}]" if hi is not None else "")
+        f"MT-bench tau **{w['mt_bench_tau']:.3f}**"
+        + (f" [{lo:.2f}, {hi:.2f}]" if hi is not None else "")
         + f" in the sizes' eval ({w['eval']['max_new_tokens']} new tokens), where the fit over every size says "
         f"**{w['predicted']:.3f}** at that many tokens ({w['mt_bench_tau'] - w['predicted']:+.3f}). Not the sizes' "
         "recipe: the long run starts from the head published before it and spans sessions with their own "
@@ -437,8 +452,10 @@ def by_bench(d: dict) -> list[str]:
     )  # fmt: skip
     lines += ["", "alpha_k (chain: P(draft token k accepted | 1..k-1 accepted); tree: P(the accepted path reaches depth",
               "k | it reached k-1)) and the unconditional P(accepted length >= k), k = 1..8:", ""]  # fmt: skip
-    lines += table(["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
-                   [[r["eval"], r["decoder"], *map(_f, r["alpha_k"]), *map(_f, r["unconditional_k"])] for r in rows])
+    lines += table(
+        ["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
+        [[r["eval"], r["decoder"], *map(_f, r["alpha_k"]), *map(_f, r["unconditional_k"])] for r in rows],
+    )
     if est := [r for r in rows if r.get("tau_by_depth_estimate")]:
         lines += ["", "tau(d) for d = 1..8, chain: an estimate from truncating the depth-8 rounds (not a separate run):",
                   "", *table(["eval", *[f"d={k}" for k in range(1, 9)]],
@@ -497,10 +514,14 @@ def data(d: dict) -> list[str]:
 
 
 def commands(d: dict) -> list[str]:
-    c = d["commands"]
-    return [f"This page's run folders: `{c['invocation']}` (the evals' sizes; `make bench-smollm2` uses the defaults).",
-            "", "```", *c["chain"], "```", "", "### The published head: its sessions and evals", "",
-            c["published_note"], "", "```", *c["published"], "```"]  # fmt: skip
+    c, lines = d["commands"], []
+    if c.get("chain"):
+        lines += [f"This page's run folders: `{c.get('invocation')}` (the evals' sizes; `make bench-smollm2` uses the "
+                  "defaults).", "", "```", *c["chain"], "```", ""]  # fmt: skip
+    if c.get("published"):
+        lines += ["### The published head: its sessions and evals", "", c["published_note"], "", "```",
+                  *c["published"], "```"]  # fmt: skip
+    return lines
 
 
 SECTIONS = [
@@ -551,7 +572,9 @@ def readme_table(d: dict) -> list[str]:
         rows.append([f"llama.cpp llama-server (k={r['k']})", f"MT-bench, {ll['settings']['prompts']}", _f(r["tau"]),
                      _x(r["speedup"]), "[llama.cpp]" + link["engines"]])  # fmt: skip
     g = d.get("gpu_check")
-    rows.append(["SGLang (GPU)", "-", "-", "-", "[GPU](docs/results-smollm2.md#on-a-gpu)" if g else "not yet run on a GPU"])
+    rows.append(
+        ["SGLang (GPU)", "-", "-", "-", "[GPU](docs/results-smollm2.md#on-a-gpu)" if g else "not yet run on a GPU"]
+    )
     return table(["target", "engine", "bench", "tau", "speedup vs plain", "measured"],
                  [["SmolLM2-135M-Instruct", *r] for r in rows])  # fmt: skip
 
