@@ -65,7 +65,7 @@ CHAIN = [  # the long stages, each run (and resumed) on one thread while the oth
 ]
 
 
-# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/serve.md)
+# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/results-serve.md)
 LLAMA_CPP_RESULTS = REPO / "runs" / "llama-cpp-bench" / "results.json"
 LLAMA_CPP_KEYS = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
 
