@@ -362,3 +362,44 @@ def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkey
         publish.main()
     assert e.value.code == 2 and "from sample 15 of corpora/c, expected 10" in capsys.readouterr().err
     assert sorted(p.name for p in gap.iterdir()) == ["head", "train"]  # no eval ran
+
+
+def test_a_full_report_writes_the_run_folders_keys_keeps_the_others_and_renders_the_page(tmp_path):
+    """run_bench.py's report: eval rows, training, the pair as served, costs and commands into the JSON
+    (keys other programs measured are kept), then the page rendered from it, figures beside it."""
+    from benchmarks.smollm2.report import write_report
+
+    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
+    ttt1 = _run(tmp_path, "smollm2-ttt1", [1.3, 1.4])
+    for run in (out, ttt1):
+        metrics = run / "train" / "metrics.jsonl"
+        line = {"step": 10, "tokens_seen": 2000, "tokens": 1000, "tok_per_s": 50.0, "loss": 2.0, "acc_k": [0.5],
+                "sim_accept_len": 1.5}  # fmt: skip
+        metrics.write_text(metrics.read_text() + json.dumps(line) + "\n" + json.dumps(line | {"step": 20}) + "\n")
+    for run, name, tau in ((out, "mt_bench", 1.5), (out, "ttt1_mt_bench", 1.3)):
+        (run / f"eval-{name}").mkdir()
+        rep = _eval_report(tau, 1.1)
+        rep["heads"]["h"]["chain"]["acceptance"]["tau_by_depth_estimate"] = [1.0, 1.2, 1.4]
+        (run / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
+        (run / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": {"bench": "mt_bench"}}))
+    md = tmp_path / "docs" / "results.md"
+    md.parent.mkdir()
+    md.with_suffix(".json").write_text(json.dumps({"recipes": {"baseline": {"what": "b", "first_loss": 9.0, "steps": 1,
+                                                   "tokens": 10, "heldout_tau": 1.1, "cpu_seconds": 300}}}))  # fmt: skip
+    steps = {"eval_mt_bench": {"command": "eagle3 eval --out x", "seconds": 120.0, "peak_rss_mib": 900.0}}
+    results = {"steps": steps, "invocation": "run_bench.py --max-new-tokens 64"}
+    write_report(out, ttt1, ("mt_bench", "ttt1_mt_bench"), results, ["extra command"], md)
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [r["eval"] for r in data["rows"]] == ["mt_bench", "ttt1_mt_bench"] and data["ttt_k"] == 3
+    assert data["recipes"]["baseline"]["what"] == "b"  # measured by recipes.py: kept
+    assert data["train"]["steps"] == 20 and data["ttt_serving"][0]["heldout_tau"] == 1.6
+    assert data["ttt_serving"][0]["sweep_fp32"] == {"speedup_vs_plain": 1.1, "best": "chain d=1"}
+    assert {"stage": "eval mt_bench", "tokens": "-", "minutes": 2.0, "estimated": False, "tok_s": "-",
+            "bytes_per_token": None, "peak_rss_mib": 900} in data["costs"]  # fmt: skip
+    chain = data["commands"]["chain"]
+    assert chain[-1].endswith("/eval-ttt1_mt_bench --bench mt_bench") and "extra command" in chain
+    assert "eagle3 eval --out x" not in chain  # an eval step is listed once, as its manifest records it
+    text = md.read_text()
+    assert "| TTT K=3 | 1.600 | 1.200 | 1.500 | 1.10x (chain d=1) | - |" in text  # the pair as served
+    assert "| eval mt_bench | - | 2.0 min | - | - | 900 MiB |" in text and "## Recipe choices" in text
+    assert (md.parent / "results-smollm2-learning-curve.png").exists()
