@@ -567,11 +567,11 @@ def readme_table(d: dict) -> list[str]:
                      _x(s["speedup_vs_plain"]), link["sweep"]])  # fmt: skip
     if v := (d.get("engine_speedup") or {}).get("vllm_cpu"):
         rows.append([f"vLLM CPU build ({v['dtype']}, k={v['k']})", f"MT-bench, {v['settings']['num_prompts']}",
-                     _f(v["tau"]), _x(v["speedup_vs_plain"]), "[vLLM]" + link["engines"]])  # fmt: skip
+                     _f(v["tau"]), _x(v["speedup_vs_plain"]), "[vLLM]" + link["engines"] + f" {v['measured_at'][:10]}"])  # fmt: skip
     if ll := d.get("llama_cpp"):
         r = next(r for r in ll["rows"] if r["speculator"] == "eagle3" and r["k"] == ll["best_k"])
         rows.append([f"llama.cpp llama-server (k={r['k']})", f"MT-bench, {ll['settings']['prompts']}", _f(r["tau"]),
-                     _x(r["speedup"]), "[llama.cpp]" + link["engines"]])  # fmt: skip
+                     _x(r["speedup"]), "[llama.cpp]" + link["engines"] + f" {ll['measured_at'][:10]}"])  # fmt: skip
     g = d.get("gpu_check")
     rows.append(
         ["SGLang (GPU)", "-", "-", "-", "[GPU](docs/results-smollm2.md#on-a-gpu)" if g else "not yet run on a GPU"]
