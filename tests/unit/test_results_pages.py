@@ -80,3 +80,48 @@ def test_the_readme_is_short_and_its_make_targets_exist():
     assert not re.search(r"(?i)our build machines|this 2-core machine|sessions?\b|nice 5", text)
     for link in re.findall(r"\]\((docs/[^)#]+)", text):
         assert (REPO / link).exists(), link
+
+
+def test_the_tiny_bench_page_regenerates_byte_for_byte_from_its_json():
+    from benchmarks.tiny.report import SECTIONS as TINY
+
+    data = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))
+    assert render(data, TINY) == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+
+
+def test_a_tiny_bench_run_becomes_the_pages_json_without_the_machines_paths(tmp_path):
+    """report.py --results: the run's numbers (not its folders) are kept beside the page, the page and its
+    figures rendered from them; a claim's reading follows the numbers."""
+    import subprocess
+    import sys
+
+    run = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))
+    run["settings"] |= {"out": str(REPO / "runs" / "bench"), "results_md": str(tmp_path / "results.md")}
+    run["commands"] = [f"eagle3 cache --out {REPO}/runs/bench/x", *run["commands"]]
+    run["evals"]["ttt1"]["chain"]["tau"] = 9.0  # K=1 beats TTT here: the TTT claim must read "not reproduced"
+    run["evals"]["ttt1"]["chain"]["alpha"] = [0.9] * 8
+    results = tmp_path / "run.json"
+    results.write_text(json.dumps(run))
+    md = tmp_path / "results.md"
+    r = subprocess.run([sys.executable, str(REPO / "benchmarks/tiny/report.py"), "--results", str(results), "--out", str(md)],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(md.with_suffix(".json").read_text())
+    assert (
+        kept["settings"] == {"samples": 300, "eval_prompts": 16}
+        and str(REPO) not in md.with_suffix(".json").read_text()
+    )
+    assert kept["commands"][0] == "eagle3 cache --out runs/bench/x"
+    text = md.read_text()
+    assert "τ 4.859 vs 9.000. Claim **not reproduced**." in text
+    assert all(
+        (tmp_path / f).read_bytes()[:4] == b"\x89PNG"
+        for f in ("results-ttt.png", "results-fusion.png", "results-data.png")
+    )
+    check = subprocess.run([sys.executable, str(REPO / "benchmarks/tiny/report.py"), "--check", "--out", str(md)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 0, check.stderr
+    md.write_text(text.replace("9.000", "9.001"))
+    check = subprocess.run([sys.executable, str(REPO / "benchmarks/tiny/report.py"), "--check", "--out", str(md)],
+                           capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert check.returncode == 1 and "differs from" in check.stderr
