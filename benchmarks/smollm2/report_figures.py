@@ -4,10 +4,10 @@ tables are written from, so a picture cannot disagree with its page:
 - `learning_curve` -> results-smollm2-learning-curve.png (held-out tau against trained tokens and CPU s);
 - `sweep`          -> results-smollm2-sweep.png (tau and measured speedup of every configuration, per dtype);
 - `data_scaling`   -> results-data-scaling.png (tau against distinct training tokens, with the fits the
-                      page states; drawn by benchmarks/stages/data_scaling.py's own `plot`).
+                      page states; drawn by benchmarks/stages/data_scaling.py's own `plot`);
+- `data_levers`    -> results-data-levers.png (each arm's MT-bench tau and its paired gain over the baseline).
 
-Each figure's link sits under its section's heading (`figure_line`); report.py writes both with the
-full report and alone with `--figures`. Nothing here measures.
+report_page.py links each under its section (`figure_line`) and draws them with the page. Nothing here measures.
 """
 
 from __future__ import annotations
@@ -17,16 +17,13 @@ from pathlib import Path
 LEARNING_CURVE = "results-smollm2-learning-curve.png"
 SWEEP = "results-smollm2-sweep.png"
 DATA_SCALING = "results-data-scaling.png"
-# the section each figure belongs to (the heading's start, as report_compute writes it)
-SECTIONS = {
-    LEARNING_CURVE: "## Learning curve of the published head",
-    SWEEP: "## `eval --sweep` on MT-bench",
-    DATA_SCALING: "## Data scaling",
-}
+LEVERS = "results-data-levers.png"
+CARRY = "humaneval"  # the levers' carry-over bench: a public one no corpus here holds
 ALT = {
     LEARNING_CURVE: "held-out tau against trained tokens and CPU seconds",
     SWEEP: "tau and measured speedup of each sweep configuration, fp32 and bf16",
     DATA_SCALING: "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law",
+    LEVERS: "MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline",
 }
 
 
@@ -109,6 +106,43 @@ def sweep_png(sweep: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
+    """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
+    baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
+    measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
+    plt = _pyplot()
+    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
+    ys = list(range(len(rows)))
+    for y, r in zip(ys, rows):
+        lo, hi = r["mt_bench_tau_interval"]
+        ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
+        ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
+        lo, hi = r["delta_interval"]
+        dx.plot([lo, hi], [y - 0.1, y - 0.1], color="#4c72b0", lw=2)
+        dx.plot([r["delta_vs_baseline"]], [y - 0.1], "o", color="#4c72b0", label="MT-bench" if y == 0 else None)
+        if f"{CARRY}_delta" in r:
+            lo, hi = r[f"{CARRY}_delta_interval"]
+            dx.plot([lo, hi], [y + 0.1, y + 0.1], color="#dd8452", lw=2)
+            dx.plot([r[f"{CARRY}_delta"]], [y + 0.1], "s", color="#dd8452", label=CARRY if y == 0 else None)
+    if start_tau is not None:
+        ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
+    ax.axvline(
+        rows[0]["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{rows[0]['arm']} ({rows[0]['mt_bench_tau']:.3f})"
+    )
+    dx.axvline(0, color="#c44e52", lw=0.8)
+    ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
+    ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
+    ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
+    dx.set_xlabel(f"tau gain over {rows[0]['arm']}, paired by prompt, 90% interval")
+    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
+    dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
+    ax.legend(loc="lower right", fontsize=8)
+    dx.legend(loc="lower right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def draw_figures(data: dict, docs: Path) -> list[str]:
     """Draw every figure whose key is in `data` into `docs`; the names drawn."""
     drawn = []
@@ -129,17 +163,7 @@ def draw_figures(data: dict, docs: Path) -> list[str]:
              corpus.get("tokens"), data.get("data_scaling_whole_corpus"),
              (equal, data["data_scaling_equal_compute_settings"]) if equal else None)  # fmt: skip
         drawn.append(DATA_SCALING)
+    if data.get("data_levers"):
+        levers_png(data["data_levers"], docs / LEVERS, (data.get("published") or {}).get("mt_bench_tau"))
+        drawn.append(LEVERS)
     return drawn
-
-
-def link_figures(md: str, drawn: list[str]) -> str:
-    """`md` with each drawn figure's link as the first line under its section's heading (once)."""
-    text = md.splitlines()
-    for name in drawn:
-        line = figure_line(name)
-        if line in text:
-            continue
-        at = next((i for i, x in enumerate(text) if x.startswith(SECTIONS[name])), None)
-        if at is not None:
-            text[at + 1 : at + 1] = ["", line]
-    return "\n".join(text) + ("\n" if md.endswith("\n") else "")

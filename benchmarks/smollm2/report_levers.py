@@ -1,4 +1,4 @@
-"""The `data_levers` key of docs/results-smollm2.json, its page section and figure (issue 50): what more
+"""The `data_levers` key of docs/results-smollm2.json (report_page.py renders its section and figure): what more
 data from the prompts we have, or from prompts the target writes, buys a head that has used up the human
 prompts, each arm trained from the published head at one budget and scored the same way.
 
@@ -29,14 +29,13 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.smollm2.report_bars import CARRY, bars_json, rewrite_bars  # noqa: E402
+from benchmarks.smollm2.report_figures import CARRY  # noqa: E402
+from benchmarks.smollm2.report_page import write_page  # noqa: E402
 
 # the arms of issue 50's table, in the order the page lists them
 ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")
-HEADING = "## Data levers: what more data buys a head that has used up the human prompts"
-BEFORE = "## Data scaling"
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt"}  # key -> eval folder suffix
-# CARRY (report_bars.py, which issue 50's bars share): a public bench no corpus here holds and no head trained on
+# CARRY (report_figures.py, which draws it too): a public bench no corpus here holds and no head trained on
 # (gen-data keeps HumanEval out by text): does an MT-bench gain carry over? Its eval came after the first arms,
 # so a row may lack it (then "-" on the page).
 SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "temperature")
@@ -206,105 +205,7 @@ def _counts(row: dict, bench: str = "mt_bench") -> tuple[list[float], list[float
     return pp["emitted"], pp["rounds"]
 
 
-def section(rows: list[dict], start_tau: float | None, figure: str) -> list[str]:
-    lines = [
-        HEADING,
-        "",
-        "Every arm starts from the published head and trains the same number of steps (1,024-token steps, the "
-        "online recipe, lr 1.5e-4) on its own data; each is scored by `eagle3 eval` (chain d8, fp32, greedy, 64 "
-        "new tokens) on MT-bench's 80 first turns, the ShareGPT held-out split (its first 40 prompts of at most "
-        "2,048 tokens), GSM8K test (40) and HumanEval (40: a public bench no corpus here holds, code prompts no "
-        "head trained on, so an MT-bench gain that does not carry over shows there). Each gain "
-        "is paired by prompt against the baseline (another pass over the ShareGPT corpus the head has seen), "
-        "with a 90% interval; tau per million new tokens is against the published head's MT-bench tau"
-        + (f" ({start_tau:.3f})." if start_tau is not None else "."),
-        "",
-        "| arm | data | loss | tokens trained | MT-bench tau [90%] | vs baseline [90%] | tau / M tokens | held-out tau "
-        "| GSM8K tau | HumanEval tau (vs baseline [90%]) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        iv, d = r["mt_bench_tau_interval"], r["delta_interval"]
-        per_m = r["tau_gain_per_million_tokens"]
-        lines.append(
-            f"| {r['arm']} | `{r['data']}` | {r['loss']} | {r['new_tokens']:,}{_repeats(r)} | {r['mt_bench_tau']:.3f} "
-            f"[{iv[0]:.2f}, {iv[1]:.2f}] | {r['delta_vs_baseline']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}] | "
-            f"{'-' if per_m is None else f'{per_m:+.3f}'} | {r['heldout_tau']:.3f} | {r['gsm8k_tau']:.3f} | "
-            f"{_carry_cell(r)} |"
-        )
-    if len(rows) < len(ARMS):
-        left = [a for a in ARMS if a not in {r["arm"] for r in rows}]
-        lines += ["", f"Measured so far: {len(rows)} of {len(ARMS)} arms; still to run: {', '.join(left)}."]
-    arms = " ".join(f"--arm {r['arm']}={r['run']}" for r in rows)
-    lines += [
-        "",
-        "Each arm: `.venv/bin/python benchmarks/smollm2/levers.py --arm NAME --data FOLDER [--loss lk] --core N` "
-        f"(train, then the four evals); this table: `.venv/bin/python benchmarks/smollm2/report_levers.py {arms}`.",
-        "",
-        f"![MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline]({figure})",
-        "",
-    ]
-    return lines
-
-
-def _repeats(r: dict) -> str:
-    """A row whose corpus was smaller than the budget says so: its tokens were not all new."""
-    return f" ({r['epochs']} epochs: repeated)" if r.get("epochs", 1) > 1 else ""
-
-
-def _carry_cell(r: dict) -> str:
-    if f"{CARRY}_tau" not in r:
-        return "-"
-    if f"{CARRY}_delta" not in r:
-        return f"{r[f'{CARRY}_tau']:.3f}"
-    d = r[f"{CARRY}_delta_interval"]
-    return f"{r[f'{CARRY}_tau']:.3f} ({r[f'{CARRY}_delta']:+.3f} [{d[0]:+.3f}, {d[1]:+.3f}])"
-
-
-def plot(rows: list[dict], path: Path, start_tau: float | None) -> None:
-    """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
-    baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
-    measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
-    ys = list(range(len(rows)))
-    for y, r in zip(ys, rows):
-        lo, hi = r["mt_bench_tau_interval"]
-        ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
-        ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
-        lo, hi = r["delta_interval"]
-        dx.plot([lo, hi], [y - 0.1, y - 0.1], color="#4c72b0", lw=2)
-        dx.plot([r["delta_vs_baseline"]], [y - 0.1], "o", color="#4c72b0", label="MT-bench" if y == 0 else None)
-        if f"{CARRY}_delta" in r:
-            lo, hi = r[f"{CARRY}_delta_interval"]
-            dx.plot([lo, hi], [y + 0.1, y + 0.1], color="#dd8452", lw=2)
-            dx.plot([r[f"{CARRY}_delta"]], [y + 0.1], "s", color="#dd8452", label=CARRY if y == 0 else None)
-    if start_tau is not None:
-        ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
-    ax.axvline(
-        rows[0]["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{rows[0]['arm']} ({rows[0]['mt_bench_tau']:.3f})"
-    )
-    dx.axvline(0, color="#c44e52", lw=0.8)
-    ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
-    ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
-    ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
-    dx.set_xlabel(f"tau gain over {rows[0]['arm']}, paired by prompt, 90% interval")
-    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
-    dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
-    ax.legend(loc="lower right", fontsize=8)
-    dx.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def main() -> None:
-    from benchmarks.smollm2.report_data import replace_section
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument(
         "--arm", action="append", default=[],
@@ -327,15 +228,9 @@ def main() -> None:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from None
     data["data_levers"] = rows
-    data.update(bars_json(data))
     json_path.write_text(json.dumps(data, indent=2) + "\n")
-    figure = a.results_md.parent / "results-data-levers.png"
-    plot(rows, figure, start)
-    lines = section(rows, start, figure.name)
-    md = a.results_md.read_text() if a.results_md.exists() else ""
-    a.results_md.write_text(rewrite_bars(replace_section(md, lines, BEFORE, HEADING), data))
-    print("\n".join(lines))
-    print(f"wrote data_levers ({len(rows)} arm(s)) into {json_path}, its section of {a.results_md} and {figure}")
+    write_page(a.results_md)
+    print(f"wrote data_levers ({len(rows)} arm(s)) into {json_path}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
-"""The published-head part of docs/results-smollm2.{md,json} for a head trained across working
-sessions (benchmarks/smollm2/publish.py): per-bench rows, sweeps, the learning curve and the bars,
-read from the last session's eval folders. The rest of the page (recipe rows, the equal-compute
-pair, data sections) is measured by other programs and kept as it is. Pure reading, no measuring.
+"""The published-head keys of docs/results-smollm2.json for a head trained across working sessions
+(benchmarks/smollm2/publish.py): per-bench rows, sweeps, the learning curve, the sessions, the evals'
+costs and commands, read from the last session's eval folders; then the page is rendered from the
+JSON. The other keys (recipe rows, the equal-compute pair, data sections) are measured by other
+programs and kept as they are. Pure reading, no measuring.
 """
 
 from __future__ import annotations
@@ -10,27 +11,12 @@ import json
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import PAIR_EVALS, WHY_MISSED, _minutes, bench_lines, eval_command, eval_rows, json_row
+from benchmarks.smollm2.report import PAIR_EVALS, eval_command, eval_rows, json_row, sampling_check
 from benchmarks.smollm2.report import _json as _read_json
-from benchmarks.smollm2.report_bars import bars_json, rewrite_bars
-from benchmarks.smollm2.report_compute import (
-    BARS,
-    bars22_lines,
-    curve_lines,
-    eval_projection,
-    heldout_curve,
-    issue22_json,
-    md_table,
-    projection,
-    sweep_lines,
-    sweep_summary,
-)
-from benchmarks.smollm2.report_data import replace_section
+from benchmarks.smollm2.report_compute import GOAL_TAU, eval_projection, heldout_curve, keys, projection, sweep_summary
 from benchmarks.smollm2.report_long_run import rel as _rel
 from benchmarks.smollm2.report_long_run import session_rows
-
-BENCH_HEADING = "## Acceptance and speed by bench (depth 8)"
-CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau")
+from benchmarks.smollm2.report_page import write_page
 
 
 class PublishError(ValueError):
@@ -99,12 +85,13 @@ def _mt_chain(rows: list[dict]) -> dict | None:
 
 
 def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict, keep: bool = False) -> dict:
-    """Rewrite the page's published-head sections for the head of SESSIONS[-1]; the JSON written.
-    KEEP (`publish.py --continue`): the sessions the page already publishes come first (page_sessions)."""
+    """The page's published-head keys for the head of SESSIONS[-1], written into MD_PATH's JSON, then
+    the page rendered from it. KEEP (`publish.py --continue`): the sessions the page already publishes
+    come first (page_sessions)."""
     json_path = md_path.with_suffix(".json")
-    if not json_path.exists() or not md_path.exists():
-        raise PublishError(f"no {json_path} and {md_path} to update (make bench-smollm2 writes them)")
-    data, md = json.loads(json_path.read_text()), md_path.read_text()
+    if not json_path.exists():
+        raise PublishError(f"no {json_path} to update (make bench-smollm2 writes it)")
+    data = json.loads(json_path.read_text())
     last = sessions[-1]
     rows, reports = eval_rows(last, evals, last)
     mt = _mt_chain(rows)
@@ -126,20 +113,16 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
     kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
     curve = kept_curve + session_curve(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
-    proj = projection(curve, BARS["mt_bench_tau"])
     points = [
         {"run": old["head"], **{k: before[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")},
          "tau": old["mt_bench_tau"]},
         {"run": last.name, **{k: curve[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")}, "tau": mt["tau"]},
     ]  # fmt: skip
-    eval_proj = eval_projection(points, BARS["mt_bench_tau"])
     sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
-    hour_row = data.get("one_core_hour")
-
     pair = [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
     data["rows"] = [json_row(r) for r in rows] + pair
-    data.update(issue22_json(curve, proj, eval_proj, hour_row, sweep, mt))
-    data["learning_curve"] = [{k: p[k] for k in CURVE_KEYS} for p in before] + curve
+    data.update(keys(before + curve, projection(curve, GOAL_TAU), eval_projection(points, GOAL_TAU),
+                     data.get("one_core_hour"), sweep))  # fmt: skip
     data["published"] = {
         "head": "models/smollm2-135m-eagle3",
         "run": _rel(last),
@@ -149,76 +132,27 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         "mt_bench_tau_before": old["mt_bench_tau"],
         "trained_tokens": curve[-1]["tokens"],
     }
-    data.update(bars_json(data))
+    if (sc := sampling_check(reports)) is not None:
+        data["sampling_check"] = sc
+    costs = {c["stage"]: c for c in data.get("costs", [])}  # the evals' rows: this publish's time and memory
+    for name, st in steps.items():
+        costs[name.replace("_", " ", 1)] = {"stage": name.replace("_", " ", 1), "tokens": "-", "estimated": False,
+                                            "minutes": round(st["seconds"] / 60, 1), "tok_s": "-",
+                                            "bytes_per_token": None, "peak_rss_mib": round(st["peak_rss_mib"])}  # fmt: skip
+    data["costs"] = list(costs.values())
+    cont = " --continue" if kept_rows else ""
+    cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
+    # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
+    cmds += [eval_command(m, f).replace(f"{REPO}/", "") for name in evals
+             if (m := _json((f := last / f"eval-{name}") / "manifest.json"))]  # fmt: skip
+    note = "The sessions' train commands are in docs/train.md."
+    if kept := [r["run"] for r in kept_rows]:
+        note += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
+                 "page (their run folders did not outlive their machine).")  # fmt: skip
+    data.setdefault("commands", {}).update({"published": cmds, "published_note": note})
     json_path.write_text(json.dumps(data, indent=2) + "\n")
-
-    md = replace_section(md, [*bars22_lines(mt, sweep, hour_row), ""], "## Learning curve", "## Issue 22's bars")
-    md = replace_section(md, _curve_section(data, curve, proj, eval_proj), "## One core-hour",
-                         "## Learning curve of the published head")  # fmt: skip
-    if sweep_section := sweep_lines(sweep)[1:]:  # none without a sweep: no heading to replace it by next time
-        md = replace_section(md, [*sweep_section, "", WHY_MISSED, ""], "## Recipe choices",
-                             "## `eval --sweep` on MT-bench")  # fmt: skip
-    kept = _subsections(md, BENCH_HEADING)  # e.g. "Why the target runs in fp32 here", from the pair's evals
-    bench = [*bench_lines(rows + pair, reports, last.name), "", *kept]
-    md = replace_section(md, bench, "## Training-time test", BENCH_HEADING)
-    md = rewrite_bars(md, data)
-    md = _header_note(md, last)
-    md = _costs(md, steps)
-    md = _commands(md, sessions, evals, [r["run"] for r in kept_rows])
-    md_path.write_text(md)
+    write_page(md_path)
     return data
-
-
-def _curve_section(data: dict, curve: list[dict], proj: dict | None, eval_proj: dict | None) -> list[str]:
-    pub, old = data["published"], data["published_before_sessions"]
-    about = (
-        f"Held-out chain tau at depth 8 of the published head's training: the head published before "
-        f"(`{old['head']}`, {old['learning_curve'][-1]['tokens']:,} tokens, on the ~2.9k-conversation corpus's "
-        f"held-out conversations), then the long run's sessions, each started from the last one's head on "
-        f"conversations it never saw (`eagle3 train --init-head ... --skip-samples ...`, docs/train.md), "
-        f"held out on `{curve[-1]['heldout_set']}`'s 32 held-out conversations: a different set, so the curve "
-        f"steps where the sessions begin. Tokens and CPU seconds count on from the head before."
-    )
-    lines = curve_lines(data["learning_curve"], about, None, None)[1:]
-    if proj:
-        lines += [
-            "",
-            f"Over the second half of the sessions' points (one held-out set) held-out tau grows "
-            f"{proj['tau_per_doubling_of_tokens']:.3f} per doubling of trained tokens.",
-        ]
-    lines += [
-        "",
-        "The sessions (each from the previous one's head, exported into the folder named when the session "
-        "began; an export overwrites that folder, so a path here names the head it held then):",
-        "",
-    ]
-    lines += md_table(
-        ["session", "started from", "samples", "steps", "new tokens", "held-out tau (start -> end)"],
-        [
-            [
-                f"`{s['run']}`",
-                f"`{s['init_head']}`" + (f" (then: {old['head']})" if i == 0 else ""),
-                ("-" if not s["samples"] else f"{s['samples'][0]:,}-{s['samples'][1]:,}")
-                + "".join(f" + {e['samples']:,} of `{e['folder']}`" for e in s.get("extra") or ()),
-                s["steps"],
-                f"{s['tokens']:,}",
-                f"{s['heldout_start']:.3f} -> {s['heldout_end']:.3f}",
-            ]
-            for i, s in enumerate(pub["sessions"])
-        ],
-    )
-    if eval_proj:
-        a, b = eval_proj["points"]
-        lines += [
-            "",
-            f"MT-bench ({pub['mt_bench_eval']}): {b['tau']:.3f} after "
-            f"{b['tokens']:,} trained tokens, against {a['tau']:.3f} for the head before ({a['tokens']:,}): "
-            f"{eval_proj['tau_per_doubling_of_tokens']:.3f} per doubling of trained tokens between the two. A "
-            f"straight line in log tokens through them reaches {BARS['mt_bench_tau']} after "
-            f"~{eval_proj.get('tokens_for_goal', float('nan')):,.0f} tokens; the data-scaling section below "
-            "answers the same question from heads trained from scratch on nested subsets.",
-        ]
-    return [*lines, ""]
 
 
 def _eval_settings(folder: Path) -> str:
@@ -228,76 +162,3 @@ def _eval_settings(folder: Path) -> str:
         f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "
         f"{cfg.get('dtype', '?')}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens"
     )
-
-
-def _subsections(md: str, heading: str) -> list[str]:
-    """The `### ` subsections of the section under HEADING, as they stand."""
-    text = md.splitlines()
-    start = next((i for i, x in enumerate(text) if x.startswith(heading)), None)
-    if start is None:
-        return []
-    end = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
-    sub = next((i for i in range(start + 1, end) if text[i].startswith("### ")), None)
-    return [] if sub is None else text[sub:end]
-
-
-HEADER_NOTE = "The published head's sections (the bars, its learning curve, the sweep, the per-bench table) are"
-
-
-def _header_note(md: str, last: Path) -> str:
-    """A line under the page's opening paragraph saying which program wrote the published head's sections."""
-    note = f"{HEADER_NOTE} rewritten by `benchmarks/smollm2/publish.py` from `{_rel(last)}`'s eval folders."
-    text = md.splitlines()
-    at = next((i for i, x in enumerate(text) if x.startswith(HEADER_NOTE)), None)
-    if at is not None:
-        text[at] = note
-    else:
-        first = next((i for i, x in enumerate(text) if x.startswith("## ")), len(text))
-        text[first:first] = [note, ""]
-    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
-
-
-def _costs(md: str, steps: dict) -> str:
-    """The Costs table's eval rows, from this publish's recorded wall time and peak memory."""
-    text = md.splitlines()
-    for name, st in steps.items():
-        label = name.replace("_", " ", 1)
-        row = f"| {label} | - | {_minutes(st['seconds'])} | - | - | {st['peak_rss_mib']:.0f} MiB |"
-        at = next((i for i, x in enumerate(text) if x.startswith(f"| {label} |")), None)
-        if at is not None:
-            text[at] = row
-    return "\n".join(text) + ("\n" if md.endswith("\n") else "")
-
-
-PUBLISH_HEADING = "### The published head: its sessions and evals"
-
-
-def _commands(md: str, sessions: list[Path], evals: dict, kept: list[str]) -> str:
-    """The Commands section's block for the published head, replaced on every publish. KEPT: the
-    runs of the sessions `--continue` took from the page."""
-    last = sessions[-1]
-    cont = " --continue" if kept else ""
-    cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
-    folders = [last / f"eval-{name}" for name in evals]
-    # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
-    cmds += [eval_command(m, f).replace(f"{REPO}/", "") for f in folders if (m := _json(f / "manifest.json"))]
-    about = "The sessions' train commands are in docs/train.md."
-    if kept:
-        about += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
-                  "page (their run folders did not outlive their machine).")  # fmt: skip
-    block = ["", PUBLISH_HEADING, "", about, "", "```", *cmds, "```", ""]
-    text = md.splitlines()
-    at = next((i for i, x in enumerate(text) if x == PUBLISH_HEADING), None)
-    if at is not None:
-        end = next((i for i in range(at + 1, len(text)) if text[i].startswith("#")), len(text))
-        at -= 1 if at and not text[at - 1] else 0  # the blank line the block starts with
-        del text[at:end]
-    else:
-        start = next((i for i, x in enumerate(text) if x == "## Commands"), None)
-        if start is None:
-            text += ["", "## Commands", ""]
-            at = len(text)
-        else:
-            at = next((i for i in range(start + 1, len(text)) if text[i].startswith("## ")), len(text))
-    text[at:at] = block
-    return "\n".join(text) + ("\n" if md.endswith("\n") else "")

@@ -1,4 +1,4 @@
-"""The `equal_budget` key of docs/results-smollm2.json and its page section: rows at one CPU budget
+"""The `equal_budget` key of docs/results-smollm2.json (report_page.py renders it): rows at one CPU budget
 beside the recipe table (issue 31), each from a `benchmarks/smollm2/recipes.py --out DIR` folder:
 EAGLE-3.1's norms over the chosen recipe, and the chosen recipe on caches of each storage (bf16,
 fp8, compact) of the same conversations.
@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-EQUAL_BUDGET_HEADING = "## EAGLE-3.1's norms and the cache's storage at equal budget"
 STORAGE_BAR = 0.02  # the most eval tau a cheaper cache storage may lose against bf16
 
 
@@ -74,44 +73,3 @@ def equal_budget_json(folders: list[Path], base: str = "chosen") -> dict:
         if x["row"] == base and x["storage"] != "bf16" and "eval_vs_base" in x
     }
     return {"budget_cpu_s": budgets.pop(), "base": base, "rows": rows, "storage_vs_bf16": storage}
-
-
-def equal_budget_section(data: dict) -> list[str]:
-    """The page's section for the `equal_budget` key ([] when it is absent)."""
-    eb = data.get("equal_budget")
-    if not eb:
-        return []
-    first = eb["rows"][0]["cache"]
-    lines = [
-        EQUAL_BUDGET_HEADING,
-        "",
-        f"`benchmarks/smollm2/recipes.py --budget-s {eb['budget_cpu_s']:.0f} --base {eb['base']}`: each row "
-        f"trains {eb['budget_cpu_s']:.0f} CPU s on one thread, on a cache of the first "
-        f"{first['samples']:,} conversations of `corpora/smollm2-135m-sharegpt` ({first['tokens']:,} tokens). "
-        "Held-out tau is scored on the row's own cache, so compare it only within one storage; eval tau is "
-        "`eagle3 eval` on the first 20 MT-bench questions (fp32 target, greedy chain depth 8, 64 tokens), "
-        "the fair measure across storages.",
-        "",
-        f"| row | cache | change | steps | tokens | held-out tau | vs {eb['base']} (same cache) | eval tau | "
-        f"vs {eb['base']} bf16 (eval) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for x in eb["rows"]:
-        c = x["cache"]
-        lines.append(
-            f"| {x['row']} | {x['storage']} ({c['bytes_per_token']:,.0f} B/token) | {x['what']} | {x['steps']} | "
-            f"{x['tokens']:,} | {x['heldout_tau']:.3f} | {_ratio(x.get('heldout_vs_base'))} | "
-            f"{'-' if x['eval_tau'] is None else format(x['eval_tau'], '.3f')} | {_ratio(x.get('eval_vs_base'))} |"
-        )
-    for name, s in eb["storage_vs_bf16"].items():
-        verdict = "within" if s["within_bar"] else "outside"
-        lines += [
-            "",
-            f"- {name}: eval tau {s['eval_tau']:.3f}, {100 * (s['eval_vs_bf16'] - 1):+.1f}% against bf16's "
-            f"({verdict} the {100 * STORAGE_BAR:.0f}% loss bar) at {s['bytes_per_token']:,.0f} bytes/token.",
-        ]
-    return lines + [""]
-
-
-def _ratio(x: float | None) -> str:
-    return "-" if x is None else f"{x:.3f}x"

@@ -1,4 +1,4 @@
-"""vLLM's CPU build on this machine: the tables of docs/serve.md, measured with eagle3's own commands.
+"""vLLM's CPU build on this machine: the tables of docs/results-serve.md, measured with eagle3's own commands.
 
     .venv/bin/python benchmarks/vllm_cpu/run_bench.py --head runs/demo/head     # tiny target, ~15 min on 2 cores
     .venv/bin/python benchmarks/vllm_cpu/run_bench.py --target models/smollm2-135m --dtypes fp32 \\

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks.llama_cpp.round_cost import breakdown, spec_stats, table
-from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json, throughput_table
+from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json
+from benchmarks.smollm2.report_page import throughput_table
 
 
 def _record(i: int, tokens: list[int]) -> dict:
@@ -57,7 +58,8 @@ def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
 
 
 def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(tmp_path):
-    from benchmarks.smollm2.report_data import corpus_sources_json, data_section
+    from benchmarks.smollm2.report_data import corpus_sources_json
+    from benchmarks.smollm2.report_page import data_at_engine_speed
 
     for name, n, toks, secs in (("sharegpt", 3, 10, 100.0), ("gsm8k", 2, 4, 20.0)):
         folder = tmp_path / name
@@ -73,7 +75,7 @@ def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(t
     assert c["conversations"] == 5 and c["planned"] == 5 and c["completion_tokens"] == 38 and c["complete"] is True
     assert c["gen_tok_s"] == pytest.approx(38 / 120, abs=0.05) and c["backend"] == "openai -> vllm v1"
     assert [s["conversations"] for s in c["sources"]] == [3, 2]
-    text = "\n".join(data_section({"corpus": c}))
+    text = "\n".join(data_at_engine_speed({"corpus": c}))
     assert "2 sources" in text and "5 of 5 conversations" in text and text.count("complete:") == 2
 
 
@@ -154,23 +156,6 @@ def test_a_round_is_split_into_draft_verification_and_the_rest_in_plain_steps():
     assert breakdown(row, stats, {"pass_ms": {2: 12.0}, "tg_ms_per_token": 9.0}) is None
 
 
-def test_the_data_section_is_inserted_once_and_replaced_in_place_on_the_next_report():
-    from benchmarks.smollm2.report_data import DATA_HEADING, data_section, replace_section
-
-    corpus = {"folder": "corpora/x", "complete": False, "conversations": 1200, "planned": 15153, "assistant_turns": 2100,
-              "completion_tokens": 480000, "backend": "openai -> vllm v", "engine": {"dtype": "bfloat16"},
-              "gen_tok_s": 120.0, "conversations_per_s": 0.3, "generation_seconds": 4000.0, "sessions": 2}  # fmt: skip
-    md = "# page\n\n## Costs\n\ntext\n\n## Acceptance and speed by bench (depth 8)\n\nrows\n"
-    assert data_section({}) == []
-    once = replace_section(md, data_section({"corpus": corpus}), "## Acceptance and speed by bench")
-    assert once.count(DATA_HEADING) == 1 and once.index(DATA_HEADING) < once.index("## Acceptance and speed")
-    assert "1,200 of 15,153 conversations" in once
-    corpus["conversations"] = 2400
-    twice = replace_section(once, data_section({"corpus": corpus}), "## Acceptance and speed by bench")
-    assert twice.count(DATA_HEADING) == 1 and "2,400 of 15,153" in twice and "1,200 of" not in twice
-    assert twice.endswith("rows\n") and "## Costs\n\ntext" in twice
-
-
 def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict, budget=300.0):
     cache = tmp_path / f"cache-{name}"
     cache.mkdir()
@@ -196,7 +181,8 @@ def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict
 def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_storages(tmp_path):
     """Held-out tau is scored on each cache's own features, so it is divided only within one
     storage; storages are judged on eval tau against bf16, at the 2% bar."""
-    from benchmarks.smollm2.report_rows import equal_budget_json, equal_budget_section
+    from benchmarks.smollm2.report_page import equal_budget
+    from benchmarks.smollm2.report_rows import equal_budget_json
 
     bf16 = _recipes_out(tmp_path, "bf16", "bf16", 4600, {"chosen": (2.0, 1.5), "chosen_norm_fc": (2.2, None)})
     fp8 = _recipes_out(tmp_path, "fp8", "fp8", 2350, {"chosen": (2.5, 1.485)})
@@ -207,7 +193,7 @@ def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_stora
     assert "heldout_vs_base" not in by[("chosen", "fp8")]  # another cache's features: not comparable
     assert eb["storage_vs_bf16"]["fp8"]["within_bar"] is True  # -1.0%
     assert eb["storage_vs_bf16"]["compact"]["within_bar"] is False  # -4.0%
-    text = "\n".join(equal_budget_section({"equal_budget": eb}))
+    text = "\n".join(equal_budget({"equal_budget": eb}))
     assert "fp8: eval tau 1.485, -1.0% against bf16's (within" in text
     assert "compact: eval tau 1.440, -4.0% against bf16's (outside" in text
 
@@ -235,7 +221,9 @@ def test_report_with_a_missing_rows_folder_exits_2_and_writes_nothing(tmp_path):
          "--results-md", str(md)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert r.returncode == 2 and "no recipes.json" in r.stderr and "nothing was written" in r.stderr, r.stderr
+    assert r.returncode == 2 and "recipes.json does not exist" in r.stderr and "nothing was written" in r.stderr, (
+        r.stderr
+    )
     assert not md.exists() and not md.with_suffix(".json").exists()
 
 
@@ -281,8 +269,9 @@ def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
     assert not md.exists() and not md.with_suffix(".json").exists()
 
 
-def test_page_figures_are_drawn_from_its_json_and_linked_once(tmp_path):
-    from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line, link_figures
+def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tmp_path):
+    from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line
+    from benchmarks.smollm2.report_page import learning_curve, sweep
 
     conf = {"chain d=1": {"tau": 1.3, "speedup": 1.1}, "chain d=2": {"tau": 1.5, "speedup": 0.9}}
     data = {
@@ -297,12 +286,10 @@ def test_page_figures_are_drawn_from_its_json_and_linked_once(tmp_path):
     assert draw_figures(data, tmp_path) == [LEARNING_CURVE, SWEEP]
     assert all((tmp_path / n).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for n in (LEARNING_CURVE, SWEEP))
     assert draw_figures({"sweep": {"fp32": None}}, tmp_path / "none") == []  # no key, no figure
-    md = "# R\n\n## Learning curve of the published head\n\ntext\n\n## `eval --sweep` on MT-bench: x\n\n| t |\n"
-    once = link_figures(md, [LEARNING_CURVE, SWEEP])
-    assert link_figures(once, [LEARNING_CURVE, SWEEP]) == once
-    lines = once.splitlines()
-    assert lines[lines.index("## Learning curve of the published head") + 2] == figure_line(LEARNING_CURVE)
-    assert lines[lines.index("## `eval --sweep` on MT-bench: x") + 2] == figure_line(SWEEP)
+    for p in data["learning_curve"]:
+        p["steps"] = 100
+    assert learning_curve(data)[0] == figure_line(LEARNING_CURVE)  # the first line under its heading
+    assert sweep({"sweep": {"fp32": None}}) == []  # no sweep measured: no section
 
 
 def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, tiny_target_dir):
@@ -330,7 +317,7 @@ def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, ti
 
 def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(tmp_path):
     # report.py --data-scaling: rows and the tested fit in the JSON, a section stating both, the figure
-    # drawn from those keys and linked under the section; a second report replaces the section in place
+    # drawn from those keys and linked under the section; a second report renders the same page
     import subprocess
     import sys
 
@@ -369,7 +356,7 @@ def test_the_data_scaling_keys_section_and_figure_come_from_data_scalings_json(t
     assert fit["heldout"]["measured_full"] == pytest.approx(1.4)
     assert data["data_scaling_settings"]["corpus"] == corpus
     text = md.read_text()
-    assert text.count("## Data scaling") == 1 and text.index("## Data scaling") < text.index("## Acceptance")
+    assert text.count("## Data scaling") == 1 and "## Acceptance" not in text  # rendered from the JSON alone
     assert "predicted **1.240** for the largest size" in text and "MT-bench tau **1.400**" in text
     assert "![" in text.split("## Data scaling")[1].split("\n\n")[1]  # the figure, first under its heading
     assert (tmp_path / "results-data-scaling.png").read_bytes()[:4] == b"\x89PNG"
@@ -463,7 +450,7 @@ def _vllm_results(path: Path) -> Path:
 
 
 def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp_path):
-    from benchmarks.smollm2.report_bars import vllm_engine_json
+    from benchmarks.smollm2.report_data import vllm_engine_json
 
     v = vllm_engine_json(_vllm_results(tmp_path / "r.json"))
     assert v["k"] == 1 and v["dtype"] == "fp32" and v["identical"] is True and v["tau"] == 1.5
@@ -474,7 +461,8 @@ def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp
 
 
 def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(tmp_path):
-    from benchmarks.smollm2.report_bars import bars31_section, vllm_engine_json
+    from benchmarks.smollm2.report_data import vllm_engine_json
+    from benchmarks.smollm2.report_page import engines
 
     r = json.loads(_vllm_results(tmp_path / "r.json").read_text())
     for i, run in enumerate(r["engine"]["fp32-k1"]):
@@ -482,44 +470,10 @@ def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(t
     (tmp_path / "r.json").write_text(json.dumps(r))
     v = vllm_engine_json(tmp_path / "r.json")
     assert v["rows"][0]["speedup_intervals"] == [pytest.approx([1.0, 1.3]), pytest.approx([1.1, 1.4])]
-    text = "\n".join(bars31_section({"engine_speedup": {"vllm_cpu": v}}))
+    text = "\n".join(engines({"engine_speedup": {"vllm_cpu": v}}))
     assert "same prompts, interleaved: both back to back;" in text
     assert "| 1 | fp32 | 1.500 | 1.500 | 1.15x (1.20 [1.00, 1.30] / 1.10 [1.10, 1.40]) | True |" in text
-
-
-def test_issue31_bars_say_what_is_missed_by_how_much_and_what_it_would_take(tmp_path):
-    from benchmarks.smollm2.report_bars import bars31, bars31_section, vllm_engine_json
-
-    data = {
-        "corpus": {"conversations": 15000},
-        "gen_data_throughput": [{"concurrency": 32, "gen_data_vs_engine": 0.95, "gen_data_vs_hf": 3.0}],
-        "data_scaling": [{"mt_bench_tau": 1.1 + 0.1 * i} for i in range(4)],
-        "data_scaling_fit": {
-            "tau": "mt_bench_tau",
-            "predicted_full": 1.3,
-            "measured_full": 1.4,
-            "corpus_tokens": 1e6,
-            "fit_all": {"a": 0.0, "b_per_doubling": 0.1},
-        },  # fmt: skip
-        "rows": [{"eval": "mt_bench", "tau": 1.6, "greedy_mismatches": 0, "prompts": 80}],
-        "sweep": {"bf16": {"speedup_vs_plain": 1.2, "tau": 1.5, "best": "chain d=2"}},
-    }
-    rows = {r["criterion"].split(",")[0]: r for r in bars31(data)}
-    assert rows["regenerated conversations in the corpus"]["met"] is True
-    assert rows["gen-data at concurrency 32 / the hf backend"]["met"] is False
-    tau = rows["MT-bench (80 first turns)"]
-    assert tau["met"] is False and "short by 0.600" in tau["needs"]
-    # 2^(2.2 / 0.1) = 4.19M tokens, 4x the corpus; the largest size measured above the fit
-    assert "~4M distinct tokens, 4x this corpus" in tau["needs"] and "bends upward" in tau["needs"]
-    bf16, fp32 = ([r for r in bars31(data) if f"{d}, vs plain" in r["criterion"]][0] for d in ("bf16", "fp32"))
-    assert bf16["met"] is False and "needs tau 1.62" in bf16["needs"]  # 1.3 x (1.5 / 1.2)
-    assert fp32["met"] is None and fp32["measured"] is None  # not measured is said, never guessed
-    data["engine_speedup"] = {"vllm_cpu": vllm_engine_json(_vllm_results(tmp_path / "r.json"))}
-    text = "\n".join(bars31_section(data))
-    assert (
-        "1.15x (k=1, tau 1.50, identical: True)" in text
-        and "| 3 | fp32 | 1.700 | - | 0.80x (0.80 / 0.80) | False |" in text
-    )
+    assert "| 3 | fp32 | 1.700 | - | 0.80x (0.80 / 0.80) | False |" in text  # no eval of k=3: said, not guessed
 
 
 @pytest.mark.parametrize("text", ["{not json", '{"engine": {}}', "[1, 2]"])
@@ -569,11 +523,10 @@ def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128, dtype: str 
 def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_corpus_once(tmp_path):
     """report.py --whole-corpus: the page's sessions and the new ones must train the curve's corpus
     0..N-1 once, and the eval must be the sizes' eval; then the point, its line from the largest size
-    and what that line says tau 2.2 takes, on the page, in the bars and on the figure."""
-    from benchmarks.smollm2.report_bars import bars31
-    from benchmarks.smollm2.report_data import scaling_section
+    and what that line says tau 2.2 takes, on the page and on the figure."""
     from benchmarks.smollm2.report_figures import draw_figures
     from benchmarks.smollm2.report_long_run import whole_corpus_json
+    from benchmarks.smollm2.report_page import data_scaling
 
     data = _whole_corpus_page(tmp_path)
     last = {"run": "runs/long-s3", "data": "corpora/c", "samples": [20, 29], "tokens": 500_000, "extra": []}
@@ -598,14 +551,10 @@ def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_c
         whole_corpus_json(data, tmp_path / "bf16" / "eval-128", [last])
 
     data["data_scaling_whole_corpus"] = w
-    text = "\n".join(scaling_section(data))
+    text = "\n".join(data_scaling(data))
     assert "MT-bench tau **1.800** [1.75, 1.85]" in text and "(measured: below)" in text and "`corpora/g`" in text
-    data["rows"] = [{"eval": "mt_bench", "tau": 1.7, "greedy_mismatches": 0, "prompts": 80}]
-    need = next(r for r in bars31(data) if r["criterion"].startswith("MT-bench"))["needs"]
-    assert "as the long run measured it (+0.280 per doubling" in need and "2.7x this corpus" in need
-    assert "where that head measures 1.800" in need and need.endswith(
-        "(tau by position in the answer: tokens 0-64 1.60, tokens 64-128 2.00)"
-    )
+    assert "+0.280 per doubling of distinct tokens" in text and "(2.7x this corpus)" in text
+    assert "(tau by position in the answer: tokens 0-64 1.60, tokens 64-128 2.00)." in text
     assert "results-data-scaling.png" in draw_figures(data, tmp_path)
 
 
@@ -705,7 +654,11 @@ def test_data_levers_pairs_a_new_arm_with_the_stored_baseline_when_its_run_folde
 
 
 def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_measured_it(tmp_path):
-    from benchmarks.smollm2.report_levers import levers_json, section
+    from benchmarks.smollm2.report_levers import levers_json
+    from benchmarks.smollm2.report_page import data_levers
+
+    def section(rows, start_tau, figure):
+        return data_levers({"data_levers": rows})
 
     base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4, carry=True)
     synth = _lever_arm(tmp_path, "synthetic", 100, [(8, 4), (8, 4), (4, 4), (4, 4)], carry=True)
@@ -734,51 +687,3 @@ def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_mea
         {"baseline": _lever_arm(tmp_path / "b", "baseline", 100, [(4, 4)] * 4), "s": synth}, "baseline", None
     )
     assert rows[1]["humaneval_tau"] == 2.5 and "humaneval_delta" not in rows[1]
-
-
-def _arm(name: str, tokens: int, tau: float, delta: float, per_m: float, carry: float | None = 0.01) -> dict:
-    a = {"arm": name, "new_tokens": tokens, "steps": 1320, "mt_bench_tau": tau, "delta_vs_baseline": delta,
-         "tau_gain_per_million_tokens": per_m, "humaneval_tau": None if carry is None else 2.1}  # fmt: skip
-    if carry is not None:
-        a.update(humaneval_delta=carry, humaneval_delta_interval=[carry - 0.03, carry + 0.03])
-    return a
-
-
-def test_issue50_bars_count_arms_at_budget_sizes_and_points_and_project_the_head_from_the_best_lever(tmp_path):
-    from benchmarks.smollm2.report_bars import bars50, bars_json, rewrite_bars
-
-    arms = [_arm("baseline", 1_040_000, 1.85, 0.0, 0.012), _arm("synthetic", 1_150_000, 1.87, 0.02, 0.03, carry=0.02),
-            _arm("chitchat", 980_000, 1.80, -0.04, -0.03, carry=None)]  # fmt: skip
-    data = {"data_levers": arms, "rows": [{"eval": "mt_bench", "tau": 1.8, "greedy_mismatches": 0, "prompts": 80}],
-            "data_scaling_equal_compute": [{"mt_bench_tau": 1.3}, {"mt_bench_tau": 1.35}, {"mt_bench_tau": None}],
-            "data_scaling_equal_compute_settings": {"budget": {"steps_per_run": 1380}, "points": []}}  # fmt: skip
-    rows = {r["criterion"].split(",")[0].split(" (")[0]: r for r in bars50(data)}
-    arm_bar = rows["data-lever arms from the published head"]
-    assert arm_bar["met"] is False and arm_bar["measured"].startswith("2 of 3 (1,320 steps each; chitchat 980,000")
-    assert rows["the best mixture"]["met"] is None  # not run yet: said, never guessed
-    sizes = rows["sizes of the curve at one budget"]
-    assert (
-        sizes["met"] is False and sizes["measured"] == "2 (1,380 steps each)"
-    )  # the size without its eval not counted
-    assert rows["the target-written data's point beside that curve"]["met"] is None
-    head = rows["MT-bench"]
-    assert head["met"] is False and "short by 0.400" in head["needs"]
-    assert "(synthetic, +0.030 tau per M new tokens" in head["needs"] and "~13M new tokens" in head["needs"]  # 0.4/0.03
-    carry = rows["every arm also measured on a public bench no corpus here holds"]
-    assert carry["met"] is False and carry["measured"].startswith(
-        "2 of 3; the best MT-bench arm (synthetic) reads +0.020"
-    )
-    arms += [_arm("mixture", 1_100_000, 1.86, 0.01, 0.02), _arm("lk", 1_040_000, 1.84, -0.01, 0.01),
-             _arm("answers", 1_030_000, 1.85, 0.0, 0.01), _arm("augment", 1_040_000, 1.85, 0.0, 0.01)]  # fmt: skip
-    data["data_scaling_equal_compute"] = [{"mt_bench_tau": 1.3 + i / 100} for i in range(4)]
-    data["data_scaling_equal_compute_settings"]["points"] = [{"data": "corpora/s", "mt_bench_tau": 1.4}]
-    rows = {r["criterion"].split(",")[0].split(" (")[0]: r for r in bars50(data)}
-    assert rows["data-lever arms from the published head"]["met"] is True
-    assert rows["the best mixture"]["measured"] == "1.860 (+0.010 vs the baseline)"
-    assert rows["sizes of the curve at one budget"]["met"] is True
-    assert rows["the target-written data's point beside that curve"]["measured"] == "`corpora/s` 1.400"
-    assert set(bars_json(data)) == {"bar_issue31", "bar_issue50"}
-    page = "# page\n\n## Issue 22's bars\n\nold\n"
-    md = rewrite_bars(rewrite_bars(page, data), data)  # twice: each section replaced in place, never doubled
-    assert md.count("## Issue 50's bars") == 1 and md.count("## Issue 31's bars") == 1
-    assert md.index("## Issue 50's bars") < md.index("## Issue 31's bars") < md.index("## Issue 22's bars")

@@ -1,5 +1,6 @@
-"""The bench report's arithmetic (benchmarks/smollm2/report_compute.py) on hand-made run folders:
-the learning-curve projection, the one-core-hour ratio and the sweep's best configuration."""
+"""The bench report's keys (benchmarks/smollm2/report*.py) on hand-made run folders: the learning-curve
+projection, the one-core-hour ratio, the sweep's best configuration, the published head's keys; and the
+page rendered from them."""
 
 from __future__ import annotations
 
@@ -10,14 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report_compute import (
-    heldout_curve,
-    needs,
-    one_core_hour,
-    projection,
-    sections,
-    sweep_summary,
-)
+from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, one_core_hour, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -63,7 +57,7 @@ def test_one_core_hour_ratio_is_chosen_over_before(tmp_path):
     assert one_core_hour(out, tmp_path / "missing") is None
 
 
-def test_sweep_summary_names_the_fastest_configuration_and_bars_follow(tmp_path):
+def test_sweep_summary_names_the_fastest_configuration(tmp_path):
     configs = [
         {"name": f"chain d={d}", "mode": "chain", "tau": 1 + 0.1 * d, "speedup": s, "speedup_interval": [s - 0.1, s]}
         for d, s in ((1, 1.12), (2, 1.18), (3, 0.95))
@@ -77,15 +71,9 @@ def test_sweep_summary_names_the_fastest_configuration_and_bars_follow(tmp_path)
     assert sweep_summary({"heads": {}}) is None
     out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
     rows = [{"eval": "mt_bench", "decoder": "chain", "tau": 2.6, "prompts": 80, "greedy_mismatches": 0}]
-    lines, data = sections(out, tmp_path / "no-hour", {"mt_bench": report}, rows)
-    bars = data["bar_issue22"]
-    assert bars["mt_bench_tau_ge_2.5"]["met"] and bars["sweep_fp32_ge_1.1x"]["met"]
-    assert not bars["sweep_bf16_ge_1.5x"]["met"] and not bars["one_core_hour_ge_1.3x"]["met"]
+    data = compute_keys(out, tmp_path / "no-hour", {"mt_bench": report}, rows)
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
-    assert any("chain d=2" in line for line in lines)
-    # a missed bar says what tau it would take at each short chain's measured round cost
-    assert "chain d=2 tau 1.20 at a round of 1.02 plain steps needs tau 1.53" in needs(s, 1.5)
-    assert not any("what the 1.5x bar needs" in line for line in lines)  # no bf16 sweep here
+    assert data["one_core_hour"] is None and "bar_issue22" not in data  # no work-item bars in the data
 
 
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
@@ -122,12 +110,11 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
     rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
-    lines, data = sections(out, tmp_path / "no-hour", {}, rows, long)
+    data = compute_keys(out, tmp_path / "no-hour", {}, rows, long)
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
-    assert any("9,000 CPU s" in line for line in lines)
     # the MT-bench projection runs through both heads' eval tau: OUT (8k tokens) 1.5, long (16k) 1.7
     _, reports = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    lines, data = sections(out, tmp_path / "no-hour", reports, rows, long)
+    data = compute_keys(out, tmp_path / "no-hour", reports, rows, long)
     proj = data["mt_bench_projection"]
     assert [(p["run"], p["tokens"], p["tau"]) for p in proj["points"]] == [
         ("smollm2", 8000, 1.5),
@@ -135,7 +122,6 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     ]
     assert proj["tau_per_doubling_of_tokens"] == pytest.approx(0.2)
     assert proj["tokens_for_goal"] == pytest.approx(16000 * 2**4, rel=1e-6)  # 1.7 + 4 x 0.2 = 2.5
-    assert any("held-out 1.900, MT-bench 1.700 (1.12x)" in line for line in lines)
 
 
 def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
@@ -151,7 +137,12 @@ def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
 
 
 def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_path):
-    from benchmarks.smollm2.report import update_llama_cpp
+    from benchmarks.smollm2.report import parser, update_keys
+
+    def update_llama_cpp(page, bench):
+        data = json.loads(page.read_text())
+        update_keys(parser().parse_args(["--llama-cpp", str(bench)]), data)
+        page.write_text(json.dumps(data))
 
     def row(who, k, speedup, drafted, differ=0):
         first = [None] * (10 - differ) + [29] * differ
@@ -175,7 +166,7 @@ def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_p
     assert lc["identical"] is False and lc["greedy_outputs_identical"]["eagle3 k=1"] == "9/10"
     assert data["llama_cpp"]["measured_at"] == "2026-12-02T04:00:00Z"
     bench.write_text(json.dumps({"llama_cpp": {"rows": rows}}))  # not a llama_cpp/run_bench.py result
-    with pytest.raises(SystemExit, match="best_k"):
+    with pytest.raises(SystemExit, match="best_k"):  # not a llama_cpp/run_bench.py result
         update_llama_cpp(page, bench)
     assert json.loads(page.read_text())["llama_cpp"]["best_k"] == 2
 
@@ -205,12 +196,7 @@ def _page(tmp_path):
     curve = [{"tokens": 1000 * 2**i, "steps": i, "seconds": 1.0 * i, "cpu_seconds": 2.0 * i, "heldout_tau": 1.2}
              for i in (1, 2)]  # fmt: skip
     md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve}))
-    md.write_text(
-        "# page\n\n## Issue 22's bars (x)\n\nold bars\n\n## Learning curve of the published head\n\nold curve\n\n"
-        "## One core-hour each\n\nkept\n\n## Acceptance and speed by bench (depth 8): the head of `smollm2-long`\n\n"
-        "old table\n\n### Why the target runs in fp32 here\n\nkept reason\n\n## Training-time test\n\nkept\n\n"
-        "## `eval --sweep` on MT-bench: old\n\nold sweep\n\n## Recipe choices\n\nkept\n\n## Costs\n\n| eval mt_bench | - | 13.1 min | - | - | 2152 MiB |\n\n## Commands\n\n```\nold\n```\n"
-    )
+    md.write_text("# page\n\nold text, rendered over by every publish\n")
     return md
 
 
@@ -232,8 +218,8 @@ def _session(tmp_path, name, taus, skip, init, by_folder=None, train_samples=10)
 
 def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_keeps_the_rest(tmp_path):
     """publish.py's report: the last session's evals replace the published head's rows, sweeps and
-    bars; the learning curve runs on from the head before (a later session's step 0 dropped); the
-    equal-compute pair, other sections and `###` notes stay; publishing twice changes nothing more."""
+    keys; the learning curve runs on from the head before (a later session's step 0 dropped); the
+    equal-compute pair's rows stay; the page is rendered from the JSON; publishing twice changes nothing."""
     from benchmarks.smollm2.report_publish import PublishError, publish_report
 
     md = _page(tmp_path)
@@ -266,22 +252,23 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     assert data["published"]["mt_bench_tau_before"] == 1.5 and data["published"]["trained_tokens"] == 5000
     assert [s["samples"] for s in data["published"]["sessions"]] == [[0, 9], [10, 19]]
     assert data["sweep"]["fp32"]["speedup_vs_plain"] == 1.21 and data["sweep"]["bf16"]["speedup_vs_plain"] == 1.31
-    assert data["bar_issue22"]["mt_bench_tau_ge_2.5"]["measured"] == 1.8
+    assert "bar_issue22" not in data
     text = md.read_text()
-    assert "old bars" not in text and "| 1.800 |" in text and "old table" not in text
-    assert "old sweep" not in text and "| chain d=1 | 1.50 / 1.21x | 1.40 / 1.31x |" in text
-    assert "kept reason" in text and text.count("## One core-hour each\n\nkept") == 1
-    assert "| ttt1_mt_bench |" in text and "the head of `long-s2`" in text
-    assert "| eval mt_bench | - | 10.0 min | - | - | 2000 MiB |" in text
+    assert "old text" not in text and "| mt_bench | mt_bench | first | 0.0 | chain | 80 | 1.80 [1.75, 1.85] |" in text
+    assert "| chain d=1 | 1.50 / 1.21x | 1.40 / 1.31x |" in text  # the sweeps, fp32 and bf16
+    assert "| ttt1_mt_bench |" in text and "long-s2`) on each bench" in text
+    assert "| eval mt_bench | - | 10.0 min | - | - | 2000 MiB |" in text  # this publish's eval cost
     assert "long-s1` | `models/h` (then: smollm2-long/head) | 0-9 | 100 | 500 | 2.000 -> 2.100 |" in text  # sessions
     assert "long-s2` | `models/next` | 10-19 + 4 of `corpora/g` | 100 | 500 |" in text  # a source that joined
+    assert "Issue" not in text and "bar" not in text  # no work-item tables on the user's page
     again = publish_report(md, [s1, s2], evals, steps)
     assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
     assert md.read_text() == text
-    assert text.count("rewritten by `benchmarks/smollm2/publish.py`") == 1  # the page says which sections
     # each eval's command, as its manifest records it, from the repo root
     assert f"--target models/smollm2-135m --run {s2} --out {s2}/eval-mt_bench --bench mt_bench" in text
     assert str(REPO) not in text
+    # the figures are drawn from the same JSON, beside the page
+    assert (tmp_path / "results-smollm2-learning-curve.png").stat().st_size > 0
 
 
 def test_publish_refuses_a_session_that_did_not_finish_with_exit_2(tmp_path, capsys):
@@ -375,3 +362,44 @@ def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkey
         publish.main()
     assert e.value.code == 2 and "from sample 15 of corpora/c, expected 10" in capsys.readouterr().err
     assert sorted(p.name for p in gap.iterdir()) == ["head", "train"]  # no eval ran
+
+
+def test_a_full_report_writes_the_run_folders_keys_keeps_the_others_and_renders_the_page(tmp_path):
+    """run_bench.py's report: eval rows, training, the pair as served, costs and commands into the JSON
+    (keys other programs measured are kept), then the page rendered from it, figures beside it."""
+    from benchmarks.smollm2.report import write_report
+
+    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
+    ttt1 = _run(tmp_path, "smollm2-ttt1", [1.3, 1.4])
+    for run in (out, ttt1):
+        metrics = run / "train" / "metrics.jsonl"
+        line = {"step": 10, "tokens_seen": 2000, "tokens": 1000, "tok_per_s": 50.0, "loss": 2.0, "acc_k": [0.5],
+                "sim_accept_len": 1.5}  # fmt: skip
+        metrics.write_text(metrics.read_text() + json.dumps(line) + "\n" + json.dumps(line | {"step": 20}) + "\n")
+    for run, name, tau in ((out, "mt_bench", 1.5), (out, "ttt1_mt_bench", 1.3)):
+        (run / f"eval-{name}").mkdir()
+        rep = _eval_report(tau, 1.1)
+        rep["heads"]["h"]["chain"]["acceptance"]["tau_by_depth_estimate"] = [1.0, 1.2, 1.4]
+        (run / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
+        (run / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": {"bench": "mt_bench"}}))
+    md = tmp_path / "docs" / "results.md"
+    md.parent.mkdir()
+    md.with_suffix(".json").write_text(json.dumps({"recipes": {"baseline": {"what": "b", "first_loss": 9.0, "steps": 1,
+                                                   "tokens": 10, "heldout_tau": 1.1, "cpu_seconds": 300}}}))  # fmt: skip
+    steps = {"eval_mt_bench": {"command": "eagle3 eval --out x", "seconds": 120.0, "peak_rss_mib": 900.0}}
+    results = {"steps": steps, "invocation": "run_bench.py --max-new-tokens 64"}
+    write_report(out, ttt1, ("mt_bench", "ttt1_mt_bench"), results, ["extra command"], md)
+    data = json.loads(md.with_suffix(".json").read_text())
+    assert [r["eval"] for r in data["rows"]] == ["mt_bench", "ttt1_mt_bench"] and data["ttt_k"] == 3
+    assert data["recipes"]["baseline"]["what"] == "b"  # measured by recipes.py: kept
+    assert data["train"]["steps"] == 20 and data["ttt_serving"][0]["heldout_tau"] == 1.6
+    assert data["ttt_serving"][0]["sweep_fp32"] == {"speedup_vs_plain": 1.1, "best": "chain d=1"}
+    assert {"stage": "eval mt_bench", "tokens": "-", "minutes": 2.0, "estimated": False, "tok_s": "-",
+            "bytes_per_token": None, "peak_rss_mib": 900} in data["costs"]  # fmt: skip
+    chain = data["commands"]["chain"]
+    assert chain[-1].endswith("/eval-ttt1_mt_bench --bench mt_bench") and "extra command" in chain
+    assert "eagle3 eval --out x" not in chain  # an eval step is listed once, as its manifest records it
+    text = md.read_text()
+    assert "| TTT K=3 | 1.600 | 1.200 | 1.500 | 1.10x (chain d=1) | - |" in text  # the pair as served
+    assert "| eval mt_bench | - | 2.0 min | - | - | 900 MiB |" in text and "## Recipe choices" in text
+    assert (md.parent / "results-smollm2-learning-curve.png").exists()

@@ -138,11 +138,17 @@ def test_export_over_another_export_needs_overwrite(tiny_target_dir, tmp_path, c
     assert (out / "model.safetensors").read_bytes() != weights
 
 
-def test_readme_and_quickstart_give_the_same_smollm2_chain():
+def test_readme_and_quickstart_give_the_same_chain_on_your_own_model():
     def chain(page: str) -> list[str]:
         text = (REPO / page).read_text()
-        block = text.split("```bash\nmake smollm2 && . .venv/bin/activate\n", 1)[1].split("```", 1)[0]
-        return [" ".join(ln.split("#")[0].split()) for ln in block.splitlines() if ln.strip()]
+        block = text.split("```bash\neagle3 gen-data --recipe recipes/llama3-8b/", 1)[1].split("```", 1)[0]
+        return [
+            " ".join(ln.split("#")[0].split())
+            for ln in ("eagle3 gen-data --recipe recipes/llama3-8b/" + block).splitlines()
+            if ln.strip()
+        ]
 
     readme = chain("README.md")
-    assert readme == chain("docs/quickstart.md") and any(ln.startswith("eagle3 train") for ln in readme)
+    assert readme == chain("docs/quickstart.md")
+    assert [ln.split()[1] for ln in readme] == ["gen-data", "cache", "train", "eval", "serve"]
+    assert all((REPO / p).exists() for ln in readme for p in re.findall(r"recipes/\S+", ln))
