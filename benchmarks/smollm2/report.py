@@ -9,8 +9,6 @@ writes Markdown. Called by run_bench.py; also runs alone:
         corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
-    .venv/bin/python benchmarks/smollm2/report.py --whole-corpus runs/long-s9/eval-mt128 \
-        --sessions runs/long-s8 runs/long-s9   # the long run as the data-scaling curve's whole-corpus point
 """
 
 from __future__ import annotations
@@ -389,8 +387,7 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
                         *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
                         (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
                         *((f / "recipes.json", "a recipes.py --out folder") for f in a.equal_budget or ()),
-                        (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
-                        *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
+                        ):  # fmt: skip
         if given is not None and not given.exists():
             _fail(f"{given} does not exist (expected {what})")
     try:
@@ -408,11 +405,6 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
             e = equal_compute_json(equal[0], equal[1:])
             data["data_scaling_equal_compute"] = e["rows"]
             data["data_scaling_equal_compute_settings"] = {**e["settings"], "fit": e["fit"], "points": e["points"]}
-        if a.whole_corpus is not None:
-            from benchmarks.smollm2.report_long_run import session_rows, whole_corpus_json
-
-            sessions = session_rows([r.resolve() for r in a.sessions])
-            data["data_scaling_whole_corpus"] = whole_corpus_json(data, a.whole_corpus, sessions)
         if a.vllm_cpu is not None:
             data.setdefault("engine_speedup", {})["vllm_cpu"] = vllm_engine_json(a.vllm_cpu)
         if a.equal_budget is not None:
@@ -433,9 +425,6 @@ FLAGS = {  # flag: (nargs, metavar, help); each writes its key(s) into the JSON,
     "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON"),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
                                      "of a --steps-per-run curve; more JSONs: other corpora at that budget"),
-    "--whole-corpus": (None, "EVAL_DIR", "`data_scaling_whole_corpus` from the MT-bench eval (the sizes' settings) of "
-                       "the head of the long run's last session"),
-    "--sessions": ("+", "RUN", "with --whole-corpus: the long run's sessions since the page's published ones"),
     "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results"),
     "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders"),
     "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json"),
@@ -449,7 +438,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     for flag, (nargs, metavar, text) in FLAGS.items():
-        ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text, **({"default": []} if flag == "--sessions" else {}))  # fmt: skip
+        ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text)
     return ap
 
 
@@ -457,11 +446,9 @@ def main() -> None:
     ap = parser()
     a = ap.parse_args()
     json_path = a.results_md.with_suffix(".json")
-    if a.sessions and a.whole_corpus is None:
-        _fail("--sessions names the long run's sessions for --whole-corpus EVAL_DIR, which is missing")
     if a.decoder_rounds is not None:
         write_decoder_rounds(json_path, a.decoder_rounds)
-    elif any(getattr(a, f[2:].replace("-", "_")) not in (None, []) for f in FLAGS):
+    elif any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
         update_keys(a, data)
         json_path.write_text(json.dumps(data, indent=2) + "\n")

@@ -14,8 +14,6 @@ from benchmarks.common import REPO
 from benchmarks.smollm2.report import PAIR_EVALS, eval_command, eval_rows, json_row, sampling_check
 from benchmarks.smollm2.report import _json as _read_json
 from benchmarks.smollm2.report_compute import GOAL_TAU, eval_projection, heldout_curve, keys, projection, sweep_summary
-from benchmarks.smollm2.report_long_run import rel as _rel
-from benchmarks.smollm2.report_long_run import session_rows
 from benchmarks.smollm2.report_page import write_page
 
 
@@ -25,6 +23,38 @@ class PublishError(ValueError):
 
 def _json(path: Path) -> dict:
     return _read_json(path) or {}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def session_rows(sessions: list[Path]) -> list[dict]:
+    """One row per session: what it trained on and its held-out curve's ends."""
+    rows = []
+    for run in sessions:
+        m, curve = _json(run / "train" / "manifest.json"), heldout_curve(run)
+        cfg = m.get("config") or {}
+        by_folder = m.get("trained_by_folder") or []
+        skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
+        if n is None:  # no --train-samples: all the rest, as many as the manifest says --data gave
+            n = by_folder[0]["samples"] if by_folder else m.get("trained_samples")
+        rows.append(
+            {
+                "run": _rel(run),
+                "init_head": cfg.get("init_head"),
+                "data": cfg.get("data"),
+                "samples": None if n is None else [skip, skip + n - 1],
+                # --extra-data: what each other source gave (train's manifest, trained_by_folder)
+                "extra": [{"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]],
+                "steps": m.get("steps"),
+                "tokens": m.get("tokens_seen"),
+                "heldout_start": curve[0]["heldout_tau"] if curve else None,
+                "heldout_end": curve[-1]["heldout_tau"] if curve else None,
+                "stopped": m.get("stopped"),
+            }
+        )
+    return rows
 
 
 def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) -> list[dict]:

@@ -4,7 +4,6 @@ wrote (a corpus folder mid-regeneration, a llama-server log, llama-bench's JSON)
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
@@ -490,94 +489,6 @@ def test_report_vllm_cpu_refuses_a_file_that_is_not_a_bench_result_with_exit_2(t
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert r.returncode == 2 and "run_bench.py" in r.stderr and "nothing was written" in r.stderr
     assert md.read_text() == "# page\n" and not md.with_suffix(".json").exists()
-
-
-def _whole_corpus_page(tmp_path: Path) -> dict:
-    """A page with a data-scaling curve (sizes evaluated at eval's default length) and two published sessions."""
-    from benchmarks.stages.data_scaling import analyse
-
-    rows = [{"fraction": f"1/{2**k}", "conversations": 100 * 2 ** (4 - k), "tokens": 50_000 * 2 ** (4 - k),
-             "trained_tokens": 50_000 * 2 ** (4 - k), "heldout_tau": None, "mt_bench_tau": 1.0 + 0.08 * (4 - k),
-             "commands": ["eagle3 train ...", "eagle3 eval --run r --bench mt_bench --num-prompts 80 --depth 8 "
-                          "--mode chain --dtype fp32 --temperature 0"]} for k in (4, 3, 2, 1)]  # fmt: skip
-    fit = {"tau": "mt_bench_tau", **analyse(rows, "mt_bench_tau", 1_600_000)}
-    sessions = [{"run": "runs/long-s1", "data": "corpora/c", "samples": [0, 9], "tokens": 500_000, "extra": []},
-                {"run": "runs/long-s2", "data": "corpora/c", "samples": [10, 19], "tokens": 600_000,
-                 "extra": [{"folder": "corpora/g", "samples": 3}]}]  # fmt: skip
-    return {"data_scaling": rows, "data_scaling_fit": fit, "published": {"sessions": sessions},
-            "data_scaling_settings": {"data": "corpora/c", "online": True, "budget": {"epochs": 1},
-                                      "corpus": {"samples": 30, "tokens": 1_600_000, "heldout_samples": 2}}}  # fmt: skip
-
-
-def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128, dtype: str = "fp32") -> Path:
-    d = tmp_path / f"eval-{max_new_tokens}"
-    d.mkdir(parents=True)
-    acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05],
-           "tau_by_position": [{"from": 0, "to": 64, "rounds": 9, "tau": tau - 0.2}, {"from": 64, "to": 128, "tau": tau + 0.2}]}  # fmt: skip
-    rep = {"bench": "mt_bench", "num_prompts": 80, "max_new_tokens": max_new_tokens, "depth": 8, "mode": "chain",
-           "temperature": 0.0, "heads": {"h": {"head": {"path": str(tmp_path / "head")}, "chain": {"acceptance": acc}}}}  # fmt: skip
-    (d / "report.json").write_text(json.dumps(rep))
-    (d / "manifest.json").write_text(json.dumps({"config": {"dtype": dtype}}))
-    return d
-
-
-def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_corpus_once(tmp_path):
-    """report.py --whole-corpus: the page's sessions and the new ones must train the curve's corpus
-    0..N-1 once, and the eval must be the sizes' eval; then the point, its line from the largest size
-    and what that line says tau 2.2 takes, on the page and on the figure."""
-    from benchmarks.smollm2.report_figures import draw_figures
-    from benchmarks.smollm2.report_long_run import whole_corpus_json
-
-    data = _whole_corpus_page(tmp_path)
-    last = {"run": "runs/long-s3", "data": "corpora/c", "samples": [20, 29], "tokens": 500_000, "extra": []}
-    w = whole_corpus_json(data, _eval_dir(tmp_path, 1.8), [last])
-    assert w["sessions"] == ["runs/long-s1", "runs/long-s3"] and w["extra_data"] == ["corpora/g"]
-    assert w["distinct_tokens"] == 1_600_000 and w["eval"]["max_new_tokens"] == 128
-    f = data["data_scaling_fit"]["fit_all"]
-    assert w["predicted"] == pytest.approx(f["a"] + f["b_per_doubling"] * math.log2(1_600_000), abs=1e-4)
-    assert w["b_per_doubling"] == pytest.approx(0.28)  # 1.24 at 400k -> 1.80 at 1.6M: two doublings
-    assert w["tokens_for_tau"]["2.2"] == pytest.approx(1_600_000 * 2 ** (0.4 / 0.28))
-    for i, (bad, said) in enumerate((({**last, "samples": [21, 29]}, "expected from sample 20"),
-                                     ({**last, "samples": [20, 28]}, "not the whole corpus"),
-                                     ({**last, "data": "corpora/other"}, "not the curve's corpus"))):  # fmt: skip
-        with pytest.raises(ValueError, match=said):
-            whole_corpus_json(data, _eval_dir(tmp_path / str(i), 1.8), [bad])
-    with pytest.raises(ValueError, match="the sizes were evaluated"):  # the page's 64-token eval is another eval
-        whole_corpus_json(data, _eval_dir(tmp_path, 1.8, 64), [last])
-    with pytest.raises(ValueError, match="the sizes were evaluated"):  # so is a bf16 one
-        whole_corpus_json(data, _eval_dir(tmp_path / "bf16", 1.8, dtype="bf16"), [last])
-    (tmp_path / "bf16" / "eval-128" / "report.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="not an eagle3 eval report"):
-        whole_corpus_json(data, tmp_path / "bf16" / "eval-128", [last])
-
-    data["data_scaling_whole_corpus"] = w
-    text = page(data)
-    assert "MT-bench tau **1.800** [1.75, 1.85]" in text and "(measured: below)" in text and "`corpora/g`" in text
-    assert "+0.280 per doubling of distinct tokens" in text and "(2.7x this corpus)" in text
-    assert "(tau by position in the answer: tokens 0-64 1.60, tokens 64-128 2.00)." in text
-    assert "results-data-scaling.png" in draw_figures(data, tmp_path)
-
-
-def test_report_long_run_refuses_sessions_that_leave_a_gap_with_exit_2(tmp_path):
-    import subprocess
-    import sys
-
-    md = tmp_path / "results.md"
-    md.write_text("# R\n")
-    md.with_suffix(".json").write_text(json.dumps(_whole_corpus_page(tmp_path)))
-    run = tmp_path / "long-s3"
-    (run / "train").mkdir(parents=True)
-    cfg = {"data": "corpora/c", "skip_samples": 22, "train_samples": 8}
-    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "tokens_seen": 1, "trained_samples": 8}))
-    repo = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
-                        "--whole-corpus", str(_eval_dir(tmp_path, 1.8)), "--sessions", str(run)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "expected from sample 20" in r.stderr and "nothing was written" in r.stderr
-    assert "data_scaling_whole_corpus" not in json.loads(md.with_suffix(".json").read_text())
-    r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
-                        "--sessions", str(run)], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "--whole-corpus EVAL_DIR, which is missing" in r.stderr
 
 
 def _lever_arm(
