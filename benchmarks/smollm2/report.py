@@ -178,39 +178,6 @@ def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[li
     return rows, reports
 
 
-def eval_command(manifest: dict, folder: Path | None = None) -> str:
-    """The `eagle3 eval` command an eval folder was made by, from the config its manifest records
-    (flags that differ from EvalConfig's defaults, in field order); --out is FOLDER when given
-    (where the report is now, should the folder have been renamed since)."""
-    from dataclasses import fields
-
-    from eagle3cli.eval.config import EvalConfig
-
-    cfg, default, parts = dict(manifest.get("config", {})), EvalConfig(), ["eagle3 eval"]
-    if folder is not None:
-        cfg["out"] = str(folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder)
-    for f in fields(EvalConfig):
-        v, d = cfg.get(f.name, getattr(default, f.name)), getattr(default, f.name)
-        if isinstance(d, tuple):
-            v = tuple(v)
-        flag = "--" + f.name.replace("_", "-")
-        if v == d or (v is None and d is None):
-            continue
-        if isinstance(d, bool):
-            parts.append(flag if v else "--no-" + f.name.replace("_", "-"))
-        elif isinstance(v, tuple):
-            parts += [f"{flag} {x}" for x in v]
-        else:
-            parts.append(f"{flag} {v}")
-    return " ".join(parts)
-
-
-def eval_commands(out: Path, published: Path, evals) -> list[str]:
-    """The command behind every eval on the page, read back from its folder."""
-    folders = [eval_dir(out, published, name) for name in evals]
-    return [eval_command(m, f) for f in folders if (m := _json(f / "manifest.json"))]
-
-
 def _ttt_k(run: Path):
     m = _json(run / "train" / "manifest.json") or {}
     return (m.get("config") or {}).get("ttt_steps", "?")
@@ -330,8 +297,9 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
     if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
         data["llama_cpp"] = llama_cpp
     steps = results.get("steps", {})
+    # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
     chain = [*CHAIN, *[st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")],
-             *commands, *eval_commands(out, published, evals)]  # fmt: skip
+             *commands]  # fmt: skip
     data.setdefault("commands", {}).update(
         {"invocation": results.get("invocation", ""), "chain": list(dict.fromkeys(chain))}
     )

@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import PAIR_EVALS, eval_command, eval_rows, json_row, sampling_check
+from benchmarks.smollm2.report import PAIR_EVALS, eval_rows, json_row, sampling_check
 from benchmarks.smollm2.report import _json as _read_json
 from benchmarks.smollm2.report_compute import GOAL_TAU, eval_projection, heldout_curve, keys, projection, sweep_summary
 from benchmarks.smollm2.report_page import write_page
@@ -172,9 +172,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     data["costs"] = list(costs.values())
     cont = " --continue" if kept_rows else ""
     cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
-    # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
-    cmds += [eval_command(m, f).replace(f"{REPO}/", "") for name in evals
-             if (m := _json((f := last / f"eval-{name}") / "manifest.json"))]  # fmt: skip
+    # each eval as publish.py ran it (check_done_evals refuses an eval folder it did not run)
+    cmds += [steps[f"eval_{name}"]["command"] for name in evals if f"eval_{name}" in steps]
     note = "The sessions' train commands are in docs/train.md."
     if kept := [r["run"] for r in kept_rows]:
         note += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
