@@ -20,23 +20,12 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 from jinja2 import FileSystemLoader, StrictUndefined, Undefined
 from jinja2.sandbox import SandboxedEnvironment
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "docs" / "templates"
-
-Body = Callable[[dict], list[str]]
-
-
-@dataclass(frozen=True)
-class Section:
-    key: str  # the JSON key the section reads; "" for one that reads nothing (the page's intro)
-    heading: str  # "## ..." or "" (no heading)
-    body: Body
-    missing: str | None = None  # said when `key` is absent; None leaves the section out
 
 
 def cell(x: object, nd: int = 3) -> str:
@@ -62,22 +51,6 @@ def rows_table(rows: Sequence[dict] | dict, columns: Sequence[str] | None = None
         rows = [{"name": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in rows.items()]
     cols = list(columns or dict.fromkeys(k for r in rows for k in r))
     return table(cols, [[cell(r.get(c)) for c in cols] for r in rows])
-
-
-def render(data: dict, sections: Sequence[Section]) -> str:
-    """The page: each section whose key DATA holds (or that says what is missing), one blank line apart."""
-    parts: list[list[str]] = []
-    for s in sections:
-        if s.key and not data.get(s.key):  # absent, or written empty (a run that measured nothing there)
-            if s.missing is None:
-                continue
-            body = [s.missing]
-        else:
-            body = s.body(data)
-            if not body:
-                continue
-        parts.append(([s.heading, ""] if s.heading else []) + body)
-    return "\n\n".join("\n".join(p).strip("\n") for p in parts) + "\n"
 
 
 def f(x, nd: int = 2, sign: str = "") -> str:

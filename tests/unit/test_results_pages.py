@@ -12,7 +12,7 @@ import pytest
 from jinja2.exceptions import UndefinedError
 
 from benchmarks.common import REPO
-from benchmarks.render import TEMPLATES, render, rows_table
+from benchmarks.render import TEMPLATES, rows_table
 from benchmarks.smollm2.report_page import README, page, readme_table, readme_with_table
 
 DATA = json.loads((REPO / "docs" / "results-smollm2.json").read_text(encoding="utf-8"))
@@ -95,10 +95,10 @@ def test_the_readme_is_short_and_its_make_targets_exist():
 
 
 def test_the_tiny_bench_page_regenerates_byte_for_byte_from_its_json():
-    from benchmarks.tiny.report import SECTIONS as TINY
+    from benchmarks.tiny.report import page as tiny_page
 
     data = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))
-    assert render(data, TINY) == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    assert tiny_page(data) == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
 
 
 def test_a_tiny_bench_run_becomes_the_pages_json_without_the_machines_paths(tmp_path):
