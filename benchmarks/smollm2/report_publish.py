@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import PAIR_EVALS, eval_rows, json_row, sampling_check
+from benchmarks.smollm2.report import PAIR_EVALS, cost_row, eval_rows, sampling_check
 from benchmarks.smollm2.report import _json as _read_json
 from benchmarks.smollm2.report_compute import GOAL_TAU, eval_projection, heldout_curve, keys, projection, sweep_summary
 from benchmarks.smollm2.report_page import write_page
@@ -150,7 +150,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     ]  # fmt: skip
     sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
     pair = [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
-    data["rows"] = [json_row(r) for r in rows] + pair
+    data["rows"] = rows + pair
     data.update(keys(before + curve, projection(curve, GOAL_TAU), eval_projection(points, GOAL_TAU),
                      data.get("one_core_hour"), sweep))  # fmt: skip
     data["published"] = {
@@ -166,9 +166,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         data["sampling_check"] = sc
     costs = {c["stage"]: c for c in data.get("costs", [])}  # the evals' rows: this publish's time and memory
     for name, st in steps.items():
-        costs[name.replace("_", " ", 1)] = {"stage": name.replace("_", " ", 1), "tokens": "-", "estimated": False,
-                                            "minutes": round(st["seconds"] / 60, 1), "tok_s": "-",
-                                            "bytes_per_token": None, "peak_rss_mib": round(st["peak_rss_mib"])}  # fmt: skip
+        stage = name.replace("_", " ", 1)
+        costs[stage] = cost_row(stage, "-", st["seconds"], "-", peak=round(st["peak_rss_mib"]))
     data["costs"] = list(costs.values())
     cont = " --continue" if kept_rows else ""
     cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
