@@ -39,18 +39,15 @@ def cell(x: object, nd: int = 3) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-
-
 def rows_table(rows: Sequence[dict] | dict, columns: Sequence[str] | None = None) -> list[str]:
     """A table of flat records (a list, or a dict of them by name) whose columns are their keys,
     in first-seen order unless COLUMNS names them: a section for a key with no spec of its own yet."""
     if isinstance(rows, dict):
         rows = [{"name": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in rows.items()]
     cols = list(columns or dict.fromkeys(k for r in rows for k in r))
-    return table(cols, [[cell(r.get(c)) for c in cols] for r in rows])
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+        "| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows
+    ]
 
 
 def f(x, nd: int = 2, sign: str = "") -> str:

@@ -18,20 +18,12 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.render import iv, render_template, table, write  # noqa: E402
+from benchmarks.render import iv, render_template, write  # noqa: E402
 from benchmarks.smollm2.report_figures import DATA_SCALING, LEARNING_CURVE, LEVERS, SWEEP, figure_line  # noqa: E402
 
 PAGE = REPO / "docs" / "results-smollm2.md"
 README = REPO / "README.md"
 GPU_CHECK = ".venv/bin/python tools/gpu_check.py --out gpu.json"
-
-
-def _f(x, nd: int = 2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-def _x(x) -> str:
-    return "-" if x is None else f"{x:.2f}x"
 
 
 def _row(d: dict, name: str, decoder: str = "chain") -> dict | None:
@@ -78,39 +70,15 @@ FIGURES = {"learning_curve": LEARNING_CURVE, "sweep": SWEEP, "data_scaling": DAT
 README_START, README_END = "<!-- results: rendered from docs/results-smollm2.json by benchmarks/smollm2/report_page.py -->", "<!-- /results -->"  # fmt: skip
 
 
-def readme_table(d: dict) -> list[str]:
-    """Targets x engines: tau and speed-up of the published SmolLM2 head, each row linked to its section."""
-    page, rows = "docs/results-smollm2.md", []
-    link = {"bench": f"[eval]({page}#acceptance-and-speed-by-bench-depth-8)",
-            "sweep": f"[sweep]({page}#eval---sweep-on-mt-bench-measured-speed-of-each-configuration)",
-            "engines": f"({page}#engines-the-head-in-vllm-and-llamacpp)"}  # fmt: skip
-    for name, bench in (("mt_bench", "MT-bench"), ("gsm8k", "GSM8K")):
-        if r := _row(d, name):
-            rows.append(["eagle3 eval (CPU, fp32, chain d8)", f"{bench}, {r['prompts']}", _f(r["tau"]),
-                         _x(r["speedup_vs_plain"]), link["bench"]])  # fmt: skip
-    if s := (d.get("sweep") or {}).get("fp32"):
-        c = s["configurations"][s["best"]]
-        rows.append([f"eagle3 eval --sweep (CPU, fp32, {s['best']})", f"MT-bench, {s['prompts']}", _f(c["tau"]),
-                     _x(s["speedup_vs_plain"]), link["sweep"]])  # fmt: skip
-    if v := (d.get("engine_speedup") or {}).get("vllm_cpu"):
-        rows.append([f"vLLM CPU build ({v['dtype']}, k={v['k']})", f"MT-bench, {v['settings']['num_prompts']}",
-                     _f(v["tau"]), _x(v["speedup_vs_plain"]), "[vLLM]" + link["engines"] + f" {v['measured_at'][:10]}"])  # fmt: skip
-    if ll := d.get("llama_cpp"):
-        r = next(r for r in ll["rows"] if r["speculator"] == "eagle3" and r["k"] == ll["best_k"])
-        rows.append([f"llama.cpp llama-server (k={r['k']})", f"MT-bench, {ll['settings']['prompts']}", _f(r["tau"]),
-                     _x(r["speedup"]), "[llama.cpp]" + link["engines"] + f" {ll['measured_at'][:10]}"])  # fmt: skip
-    g = d.get("gpu_check")
-    rows.append(
-        ["SGLang (GPU)", "-", "-", "-", "[GPU](docs/results-smollm2.md#on-a-gpu)" if g else "not yet run on a GPU"]
-    )
-    return table(["target", "engine", "bench", "tau", "speedup vs plain", "measured"],
-                 [["SmolLM2-135M-Instruct", *r] for r in rows])  # fmt: skip
+def readme_table(d: dict) -> str:
+    """Targets x engines: tau and speed-up of the published SmolLM2 head (docs/templates/readme-results.md.j2)."""
+    return render_template("readme-results.md.j2", d, FILTERS)
 
 
 def readme_with_table(readme: str, d: dict) -> str:
     head, rest = readme.split(README_START + "\n", 1)
     tail = rest.split(README_END, 1)[1]
-    return head + README_START + "\n" + "\n".join(readme_table(d)) + "\n" + README_END + tail
+    return head + README_START + "\n" + readme_table(d) + README_END + tail
 
 
 def page(d: dict) -> str:
