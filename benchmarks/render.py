@@ -1,31 +1,31 @@
-"""The one renderer of the results pages: a page is its JSON and a list of section specs.
+"""The one renderer of the results pages: a page is its JSON and a Jinja template in docs/templates/.
 
-A spec names the JSON key its section reads, its heading and a body (a function of the whole JSON
-that returns Markdown lines: prose, `table(...)` or `rows_table(...)`). A section whose key is
-absent (or empty) is left out, or says `missing` (e.g. "not yet run on a GPU") when the spec gives it. The
-measurement programs write keys; nothing here measures or reads a run folder, so a page
-regenerates byte for byte from its JSON (`python benchmarks/smollm2/report_page.py --check`).
+The template holds the page's prose and tables; the JSON every number. The measurement programs write keys;
+nothing here measures or reads a run folder, so a page regenerates byte for byte from its JSON
+(`python benchmarks/smollm2/report_page.py --check`). Templates run sandboxed with StrictUndefined: a key a
+template reads without `d.get(...)` must be in the JSON, or rendering fails instead of printing nothing.
+Sections are one blank line apart however the template's `{% if %}` blocks leave them.
 
-A new key's section is one spec:
+A new key's section is one block in the template:
 
-    Section("gpu_check", "## On a GPU", lambda d: rows_table(d["gpu_check"]["checks"]), missing="Not yet run.")
+    {% if d.get('epoch_curve') %}
+    ## Epochs
+
+    {{ rows_table(d.epoch_curve, ['epoch', 'tau']) }}
+    {% endif %}
 """
 
 from __future__ import annotations
 
+import math
+import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
-Body = Callable[[dict], list[str]]
+from jinja2 import FileSystemLoader, StrictUndefined, Undefined
+from jinja2.sandbox import SandboxedEnvironment
 
-
-@dataclass(frozen=True)
-class Section:
-    key: str  # the JSON key the section reads; "" for one that reads nothing (the page's intro)
-    heading: str  # "## ..." or "" (no heading)
-    body: Body
-    missing: str | None = None  # said when `key` is absent; None leaves the section out
+TEMPLATES = Path(__file__).resolve().parents[1] / "docs" / "templates"
 
 
 def cell(x: object, nd: int = 3) -> str:
@@ -39,34 +39,45 @@ def cell(x: object, nd: int = 3) -> str:
     return f"{x:,}" if isinstance(x, int) else str(x)
 
 
-def table(head: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]:
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-
-
 def rows_table(rows: Sequence[dict] | dict, columns: Sequence[str] | None = None) -> list[str]:
     """A table of flat records (a list, or a dict of them by name) whose columns are their keys,
     in first-seen order unless COLUMNS names them: a section for a key with no spec of its own yet."""
     if isinstance(rows, dict):
         rows = [{"name": k, **(v if isinstance(v, dict) else {"value": v})} for k, v in rows.items()]
     cols = list(columns or dict.fromkeys(k for r in rows for k in r))
-    return table(cols, [[cell(r.get(c)) for c in cols] for r in rows])
+    return ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)] + [
+        "| " + " | ".join(cell(r.get(c)) for c in cols) + " |" for r in rows
+    ]
 
 
-def render(data: dict, sections: Sequence[Section]) -> str:
-    """The page: each section whose key DATA holds (or that says what is missing), one blank line apart."""
-    parts: list[list[str]] = []
-    for s in sections:
-        if s.key and not data.get(s.key):  # absent, or written empty (a run that measured nothing there)
-            if s.missing is None:
-                continue
-            body = [s.missing]
-        else:
-            body = s.body(data)
-            if not body:
-                continue
-        parts.append(([s.heading, ""] if s.heading else []) + body)
-    return "\n\n".join("\n".join(p).strip("\n") for p in parts) + "\n"
+def f(x, nd: int = 2, sign: str = "") -> str:
+    return "-" if x is None else format(x, f"{sign}.{nd}f")
+
+
+def iv(x, nd: int = 2, sign: str = "") -> str:
+    return "" if not x else f"[{x[0]:{sign}.{nd}f}, {x[1]:{sign}.{nd}f}]"
+
+
+FILTERS = {"f": f, "x": lambda v: "-" if v is None else f"{v:.2f}x", "iv": iv, "fmt": format, "cell": cell}
+
+
+def _strict(fn: Callable) -> Callable:
+    """A filter that names the missing key (UndefinedError) rather than failing inside a format()."""
+
+    def filt(v, *a):
+        return str(v) if isinstance(v, Undefined) else fn(v, *a)  # str() of a StrictUndefined raises
+
+    return filt
+
+
+def render_template(name: str, data: dict, filters: dict | None = None, **names: object) -> str:
+    """TEMPLATES/NAME rendered with the JSON as `d`, the common FILTERS and FILTERS, and NAMES as globals."""
+    env = SandboxedEnvironment(loader=FileSystemLoader(TEMPLATES), undefined=StrictUndefined, trim_blocks=True,
+                               lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)  # fmt: skip
+    env.filters.update({k: _strict(fn) for k, fn in (FILTERS | (filters or {})).items()})
+    env.globals.update(rows_table=lambda *a: "\n".join(rows_table(*a)), log2=math.log2, **names)
+    text = env.get_template(name).render(d=data)
+    return re.sub(r"\n{3,}", "\n\n", text).strip("\n") + "\n"
 
 
 def write(md_path: Path, text: str) -> bool:

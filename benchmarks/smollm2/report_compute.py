@@ -37,47 +37,42 @@ def heldout_curve(run: Path) -> list[dict]:
     ]
 
 
+def _log_line(points: list[tuple[float, float, dict]], goal: float) -> dict:
+    """A straight line of tau against log2(tokens) through POINTS (tokens, tau, the point), and the tokens
+    at which it reaches GOAL (and the CPU hours at the last point's rate). An extrapolation: real curves
+    flatten, so read it as a lower bound on the data and compute a goal needs."""
+    xs, ys = [math.log2(x) for x, _, _ in points], [y for _, y, _ in points]
+    n = len(points)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx if sxx else 0.0
+    out = {"tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": goal}
+    if slope > 0:
+        last = points[-1][2]
+        need = 2 ** (mx + (goal - my) / slope)
+        out["tokens_for_goal"] = round(need)
+        if last.get("cpu_seconds"):  # at the last point's training rate
+            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
+    return out
+
+
 def projection(curve: list[dict], goal: float) -> dict | None:
-    """A straight line of tau against log2(tokens) through the second half of the curve, and the
-    tokens at which it would reach `goal`. An extrapolation: real curves flatten, so read it as
-    a lower bound on the data and compute a goal needs."""
-    pts = [(math.log2(p["tokens"]), p["heldout_tau"]) for p in curve if p["tokens"] > 0]
+    """The line through the second half of a held-out curve (None under 3 points)."""
+    pts = [(p["tokens"], p["heldout_tau"], p) for p in curve if p["tokens"] > 0]
     pts = pts[len(pts) // 2 :]
     if len(pts) < 3:
         return None
-    n = len(pts)
-    mx, my = sum(x for x, _ in pts) / n, sum(y for _, y in pts) / n
-    sxx = sum((x - mx) ** 2 for x, _ in pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx if sxx else 0.0
-    out = {"tau_per_doubling_of_tokens": round(slope, 4), "fit_points": n, "goal_tau": goal}
-    if slope > 0:
-        last = curve[-1]
-        need = 2 ** (mx + (goal - my) / slope)
-        out["tokens_for_goal"] = round(need)
-        if last.get("cpu_seconds"):  # at this run's training rate
-            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
-    return out
+    line = _log_line(pts, goal)
+    return {"tau_per_doubling_of_tokens": line.pop("tau_per_doubling_of_tokens"), "fit_points": len(pts), **line}
 
 
 def eval_projection(points: list[dict], goal: float) -> dict | None:
-    """The same straight line in log2(tokens), through MT-bench eval tau of heads trained on
-    different numbers of tokens (points: [{run, tokens, cpu_seconds, tau}]): what the bar is set
-    on, where the held-out tau runs ahead of it by a factor that grows with training."""
+    """The same line through MT-bench eval tau of heads trained on different numbers of tokens (points:
+    [{run, tokens, cpu_seconds, tau}]): what the bar is set on, where held-out tau runs ahead of it."""
     pts = sorted((p for p in points if p.get("tokens") and p.get("tau")), key=lambda p: p["tokens"])
     if len(pts) < 2 or pts[0]["tokens"] == pts[-1]["tokens"]:
         return None
-    xs, ys = [math.log2(p["tokens"]) for p in pts], [p["tau"] for p in pts]
-    n = len(pts)
-    mx, my = sum(xs) / n, sum(ys) / n
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    out = {"points": pts, "tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": goal}
-    if slope > 0:
-        last = pts[-1]
-        need = 2 ** (mx + (goal - my) / slope)
-        out["tokens_for_goal"] = round(need)
-        if last.get("cpu_seconds"):
-            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
-    return out
+    return {"points": pts, **_log_line([(p["tokens"], p["tau"], p) for p in pts], goal)}
 
 
 def _mt_bench_points(runs: dict[str, Path], reports: dict) -> list[dict]:

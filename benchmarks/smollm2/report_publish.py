@@ -11,11 +11,9 @@ import json
 from pathlib import Path
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import PAIR_EVALS, eval_command, eval_rows, json_row, sampling_check
+from benchmarks.smollm2.report import PAIR_EVALS, cost_row, eval_rows, sampling_check
 from benchmarks.smollm2.report import _json as _read_json
 from benchmarks.smollm2.report_compute import GOAL_TAU, eval_projection, heldout_curve, keys, projection, sweep_summary
-from benchmarks.smollm2.report_long_run import rel as _rel
-from benchmarks.smollm2.report_long_run import session_rows
 from benchmarks.smollm2.report_page import write_page
 
 
@@ -25,6 +23,38 @@ class PublishError(ValueError):
 
 def _json(path: Path) -> dict:
     return _read_json(path) or {}
+
+
+def _rel(path: Path) -> str:
+    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+
+
+def session_rows(sessions: list[Path]) -> list[dict]:
+    """One row per session: what it trained on and its held-out curve's ends."""
+    rows = []
+    for run in sessions:
+        m, curve = _json(run / "train" / "manifest.json"), heldout_curve(run)
+        cfg = m.get("config") or {}
+        by_folder = m.get("trained_by_folder") or []
+        skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
+        if n is None:  # no --train-samples: all the rest, as many as the manifest says --data gave
+            n = by_folder[0]["samples"] if by_folder else m.get("trained_samples")
+        rows.append(
+            {
+                "run": _rel(run),
+                "init_head": cfg.get("init_head"),
+                "data": cfg.get("data"),
+                "samples": None if n is None else [skip, skip + n - 1],
+                # --extra-data: what each other source gave (train's manifest, trained_by_folder)
+                "extra": [{"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]],
+                "steps": m.get("steps"),
+                "tokens": m.get("tokens_seen"),
+                "heldout_start": curve[0]["heldout_tau"] if curve else None,
+                "heldout_end": curve[-1]["heldout_tau"] if curve else None,
+                "stopped": m.get("stopped"),
+            }
+        )
+    return rows
 
 
 def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) -> list[dict]:
@@ -120,7 +150,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     ]  # fmt: skip
     sweep = {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}
     pair = [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
-    data["rows"] = [json_row(r) for r in rows] + pair
+    data["rows"] = rows + pair
     data.update(keys(before + curve, projection(curve, GOAL_TAU), eval_projection(points, GOAL_TAU),
                      data.get("one_core_hour"), sweep))  # fmt: skip
     data["published"] = {
@@ -136,15 +166,13 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         data["sampling_check"] = sc
     costs = {c["stage"]: c for c in data.get("costs", [])}  # the evals' rows: this publish's time and memory
     for name, st in steps.items():
-        costs[name.replace("_", " ", 1)] = {"stage": name.replace("_", " ", 1), "tokens": "-", "estimated": False,
-                                            "minutes": round(st["seconds"] / 60, 1), "tok_s": "-",
-                                            "bytes_per_token": None, "peak_rss_mib": round(st["peak_rss_mib"])}  # fmt: skip
+        stage = name.replace("_", " ", 1)
+        costs[stage] = cost_row(stage, "-", st["seconds"], "-", peak=round(st["peak_rss_mib"]))
     data["costs"] = list(costs.values())
     cont = " --continue" if kept_rows else ""
     cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{cont} --sessions " + " ".join(_rel(s) for s in sessions)]
-    # eval records the paths it was given (publish.py gives absolute ones): shown from the repo root
-    cmds += [eval_command(m, f).replace(f"{REPO}/", "") for name in evals
-             if (m := _json((f := last / f"eval-{name}") / "manifest.json"))]  # fmt: skip
+    # each eval as publish.py ran it (check_done_evals refuses an eval folder it did not run)
+    cmds += [steps[f"eval_{name}"]["command"] for name in evals if f"eval_{name}" in steps]
     note = "The sessions' train commands are in docs/train.md."
     if kept := [r["run"] for r in kept_rows]:
         note += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "

@@ -100,7 +100,7 @@ def plot(
     equal: tuple[list[dict], dict] | None = None,
 ) -> None:
     """tau against distinct tokens (log2), each fit dashed from the smallest size to past the corpus's size;
-    WHOLE (report.py's `data_scaling_whole_corpus`) the long run's whole-corpus MT-bench point, apart; EQUAL
+    WHOLE (the page JSON's `data_scaling_whole_corpus`) the long run's whole-corpus MT-bench point, apart; EQUAL
     (report.py's `data_scaling_equal_compute` rows and settings) the MT-bench curve at one step budget and
     the other corpora's points at that budget."""
     import matplotlib

@@ -4,14 +4,13 @@ wrote (a corpus folder mid-regeneration, a llama-server log, llama-bench's JSON)
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import pytest
 
 from benchmarks.llama_cpp.round_cost import breakdown, spec_stats, table
 from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json
-from benchmarks.smollm2.report_page import throughput_table
+from benchmarks.smollm2.report_page import page
 
 
 def _record(i: int, tokens: list[int]) -> dict:
@@ -59,7 +58,6 @@ def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
 
 def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(tmp_path):
     from benchmarks.smollm2.report_data import corpus_sources_json
-    from benchmarks.smollm2.report_page import data_at_engine_speed
 
     for name, n, toks, secs in (("sharegpt", 3, 10, 100.0), ("gsm8k", 2, 4, 20.0)):
         folder = tmp_path / name
@@ -75,7 +73,7 @@ def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(t
     assert c["conversations"] == 5 and c["planned"] == 5 and c["completion_tokens"] == 38 and c["complete"] is True
     assert c["gen_tok_s"] == pytest.approx(38 / 120, abs=0.05) and c["backend"] == "openai -> vllm v1"
     assert [s["conversations"] for s in c["sources"]] == [3, 2]
-    text = "\n".join(data_at_engine_speed({"corpus": c}))
+    text = page({"corpus": c})
     assert "2 sources" in text and "5 of 5 conversations" in text and text.count("complete:") == 2
 
 
@@ -113,7 +111,11 @@ def test_throughput_rows_carry_every_ratio_the_issue_asks_for(tmp_path):
     rows, settings = gen_data_throughput_json(p)
     assert rows[0]["gen_data_vs_engine"] == 0.9 and rows[0]["gen_data_vs_hf"] == 18.0 and rows[0]["hf_tok_s"] == 5.0
     assert settings["target"] == "t"
-    assert "| 32 | 128 | 90.0 | 100.0 | 0.90x | 5.0 | 18.0x |" in throughput_table(rows)
+    corpus = {"folder": "c", "complete": True, "planned": 1, "backend": "openai", "generation_seconds": 1.0}
+    corpus |= dict.fromkeys(("conversations", "assistant_turns", "completion_tokens", "gen_tok_s", "sessions"), 1)
+    corpus["conversations_per_s"] = 1.0
+    text = page({"corpus": corpus, "gen_data_throughput": rows, "gen_data_throughput_settings": settings})
+    assert "| 32 | 128 | 90.0 | 100.0 | 0.90x | 5.0 | 18.0x |" in text
 
 
 STATS_LINE = (
@@ -181,7 +183,6 @@ def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict
 def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_storages(tmp_path):
     """Held-out tau is scored on each cache's own features, so it is divided only within one
     storage; storages are judged on eval tau against bf16, at the 2% bar."""
-    from benchmarks.smollm2.report_page import equal_budget
     from benchmarks.smollm2.report_rows import equal_budget_json
 
     bf16 = _recipes_out(tmp_path, "bf16", "bf16", 4600, {"chosen": (2.0, 1.5), "chosen_norm_fc": (2.2, None)})
@@ -193,7 +194,7 @@ def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_stora
     assert "heldout_vs_base" not in by[("chosen", "fp8")]  # another cache's features: not comparable
     assert eb["storage_vs_bf16"]["fp8"]["within_bar"] is True  # -1.0%
     assert eb["storage_vs_bf16"]["compact"]["within_bar"] is False  # -4.0%
-    text = "\n".join(equal_budget({"equal_budget": eb}))
+    text = page({"equal_budget": eb})
     assert "fp8: eval tau 1.485, -1.0% against bf16's (within" in text
     assert "compact: eval tau 1.440, -4.0% against bf16's (outside" in text
 
@@ -271,7 +272,6 @@ def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
 
 def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tmp_path):
     from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line
-    from benchmarks.smollm2.report_page import learning_curve, sweep
 
     conf = {"chain d=1": {"tau": 1.3, "speedup": 1.1}, "chain d=2": {"tau": 1.5, "speedup": 0.9}}
     data = {
@@ -288,8 +288,9 @@ def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tm
     assert draw_figures({"sweep": {"fp32": None}}, tmp_path / "none") == []  # no key, no figure
     for p in data["learning_curve"]:
         p["steps"] = 100
-    assert learning_curve(data)[0] == figure_line(LEARNING_CURVE)  # the first line under its heading
-    assert sweep({"sweep": {"fp32": None}}) == []  # no sweep measured: no section
+    curve = page({"learning_curve": data["learning_curve"]})
+    assert f"## Learning curve of the published head\n\n{figure_line(LEARNING_CURVE)}\n" in curve
+    assert "eval --sweep" not in page({"sweep": {"fp32": None}})  # no sweep measured: no section
 
 
 def test_data_scaling_refuses_a_corpus_still_being_made_with_exit_2(tmp_path, tiny_target_dir):
@@ -462,7 +463,6 @@ def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp
 
 def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(tmp_path):
     from benchmarks.smollm2.report_data import vllm_engine_json
-    from benchmarks.smollm2.report_page import engines
 
     r = json.loads(_vllm_results(tmp_path / "r.json").read_text())
     for i, run in enumerate(r["engine"]["fp32-k1"]):
@@ -470,7 +470,7 @@ def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(t
     (tmp_path / "r.json").write_text(json.dumps(r))
     v = vllm_engine_json(tmp_path / "r.json")
     assert v["rows"][0]["speedup_intervals"] == [pytest.approx([1.0, 1.3]), pytest.approx([1.1, 1.4])]
-    text = "\n".join(engines({"engine_speedup": {"vllm_cpu": v}}))
+    text = page({"engine_speedup": {"vllm_cpu": v}})
     assert "same prompts, interleaved: both back to back;" in text
     assert "| 1 | fp32 | 1.500 | 1.500 | 1.15x (1.20 [1.00, 1.30] / 1.10 [1.10, 1.40]) | True |" in text
     assert "| 3 | fp32 | 1.700 | - | 0.80x (0.80 / 0.80) | False |" in text  # no eval of k=3: said, not guessed
@@ -489,95 +489,6 @@ def test_report_vllm_cpu_refuses_a_file_that_is_not_a_bench_result_with_exit_2(t
                        capture_output=True, text=True, cwd=Path(__file__).resolve().parents[2])  # fmt: skip
     assert r.returncode == 2 and "run_bench.py" in r.stderr and "nothing was written" in r.stderr
     assert md.read_text() == "# page\n" and not md.with_suffix(".json").exists()
-
-
-def _whole_corpus_page(tmp_path: Path) -> dict:
-    """A page with a data-scaling curve (sizes evaluated at eval's default length) and two published sessions."""
-    from benchmarks.stages.data_scaling import analyse
-
-    rows = [{"fraction": f"1/{2**k}", "conversations": 100 * 2 ** (4 - k), "tokens": 50_000 * 2 ** (4 - k),
-             "trained_tokens": 50_000 * 2 ** (4 - k), "heldout_tau": None, "mt_bench_tau": 1.0 + 0.08 * (4 - k),
-             "commands": ["eagle3 train ...", "eagle3 eval --run r --bench mt_bench --num-prompts 80 --depth 8 "
-                          "--mode chain --dtype fp32 --temperature 0"]} for k in (4, 3, 2, 1)]  # fmt: skip
-    fit = {"tau": "mt_bench_tau", **analyse(rows, "mt_bench_tau", 1_600_000)}
-    sessions = [{"run": "runs/long-s1", "data": "corpora/c", "samples": [0, 9], "tokens": 500_000, "extra": []},
-                {"run": "runs/long-s2", "data": "corpora/c", "samples": [10, 19], "tokens": 600_000,
-                 "extra": [{"folder": "corpora/g", "samples": 3}]}]  # fmt: skip
-    return {"data_scaling": rows, "data_scaling_fit": fit, "published": {"sessions": sessions},
-            "data_scaling_settings": {"data": "corpora/c", "online": True, "budget": {"epochs": 1},
-                                      "corpus": {"samples": 30, "tokens": 1_600_000, "heldout_samples": 2}}}  # fmt: skip
-
-
-def _eval_dir(tmp_path: Path, tau: float, max_new_tokens: int = 128, dtype: str = "fp32") -> Path:
-    d = tmp_path / f"eval-{max_new_tokens}"
-    d.mkdir(parents=True)
-    acc = {"tau": tau, "tau_interval": [tau - 0.05, tau + 0.05],
-           "tau_by_position": [{"from": 0, "to": 64, "rounds": 9, "tau": tau - 0.2}, {"from": 64, "to": 128, "tau": tau + 0.2}]}  # fmt: skip
-    rep = {"bench": "mt_bench", "num_prompts": 80, "max_new_tokens": max_new_tokens, "depth": 8, "mode": "chain",
-           "temperature": 0.0, "heads": {"h": {"head": {"path": str(tmp_path / "head")}, "chain": {"acceptance": acc}}}}  # fmt: skip
-    (d / "report.json").write_text(json.dumps(rep))
-    (d / "manifest.json").write_text(json.dumps({"config": {"dtype": dtype}}))
-    return d
-
-
-def test_the_long_run_is_the_curves_whole_corpus_point_only_when_it_covers_the_corpus_once(tmp_path):
-    """report.py --whole-corpus: the page's sessions and the new ones must train the curve's corpus
-    0..N-1 once, and the eval must be the sizes' eval; then the point, its line from the largest size
-    and what that line says tau 2.2 takes, on the page and on the figure."""
-    from benchmarks.smollm2.report_figures import draw_figures
-    from benchmarks.smollm2.report_long_run import whole_corpus_json
-    from benchmarks.smollm2.report_page import data_scaling
-
-    data = _whole_corpus_page(tmp_path)
-    last = {"run": "runs/long-s3", "data": "corpora/c", "samples": [20, 29], "tokens": 500_000, "extra": []}
-    w = whole_corpus_json(data, _eval_dir(tmp_path, 1.8), [last])
-    assert w["sessions"] == ["runs/long-s1", "runs/long-s3"] and w["extra_data"] == ["corpora/g"]
-    assert w["distinct_tokens"] == 1_600_000 and w["eval"]["max_new_tokens"] == 128
-    f = data["data_scaling_fit"]["fit_all"]
-    assert w["predicted"] == pytest.approx(f["a"] + f["b_per_doubling"] * math.log2(1_600_000), abs=1e-4)
-    assert w["b_per_doubling"] == pytest.approx(0.28)  # 1.24 at 400k -> 1.80 at 1.6M: two doublings
-    assert w["tokens_for_tau"]["2.2"] == pytest.approx(1_600_000 * 2 ** (0.4 / 0.28))
-    for i, (bad, said) in enumerate((({**last, "samples": [21, 29]}, "expected from sample 20"),
-                                     ({**last, "samples": [20, 28]}, "not the whole corpus"),
-                                     ({**last, "data": "corpora/other"}, "not the curve's corpus"))):  # fmt: skip
-        with pytest.raises(ValueError, match=said):
-            whole_corpus_json(data, _eval_dir(tmp_path / str(i), 1.8), [bad])
-    with pytest.raises(ValueError, match="the sizes were evaluated"):  # the page's 64-token eval is another eval
-        whole_corpus_json(data, _eval_dir(tmp_path, 1.8, 64), [last])
-    with pytest.raises(ValueError, match="the sizes were evaluated"):  # so is a bf16 one
-        whole_corpus_json(data, _eval_dir(tmp_path / "bf16", 1.8, dtype="bf16"), [last])
-    (tmp_path / "bf16" / "eval-128" / "report.json").write_text("[1, 2]")
-    with pytest.raises(ValueError, match="not an eagle3 eval report"):
-        whole_corpus_json(data, tmp_path / "bf16" / "eval-128", [last])
-
-    data["data_scaling_whole_corpus"] = w
-    text = "\n".join(data_scaling(data))
-    assert "MT-bench tau **1.800** [1.75, 1.85]" in text and "(measured: below)" in text and "`corpora/g`" in text
-    assert "+0.280 per doubling of distinct tokens" in text and "(2.7x this corpus)" in text
-    assert "(tau by position in the answer: tokens 0-64 1.60, tokens 64-128 2.00)." in text
-    assert "results-data-scaling.png" in draw_figures(data, tmp_path)
-
-
-def test_report_long_run_refuses_sessions_that_leave_a_gap_with_exit_2(tmp_path):
-    import subprocess
-    import sys
-
-    md = tmp_path / "results.md"
-    md.write_text("# R\n")
-    md.with_suffix(".json").write_text(json.dumps(_whole_corpus_page(tmp_path)))
-    run = tmp_path / "long-s3"
-    (run / "train").mkdir(parents=True)
-    cfg = {"data": "corpora/c", "skip_samples": 22, "train_samples": 8}
-    (run / "train" / "manifest.json").write_text(json.dumps({"config": cfg, "tokens_seen": 1, "trained_samples": 8}))
-    repo = Path(__file__).resolve().parents[2]
-    r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
-                        "--whole-corpus", str(_eval_dir(tmp_path, 1.8)), "--sessions", str(run)],
-                       capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "expected from sample 20" in r.stderr and "nothing was written" in r.stderr
-    assert "data_scaling_whole_corpus" not in json.loads(md.with_suffix(".json").read_text())
-    r = subprocess.run([sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--results-md", str(md),
-                        "--sessions", str(run)], capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert r.returncode == 2 and "--whole-corpus EVAL_DIR, which is missing" in r.stderr
 
 
 def _lever_arm(
@@ -655,10 +566,11 @@ def test_data_levers_pairs_a_new_arm_with_the_stored_baseline_when_its_run_folde
 
 def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_measured_it(tmp_path):
     from benchmarks.smollm2.report_levers import levers_json
-    from benchmarks.smollm2.report_page import data_levers
 
     def section(rows, start_tau, figure):
-        return data_levers({"data_levers": rows})
+        from benchmarks.smollm2.report_page import page as render_page
+
+        return render_page({"data_levers": rows}).splitlines()
 
     base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4, carry=True)
     synth = _lever_arm(tmp_path, "synthetic", 100, [(8, 4), (8, 4), (4, 4), (4, 4)], carry=True)

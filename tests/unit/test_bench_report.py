@@ -124,18 +124,6 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     assert proj["tokens_for_goal"] == pytest.approx(16000 * 2**4, rel=1e-6)  # 1.7 + 4 x 0.2 = 2.5
 
 
-def test_the_page_lists_each_eval_as_the_command_its_manifest_records(tmp_path):
-    from benchmarks.smollm2.report import eval_command
-
-    cfg = {"run": "runs/smollm2", "out": "elsewhere", "bench": "mt_bench", "num_prompts": 80, "depth": 8}
-    cfg |= {"generate_baseline": False, "sweep": True, "sweep_tree": ["5,4,8", "8,4,16"], "dtype": "fp32"}
-    cmd = eval_command({"config": cfg}, tmp_path / "eval-mt_bench")
-    assert cmd.startswith("eagle3 eval --run runs/smollm2 --out ")
-    assert f"--out {tmp_path / 'eval-mt_bench'} " in cmd  # where the report is now
-    assert "--num-prompts 80 " in cmd and "--no-generate-baseline" in cmd and "--sweep" in cmd
-    assert "--depth" not in cmd and "--sweep-tree" not in cmd  # defaults are left out
-
-
 def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_path):
     from benchmarks.smollm2.report import parser, update_keys
 
@@ -237,8 +225,9 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
         (s2 / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
         cfg = {"bench": "mt_bench", "run": str(s2), "target": str(REPO / "models" / "smollm2-135m")}
         (s2 / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": cfg}))
-    steps = {"eval_mt_bench": {"seconds": 600.0, "peak_rss_mib": 2000.0, "command": "eagle3 eval"}}
+    steps = {"eval_mt_bench": {"seconds": 600.0, "peak_rss_mib": 2000.0, "command": "eagle3 eval --bench mt_bench"}}
     data = publish_report(md, [s1, s2], evals, steps)
+    assert data["commands"]["published"][1:] == ["eagle3 eval --bench mt_bench"]  # each eval as publish.py ran it
 
     assert [(r["eval"], r["tau"]) for r in data["rows"]] == [
         ("mt_bench", 1.8), ("mt_bench_bf16", 1.7), ("ttt1_mt_bench", 1.4)
@@ -264,8 +253,8 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     again = publish_report(md, [s1, s2], evals, steps)
     assert again["learning_curve"] == curve and again["published_before_sessions"]["mt_bench_tau"] == 1.5
     assert md.read_text() == text
-    # each eval's command, as its manifest records it, from the repo root
-    assert f"--target models/smollm2-135m --run {s2} --out {s2}/eval-mt_bench --bench mt_bench" in text
+    assert "```\n.venv/bin/python benchmarks/smollm2/publish.py --sessions " in text  # the commands, on the page
+    assert text.endswith("long-s2\neagle3 eval --bench mt_bench\n```\n")
     assert str(REPO) not in text
     # the figures are drawn from the same JSON, beside the page
     assert (tmp_path / "results-smollm2-learning-curve.png").stat().st_size > 0
@@ -397,8 +386,8 @@ def test_a_full_report_writes_the_run_folders_keys_keeps_the_others_and_renders_
     assert {"stage": "eval mt_bench", "tokens": "-", "minutes": 2.0, "estimated": False, "tok_s": "-",
             "bytes_per_token": None, "peak_rss_mib": 900} in data["costs"]  # fmt: skip
     chain = data["commands"]["chain"]
-    assert chain[-1].endswith("/eval-ttt1_mt_bench --bench mt_bench") and "extra command" in chain
-    assert "eagle3 eval --out x" not in chain  # an eval step is listed once, as its manifest records it
+    assert chain[-1] == "extra command"  # run_bench's planned commands, every eval among them, once
+    assert "eagle3 eval --out x" not in chain  # an eval step this pass ran is not listed a second time
     text = md.read_text()
     assert "| TTT K=3 | 1.600 | 1.200 | 1.500 | 1.10x (chain d=1) | - |" in text  # the pair as served
     assert "| eval mt_bench | - | 2.0 min | - | - | 900 MiB |" in text and "## Recipe choices" in text

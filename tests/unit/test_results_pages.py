@@ -8,9 +8,12 @@ import copy
 import json
 import re
 
+import pytest
+from jinja2.exceptions import UndefinedError
+
 from benchmarks.common import REPO
-from benchmarks.render import Section, render, rows_table
-from benchmarks.smollm2.report_page import README, SECTIONS, page, readme_table, readme_with_table
+from benchmarks.render import TEMPLATES, rows_table
+from benchmarks.smollm2.report_page import README, page, readme_table, readme_with_table
 
 DATA = json.loads((REPO / "docs" / "results-smollm2.json").read_text(encoding="utf-8"))
 
@@ -22,14 +25,14 @@ def test_the_smollm2_page_regenerates_byte_for_byte_from_its_json():
 def test_the_readme_results_table_is_the_jsons():
     readme = README.read_text(encoding="utf-8")
     assert readme_with_table(readme, DATA) == readme
-    assert "\n".join(readme_table(DATA)) in readme
+    assert readme_table(DATA) in readme
 
 
 def test_a_number_changed_in_the_json_changes_the_page_and_the_readme_table():
     d = copy.deepcopy(DATA)
     d["engine_speedup"]["vllm_cpu"]["speedup_vs_plain"] = 1.987
     d["rows"][0]["tau"] = 2.468
-    table = "\n".join(readme_table(d))
+    table = readme_table(d)
     assert "| 1.99x |" in table and "| 2.47 |" in table
     assert "| 2.47 [" in page(d) and page(d) != page(DATA)
 
@@ -42,7 +45,7 @@ def test_the_user_page_holds_no_work_item_tables():
 
 def test_a_gpu_check_section_says_it_has_not_run_until_its_key_exists():
     assert "## On a GPU\n\nNot yet run on a GPU: `.venv/bin/python tools/gpu_check.py" in page(DATA)
-    assert "not yet run on a GPU" in "\n".join(readme_table(DATA))
+    assert "not yet run on a GPU" in readme_table(DATA)
     d = copy.deepcopy(DATA)
     d["gpu_check"] = {"device": "H100", "checks": [{"check": "serve sglang", "passed": True, "seconds": 12.5}]}
     text = page(d)
@@ -51,23 +54,32 @@ def test_a_gpu_check_section_says_it_has_not_run_until_its_key_exists():
         and "| check | passed | seconds |" in text
         and "| serve sglang | yes | 12.500 |" in text
     )
-    assert "[GPU](docs/results-smollm2.md#on-a-gpu)" in "\n".join(readme_table(d))
+    assert "[GPU](docs/results-smollm2.md#on-a-gpu)" in readme_table(d)
 
 
-def test_a_new_key_is_one_spec_and_absent_or_empty_keys_are_left_out():
-    spec = Section("epoch_curve", "## Epochs", lambda d: rows_table(d["epoch_curve"], ["epoch", "tau"]))
-    assert render({"epoch_curve": [{"epoch": 1, "tau": 1.5}, {"epoch": 2, "tau": 1.75, "x": 0}]}, [spec]) == (
-        "## Epochs\n\n| epoch | tau |\n|---|---|\n| 1 | 1.500 |\n| 2 | 1.750 |\n"
-    )
-    assert render({}, [spec]) == render({"epoch_curve": []}, [spec]) == "\n"
-    said = Section("recipe_levers", "## Levers", spec.body, missing="Not measured yet.")
-    assert render({}, [said]) == "## Levers\n\nNot measured yet.\n"
+def test_absent_or_empty_keys_leave_their_sections_out():
+    bare = page({})
+    assert re.findall(r"^## .*", bare, re.M) == ["## On a GPU"] and bare.endswith("passed.\n")
+    # a key written empty (a run that measured nothing there) is left out as an absent one is
+    assert page({"costs": [], "data_levers": [], "sweep": {"fp32": None, "bf16": None}}) == bare
+    d = {"costs": [{"stage": "cache", "tokens": "9", "minutes": 1.25, "estimated": True, "tok_s": "3",
+                    "bytes_per_token": 4617, "peak_rss_mib": None}]}  # fmt: skip
+    assert "## Costs\n\n| stage |" in page(d) and "| cache | 9 | 1.2 min (est.) | 3 | 4,617 | - |" in page(d)
     # a dict of records by name: one row each, the name first
     assert rows_table({"a": {"tau": 2}, "b": {"tau": 3}}) == ["| name | tau |", "|---|---|", "| a | 2 |", "| b | 3 |"]
 
 
+def test_a_key_the_template_reads_without_get_must_be_in_the_json():
+    d = copy.deepcopy(DATA)
+    del d["one_core_hour"]["ratio"]
+    with pytest.raises(UndefinedError, match="ratio"):
+        page(d)
+
+
 def test_every_section_of_the_page_reads_a_key_the_json_holds():
-    assert [s.key for s in SECTIONS if s.key and s.key not in DATA] == ["gpu_check"]
+    template = (TEMPLATES / "results-smollm2.md.j2").read_text(encoding="utf-8")
+    keys = re.findall(r"^\{% if d\.get\('(\w+)'\) %\}$", template, re.M)
+    assert len(keys) >= 15 and [k for k in keys if k not in DATA] == ["gpu_check"]
 
 
 def test_the_readme_is_short_and_its_make_targets_exist():
@@ -83,10 +95,10 @@ def test_the_readme_is_short_and_its_make_targets_exist():
 
 
 def test_the_tiny_bench_page_regenerates_byte_for_byte_from_its_json():
-    from benchmarks.tiny.report import SECTIONS as TINY
+    from benchmarks.tiny.report import page as tiny_page
 
     data = json.loads((REPO / "docs" / "results.json").read_text(encoding="utf-8"))
-    assert render(data, TINY) == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
+    assert tiny_page(data) == (REPO / "docs" / "results.md").read_text(encoding="utf-8")
 
 
 def test_a_tiny_bench_run_becomes_the_pages_json_without_the_machines_paths(tmp_path):
