@@ -28,19 +28,27 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 from ..errors import StageError, UsageError
 from ..model.config_check import config_problems
-from ..run_folder.manifest import for_run, model_fingerprint, read_json_object, same_fingerprint
+from ..run_folder.manifest import (
+    for_run,
+    model_fingerprint,
+    read_json_object,
+    same_fingerprint,
+    tokenizer_fingerprint,
+)
 from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems
 from .engines import SGLANG_NORM_FIX, sglang_norm_problem, target_support
 from .folder import HeadFolder, aux_readings, head_norms, read_folder, resolve_aux_ids
 from .table import (
+    ENGINE_NAMES,
     ENGINES,
     FLOAT_DTYPES,
     HEAD_ARCH,
@@ -130,7 +138,8 @@ def refuse_nonfinite(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
 # ---------------------------------------------------------------- the target
 @dataclass(frozen=True)
 class TargetFacts:
-    """What the checks need of the target's config.json."""
+    """What the checks need of the target: its config.json, and its identity (the hashes a head
+    records of the target it was trained for) as the caller computed it, else read on first use."""
 
     vocab: int
     hidden: int
@@ -138,6 +147,22 @@ class TargetFacts:
     max_positions: int
     architectures: list | None
     path: Path
+    identity: Mapping | None = None  # eval's and train's `target_identity`, already computed
+
+    def ident(self, key: str) -> str | None:
+        """The target's `fingerprint`, `vocab_hash` or `chat_template_hash`."""
+        if self.identity and self.identity.get(key):
+            return self.identity[key]
+        return model_fingerprint(self.path) if key == "fingerprint" else self._tokenizer_hashes.get(key)
+
+    @cached_property
+    def _tokenizer_hashes(self) -> dict:
+        from ..model.target import load_tokenizer
+
+        try:
+            return tokenizer_fingerprint(load_tokenizer(self.path))
+        except UsageError:  # no tokenizer (or no chat template) here: nothing to compare
+            return {}
 
 
 def read_config(folder: Path, role: str, next_step: str) -> dict:
@@ -153,13 +178,18 @@ def read_config(folder: Path, role: str, next_step: str) -> dict:
     return read_json_object(path, "the config.json transformers wrote", next_step)
 
 
-def read_target(target_dir: Path) -> TargetFacts:
+def read_target(target_dir: Path, identity: Mapping | None = None) -> TargetFacts:
     raw = read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
+    return target_facts(raw, Path(target_dir), identity)
+
+
+def target_facts(raw: dict, path: Path, identity: Mapping | None = None) -> TargetFacts:
+    """The facts of a target config (config.json as read, or a loaded config's `to_dict()`)."""
     cfg = text_config(raw)
     lacking = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if not isinstance(cfg.get(k), int)]
     if lacking:
         raise UsageError(
-            f"{target_dir}/config.json has no integer {', '.join(lacking)}",
+            f"{path}/config.json has no integer {', '.join(lacking)}",
             "a transformers decoder config (Llama, Qwen, ...)",
             "pass the target model folder as --target",
         )
@@ -170,7 +200,8 @@ def read_target(target_dir: Path) -> TargetFacts:
         int(cfg["num_hidden_layers"]),
         int(cfg.get("max_position_embeddings") or 0),
         archs if isinstance(archs, list) else None,
-        Path(target_dir),
+        Path(path),
+        identity,
     )
 
 
@@ -190,6 +221,7 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     table does not know the architecture."""
     s = target_support(engine, architectures if isinstance(architectures, list) else None)
     other = "vllm" if engine == "sglang" else "sglang"
+    name = ENGINE_NAMES[engine]
     alt = (
         f", or --engine {other}, which supports {s.architecture}"
         if s.architecture and target_support(other, [s.architecture]).ok
@@ -198,9 +230,9 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     if s.status == "no":
         return [
             error(
-                f"{engine} cannot serve an EAGLE-3 head on a {s.architecture} target: {_ENGINE_NEEDS[engine]} and "
+                f"{name} cannot serve an EAGLE-3 head on a {s.architecture} target: {_ENGINE_NEEDS[engine]} and "
                 f"this class has none ({s.source}); it would stop at startup after loading the weights",
-                f"a target family {engine} supports for EAGLE-3 (docs/serve.md lists them){alt}",
+                f"a target family {name} supports for EAGLE-3 (docs/serve.md lists them){alt}",
             )
         ]
     if s.architecture is None:
@@ -213,7 +245,7 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     if s.status == "unknown":
         return [
             warning(
-                f"cannot tell whether {engine} serves EAGLE-3 heads on {s.architecture} "
+                f"cannot tell whether {name} serves EAGLE-3 heads on {s.architecture} "
                 f"({s.source}); {_ENGINE_NEEDS[engine]}",
                 "check the engine's model file for that support before a long launch",
             )
@@ -234,8 +266,7 @@ def problems(
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} not in {ENGINES}")
     t = read_target(Path(target)) if target is not None and not isinstance(target, TargetFacts) else target
-    found = target_engine_problems(t.architectures, engine) if t is not None and engine in SERVING else []
-    return found + folder_problems(read_folder(head_dir), t, engine, num_target_layers)
+    return folder_problems(read_folder(head_dir), t, engine, num_target_layers)
 
 
 def folder_problems(
@@ -244,7 +275,10 @@ def folder_problems(
     """`problems` of a parsed folder (`read.read_head` asks this with engine "eagle3", and leaves the
     finite check, which reads every weight, to the loader: `finite=False`)."""
     norms = head_norms(f.cfg, f.layout)
-    found = _config(f, t, engine, norms)
+    # the target's class: --target's, else the one the head records (an export checked without its target)
+    archs = t.architectures if t is not None else (f.cfg.get("eagle3") or {}).get("target_architectures")
+    found = target_engine_problems(archs, engine) if engine in SERVING and (t is not None or archs) else []
+    found += _config(f, t, engine, norms)
     draft_vocab, vocab_problems = _draft_vocab(f, t, engine)
     n_aux_fc, tensor_problems = _tensors(f, t, draft_vocab, norms.norm_before_fc, finite)
     layers = t.layers if t is not None else num_target_layers or f.target.get("num_hidden_layers")
@@ -329,13 +363,14 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
                 "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)",
             )
         )
-    return out + (_against_target(f, t, serving) if t is not None else [])
+    return out + (_against_target(f, t) if t is not None else [])
 
 
-def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Problem]:
-    """The head's sizes and recorded target against --target."""
+def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
+    """The head's sizes and recorded target against --target: the same rules for every engine (eval's
+    decoder included), so serve refuses every head eval refuses."""
     out = []
-    same = "serve the head with the target it was trained for (eagle3.target in its config)"
+    same = f"--target {f.target_ref or '<the training target>'} (the target the head was trained for)"
     for key, want in (("vocab_size", t.vocab), ("hidden_size", t.hidden)):
         if f.llama.get(key) != want:
             out.append(error(f"head {key} {f.llama.get(key)} != target {key} {want}", same))
@@ -343,11 +378,11 @@ def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Proble
     if th is not None and th != t.hidden:
         out.append(error(f"head target_hidden_size {th} != target hidden_size {t.hidden}", same))
     h_maxpos = f.llama.get("max_position_embeddings") or 0
-    if serving and isinstance(h_maxpos, int) and h_maxpos < t.max_positions:
+    if isinstance(h_maxpos, int) and h_maxpos < t.max_positions:
         out.append(
             error(
-                f"head max_position_embeddings {h_maxpos} < target's {t.max_positions}: the draft's rotary "
-                f"tables and context limit come from it",
+                f"head max_position_embeddings {h_maxpos} < target's {t.max_positions}: the engines take the "
+                "draft's rotary tables and context limit from it",
                 f'"max_position_embeddings": {t.max_positions} (or more) in the head\'s config.json',
             )
         )
@@ -357,14 +392,32 @@ def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Proble
             error(
                 f"the head was trained on a {rec['num_hidden_layers']}-layer target "
                 f"({rec.get('path')}); --target has {t.layers} layers",
-                f"--target {rec.get('path') or '<the training target>'}",
+                same,
             )
         )
-    if serving and rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], model_fingerprint(t.path)):
+    if rec.get("vocab_hash") and t.ident("vocab_hash") not in (None, rec["vocab_hash"]):
+        out.append(
+            error(
+                f"the head was trained with another vocabulary (vocab hash {rec['vocab_hash'][:12]}, "
+                f"--target's is {t.ident('vocab_hash')[:12]}): its token ids mean other tokens here",  # type: ignore[index]
+                same,
+            )
+        )
+    template = t.ident("chat_template_hash") if rec.get("chat_template_hash") else None
+    if template and template != rec["chat_template_hash"]:
+        out.append(
+            warning(
+                f"the head was trained on conversations rendered with another chat template "
+                f"({rec['chat_template_hash'][:12]}, this target's is {template[:12]}): prompts here are "
+                "rendered differently and acceptance may suffer",
+                same,
+            )
+        )
+    if rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], t.ident("fingerprint")):
         out.append(
             warning(
                 f"--target {t.path} is not byte-identical to the training target "
-                f"({rec.get('path')}, fingerprint {rec['fingerprint']})",
+                f"({rec.get('path')}, fingerprint {rec['fingerprint']}): acceptance may suffer",
                 "fine for a re-saved or re-quantised copy; otherwise pass the training target",
             )
         )

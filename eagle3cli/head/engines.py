@@ -201,8 +201,9 @@ def sglang_norm_problem(norm_before_fc: bool, norm_before_residual: bool) -> str
 
 
 SGLANG_NORM_FIX = (
-    "serve it with vLLM (eagle3 serve --engine vllm) or llama.cpp (eagle3 export --format gguf, then eagle3 serve "
-    "--engine llama.cpp); for SGLang, train a head without --norm-before-fc and --norm-before-residual"
+    "serve it with vLLM (eagle3 export --format vllm, then eagle3 serve --engine vllm) or llama.cpp (eagle3 export "
+    "--format gguf, then eagle3 serve --engine llama.cpp); for SGLang, train a head without --norm-before-fc and "
+    "--norm-before-residual"
 )
 
 

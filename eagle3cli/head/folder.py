@@ -101,6 +101,11 @@ class HeadFolder:
     def where(self) -> str:
         return f"head {self.path}"
 
+    @property
+    def target_ref(self) -> str | None:
+        """The target the head names: eagle3's own record first, then a speculators verifier."""
+        return self.target.get("path") or self.target.get("name_or_path")
+
     def shape(self, name: str) -> tuple[int, ...] | None:
         return self.index[self.names[name]].shape if self.index is not None and name in self.names else None
 
@@ -126,13 +131,9 @@ def read_folder(head_dir: Path) -> HeadFolder:
     if layout == "speculators":
         layer = cfg.get("transformer_layer_config")
         llama = dict(layer) if isinstance(layer, dict) else {}
-        verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
-        target = dict((cfg.get("eagle3") or {}).get("target") or {})
-        if verifier.get("name_or_path"):
-            target["name_or_path"] = verifier["name_or_path"]
     else:
         llama = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
-        target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    target = _recorded(cfg, layout)
     w_path = head_dir / HEAD_WEIGHTS
     index, unreadable = None, None
     if not w_path.exists():
@@ -146,6 +147,24 @@ def read_folder(head_dir: Path) -> HeadFolder:
     for name in index or {}:
         names.setdefault(canonical_name(name), name)
     return HeadFolder(head_dir, cfg, layout, llama, target, index, unreadable, names)
+
+
+def _recorded(cfg: dict, layout: str) -> dict:
+    """What the head records of its target: eagle3.target, and a speculators verifier's name_or_path."""
+    target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    if layout == "speculators" and verifier.get("name_or_path"):
+        target["name_or_path"] = verifier["name_or_path"]
+    return target
+
+
+def recorded_target(head_dir: Path) -> str | None:
+    """The target a head folder names (eagle3's record first, as `HeadFolder.target_ref`), usable from here."""
+    from ..model.target import resolvable_reference
+
+    cfg = read_config_json(head_file(Path(head_dir), "config.json"))
+    target = _recorded(cfg, detect_layout(cfg))
+    return resolvable_reference(target.get("path") or target.get("name_or_path"), base=Path(head_dir))
 
 
 # ---------------------------------------------------------------- aux layer ids

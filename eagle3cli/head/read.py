@@ -22,7 +22,7 @@ import torch
 
 from ..errors import UsageError
 from ..speculate.vocab import t2d_of, target_ids
-from .check import folder_problems, refuse_nonfinite
+from .check import TargetFacts, folder_problems, refuse_nonfinite
 from .folder import NEXT, AuxReading, TensorInfo, aux_readings, head_norms, read_folder, resolve_aux_ids
 from .table import HEAD_ARCH, HEAD_WEIGHTS, NOT_LLAMA_KEYS, head_tensor_names
 
@@ -53,7 +53,7 @@ class HeadSpec:
 
     @property
     def target_ref(self) -> str | None:
-        return self.target.get("name_or_path") or self.target.get("path")
+        return self.target.get("path") or self.target.get("name_or_path")
 
     @property
     def dtype(self) -> str:
@@ -74,11 +74,14 @@ class HeadSpec:
         }
 
 
-def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
+def read_head(head_dir: Path, num_target_layers: int | None = None, target: TargetFacts | None = None) -> HeadSpec:
     """Understand a head folder from its config and safetensors header; refuse what we cannot run
-    (every error `check.folder_problems` finds, at once)."""
+    (every error `check.folder_problems` finds for engine "eagle3", at once: with `target`, the
+    head against it too, by the rules every engine shares)."""
     f = read_folder(head_dir)
-    found = folder_problems(f, None, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
+    if target is not None:
+        num_target_layers = target.layers
+    found = folder_problems(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
     errors = [p.what for p in found if p.is_error]
     if errors:
         raise UsageError(
@@ -176,10 +179,13 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     return draft.eval()
 
 
-def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, HeadSpec]:
-    """(draft, spec) for a head of any layout; with a target, its layer count and embeddings."""
+def load_any_head(
+    head_dir: Path, target_model=None, dtype: torch.dtype | None = None, target: TargetFacts | None = None
+) -> tuple[Eagle3Draft, HeadSpec]:
+    """(draft, spec) for a head of any layout; with a target model, its layer count and embeddings;
+    with `target`, the head checked against it first (`read_head`)."""
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
-    spec = read_head(head_dir, n_layers)
+    spec = read_head(head_dir, n_layers, target)
     return load_head_weights(spec, target_model, dtype), spec
 
 

@@ -195,6 +195,45 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
 
 
+EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def layout_files(
+    draft: Eagle3Draft, spec: HeadSpec, fmt: str, dtype: str = "keep", num_speculative_tokens: int = 7
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of a read head in `fmt`'s layout: `sglang` and `vllm` (and the GGUF
+    converter's input) eagle3's own, `speculators` vLLM's. Every aux id field is written from the ids
+    the head was read with, each in its engine's convention; `dtype` casts the floating weights (the
+    d2t/t2d maps stay integer); the target and a converted head's source are recorded relative to the
+    working directory (the repository) where they lie inside it, so a committed export names no
+    folder of the machine that wrote it."""
+    from ..model.target import repo_relative
+
+    cfg = own_layout_config(draft, spec)
+    ids = list(spec.aux_layer_ids)
+    cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids(ids)
+    cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": sglang_ids(ids),
+                        "use_aux_hidden_state": True}
+    own = cfg.setdefault("eagle3", {})
+    own["aux_layer_ids"] = ids
+    if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
+        archs = target_architectures(own.get("target"))
+        if archs:
+            own["target_architectures"] = archs
+    tensors = head_state_dict(draft)
+    if dtype != "keep":
+        tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}
+        cfg["torch_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+    if fmt == "speculators":
+        return {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}, speculators_config(
+            cfg, num_speculative_tokens
+        )
+    for record in (own.get("target") or {}, own.get("converted_from") or {}):
+        if record.get("path"):
+            record["path"] = repo_relative(record["path"])
+    return tensors, cfg
+
+
 def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     """eagle3's config.json in vLLM's `speculators` layout: the Llama layer nested (every key but the
     head's own, `table.HEAD_KEYS`), the speculator's fields top-level. EAGLE-3.1's norms beside

@@ -28,14 +28,24 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from rich.markup import escape
 
 from ..console import log, out, warn
-from ..engines.gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
+from ..engines.gguf_export import (
+    HEAD_GGUF,
+    TARGET_GGUF,
+    GgufFile,
+    export_gguf,
+    llama_cpp_layer_problems,
+    read_gguf,
+    same_tokenizer,
+)
 from ..errors import UsageError
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
+from ..speculate.vocab import map_problems
 from .config import ServeConfig
-from .problems import Problem, error, raise_if_errors, warning
+from .problems import Problem, error, raise_if_errors
 
 ENGINE = "llama.cpp"
 DEFAULT_K = 3  # llama-server's --spec-draft-n-max default
@@ -139,23 +149,8 @@ def check_pair(head: GgufFile, target: GgufFile) -> list[Problem]:
     n_layer = target.get("{arch}.block_count")
     n_embd = target.get("{arch}.embedding_length")
     layers = head.get("{arch}.target_layers")
-    layers = [int(x) for x in layers] if isinstance(layers, list) else None
-    if layers is None or len(layers) != 3:
-        problems.append(error(f"the head's eagle3.target_layers is {layers!r}; llama.cpp reads exactly 3", fix))
-    elif isinstance(n_layer, int):
-        past = [k for k in layers if k > n_layer or k < 0]
-        if past:
-            problems.append(
-                error(f"extract layers {past} are not layers of the {n_layer}-layer target (llama.cpp aborts)", fix)
-            )
-        elif n_layer in layers:
-            problems.append(
-                warning(
-                    f"extract layer {n_layer} = the target's output: llama.cpp feeds its last hidden state, "
-                    "which eagle3 heads are never trained on",
-                    "check the head was made for this target",
-                )
-            )
+    layers = [int(x) for x in layers] if isinstance(layers, list) else []
+    problems += [error(p, fix) for p in llama_cpp_layer_problems(layers, n_layer if isinstance(n_layer, int) else None)]
     if head.get("{arch}.target_hidden_size") != n_embd:
         problems.append(
             error(
@@ -171,11 +166,10 @@ def check_pair(head: GgufFile, target: GgufFile) -> list[Problem]:
                 fix,
             )
         )
-    if "d2t" in head.tensors:
+    if "d2t" in head.tensors:  # absolute target ids in a GGUF; the one rule for maps reads offsets
+        d2t = torch.from_numpy(head.tensors["d2t"])
         vocab = len(target.fields.get("tokenizer.ggml.tokens") or [])
-        top = int(head.tensors["d2t"].max()) if head.tensors["d2t"].size else -1
-        if top >= vocab:
-            problems.append(error(f"d2t reaches target id {top}, past the target's {vocab} tokens", fix))
+        problems += [error(f"d2t: {p}", fix) for p in map_problems(d2t - torch.arange(len(d2t)), None, vocab)]
     problems += [
         error(p + " (llama.cpp refuses a draft with another vocabulary)", fix) for p in same_tokenizer(head, target)
     ]
