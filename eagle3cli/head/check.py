@@ -416,8 +416,8 @@ def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
     if rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], t.ident("fingerprint")):
         out.append(
             warning(
-                f"--target {t.path} is not byte-identical to the training target "
-                f"({rec.get('path')}, fingerprint {rec['fingerprint']}): acceptance may suffer",
+                f"--target {t.path} is not byte-identical to the training target (fingerprint "
+                f"{rec['fingerprint']}): acceptance may suffer",
                 "fine for a re-saved or re-quantised copy; otherwise pass the training target",
             )
         )

@@ -210,10 +210,14 @@ def layout_files(
     from ..model.target import repo_relative
 
     cfg = own_layout_config(draft, spec)
+    cfg["draft_vocab_size"] = spec.draft_vocab_size  # as read: lm_head's rows where the field was missing
     ids = list(spec.aux_layer_ids)
     cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids(ids)
-    cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), "eagle_aux_hidden_state_layer_ids": sglang_ids(ids),
-                        "use_aux_hidden_state": True}
+    cfg["eagle_config"] = {
+        **(cfg.get("eagle_config") or {}),
+        "eagle_aux_hidden_state_layer_ids": sglang_ids(ids),
+        "use_aux_hidden_state": True,
+    }
     own = cfg.setdefault("eagle3", {})
     own["aux_layer_ids"] = ids
     if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
