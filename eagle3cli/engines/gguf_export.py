@@ -50,7 +50,6 @@ import torch
 from ..errors import UsageError
 from ..extras import require_all
 from ..run_folder.manifest import cache_dir
-from ..speculate.aux_layers import aux_layer_problems
 
 HEAD_GGUF = "head.gguf"
 TARGET_GGUF = "target.gguf"
@@ -329,13 +328,9 @@ def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers:
         if not np.array_equal(got, ref):
             diff = float(np.nanmax(np.abs(got - ref))) if got.size else float("nan")
             problems.append(f"tensor {name} differs from the head's weights (max |diff| {diff:.3g})")
+    from ..head.check import llama_cpp_layer_problems
+
     return problems + llama_cpp_layer_problems(aux_ids, target_layers)
-
-
-def llama_cpp_layer_problems(layers, target_layers: int | None) -> list[str]:
-    """llama.cpp's extract layers: exactly 3 (`eagle3.cpp`), by the one rule for aux ids (1..L-1)."""
-    three = [] if len(layers) == 3 else [f"extract layers {list(layers)}: llama.cpp's eagle3 reads exactly 3"]
-    return three + aux_layer_problems(layers, target_layers)
 
 
 def _check_d2t(gtype: str | None, got: np.ndarray, want: np.ndarray, target_vocab: int) -> list[str]:

@@ -42,11 +42,18 @@ from ..run_folder.manifest import (
     same_fingerprint,
     tokenizer_fingerprint,
 )
-from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
+from ..speculate.aux_layers import (
+    aux_layer_problems,
+    default_aux_layer_ids,
+    from_sglang_ids,
+    int_list,
+    sglang_id_problems,
+    sglang_ids,
+)
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems
-from .engines import SGLANG_NORM_FIX, sglang_norm_problem, target_support
-from .folder import HeadFolder, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .engines import SGLANG_NORM_FIX, sglang_first_id_rule, sglang_norm_problem, target_support
+from .folder import AuxReading, HeadFolder, HeadNorms, aux_readings, head_norms, read_folder, resolve_aux_ids
 from .table import (
     ENGINE_NAMES,
     ENGINES,
@@ -269,20 +276,42 @@ def problems(
     return folder_problems(read_folder(head_dir), t, engine, num_target_layers)
 
 
+@dataclass(frozen=True)
+class Judged:
+    """A parsed folder judged for an engine: every problem, and what the checks read on the way, from
+    which `read.read_head` builds its HeadSpec (one parse of each field)."""
+
+    problems: list[Problem]
+    norms: HeadNorms
+    draft_vocab: int | None
+    readings: tuple[AuxReading, ...] = ()
+    aux_ids: tuple[int, ...] = ()
+    aux_source: str = ""
+
+
 def folder_problems(
     f: HeadFolder, t: TargetFacts | None, engine: str, num_target_layers: int | None = None, finite: bool = True
 ) -> list[Problem]:
-    """`problems` of a parsed folder (`read.read_head` asks this with engine "eagle3", and leaves the
-    finite check, which reads every weight, to the loader: `finite=False`)."""
+    """`problems` of a parsed folder."""
+    return judge(f, t, engine, num_target_layers, finite).problems
+
+
+def judge(
+    f: HeadFolder, t: TargetFacts | None, engine: str, num_target_layers: int | None = None, finite: bool = True
+) -> Judged:
+    """`folder_problems` with what was read (`read.read_head` asks this with engine "eagle3", and
+    leaves the finite check, which reads every weight, to the loader: `finite=False`)."""
     norms = head_norms(f.cfg, f.layout)
     # the target's class: --target's, else the one the head records (an export checked without its target)
-    archs = t.architectures if t is not None else (f.cfg.get("eagle3") or {}).get("target_architectures")
+    archs = t.architectures if t is not None else f.target_architectures
     found = target_engine_problems(archs, engine) if engine in SERVING and (t is not None or archs) else []
     found += _config(f, t, engine, norms)
     draft_vocab, vocab_problems = _draft_vocab(f, t, engine)
     n_aux_fc, tensor_problems = _tensors(f, t, draft_vocab, norms.norm_before_fc, finite)
     layers = t.layers if t is not None else num_target_layers or f.target.get("num_hidden_layers")
-    return found + vocab_problems + tensor_problems + _aux(f, layers, engine, n_aux_fc)
+    aux_problems, readings, aux = _aux(f, layers, engine, n_aux_fc, sglang_first_id_rule(archs))
+    found += vocab_problems + tensor_problems + aux_problems
+    return Judged(found, norms, draft_vocab, tuple(readings), *(aux or ((), "")))
 
 
 def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Problem]:
@@ -581,61 +610,61 @@ def _vocab_map(f: HeadFolder, t: TargetFacts | None, draft_vocab: int | None) ->
     return out
 
 
-def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None) -> list[Problem]:
-    """The layers the head reads (one reading of every field, the one rule for ids) and, per serving
-    engine, the layers that engine would feed it."""
+def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None, first_id_rule: bool):
+    """(problems, readings, (ids, source) or None): the layers the head reads (one reading of every
+    field, the one rule for ids) and, per serving engine, the layers that engine would feed it
+    (SGLang's by the target's class: `first_id_rule`)."""
     fix = "fix the head's aux layer fields"
+    readings: list[AuxReading] = []
     try:
-        readings = aux_readings(f.cfg, f.layout)
+        readings = aux_readings(f.cfg, f.layout, first_id_rule)
         ids, source, notices = resolve_aux_ids(readings, layers, n_aux_fc, f.where)
     except UsageError as e:
-        return [error(e.what, e.next_step or fix)]
+        return [error(e.what, e.next_step or fix)], readings, None
     record = (
         "record the layers the head was trained on: eagle3.aux_layer_ids (hidden_states indices), "
-        "eagle_config ids = k-1 for SGLang, top-level ids = k for vLLM"
+        "eagle_config ids = k-1 for SGLang (k on its DeepSeek family), top-level ids = k for vLLM"
     )
     out = [warning(n, record) for n in notices]
-    if engine == "llama.cpp" and len(ids) != 3:
-        out.append(
-            error(
-                f"the head reads {len(ids)} aux layers {list(ids)}; llama.cpp's eagle3 reads exactly 3 "
-                "(extract_layers)",
-                "a head trained on three aux layers (the default 2,L//2,L-3)",
-            )
-        )
+    if engine == "llama.cpp":
+        out += [
+            error(p, "a head trained on three aux layers (the default 2,L//2,L-3)")
+            for p in llama_cpp_layer_problems(ids, layers)
+        ]
+    if engine == "sglang":
+        out += [
+            error(p, "serve it with vLLM, or retrain on ids from 2") for p in sglang_id_problems(ids, first_id_rule)
+        ]
     if engine not in SERVING or layers is None:
-        return out
+        return out, readings, (ids, source)
     if not (f.cfg.get("eagle3") or {}).get("aux_layer_ids") and not notices:
         out.append(
             warning(f"the head has no eagle3.aux_layer_ids; taking hidden_states{list(ids)} from {source}", record)
         )
-    fed = {
-        "sglang": _fed(f.cfg.get("eagle_config") or {}, "eagle_aux_hidden_state_layer_ids", layers, True),
-        "vllm": _fed(f.cfg, "eagle_aux_hidden_state_layer_ids", layers, False),
+    sg = int_list((f.cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+    top = int_list(f.cfg.get("eagle_aux_hidden_state_layer_ids"))
+    fed = {  # what each engine feeds, in the layer order it captures; its default without a field
+        "sglang": (sorted(from_sglang_ids(sg, first_id_rule)), f"eagle_config ids {sg}") if sg else None,
+        "vllm": (sorted(top), f"eagle_aux_hidden_state_layer_ids={top}") if top else None,
     }
-    for eng, (got, where) in fed.items():
-        if list(got) == list(ids) or (eng != engine and f.layout == "speculators"):
+    for eng, got in fed.items():
+        got = got or (list(default_aux_layer_ids(layers)), f"{ENGINE_NAMES[eng]}'s default (no ids for it)")
+        if got[0] == list(ids) or (eng != engine and f.layout == "speculators"):
             continue
-        want = [k - 1 for k in ids] if eng == "sglang" else list(ids)
+        want = sglang_ids(ids, first_id_rule) if eng == "sglang" else list(ids)
         field = (
-            "eagle_config.eagle_aux_hidden_state_layer_ids"
-            if eng == "sglang"
-            else "top-level eagle_aux_hidden_state_layer_ids"
+            "eagle_config.eagle_aux_hidden_state_layer_ids" if eng == "sglang" else "eagle_aux_hidden_state_layer_ids"
         )
-        msg = f"{eng} would feed hidden_states{list(got)} from {where}, but the head was trained on hidden_states{list(ids)}"
+        msg = f"{eng} would feed hidden_states{got[0]} from {got[1]}, but the head was trained on hidden_states{list(ids)}"
         fix = f"set {field} to {want} in the head's config.json"
         out.append(error(msg, fix) if eng == engine else warning(msg + f" (only matters for --engine {eng})", fix))
-    return out
+    return out, readings, (ids, source)
 
 
-def _fed(where: dict, key: str, layers: int, sglang: bool) -> tuple[list[int], str]:
-    """The hidden_states indices an engine feeds a head, in the layer order it captures them."""
-    ids = int_list(where.get(key))
-    if ids:
-        fed = from_sglang_ids(ids) if sglang else ids
-        label = f"eagle_config.{key}={list(ids)} (+1)" if sglang else f"{key}={list(ids)}"
-        return sorted(int(k) for k in fed), label
-    return list(default_aux_layer_ids(layers)), f"{'SGLang' if sglang else 'vLLM'}'s default (no {key})"
+def llama_cpp_layer_problems(layers, target_layers: int | None) -> list[str]:
+    """llama.cpp's extract layers: exactly 3 (`eagle3.cpp`), by the one rule for aux ids (1..L-1)."""
+    three = [] if len(layers) == 3 else [f"extract layers {list(layers)}: llama.cpp's eagle3 reads exactly 3"]
+    return three + aux_layer_problems(layers, target_layers)
 
 
 def refuse(found: list[Problem], what: str, expected: str | None, next_step: str) -> list[Problem]:

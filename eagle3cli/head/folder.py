@@ -102,6 +102,13 @@ class HeadFolder:
         return f"head {self.path}"
 
     @property
+    def target_architectures(self) -> list | None:
+        """The target's classes as the head records them (eagle3's export, a speculators verifier)."""
+        archs = (self.cfg.get("eagle3") or {}).get("target_architectures")
+        archs = archs or ((self.cfg.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
+        return archs if isinstance(archs, list) else None
+
+    @property
     def target_ref(self) -> str | None:
         """The target the head names: eagle3's own record first, then a speculators verifier."""
         return self.target.get("path") or self.target.get("name_or_path")
@@ -193,8 +200,9 @@ def _int_list(value, where: str) -> list[int] | None:
         ) from None
 
 
-def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
-    """Every field of a head config that names aux layers, each read in its engine's convention."""
+def aux_readings(cfg: dict, layout: str, first_id_rule: bool = False) -> list[AuxReading]:
+    """Every field of a head config that names aux layers, each read in its engine's convention (SGLang's
+    for the target's class: `first_id_rule`, `speculate.aux_layers.from_sglang_ids`)."""
     out = []
     ours = _int_list((cfg.get("eagle3") or {}).get("aux_layer_ids"), "eagle3.aux_layer_ids")
     if ours:
@@ -203,13 +211,10 @@ def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
     sg = _int_list(eagle_cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids")
     if sg:
         # SGLang adds 1 ("output of layer k" is the input of layer k+1) and captures in layer order
+        fed = from_sglang_ids(sg, first_id_rule)
+        how = "output of layer k, +1" if fed[0] != sg[0] else "as given (DeepSeek family: +1 only to a first id of 1)"
         out.append(
-            AuxReading(
-                "eagle_config.eagle_aux_hidden_state_layer_ids",
-                tuple(sg),
-                tuple(sorted(from_sglang_ids(sg))),
-                "SGLang: output of layer k, +1",
-            )
+            AuxReading("eagle_config.eagle_aux_hidden_state_layer_ids", tuple(sg), tuple(sorted(fed)), f"SGLang: {how}")
         )
     top = _int_list(cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
     if top:

@@ -22,8 +22,8 @@ import torch
 
 from ..errors import UsageError
 from ..speculate.vocab import t2d_of, target_ids
-from .check import TargetFacts, folder_problems, refuse_nonfinite
-from .folder import NEXT, AuxReading, TensorInfo, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .check import TargetFacts, judge, refuse_nonfinite
+from .folder import NEXT, AuxReading, TensorInfo, read_folder
 from .table import HEAD_ARCH, HEAD_WEIGHTS, NOT_LLAMA_KEYS, head_tensor_names
 
 if TYPE_CHECKING:
@@ -81,7 +81,8 @@ def read_head(head_dir: Path, num_target_layers: int | None = None, target: Targ
     f = read_folder(head_dir)
     if target is not None:
         num_target_layers = target.layers
-    found = folder_problems(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
+    judged = judge(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
+    found = judged.problems
     errors = [p.what for p in found if p.is_error]
     if errors:
         raise UsageError(
@@ -90,17 +91,7 @@ def read_head(head_dir: Path, num_target_layers: int | None = None, target: Targ
             next(p.fix for p in found if p.is_error) if len(errors) == 1 else NEXT,
         )
     llama, index = f.llama, f.index
-    assert index is not None  # an unreadable file is an error above
-    hidden = int(llama["hidden_size"])
-    draft_vocab = f.draft_vocab_field()
-    if draft_vocab in ("<missing>", None):
-        draft_vocab = index[f.names["lm_head.weight"]].shape[0]
-    target_hidden = f.target_hidden or hidden
-    fc = index[f.names["fc.weight"]].shape
-    norms = head_norms(f.cfg, f.layout)
-    readings = aux_readings(f.cfg, f.layout)
-    n_target = num_target_layers or f.target.get("num_hidden_layers")
-    ids, source, _ = resolve_aux_ids(readings, n_target, fc[1] // target_hidden, f.where)
+    assert index is not None and judged.draft_vocab is not None  # an unreadable file is an error above
     notices = [p.what for p in found if not p.is_error]  # the aux default's notice among them
     if "embed_tokens.weight" in f.names:
         notices.append(
@@ -111,17 +102,17 @@ def read_head(head_dir: Path, num_target_layers: int | None = None, target: Targ
         layout=f.layout,
         llama=llama,
         vocab_size=int(llama["vocab_size"]),
-        draft_vocab_size=int(draft_vocab),
-        target_hidden_size=int(target_hidden),
-        aux_layer_ids=ids,
-        aux_source=source,
+        draft_vocab_size=judged.draft_vocab,
+        target_hidden_size=int(f.target_hidden or llama["hidden_size"]),
+        aux_layer_ids=judged.aux_ids,
+        aux_source=judged.aux_source,
         names=f.names,
         index=index,
         target=f.target,
         notices=tuple(notices),
-        readings=tuple(readings),
-        norm_before_fc=norms.norm_before_fc,
-        norm_before_residual=norms.norm_before_residual,
+        readings=judged.readings,
+        norm_before_fc=judged.norms.norm_before_fc,
+        norm_before_residual=judged.norms.norm_before_residual,
     )
 
 

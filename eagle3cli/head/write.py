@@ -41,6 +41,7 @@ from ..run_folder.manifest import (
 )
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft, norm_flags
+from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
 from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
@@ -87,8 +88,11 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         target_hidden_size=int(draft.config.target_hidden_size),
         max_position_embeddings=max_pos,
         torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
-        # SGLang adds 1 to these (output of layer k -> input of layer k+1).
-        eagle_config={"eagle_aux_hidden_state_layer_ids": sglang_ids(aux), "use_aux_hidden_state": True},
+        # SGLang adds 1 to these (output of layer k -> input of layer k+1), on its DeepSeek family only to a 1
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": sglang_ids(aux, _first_id_rule(target_identity, extra)),
+            "use_aux_hidden_state": True,
+        },
         # vLLM reads this first, as hidden_states[k].
         eagle_aux_hidden_state_layer_ids=vllm_ids(aux),
         eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
@@ -99,6 +103,11 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     if rope.get("rope_type", "default") != "default":
         cfg.setdefault("rope_scaling", rope)
     return cfg
+
+
+def _first_id_rule(target_identity: dict | None, extra: dict | None) -> bool:
+    archs = (extra or {}).get("target_architectures") or target_architectures(target_identity)
+    return sglang_first_id_rule(archs)
 
 
 def save_head(
@@ -212,18 +221,16 @@ def layout_files(
     cfg = own_layout_config(draft, spec)
     cfg["draft_vocab_size"] = spec.draft_vocab_size  # as read: lm_head's rows where the field was missing
     ids = list(spec.aux_layer_ids)
-    cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids(ids)
-    cfg["eagle_config"] = {
-        **(cfg.get("eagle_config") or {}),
-        "eagle_aux_hidden_state_layer_ids": sglang_ids(ids),
-        "use_aux_hidden_state": True,
-    }
     own = cfg.setdefault("eagle3", {})
     own["aux_layer_ids"] = ids
     if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
         archs = target_architectures(own.get("target"))
         if archs:
             own["target_architectures"] = archs
+    first_id_rule = sglang_first_id_rule(own.get("target_architectures"))
+    cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids(ids)
+    sglang = {"eagle_aux_hidden_state_layer_ids": sglang_ids(ids, first_id_rule), "use_aux_hidden_state": True}
+    cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), **sglang}
     tensors = head_state_dict(draft)
     if dtype != "keep":
         tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}

@@ -37,11 +37,11 @@ from ..engines.gguf_export import (
     TARGET_GGUF,
     GgufFile,
     export_gguf,
-    llama_cpp_layer_problems,
     read_gguf,
     same_tokenizer,
 )
 from ..errors import UsageError
+from ..head.check import llama_cpp_layer_problems
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
 from ..speculate.vocab import map_problems
 from .config import ServeConfig
