@@ -273,7 +273,7 @@ def problems(
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} not in {ENGINES}")
     t = read_target(Path(target)) if target is not None and not isinstance(target, TargetFacts) else target
-    return folder_problems(read_folder(head_dir), t, engine, num_target_layers)
+    return judge(read_folder(head_dir), t, engine, num_target_layers).problems
 
 
 @dataclass(frozen=True)
@@ -289,18 +289,11 @@ class Judged:
     aux_source: str = ""
 
 
-def folder_problems(
-    f: HeadFolder, t: TargetFacts | None, engine: str, num_target_layers: int | None = None, finite: bool = True
-) -> list[Problem]:
-    """`problems` of a parsed folder."""
-    return judge(f, t, engine, num_target_layers, finite).problems
-
-
 def judge(
     f: HeadFolder, t: TargetFacts | None, engine: str, num_target_layers: int | None = None, finite: bool = True
 ) -> Judged:
-    """`folder_problems` with what was read (`read.read_head` asks this with engine "eagle3", and
-    leaves the finite check, which reads every weight, to the loader: `finite=False`)."""
+    """`problems` of a parsed folder, with what was read (`read.read_head` asks this with engine
+    "eagle3", and leaves the finite check, which reads every weight, to the loader: `finite=False`)."""
     norms = head_norms(f.cfg, f.layout)
     # the target's class: --target's, else the one the head records (an export checked without its target)
     archs = t.architectures if t is not None else f.target_architectures

@@ -2,7 +2,7 @@
 with or without `eagle_config`), vLLM's (top-level ids), and vLLM `speculators` checkpoints.
 
 `read_head` parses the folder (`folder.py`: config.json and the safetensors header), refuses it when
-`check.folder_problems` finds an error for engine "eagle3" (what eval's decoder, export and
+`check.judge` finds an error for engine "eagle3" (what eval's decoder, export and
 `--init-head` need: so every reader refuses the same heads), and resolves the one thing that decides
 whether a head is evaluated on the features it was trained on: which target hidden states it reads.
 
@@ -22,7 +22,7 @@ import torch
 
 from ..errors import UsageError
 from ..speculate.vocab import t2d_of, target_ids
-from .check import TargetFacts, judge, refuse_nonfinite
+from .check import TargetFacts, judge, refuse, refuse_nonfinite
 from .folder import NEXT, AuxReading, TensorInfo, read_folder
 from .table import HEAD_ARCH, HEAD_WEIGHTS, NOT_LLAMA_KEYS, head_tensor_names
 
@@ -76,20 +76,15 @@ class HeadSpec:
 
 def read_head(head_dir: Path, num_target_layers: int | None = None, target: TargetFacts | None = None) -> HeadSpec:
     """Understand a head folder from its config and safetensors header; refuse what we cannot run
-    (every error `check.folder_problems` finds for engine "eagle3", at once: with `target`, the
+    (every error `check.judge` finds for engine "eagle3", at once: with `target`, the
     head against it too, by the rules every engine shares)."""
     f = read_folder(head_dir)
     if target is not None:
         num_target_layers = target.layers
     judged = judge(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
     found = judged.problems
-    errors = [p.what for p in found if p.is_error]
-    if errors:
-        raise UsageError(
-            f"{f.where} ({f.layout} layout) cannot be used as it is:\n  " + "\n  ".join(errors),
-            "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)",
-            next(p.fix for p in found if p.is_error) if len(errors) == 1 else NEXT,
-        )
+    expected = "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)"
+    refuse(found, f"{f.where} ({f.layout} layout) cannot be used as it is", expected, NEXT)
     llama, index = f.llama, f.index
     assert index is not None and judged.draft_vocab is not None  # an unreadable file is an error above
     notices = [p.what for p in found if not p.is_error]  # the aux default's notice among them

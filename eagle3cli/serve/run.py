@@ -126,7 +126,7 @@ def run_serve(cfg: ServeConfig) -> int:
             )
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
     elif cfg.engine == "vllm" and (engine_python or importlib.util.find_spec("vllm") is not None):
-        spec_cfg = speculative_config(cfg.head, spec)  # as the command has it
+        spec_cfg = speculative_config(str(cfg.head), spec)  # as the command has it
         check = validate_vllm_argv(
             argv, engine_python or sys.executable, spec_cfg, cfg.host, cfg.port, model=str(cfg.target)
         )

@@ -1,6 +1,5 @@
 """A new serving engine's footprint, measured: a stand-in engine defined as docs/architecture.md says
-(one `Engine` module, its registry line, its `--engine` choice, its head-table column and its target
-table) is served by `eagle3 serve --dry-run` through the same path as the real ones, and the product
+(one `Engine` module, its registry line, its `--engine` choice and its head-table column) is served by `eagle3 serve --dry-run` through the same path as the real ones, and the product
 files it had to touch are counted (goal: 1 module + 1 table column)."""
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from cli_helpers import wide_console  # noqa: F401
 from serve_helpers import export_head, printed_command
 
 import eagle3cli.head.check as check_module
-import eagle3cli.head.engines as head_engines
 import eagle3cli.head.table as table
 import eagle3cli.serve.engine_args as engine_args
 from eagle3cli.engines.serving import Engine, SpecNumbers, own
@@ -56,15 +54,6 @@ def standin(monkeypatch) -> set[str]:
     patch(table, "ENGINES", (*table.ENGINES, "standin"))  # the head table's column
     patch(table, "ENGINE_NAMES", {**table.ENGINE_NAMES, "standin": "Stand-in"})
     monkeypatch.setattr(check_module, "ENGINES", table.ENGINES)  # the check reads the table's column
-    supported = head_engines.target_support
-
-    def target_support(engine, architectures):  # its targets: a Llama, as the tiny target
-        if engine == "standin":
-            return head_engines.Support(engine, (architectures or [None])[0], "yes", "the stand-in's table")
-        return supported(engine, architectures)
-
-    patch(head_engines, "target_support", target_support)
-    monkeypatch.setattr(check_module, "target_support", target_support)
     touched.add("serve/config.py")  # `--engine`'s choices: a Literal, one word (run_serve takes the config as built)
     engine_args.engine_table.cache_clear()
     yield touched
@@ -89,7 +78,7 @@ def test_a_standin_engine_is_served_through_the_common_path(standin, tiny_target
         run_serve(replace(cfg))
 
 
-def test_the_standin_engines_footprint_is_its_module_and_four_product_files(standin):
+def test_the_standin_engines_footprint_is_its_module_and_three_product_files(standin):
     """What the fixture had to change for the test above to serve the stand-in: nothing else in the
     package names engines one by one on the launch path (a sixth place would fail that test)."""
     footprint = {"engines/standin.py", *standin}
@@ -98,5 +87,4 @@ def test_the_standin_engines_footprint_is_its_module_and_four_product_files(stan
         "serve/engine_args.py",  # the registry line
         "serve/config.py",  # the --engine choice
         "head/table.py",  # the head table's column (ENGINES, ENGINE_NAMES)
-        "head/engines.py",  # the targets it serves EAGLE-3 heads on
     }, footprint
