@@ -87,7 +87,7 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         vocab_size=int(draft.config.vocab_size),
         target_hidden_size=int(draft.config.target_hidden_size),
         max_position_embeddings=max_pos,
-        torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
+        torch_dtype={torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(draft.fc.weight.dtype, "float32"),
         # SGLang adds 1 to these (output of layer k -> input of layer k+1), on its DeepSeek family only to a 1
         eagle_config={
             "eagle_aux_hidden_state_layer_ids": sglang_ids(aux, _first_id_rule(target_identity, extra)),
@@ -171,16 +171,6 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
 
 
 # ---------------------------------------------------------------- other layouts
-def with_norm_flags(cfg: dict, draft: Eagle3Draft) -> dict:
-    """`cfg` with the draft's EAGLE-3.1 norm flags at the top level, in the one spelling every loader
-    reads (a copy in `eagle_config`, which vLLM would read first, is dropped)."""
-    norm_before_fc, norm_before_residual = norm_flags(draft.config)
-    cfg.update(norm_before_fc=norm_before_fc, norm_before_residual=norm_before_residual)
-    for key in ("norm_before_fc", "norm_before_residual"):
-        (cfg.get("eagle_config") or {}).pop(key, None)
-    return cfg
-
-
 def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
     """`out_dir/{model.safetensors, config.json}`, each atomically; the caller writes the manifest last."""
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
@@ -188,8 +178,9 @@ def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict)
 
 
 def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
-    """config.json in eagle3's layout for a head read from any layout; its target recorded as a
-    reference that resolves from anywhere (absolute path or hub id)."""
+    """config.json in eagle3's layout for a head read from any layout, every field written by
+    `head_config` from the head as read (its own `eagle3` block's other keys kept); its target recorded
+    as a reference that resolves from anywhere (absolute path or hub id)."""
     from ..model.target import resolvable_reference
 
     target = dict(spec.target)
@@ -198,10 +189,11 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
         target["path"] = ref
     target.pop("name_or_path", None)
     if spec.layout == "eagle3":
-        cfg = read_json(spec.path / "config.json")
-        cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
-        return with_norm_flags(cfg, draft)
-    return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
+        own = read_json(spec.path / "config.json").get("eagle3") or {}
+        extra = {k: v for k, v in own.items() if k not in ("aux_layer_ids", "target")}
+    else:
+        extra = {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}}
+    return head_config(draft, target, extra)
 
 
 EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -212,25 +204,17 @@ def layout_files(
 ) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, config.json) of a read head in `fmt`'s layout: `sglang` and `vllm` (and the GGUF
     converter's input) eagle3's own, `speculators` vLLM's. Every aux id field is written from the ids
-    the head was read with, each in its engine's convention; `dtype` casts the floating weights (the
+    the head was read with, each in its engine's convention (`head_config`); `dtype` casts the floating weights (the
     d2t/t2d maps stay integer); the target and a converted head's source are recorded relative to the
     working directory (the repository) where they lie inside it, so a committed export names no
     folder of the machine that wrote it."""
     from ..model.target import repo_relative
 
     cfg = own_layout_config(draft, spec)
-    cfg["draft_vocab_size"] = spec.draft_vocab_size  # as read: lm_head's rows where the field was missing
-    ids = list(spec.aux_layer_ids)
-    own = cfg.setdefault("eagle3", {})
-    own["aux_layer_ids"] = ids
-    if not own.get("target_architectures"):  # heads of other layouts: ask the target, if it is here
-        archs = target_architectures(own.get("target"))
-        if archs:
-            own["target_architectures"] = archs
-    first_id_rule = sglang_first_id_rule(own.get("target_architectures"))
-    cfg["eagle_aux_hidden_state_layer_ids"] = vllm_ids(ids)
-    sglang = {"eagle_aux_hidden_state_layer_ids": sglang_ids(ids, first_id_rule), "use_aux_hidden_state": True}
-    cfg["eagle_config"] = {**(cfg.get("eagle_config") or {}), **sglang}
+    own = cfg["eagle3"]
+    archs = own.get("target_architectures") or target_architectures(own.get("target"))
+    if archs:  # heads of other layouts: asked of the target, if it is here (head_config read it too)
+        own["target_architectures"] = archs
     tensors = head_state_dict(draft)
     if dtype != "keep":
         tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}
