@@ -1,8 +1,11 @@
 """The one head check: `problems(head, target, engine)`, every reason a head folder would be read
-wrong, or not at all, by `engine`, as a list (serve reports all of them at once). Asked by eval,
-export and train's `--init-head` through `read.read_head` (engine "eagle3": what eval's decoder and
-the converters need), by `export --format gguf` ("llama.cpp") and by serve ("sglang", "vllm"), so
-serve refuses every head eval refuses, and more.
+wrong, or not at all, by `engine`, as a list (serve reports all of them at once). Every question about
+a head folder goes through it: eval and train's `--init-head` through `read.read_head` with the
+target's facts (engine "eagle3": what eval's decoder and the converters need), export (what it wrote,
+for the engine that serves the format, `table.FORMAT_ENGINE`), `export --format gguf` and serve
+("sglang", "vllm", "llama.cpp"). The rules about the target (sizes, layer count, vocabulary hash, max
+positions; the chat template and the weights' fingerprint as warnings) are the same for every engine,
+so serve refuses every head eval refuses, and more.
 
 What engines accept without a word, and which check catches it:
 
