@@ -420,11 +420,12 @@ def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
                 same,
             )
         )
-    if rec.get("vocab_hash") and t.ident("vocab_hash") not in (None, rec["vocab_hash"]):
+    vocab = t.ident("vocab_hash") if rec.get("vocab_hash") else None  # the tokenizer is read only when needed
+    if vocab and vocab != rec["vocab_hash"]:
         out.append(
             error(
                 f"the head was trained with another vocabulary (vocab hash {rec['vocab_hash'][:12]}, "
-                f"--target's is {t.ident('vocab_hash')[:12]}): its token ids mean other tokens here",  # type: ignore[index]
+                f"--target's is {vocab[:12]}): its token ids mean other tokens here",
                 same,
             )
         )
