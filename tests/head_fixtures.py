@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -61,3 +63,113 @@ def final_norm_scale(model) -> torch.Tensor:
 
     norm = copy.deepcopy(model.model.norm).float().cpu()
     return norm(torch.full((1, norm.weight.shape[0]), 1e3))[0]
+
+
+# ---------------------------------------------------------------- crafted heads
+def _cfg(head: Path, drop: tuple[str, ...] = (), **changes) -> None:
+    cfg = json.loads((head / "config.json").read_text())
+    for k in drop:
+        cfg.pop(k, None)
+    (head / "config.json").write_text(json.dumps({**cfg, **changes}))
+
+
+def _tensors(head: Path, drop: tuple[str, ...] = (), **replace) -> None:
+    from safetensors.torch import load_file, save_file
+
+    t = load_file(str(head / "model.safetensors"))
+    for k in drop:
+        t.pop(k)
+    save_file({**t, **{k.replace("__", "."): v for k, v in replace.items()}}, str(head / "model.safetensors"))
+
+
+def _recorded(head: Path, **changes) -> None:
+    cfg = json.loads((head / "config.json").read_text())
+    cfg["eagle3"]["target"] |= changes
+    _cfg(head, eagle3=cfg["eagle3"])
+
+
+def _d2t(head: Path) -> torch.Tensor:
+    from safetensors.torch import load_file
+
+    return load_file(str(head / "model.safetensors"))["d2t"].clone()
+
+
+def _two_on_one(head: Path) -> None:
+    d2t = _d2t(head)
+    d2t[1] = d2t[0] - 1
+    _tensors(head, d2t=d2t)
+
+
+def _foreign(head: Path, sglang: bool) -> None:
+    """The head as another tool writes it: SGLang's ids only (SpecForge), or vLLM's top-level ids only."""
+    cfg = json.loads((head / "config.json").read_text())
+    cfg.pop("eagle3")
+    cfg.pop("eagle_aux_hidden_state_layer_ids" if sglang else "eagle_config")
+    (head / "config.json").write_text(json.dumps(cfg))
+
+
+def _nan(head: Path) -> None:
+    from safetensors.torch import load_file
+
+    w = load_file(str(head / "model.safetensors"))["midlayer.mlp.up_proj.weight"].clone()
+    w[0, 0] = float("nan")
+    _tensors(head, midlayer__mlp__up_proj__weight=w)
+
+
+# name -> the edit of a good head from `make_head` on models/tiny-target (12 layers, aux [2, 6, 9]): the
+# reproductions of issue 61, the serve preflight's and the head contract's cases, the reliability
+# rounds' (NaN weights, renamed tensors)
+CRAFTED: dict[str, Callable[[Path], object] | None] = {
+    "good": lambda h: None,
+    "another-vocab": lambda h: _recorded(h, vocab_hash="0" * 16),
+    "another-template": lambda h: _recorded(h, chat_template_hash="0" * 16),
+    "another-weights": lambda h: _recorded(h, fingerprint="0" * 16),
+    "other-layer-count": lambda h: _recorded(h, num_hidden_layers=24),
+    "norm-output": lambda h: _cfg(h, norm_output=True),
+    "short-max-positions": lambda h: _cfg(h, max_position_embeddings=64),
+    "tied-embeddings": lambda h: _cfg(h, tie_word_embeddings=True),
+    "no-draft-vocab-size": lambda h: _cfg(h, drop=("draft_vocab_size",)),
+    "null-draft-vocab-size": lambda h: _cfg(h, draft_vocab_size=None),
+    "two-layers": lambda h: _cfg(h, num_hidden_layers=2),
+    "attention-bias": lambda h: _cfg(h, attention_bias=True),
+    "wrong-architecture": lambda h: _cfg(h, architectures=["LlamaForCausalLM"]),
+    "fc-norm": lambda h: _cfg(h, fc_norm=True),
+    "no-aux-state": lambda h: _cfg(h, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 5, 8],
+                                                    "use_aux_hidden_state": False}),
+    "vocab-size-mismatch": lambda h: _cfg(h, vocab_size=999),
+    "aux-id-0": lambda h: (_foreign(h, sglang=False), _cfg(h, eagle_aux_hidden_state_layer_ids=[0, 6, 9])),
+    "aux-out-of-order": lambda h: _cfg(
+        h, eagle3={**json.loads((h / "config.json").read_text())["eagle3"], "aux_layer_ids": [9, 2, 6]},
+        eagle_aux_hidden_state_layer_ids=[9, 2, 6],
+        eagle_config={"eagle_aux_hidden_state_layer_ids": [8, 1, 5], "use_aux_hidden_state": True}),
+    "aux-contradiction": lambda h: _cfg(h, eagle_aux_hidden_state_layer_ids=[2, 6, 10]),
+    "aux-past-the-target": lambda h: (_foreign(h, sglang=False), _cfg(h, eagle_aux_hidden_state_layer_ids=[2, 6, 12])),
+    "two-aux-layers": None,  # built by make_head(aux=(2, 9)): llama.cpp reads exactly 3
+    "sglang-layout": lambda h: _foreign(h, sglang=True),
+    "vllm-layout": lambda h: _foreign(h, sglang=False),
+    "no-d2t": lambda h: _tensors(h, drop=("d2t",)),
+    "d2t-two-on-one": _two_on_one,
+    "d2t-float": lambda h: _tensors(h, d2t=_d2t(h).to(torch.float32)),
+    "t2d-disagrees": lambda h: _tensors(h, t2d=torch.zeros(4096, dtype=torch.bool)),
+    "unknown-tensor": lambda h: _tensors(h, midlayer__hidden_layernorm__weight=torch.ones(128)),
+    "missing-tensor": lambda h: _tensors(h, drop=("midlayer.mlp.up_proj.weight",)),
+    "nan-weight": _nan,
+    "norm-before-fc": None,  # built by make_head(norm_before_fc=True): SGLang 0.5.23 reads it
+    "norm-before-residual": None,  # built by make_head(norm_before_residual=True): SGLang never reads it
+}  # fmt: skip
+
+
+def crafted_heads(target_dir: Path, out: Path) -> dict[str, Path]:
+    """Every head of `CRAFTED`, each in its own folder under `out`."""
+    import shutil
+
+    good = make_head(target_dir, out / "_good")
+    heads = {}
+    for name, edit in CRAFTED.items():
+        if edit is None:
+            kind = {"two-aux-layers": {"aux": (2, 9)}, "norm-before-fc": {"norm_before_fc": True}}
+            heads[name] = make_head(target_dir, out / name, **kind.get(name, {"norm_before_residual": True}))
+            continue
+        heads[name] = Path(shutil.copytree(good, out / name))
+        edit(heads[name])
+    return heads

@@ -328,13 +328,9 @@ def check_head_gguf(g: GgufFile, draft, aux_ids: tuple[int, ...], target_layers:
         if not np.array_equal(got, ref):
             diff = float(np.nanmax(np.abs(got - ref))) if got.size else float("nan")
             problems.append(f"tensor {name} differs from the head's weights (max |diff| {diff:.3g})")
-    bad = [k for k in aux_ids if not 0 <= k < target_layers]
-    if len(aux_ids) != 3 or bad:
-        problems.append(
-            f"aux layer ids {list(aux_ids)}: llama.cpp's eagle3 reads exactly 3 decoder-layer inputs "
-            f"0..{target_layers - 1} of the {target_layers}-layer target"
-        )
-    return problems
+    from ..head.check import llama_cpp_layer_problems
+
+    return problems + llama_cpp_layer_problems(aux_ids, target_layers)
 
 
 def _check_d2t(gtype: str | None, got: np.ndarray, want: np.ndarray, target_vocab: int) -> list[str]:
@@ -442,28 +438,11 @@ def _target_config(target_dir: Path) -> dict:
     return read_json_object(Path(target_dir) / "config.json", "a transformers config.json", "pass --target MODEL_DIR")
 
 
-def stage_head(draft, spec, folder: Path) -> Path:
-    """The head as the converter reads it: eagle3's layout, fp32 names, the aux ids top-level (the
-    converter reads `eagle_aux_hidden_state_layer_ids` as llama.cpp's extract layers, hidden_states[k])."""
-    from ..head.write import head_state_dict, own_layout_config
-    from ..run_folder.manifest import atomic_write_json, atomic_write_tensors
-    from ..speculate.draft import norm_flags
-
-    cfg = own_layout_config(draft, spec)
-    cfg["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in spec.aux_layer_ids]
-    # EAGLE-3.1's flags, at the top level: the only place the converter reads them
-    fc, residual = norm_flags(draft.config)
-    cfg.update(norm_before_fc=fc, norm_before_residual=residual)
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_tensors(folder / "model.safetensors", head_state_dict(draft), {"format": "pt"})
-    atomic_write_json(folder / "config.json", cfg)
-    return folder
-
-
 def head_for_llama_cpp(head_dir: Path, target_dir: Path):
     """(draft, spec) of a head llama.cpp can serve on `target_dir`, or the UsageError naming every reason
     it cannot (checked before anything is converted or written)."""
     from ..head.check import problems, read_target, refuse
+    from ..head.read import load_any_head
 
     t = read_target(Path(target_dir))
     refuse(
@@ -472,7 +451,7 @@ def head_for_llama_cpp(head_dir: Path, target_dir: Path):
         "a 3-aux-layer EAGLE-3 head whose d2t maps each draft id to its own target id",
         HEAD_NEXT,
     )
-    draft, spec = _load_head_for(head_dir, t.layers)
+    draft, spec = load_any_head(head_dir, None, torch.float32, target=t)
     return draft, spec, t.layers, t.vocab
 
 
@@ -481,10 +460,14 @@ HEAD_NEXT = "re-export the head from its training run: eagle3 train --run runs/N
 
 def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: str, log_path: Path, src: Path) -> dict:
     """Write `out_path` (the head's draft GGUF) and check it; returns what the manifest records."""
+    from ..head.write import layout_files, write_head_files
+
     draft, spec, n_layers, vocab = head_for_llama_cpp(head_dir, target_dir)
     outtype = _outtype(dtype, draft.fc.weight.dtype)
     with tempfile.TemporaryDirectory(prefix="eagle3-gguf-head-") as tmp:
-        staged = stage_head(draft, spec, Path(tmp) / "head")
+        staged = Path(tmp) / "head"  # what the converter reads: eagle3's layout, written by the one writer
+        staged.mkdir()
+        write_head_files(staged, *layout_files(draft, spec, "vllm"))
         partial = out_path.with_name(out_path.name + ".partial")
         pre = run_converter(src, staged, partial, outtype, log_path, target_dir=Path(target_dir).resolve())
     g = read_gguf(partial)
@@ -500,13 +483,6 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
         "pre_tokenizer_named_by": f"eagle3 (regex of tokenizer.json = {pre})" if pre else "llama.cpp's converter",
         "source_layout": spec.layout,
     }
-
-
-def _load_head_for(head_dir: Path, n_layers: int):
-    from ..head.read import load_head_weights, read_head
-
-    spec = read_head(head_dir, n_layers)
-    return load_head_weights(spec, None, torch.float32), spec
 
 
 def export_target_gguf(target_dir: Path, out_path: Path, dtype: str, log_path: Path, src: Path) -> dict:
@@ -551,7 +527,7 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from ..head.read import read_head
+    from ..head.folder import recorded_target
     from ..model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
     from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
     from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
@@ -562,8 +538,7 @@ def export_gguf(
     write_target = target_dir is not None
     if target_dir is None:
         assert head_dir is not None
-        spec = read_head(head_dir)
-        ref = spec.target_ref
+        ref = recorded_target(head_dir)
         if not ref:
             raise UsageError(
                 f"head {head_dir} records no target, and the GGUF needs the target's tokenizer",

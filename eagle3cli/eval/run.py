@@ -19,7 +19,7 @@ from ..node.devices import check_device
 from ..prompts import load_conversations, render
 from ..run_folder.folders import claim_output, refuse_replacing
 from ..run_folder.lock import locked_stage
-from ..run_folder.manifest import atomic_write_json, remove_dead_temps, same_fingerprint, write_manifest
+from ..run_folder.manifest import atomic_write_json, remove_dead_temps, write_manifest
 from ..speculate import Unsupported
 from ..speculate.acceptance import TAU_NOTE
 from ..speculate.decoder import SpeculativeDecoder, plain_decode
@@ -53,17 +53,6 @@ def default_out(run: Path | None, head: Path | None) -> Path:
     return Path("runs") / f"eval-{head.resolve().name}"
 
 
-def recorded_target(head: Path) -> str | None:
-    """The target a head names (eagle3.target.path, or a speculators verifier), usable from here."""
-    from ..head.folder import head_file, read_config_json
-    from ..model.target import resolvable_reference
-
-    cfg = read_config_json(head_file(head, "config.json"))
-    ref = ((cfg.get("eagle3") or {}).get("target") or {}).get("path")
-    ref = ref or ((cfg.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path")
-    return resolvable_reference(ref, base=Path(head))
-
-
 def _target_ref(cfg: EvalConfig, head: Path) -> str:
     from ..model.target import build_hint
 
@@ -72,6 +61,8 @@ def _target_ref(cfg: EvalConfig, head: Path) -> str:
         if hint and not Path(cfg.target).exists():  # models/smollm2-135m before `make smollm2`
             raise UsageError(f"--target {cfg.target} does not exist", "a model folder", hint)
         return cfg.target
+    from ..head.folder import recorded_target
+
     recorded = recorded_target(head)
     if not recorded:
         raise UsageError(
@@ -124,51 +115,19 @@ def unsupported_target(e: Unsupported) -> UsageError:
     return UsageError(e.what, e.expected, "evaluate this target against a running engine: eagle3 eval --endpoint URL")
 
 
-def check_head_fits(spec, target_cfg, ident) -> None:
-    """Refuse a head made for another target (sizes, layers, tokenizer); warn on other weights."""
-    problems = []
-    if spec.vocab_size != target_cfg.vocab_size:
-        problems.append(f"vocab_size: head {spec.vocab_size}, target {target_cfg.vocab_size}")
-    if spec.target_hidden_size != target_cfg.hidden_size:
-        problems.append(f"hidden size: head expects {spec.target_hidden_size}, target has {target_cfg.hidden_size}")
-    rec = spec.target
-    if rec.get("num_hidden_layers") not in (None, target_cfg.num_hidden_layers):
-        problems.append(
-            f"layers: head trained on a {rec['num_hidden_layers']}-layer target, this one has "
-            f"{target_cfg.num_hidden_layers}"
-        )
-    if rec.get("vocab_hash") and rec["vocab_hash"] != ident.vocab_hash:
-        problems.append("tokenizer: the head was trained with another vocabulary (vocab hash differs)")
-    if problems:
-        raise UsageError(
-            f"head {spec.path} does not fit the target:\n  " + "\n  ".join(problems),
-            "the target model the head was trained for",
-            f"pass --target {spec.target_ref or 'MODEL_DIR'} (the target the head names)",
-        )
-    if rec.get("chat_template_hash") and rec["chat_template_hash"] != ident.chat_template_hash:
-        warn(
-            f"head {spec.path} was trained on conversations rendered with another chat template "
-            f"({rec['chat_template_hash'][:12]}, this target's is {ident.chat_template_hash[:12]}): "
-            "prompts here are rendered differently and acceptance may suffer"
-        )
-    if rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], ident.fingerprint):
-        warn(
-            f"head {spec.path} records target weights {rec['fingerprint'][:12]}, this target is "
-            f"{ident.fingerprint[:12]}: acceptance may suffer"
-        )
-
-
 def _load_heads(cfg: EvalConfig, head: Path, target, ident) -> list[tuple[str, Eagle3Draft, HeadSpec]]:
-    """[(label, draft, spec)] for the head and every --compare head, of any layout."""
+    """[(label, draft, spec)] for the head and every --compare head, of any layout, each refused when
+    it does not fit the target (the one head check, `head.check`, as serve asks it)."""
+    from ..head.check import target_facts
     from ..head.read import load_any_head
 
+    facts = target_facts(target.config.to_dict(), Path(ident.path), ident.as_dict())
     heads: list[tuple[str, Eagle3Draft, HeadSpec]] = []
     for h in [head, *map(Path, cfg.compare)]:
         # the head takes the target's dtype, except on CPU with plain F.linear: there fp32 one-row
         # matmuls beat bf16 ones, while oneDNN-packed bf16 ones are ~2.5x faster than fp32
         fp32 = target.device.type == "cpu" and cfg.cpu_kernels == "torch"
-        draft, spec = load_any_head(h, target, dtype=torch.float32 if fp32 else target.dtype)
-        check_head_fits(spec, target.config, ident)
+        draft, spec = load_any_head(h, target, dtype=torch.float32 if fp32 else target.dtype, target=facts)
         for notice in spec.notices:
             warn(notice)
         label = f"{h.parent.name}/{h.name}" if h.parent.name else str(h)

@@ -1,8 +1,11 @@
 """The one head check: `problems(head, target, engine)`, every reason a head folder would be read
-wrong, or not at all, by `engine`, as a list (serve reports all of them at once). Asked by eval,
-export and train's `--init-head` through `read.read_head` (engine "eagle3": what eval's decoder and
-the converters need), by `export --format gguf` ("llama.cpp") and by serve ("sglang", "vllm"), so
-serve refuses every head eval refuses, and more.
+wrong, or not at all, by `engine`, as a list (serve reports all of them at once). Every question about
+a head folder goes through it: eval and train's `--init-head` through `read.read_head` with the
+target's facts (engine "eagle3": what eval's decoder and the converters need), export (what it wrote,
+for the engine that serves the format, `table.FORMAT_ENGINE`), `export --format gguf` and serve
+("sglang", "vllm", "llama.cpp"). The rules about the target (sizes, layer count, vocabulary hash, max
+positions; the chat template and the weights' fingerprint as warnings) are the same for every engine,
+so serve refuses every head eval refuses, and more.
 
 What engines accept without a word, and which check catches it:
 
@@ -28,19 +31,34 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 from ..errors import StageError, UsageError
 from ..model.config_check import config_problems
-from ..run_folder.manifest import for_run, model_fingerprint, read_json_object, same_fingerprint
-from ..speculate.aux_layers import default_aux_layer_ids, from_sglang_ids, int_list
+from ..run_folder.manifest import (
+    for_run,
+    model_fingerprint,
+    read_json_object,
+    same_fingerprint,
+    tokenizer_fingerprint,
+)
+from ..speculate.aux_layers import (
+    aux_layer_problems,
+    default_aux_layer_ids,
+    from_sglang_ids,
+    int_list,
+    sglang_id_problems,
+    sglang_ids,
+)
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems
-from .engines import SGLANG_NORM_FIX, sglang_norm_problem, target_support
-from .folder import HeadFolder, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .engines import SGLANG_NORM_FIX, sglang_first_id_rule, sglang_norm_problem, target_support
+from .folder import AuxReading, HeadFolder, HeadNorms, aux_readings, head_norms, read_folder, resolve_aux_ids
 from .table import (
+    ENGINE_NAMES,
     ENGINES,
     FLOAT_DTYPES,
     HEAD_ARCH,
@@ -130,7 +148,8 @@ def refuse_nonfinite(tensors: Mapping[str, torch.Tensor], path: Path) -> None:
 # ---------------------------------------------------------------- the target
 @dataclass(frozen=True)
 class TargetFacts:
-    """What the checks need of the target's config.json."""
+    """What the checks need of the target: its config.json, and its identity (the hashes a head
+    records of the target it was trained for) as the caller computed it, else read on first use."""
 
     vocab: int
     hidden: int
@@ -138,6 +157,22 @@ class TargetFacts:
     max_positions: int
     architectures: list | None
     path: Path
+    identity: Mapping | None = None  # eval's and train's `target_identity`, already computed
+
+    def ident(self, key: str) -> str | None:
+        """The target's `fingerprint`, `vocab_hash` or `chat_template_hash`."""
+        if self.identity and self.identity.get(key):
+            return self.identity[key]
+        return model_fingerprint(self.path) if key == "fingerprint" else self._tokenizer_hashes.get(key)
+
+    @cached_property
+    def _tokenizer_hashes(self) -> dict:
+        from ..model.target import load_tokenizer
+
+        try:
+            return tokenizer_fingerprint(load_tokenizer(self.path))
+        except UsageError:  # no tokenizer (or no chat template) here: nothing to compare
+            return {}
 
 
 def read_config(folder: Path, role: str, next_step: str) -> dict:
@@ -153,13 +188,18 @@ def read_config(folder: Path, role: str, next_step: str) -> dict:
     return read_json_object(path, "the config.json transformers wrote", next_step)
 
 
-def read_target(target_dir: Path) -> TargetFacts:
+def read_target(target_dir: Path, identity: Mapping | None = None) -> TargetFacts:
     raw = read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
+    return target_facts(raw, Path(target_dir), identity)
+
+
+def target_facts(raw: dict, path: Path, identity: Mapping | None = None) -> TargetFacts:
+    """The facts of a target config (config.json as read, or a loaded config's `to_dict()`)."""
     cfg = text_config(raw)
     lacking = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers") if not isinstance(cfg.get(k), int)]
     if lacking:
         raise UsageError(
-            f"{target_dir}/config.json has no integer {', '.join(lacking)}",
+            f"{path}/config.json has no integer {', '.join(lacking)}",
             "a transformers decoder config (Llama, Qwen, ...)",
             "pass the target model folder as --target",
         )
@@ -170,7 +210,8 @@ def read_target(target_dir: Path) -> TargetFacts:
         int(cfg["num_hidden_layers"]),
         int(cfg.get("max_position_embeddings") or 0),
         archs if isinstance(archs, list) else None,
-        Path(target_dir),
+        Path(path),
+        identity,
     )
 
 
@@ -190,6 +231,7 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     table does not know the architecture."""
     s = target_support(engine, architectures if isinstance(architectures, list) else None)
     other = "vllm" if engine == "sglang" else "sglang"
+    name = ENGINE_NAMES[engine]
     alt = (
         f", or --engine {other}, which supports {s.architecture}"
         if s.architecture and target_support(other, [s.architecture]).ok
@@ -198,9 +240,9 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     if s.status == "no":
         return [
             error(
-                f"{engine} cannot serve an EAGLE-3 head on a {s.architecture} target: {_ENGINE_NEEDS[engine]} and "
+                f"{name} cannot serve an EAGLE-3 head on a {s.architecture} target: {_ENGINE_NEEDS[engine]} and "
                 f"this class has none ({s.source}); it would stop at startup after loading the weights",
-                f"a target family {engine} supports for EAGLE-3 (docs/serve.md lists them){alt}",
+                f"a target family {name} supports for EAGLE-3 (docs/serve.md lists them){alt}",
             )
         ]
     if s.architecture is None:
@@ -213,7 +255,7 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
     if s.status == "unknown":
         return [
             warning(
-                f"cannot tell whether {engine} serves EAGLE-3 heads on {s.architecture} "
+                f"cannot tell whether {name} serves EAGLE-3 heads on {s.architecture} "
                 f"({s.source}); {_ENGINE_NEEDS[engine]}",
                 "check the engine's model file for that support before a long launch",
             )
@@ -234,21 +276,38 @@ def problems(
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} not in {ENGINES}")
     t = read_target(Path(target)) if target is not None and not isinstance(target, TargetFacts) else target
-    found = target_engine_problems(t.architectures, engine) if t is not None and engine in SERVING else []
-    return found + folder_problems(read_folder(head_dir), t, engine, num_target_layers)
+    return judge(read_folder(head_dir), t, engine, num_target_layers).problems
 
 
-def folder_problems(
+@dataclass(frozen=True)
+class Judged:
+    """A parsed folder judged for an engine: every problem, and what the checks read on the way, from
+    which `read.read_head` builds its HeadSpec (one parse of each field)."""
+
+    problems: list[Problem]
+    norms: HeadNorms
+    draft_vocab: int | None
+    readings: tuple[AuxReading, ...] = ()
+    aux_ids: tuple[int, ...] = ()
+    aux_source: str = ""
+
+
+def judge(
     f: HeadFolder, t: TargetFacts | None, engine: str, num_target_layers: int | None = None, finite: bool = True
-) -> list[Problem]:
-    """`problems` of a parsed folder (`read.read_head` asks this with engine "eagle3", and leaves the
-    finite check, which reads every weight, to the loader: `finite=False`)."""
+) -> Judged:
+    """`problems` of a parsed folder, with what was read (`read.read_head` asks this with engine
+    "eagle3", and leaves the finite check, which reads every weight, to the loader: `finite=False`)."""
     norms = head_norms(f.cfg, f.layout)
-    found = _config(f, t, engine, norms)
+    # the target's class: --target's, else the one the head records (an export checked without its target)
+    archs = t.architectures if t is not None else f.target_architectures
+    found = target_engine_problems(archs, engine) if engine in SERVING and (t is not None or archs) else []
+    found += _config(f, t, engine, norms)
     draft_vocab, vocab_problems = _draft_vocab(f, t, engine)
     n_aux_fc, tensor_problems = _tensors(f, t, draft_vocab, norms.norm_before_fc, finite)
     layers = t.layers if t is not None else num_target_layers or f.target.get("num_hidden_layers")
-    return found + vocab_problems + tensor_problems + _aux(f, layers, engine, n_aux_fc)
+    aux_problems, readings, aux = _aux(f, layers, engine, n_aux_fc, sglang_first_id_rule(archs))
+    found += vocab_problems + tensor_problems + aux_problems
+    return Judged(found, norms, draft_vocab, tuple(readings), *(aux or ((), "")))
 
 
 def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Problem]:
@@ -329,13 +388,14 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
                 "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)",
             )
         )
-    return out + (_against_target(f, t, serving) if t is not None else [])
+    return out + (_against_target(f, t) if t is not None else [])
 
 
-def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Problem]:
-    """The head's sizes and recorded target against --target."""
+def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
+    """The head's sizes and recorded target against --target: the same rules for every engine (eval's
+    decoder included), so serve refuses every head eval refuses."""
     out = []
-    same = "serve the head with the target it was trained for (eagle3.target in its config)"
+    same = f"--target {f.target_ref or '<the training target>'} (the target the head was trained for)"
     for key, want in (("vocab_size", t.vocab), ("hidden_size", t.hidden)):
         if f.llama.get(key) != want:
             out.append(error(f"head {key} {f.llama.get(key)} != target {key} {want}", same))
@@ -343,11 +403,11 @@ def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Proble
     if th is not None and th != t.hidden:
         out.append(error(f"head target_hidden_size {th} != target hidden_size {t.hidden}", same))
     h_maxpos = f.llama.get("max_position_embeddings") or 0
-    if serving and isinstance(h_maxpos, int) and h_maxpos < t.max_positions:
+    if isinstance(h_maxpos, int) and h_maxpos < t.max_positions:
         out.append(
             error(
-                f"head max_position_embeddings {h_maxpos} < target's {t.max_positions}: the draft's rotary "
-                f"tables and context limit come from it",
+                f"head max_position_embeddings {h_maxpos} < target's {t.max_positions}: the engines take the "
+                "draft's rotary tables and context limit from it",
                 f'"max_position_embeddings": {t.max_positions} (or more) in the head\'s config.json',
             )
         )
@@ -357,14 +417,33 @@ def _against_target(f: HeadFolder, t: TargetFacts, serving: bool) -> list[Proble
             error(
                 f"the head was trained on a {rec['num_hidden_layers']}-layer target "
                 f"({rec.get('path')}); --target has {t.layers} layers",
-                f"--target {rec.get('path') or '<the training target>'}",
+                same,
             )
         )
-    if serving and rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], model_fingerprint(t.path)):
+    vocab = t.ident("vocab_hash") if rec.get("vocab_hash") else None  # the tokenizer is read only when needed
+    if vocab and vocab != rec["vocab_hash"]:
+        out.append(
+            error(
+                f"the head was trained with another vocabulary (vocab hash {rec['vocab_hash'][:12]}, "
+                f"--target's is {vocab[:12]}): its token ids mean other tokens here",
+                same,
+            )
+        )
+    template = t.ident("chat_template_hash") if rec.get("chat_template_hash") else None
+    if template and template != rec["chat_template_hash"]:
         out.append(
             warning(
-                f"--target {t.path} is not byte-identical to the training target "
-                f"({rec.get('path')}, fingerprint {rec['fingerprint']})",
+                f"the head was trained on conversations rendered with another chat template "
+                f"({rec['chat_template_hash'][:12]}, this target's is {template[:12]}): prompts here are "
+                "rendered differently and acceptance may suffer",
+                same,
+            )
+        )
+    if rec.get("fingerprint") and not same_fingerprint(rec["fingerprint"], t.ident("fingerprint")):
+        out.append(
+            warning(
+                f"--target {t.path} is not byte-identical to the training target (fingerprint "
+                f"{rec['fingerprint']}): acceptance may suffer",
                 "fine for a re-saved or re-quantised copy; otherwise pass the training target",
             )
         )
@@ -528,61 +607,61 @@ def _vocab_map(f: HeadFolder, t: TargetFacts | None, draft_vocab: int | None) ->
     return out
 
 
-def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None) -> list[Problem]:
-    """The layers the head reads (one reading of every field, the one rule for ids) and, per serving
-    engine, the layers that engine would feed it."""
+def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None, first_id_rule: bool):
+    """(problems, readings, (ids, source) or None): the layers the head reads (one reading of every
+    field, the one rule for ids) and, per serving engine, the layers that engine would feed it
+    (SGLang's by the target's class: `first_id_rule`)."""
     fix = "fix the head's aux layer fields"
+    readings: list[AuxReading] = []
     try:
-        readings = aux_readings(f.cfg, f.layout)
+        readings = aux_readings(f.cfg, f.layout, first_id_rule)
         ids, source, notices = resolve_aux_ids(readings, layers, n_aux_fc, f.where)
     except UsageError as e:
-        return [error(e.what, e.next_step or fix)]
+        return [error(e.what, e.next_step or fix)], readings, None
     record = (
         "record the layers the head was trained on: eagle3.aux_layer_ids (hidden_states indices), "
-        "eagle_config ids = k-1 for SGLang, top-level ids = k for vLLM"
+        "eagle_config ids = k-1 for SGLang (k on its DeepSeek family), top-level ids = k for vLLM"
     )
     out = [warning(n, record) for n in notices]
-    if engine == "llama.cpp" and len(ids) != 3:
-        out.append(
-            error(
-                f"the head reads {len(ids)} aux layers {list(ids)}; llama.cpp's eagle3 reads exactly 3 "
-                "(extract_layers)",
-                "a head trained on three aux layers (the default 2,L//2,L-3)",
-            )
-        )
+    if engine == "llama.cpp":
+        out += [
+            error(p, "a head trained on three aux layers (the default 2,L//2,L-3)")
+            for p in llama_cpp_layer_problems(ids, layers)
+        ]
+    if engine == "sglang":
+        out += [
+            error(p, "serve it with vLLM, or retrain on ids from 2") for p in sglang_id_problems(ids, first_id_rule)
+        ]
     if engine not in SERVING or layers is None:
-        return out
+        return out, readings, (ids, source)
     if not (f.cfg.get("eagle3") or {}).get("aux_layer_ids") and not notices:
         out.append(
             warning(f"the head has no eagle3.aux_layer_ids; taking hidden_states{list(ids)} from {source}", record)
         )
-    fed = {
-        "sglang": _fed(f.cfg.get("eagle_config") or {}, "eagle_aux_hidden_state_layer_ids", layers, True),
-        "vllm": _fed(f.cfg, "eagle_aux_hidden_state_layer_ids", layers, False),
+    sg = int_list((f.cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
+    top = int_list(f.cfg.get("eagle_aux_hidden_state_layer_ids"))
+    fed = {  # what each engine feeds, in the layer order it captures; its default without a field
+        "sglang": (sorted(from_sglang_ids(sg, first_id_rule)), f"eagle_config ids {sg}") if sg else None,
+        "vllm": (sorted(top), f"eagle_aux_hidden_state_layer_ids={top}") if top else None,
     }
-    for eng, (got, where) in fed.items():
-        if list(got) == list(ids) or (eng != engine and f.layout == "speculators"):
+    for eng, got in fed.items():
+        got = got or (list(default_aux_layer_ids(layers)), f"{ENGINE_NAMES[eng]}'s default (no ids for it)")
+        if got[0] == list(ids) or (eng != engine and f.layout == "speculators"):
             continue
-        want = [k - 1 for k in ids] if eng == "sglang" else list(ids)
+        want = sglang_ids(ids, first_id_rule) if eng == "sglang" else list(ids)
         field = (
-            "eagle_config.eagle_aux_hidden_state_layer_ids"
-            if eng == "sglang"
-            else "top-level eagle_aux_hidden_state_layer_ids"
+            "eagle_config.eagle_aux_hidden_state_layer_ids" if eng == "sglang" else "eagle_aux_hidden_state_layer_ids"
         )
-        msg = f"{eng} would feed hidden_states{list(got)} from {where}, but the head was trained on hidden_states{list(ids)}"
+        msg = f"{eng} would feed hidden_states{got[0]} from {got[1]}, but the head was trained on hidden_states{list(ids)}"
         fix = f"set {field} to {want} in the head's config.json"
         out.append(error(msg, fix) if eng == engine else warning(msg + f" (only matters for --engine {eng})", fix))
-    return out
+    return out, readings, (ids, source)
 
 
-def _fed(where: dict, key: str, layers: int, sglang: bool) -> tuple[list[int], str]:
-    """The hidden_states indices an engine feeds a head, in the layer order it captures them."""
-    ids = int_list(where.get(key))
-    if ids:
-        fed = from_sglang_ids(ids) if sglang else ids
-        label = f"eagle_config.{key}={list(ids)} (+1)" if sglang else f"{key}={list(ids)}"
-        return sorted(int(k) for k in fed), label
-    return list(default_aux_layer_ids(layers)), f"{'SGLang' if sglang else 'vLLM'}'s default (no {key})"
+def llama_cpp_layer_problems(layers, target_layers: int | None) -> list[str]:
+    """llama.cpp's extract layers: exactly 3 (`eagle3.cpp`), by the one rule for aux ids (1..L-1)."""
+    three = [] if len(layers) == 3 else [f"extract layers {list(layers)}: llama.cpp's eagle3 reads exactly 3"]
+    return three + aux_layer_problems(layers, target_layers)
 
 
 def refuse(found: list[Problem], what: str, expected: str | None, next_step: str) -> list[Problem]:

@@ -43,6 +43,29 @@ SGLANG_EAGLE3_TARGETS = frozenset({
     "Qwen4ExpForConditionalGeneration", "SarvamMoEForCausalLM", "TeleFLMForCausalLM",
 })
 # fmt: on
+# Target classes whose `set_eagle3_layers_to_capture` adds 1 to the head's SGLang ids only when the
+# first id is 1 (SGLang PR 25454, in 0.5.23): `deepseek_v2.py` (and its subclasses in `glm4_moe.py`,
+# `mistral_large_3.py`), `glm4_moe_lite.py`, and Kimi K2.5, which hands the ids to its DeepSeek-V3 language
+# model. Every other class adds 1 always. `tests/unit/test_aux_layers.py` reads the rule back from an
+# installed SGLang's source.
+SGLANG_FIRST_ID_RULE = frozenset(
+    {
+        "DeepseekV2ForCausalLM",
+        "DeepseekV3ForCausalLM",
+        "DeepseekV32ForCausalLM",
+        "GlmMoeDsaForCausalLM",
+        "Glm4MoeLiteForCausalLM",
+        "MistralLarge3ForCausalLM",
+        "KimiK25ForConditionalGeneration",
+    }
+)  # fmt: skip
+
+
+def sglang_first_id_rule(architectures) -> bool:
+    """Does SGLang read a head's ids for a target of these `architectures` by the first-id rule?"""
+    return any(a in SGLANG_FIRST_ID_RULE for a in architectures or [])
+
+
 VLLM_EAGLE3_TARGETS = frozenset(
     {
         "LlamaForCausalLM",  # llama.py: SupportsEagle3
@@ -201,8 +224,9 @@ def sglang_norm_problem(norm_before_fc: bool, norm_before_residual: bool) -> str
 
 
 SGLANG_NORM_FIX = (
-    "serve it with vLLM (eagle3 serve --engine vllm) or llama.cpp (eagle3 export --format gguf, then eagle3 serve "
-    "--engine llama.cpp); for SGLang, train a head without --norm-before-fc and --norm-before-residual"
+    "serve it with vLLM (eagle3 export --format vllm, then eagle3 serve --engine vllm) or llama.cpp (eagle3 export "
+    "--format gguf, then eagle3 serve --engine llama.cpp); for SGLang, train a head without --norm-before-fc and "
+    "--norm-before-residual"
 )
 
 

@@ -101,6 +101,18 @@ class HeadFolder:
     def where(self) -> str:
         return f"head {self.path}"
 
+    @property
+    def target_architectures(self) -> list | None:
+        """The target's classes as the head records them (eagle3's export, a speculators verifier)."""
+        archs = (self.cfg.get("eagle3") or {}).get("target_architectures")
+        archs = archs or ((self.cfg.get("speculators_config") or {}).get("verifier") or {}).get("architectures")
+        return archs if isinstance(archs, list) else None
+
+    @property
+    def target_ref(self) -> str | None:
+        """The target the head names: eagle3's own record first, then a speculators verifier."""
+        return self.target.get("path") or self.target.get("name_or_path")
+
     def shape(self, name: str) -> tuple[int, ...] | None:
         return self.index[self.names[name]].shape if self.index is not None and name in self.names else None
 
@@ -126,13 +138,9 @@ def read_folder(head_dir: Path) -> HeadFolder:
     if layout == "speculators":
         layer = cfg.get("transformer_layer_config")
         llama = dict(layer) if isinstance(layer, dict) else {}
-        verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
-        target = dict((cfg.get("eagle3") or {}).get("target") or {})
-        if verifier.get("name_or_path"):
-            target["name_or_path"] = verifier["name_or_path"]
     else:
         llama = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
-        target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    target = _recorded(cfg, layout)
     w_path = head_dir / HEAD_WEIGHTS
     index, unreadable = None, None
     if not w_path.exists():
@@ -146,6 +154,24 @@ def read_folder(head_dir: Path) -> HeadFolder:
     for name in index or {}:
         names.setdefault(canonical_name(name), name)
     return HeadFolder(head_dir, cfg, layout, llama, target, index, unreadable, names)
+
+
+def _recorded(cfg: dict, layout: str) -> dict:
+    """What the head records of its target: eagle3.target, and a speculators verifier's name_or_path."""
+    target = dict((cfg.get("eagle3") or {}).get("target") or {})
+    verifier = (cfg.get("speculators_config") or {}).get("verifier") or {}
+    if layout == "speculators" and verifier.get("name_or_path"):
+        target["name_or_path"] = verifier["name_or_path"]
+    return target
+
+
+def recorded_target(head_dir: Path) -> str | None:
+    """The target a head folder names (eagle3's record first, as `HeadFolder.target_ref`), usable from here."""
+    from ..model.target import resolvable_reference
+
+    cfg = read_config_json(head_file(Path(head_dir), "config.json"))
+    target = _recorded(cfg, detect_layout(cfg))
+    return resolvable_reference(target.get("path") or target.get("name_or_path"), base=Path(head_dir))
 
 
 # ---------------------------------------------------------------- aux layer ids
@@ -174,8 +200,9 @@ def _int_list(value, where: str) -> list[int] | None:
         ) from None
 
 
-def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
-    """Every field of a head config that names aux layers, each read in its engine's convention."""
+def aux_readings(cfg: dict, layout: str, first_id_rule: bool = False) -> list[AuxReading]:
+    """Every field of a head config that names aux layers, each read in its engine's convention (SGLang's
+    for the target's class: `first_id_rule`, `speculate.aux_layers.from_sglang_ids`)."""
     out = []
     ours = _int_list((cfg.get("eagle3") or {}).get("aux_layer_ids"), "eagle3.aux_layer_ids")
     if ours:
@@ -184,13 +211,10 @@ def aux_readings(cfg: dict, layout: str) -> list[AuxReading]:
     sg = _int_list(eagle_cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids")
     if sg:
         # SGLang adds 1 ("output of layer k" is the input of layer k+1) and captures in layer order
+        fed = from_sglang_ids(sg, first_id_rule)
+        how = "output of layer k, +1" if fed[0] != sg[0] else "as given (DeepSeek family: +1 only to a first id of 1)"
         out.append(
-            AuxReading(
-                "eagle_config.eagle_aux_hidden_state_layer_ids",
-                tuple(sg),
-                tuple(sorted(from_sglang_ids(sg))),
-                "SGLang: output of layer k, +1",
-            )
+            AuxReading("eagle_config.eagle_aux_hidden_state_layer_ids", tuple(sg), tuple(sorted(fed)), f"SGLang: {how}")
         )
     top = _int_list(cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
     if top:

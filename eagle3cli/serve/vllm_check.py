@@ -12,8 +12,8 @@ from __future__ import annotations
 import json
 import subprocess
 
-from .commands import VLLM_API_MODULE, ParserCheck
-from .engine_args import VLLM_REFUSED
+from ..engines.vllm import API_MODULE, REFUSED
+from .commands import ParserCheck
 
 # Runs in the engine's python: argv[1:] = the engine's arguments after `serve` / the module name.
 _PROBE = r"""
@@ -48,29 +48,29 @@ print(json.dumps({"ok": True, "version": version, "model": getattr(args, "model_
     "speculative_config": spec if isinstance(spec, dict) or spec is None else dict(spec),
     "host": args.host, "port": args.port, "changed": changed}))
 """
-# the refused dests serve does not set itself (engine_args.VLLM_REFUSED): vLLM's parser says which are set
-_GUARDED = [d for d, g in VLLM_REFUSED.items() if g.own is None]
+# the refused dests serve does not set itself (engines.vllm.REFUSED): vLLM's parser says which are set
+_GUARDED = [d for d, g in REFUSED.items() if g.own is None]
 
 
 def engine_args(argv: list[str]) -> list[str]:
     """What vLLM's parser sees: after `python -m MODULE` or `vllm serve`."""
-    if VLLM_API_MODULE in argv:
-        return argv[argv.index(VLLM_API_MODULE) + 1 :]
+    if API_MODULE in argv:
+        return argv[argv.index(API_MODULE) + 1 :]
     return argv[argv.index("serve") + 1 :] if "serve" in argv else argv[1:]
 
 
 def differences(parsed: dict, spec_cfg: dict, host: str, port: int, model: str | None = None) -> list[str]:
     """What vLLM parsed that is not what we meant (a later flag after `--` wins in argparse), and every
-    refused argument vLLM's parser read, in whatever spelling (engine_args.VLLM_REFUSED)."""
+    refused argument vLLM's parser read, in whatever spelling (engines.vllm.REFUSED)."""
     got = parsed.get("speculative_config") or {}
     wrong = [f"speculative_config.{k}={got.get(k)!r} (meant {v!r})" for k, v in spec_cfg.items() if got.get(k) != v]
     meant = [("host", host), ("port", port)] + ([("model", model)] if model is not None else [])
     wrong += [f"{k}={parsed.get(k)!r} (meant {v!r})" for k, v in meant if parsed.get(k) != v]
     changed = parsed.get("changed") or {}
     return wrong + [
-        f"{dest}={value} ({VLLM_REFUSED[dest].changes}; meant vLLM's default)"
+        f"{dest}={value} ({REFUSED[dest].changes}; meant vLLM's default)"
         for dest, value in changed.items()
-        if dest in VLLM_REFUSED and str(value).strip("'\"").lower() not in VLLM_REFUSED[dest].allowed
+        if dest in REFUSED and str(value).strip("'\"").lower() not in REFUSED[dest].allowed
     ]
 
 

@@ -5,7 +5,8 @@ eagle3 names an aux layer by its index k in transformers' `output_hidden_states`
 of decoder layer k. SGLang reads `eagle_config.eagle_aux_hidden_state_layer_ids` as "output of
 layer k" (it adds 1 and captures hidden_states[k+1]); vLLM reads a top-level
 `eagle_aux_hidden_state_layer_ids` first, as hidden_states[k]. Both capture [2, L//2, L-3] when a
-head names no layers.
+head names no layers. SGLang's DeepSeek-V2 family adds 1 only when the first id is 1
+(`from_sglang_ids`), so there the ids are written as they are.
 
 The order is the layers': vLLM's and SGLang's targets capture in their loop over the decoder layers
 (`for idx, layer in enumerate(self.layers): if idx in self.aux_hidden_state_layers:
@@ -99,15 +100,34 @@ def aux_layer_problems(ids, num_layers: int | None = None) -> list[str]:
     return problems
 
 
-def sglang_ids(ids) -> list[int]:
-    """eagle3 ids written in SGLang's convention (`eagle_config.eagle_aux_hidden_state_layer_ids`):
-    SGLang adds 1 ("output of layer k" is the input of layer k+1)."""
-    return [int(k) - 1 for k in ids]
+def sglang_ids(ids, first_id_rule: bool = False) -> list[int] | None:
+    """eagle3 ids written in SGLang's convention (`eagle_config.eagle_aux_hidden_state_layer_ids`) for
+    the target's class: k - 1, since SGLang adds 1 ("output of layer k" is the input of layer k+1), or,
+    with `first_id_rule`, k as they are (`from_sglang_ids`). None where SGLang cannot be told them
+    (`sglang_id_problems`): the field is then written null, and serve --engine sglang refuses the head."""
+    if sglang_id_problems(ids, first_id_rule):
+        return None
+    return [int(k) - (0 if first_id_rule else 1) for k in ids]
 
 
-def from_sglang_ids(ids) -> list[int]:
-    """The hidden_states indices SGLang captures for its ids."""
-    return [int(k) + 1 for k in ids]
+def from_sglang_ids(ids, first_id_rule: bool = False) -> list[int]:
+    """The hidden_states indices SGLang captures for its ids. Its `set_eagle3_layers_to_capture` adds 1
+    to every id on Llama, Qwen2/3 and most classes; on the DeepSeek-V2 family (`deepseek_v2.py`,
+    `glm4_moe_lite.py`: `head.engines.SGLANG_FIRST_ID_RULE`) only when the first id is 1, and
+    captures the ids as given otherwise (SGLang 0.5.23)."""
+    plus = 0 if first_id_rule and not (ids and int(ids[0]) == 1) else 1
+    return [int(k) + plus for k in ids]
+
+
+def sglang_id_problems(ids, first_id_rule: bool) -> list[str]:
+    """What SGLang cannot be told to capture on a target with the first-id rule: hidden_states[1]
+    (written as 1 it becomes 2; written as 0 it stays 0)."""
+    if first_id_rule and ids and int(ids[0]) == 1:
+        return [
+            f"aux layer ids {list(ids)} start at hidden_states[1], which SGLang's DeepSeek-family targets cannot "
+            "be told to capture (they add 1 to the ids only when the first is 1)"
+        ]
+    return []
 
 
 def vllm_ids(ids) -> list[int]:

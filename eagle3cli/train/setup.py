@@ -389,24 +389,19 @@ def folder_shares(cfg: TrainConfig, run_dir: Path, source, unused: set[int]) -> 
 
 
 def start_head(cfg: TrainConfig, source, identity: dict, tcfg: dict, aux_ids: tuple[int, ...]) -> Eagle3Draft:
-    """--init-head: the head to start from, checked against this run (target, aux layers, norms, vocab);
-    its d2t becomes the source's, so the loss and the exported head use the head's draft vocab."""
+    """--init-head: the head to start from, checked against this run's target (`head.check`) and settings
+    (aux layers, norms, draft vocab); its d2t becomes the source's, so the loss and the exported head
+    use the head's draft vocab."""
+    from ..head.check import target_facts
     from ..head.read import load_any_head
 
-    draft, spec = load_any_head(Path(cfg.init_head), None, torch.float32)  # type: ignore[arg-type]
+    # the head against this run's target by the one head check, as eval and serve ask it
+    facts = target_facts(tcfg, Path(identity["path"]), identity)
+    draft, spec = load_any_head(Path(cfg.init_head), None, torch.float32, target=facts)  # type: ignore[arg-type]
     where = f"--init-head {cfg.init_head}"
-    check_matches(
-        where,
-        {k: spec.target.get(k) for k in identity if k != "path"},
-        {k: v for k, v in identity.items() if k != "path"},
-        "start from a head trained for this target, or leave --init-head out",
-    )
+    for notice in spec.notices:
+        console.warn(notice)
     problems = []
-    if spec.vocab_size != int(tcfg["vocab_size"]) or spec.target_hidden_size != int(tcfg["hidden_size"]):
-        problems.append(
-            f"it is for a target with vocab {spec.vocab_size} and hidden size {spec.target_hidden_size}; "
-            f"this target has {tcfg['vocab_size']} and {tcfg['hidden_size']}"
-        )
     if tuple(spec.aux_layer_ids) != tuple(aux_ids):
         problems.append(
             f"it reads aux layers {list(spec.aux_layer_ids)}, this run {list(aux_ids)} "

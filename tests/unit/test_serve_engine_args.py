@@ -154,10 +154,11 @@ def test_the_sglang_table_is_sglangs_own():
     static = engine_args.sglang_table(use_parser=False)
     assert parsed.complete and "own parser" in parsed.source and "static table" in static.source
     dests = set(parsed.options.values())
-    ours = {*engine_args.SGLANG_REFUSED, *engine_args.SGLANG_WARNED, *engine_args.SGLANG_SPEC_OK}
+    e = engine_args.ENGINES["sglang"]
+    ours = {*e.refused, *e.warned, *e.spec_ok}
     assert ours - dests == set()
     for option, dest in parsed.options.items():
-        if dest in engine_args.SGLANG_REFUSED and option.startswith("--"):
+        if dest in e.refused and option.startswith("--"):
             assert static.options.get(option) == dest, option
     # every flag SGLang has about the draft, its map or acceptance is in the table: refused, warned or harmless
     eagle_words = ("draft", "token_map", "accept", "verification", "rejection")
