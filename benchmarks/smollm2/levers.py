@@ -65,7 +65,7 @@ def main() -> None:
     if not (run / "head" / "manifest.json").is_file():
         rec.sh([*pin, *E3, "train", "--recipe", "recipes/smollm2-135m/train-online.yaml", "--run", run,
                 "--data", a.data, "--target", TARGET, "--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1",
-                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss, "--export-checkpoint", "last",
+                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss, "--head-from", "last",
                 *[x for d in a.extra_data for x in ("--extra-data", d)], *a.train_flag], env=env)  # fmt: skip
     for bench, n in EVALS:
         out = run / f"eval-{bench}"

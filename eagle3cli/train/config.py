@@ -157,7 +157,7 @@ class TrainConfig:
     alpha_k at --heldout-depth, in metrics.jsonl and RUN/train/learning_curve.png."""
     heldout_depth: int = 8
     """Draft depth of the held-out chain estimate (as `eagle3 eval --depth`; may exceed --depth)."""
-    export_checkpoint: Literal["best", "last"] = "best"
+    head_from: Literal["best", "last"] = "best"
     """Which weights RUN/head gets: best = the checkpoint with the highest held-out tau (measured
     every --heldout-every steps and at the end; tau can fall while the loss still falls), last = the
     final step's. With no held-out split (--heldout-samples 0) the last is exported."""

@@ -69,7 +69,7 @@ class Interval:
 
 def new_best(tr: Trainer, m: dict) -> bool:
     """Whether this metrics line's held-out tau beats every earlier one; if so the loop records it
-    and the checkpoint at this step becomes `best` (the one `--export-checkpoint best` exports)."""
+    and the checkpoint at this step becomes `best` (the one `--head-from best` exports)."""
     tau = m.get("heldout_tau")
     if tau is None or not tau > tr.loop.best:
         return False
@@ -376,7 +376,7 @@ def fit(tr: Trainer) -> None:
 
 
 def keep_best(tr: Trainer) -> dict:
-    """`--export-checkpoint best`: put the weights of the checkpoint with the highest held-out tau
+    """`--head-from best`: put the weights of the checkpoint with the highest held-out tau
     back into the draft when the last step's is lower (every rank: they measured the same tau).
     Returns what the manifest records of the choice; {} when nothing was measured."""
     last_tau = tr.loop.metrics.get("heldout_tau")
@@ -384,7 +384,7 @@ def keep_best(tr: Trainer) -> dict:
         return {}
     kept = {"exported_step": tr.loop.step, "exported_heldout_tau": last_tau, "last_step": tr.loop.step,
             "last_heldout_tau": last_tau, "best_step": tr.loop.best_step, "best_heldout_tau": tr.loop.best}  # fmt: skip
-    if tr.cfg.export_checkpoint == "last" or tr.loop.best_step == tr.loop.step or not tr.loop.best > last_tau:
+    if tr.cfg.head_from == "last" or tr.loop.best_step == tr.loop.step or not tr.loop.best > last_tau:
         return kept
     link = tr.train_dir / ckpt.CKPT_DIR / "best"
     if not link.resolve().is_file():
@@ -398,7 +398,7 @@ def keep_best(tr: Trainer) -> dict:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
     if tr.rank == 0:
         console.log(f"exporting step {tr.loop.best_step}'s weights: held-out tau {tr.loop.best:.3f}, above the last "
-                    f"step's {last_tau:.3f} (--export-checkpoint last exports the last)")  # fmt: skip
+                    f"step's {last_tau:.3f} (--head-from last exports the last)")  # fmt: skip
     return kept | {"exported_step": tr.loop.best_step, "exported_heldout_tau": tr.loop.best}
 
 

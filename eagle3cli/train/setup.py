@@ -469,7 +469,7 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "device",
         "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
         "heldout_depth",
-        "export_checkpoint",  # which weights the head gets at the end: training is the same
+        "head_from",  # which weights the head gets at the end: training is the same
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
     ):
         d.pop(k, None)

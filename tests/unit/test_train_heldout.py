@@ -114,7 +114,7 @@ def test_the_head_is_the_checkpoint_with_the_best_heldout_tau(tmp_path, base_run
     monkeypatch.setattr(loop, "plot_curve", lambda *a, **k: None)
     run = copy_run(base_run, tmp_path / "run")
     cfg = fast_train_config(run, max_steps=5, log_every=1, save_every=3, heldout_every=2, ttt_steps=1,
-                            export_checkpoint=export, lr=1e-2)  # fmt: skip
+                            head_from=export, lr=1e-2)  # fmt: skip
     tr = setup(cfg)
     fit(tr)
     final = {k: v.clone() for k, v in tr.draft.state_dict().items()}
