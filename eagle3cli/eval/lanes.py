@@ -65,8 +65,7 @@ def decode_lanes(
 
     def decode(key, ids: list[int], seed: int) -> DecodeResult:
         if key == "plain":
-            gen = torch.Generator().manual_seed(seed)
-            return plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p, gen)
+            return plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p, seed=seed)
         if key == "generate":
             return hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
         return decoders[key].generate(ids, cfg.max_new_tokens, seed=seed)

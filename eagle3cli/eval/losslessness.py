@@ -71,8 +71,7 @@ def sampling_check(
     plain_tok: list[list[int]] = [[] for _ in range(positions)]
     for s in range(draws):
         r = decoder.generate(prompt_ids, positions, seed=seed + s)
-        g = torch.Generator().manual_seed(10_000_019 + seed + s)
-        p = plain_decode(target, prompt_ids, positions, eos, temperature, top_p, g)
+        p = plain_decode(target, prompt_ids, positions, eos, temperature, top_p, seed=10_000_019 + seed + s)
         for j in range(positions):
             if j < len(r.tokens):
                 spec_tok[j].append(r.tokens[j])

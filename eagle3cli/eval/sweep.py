@@ -153,8 +153,7 @@ def _measure(
 
     def run(name: str, p: int, ids: list[int]):
         if name == "plain":
-            gen = torch.Generator().manual_seed(seed + p)
-            return plain_decode(target, ids, max_new_tokens, eos, temperature, top_p, gen)
+            return plain_decode(target, ids, max_new_tokens, eos, temperature, top_p, seed=seed + p)
         return decoders[name].generate(ids, max_new_tokens, seed=seed + p)
 
     warm = prompts[0][1]

@@ -41,6 +41,7 @@ from ..run_folder.manifest import (
 )
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft, norm_flags
+from ..speculate.sampling import generator_for
 from .read import HeadSpec, load_any_head
 from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
@@ -146,7 +147,7 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
     reloaded.embed_tokens.weight.copy_(draft.embed_tokens.weight.to("cpu", reloaded.embed_tokens.weight.dtype))
     ref = draft
     device = next(draft.parameters()).device
-    g = torch.Generator().manual_seed(seed)
+    g = generator_for("cpu", seed)  # the probe's inputs: drawn on the host, then moved
     cfg = draft.config
     ids = torch.randint(0, cfg.vocab_size, (1, seq_len), generator=g)
     aux = torch.randn(1, seq_len, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)

@@ -1,0 +1,81 @@
+"""The CUDA path, imitated on CPU (tests/gpu_imitation.py), one test class per finding of issue 65;
+the `gpu` tests at the end run the same chain on a real GPU wherever one exists."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_imitation import accelerator_draws, fake_cuda  # noqa: F401  (a fixture)
+
+from eagle3cli.model.target import load_target
+from eagle3cli.speculate import verify_chain_sampling, verify_tree_sampling
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids
+from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode
+from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+
+PACKAGE = Path(__file__).resolve().parents[2] / "eagle3cli"
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_target_dir):
+    model, tok, _ = load_target(tiny_target_dir)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Say hi."}], add_generation_prompt=True, tokenize=True)
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    aux = default_aux_layer_ids(model.config.num_hidden_layers)
+    torch.manual_seed(0)
+    draft = Eagle3Draft(draft_config_from_target(model.config, model.config.vocab_size, aux)).eval()
+    return model, draft, aux, prompt
+
+
+# ---------------------------------------------------------------- 1. draws on the device of what they sample
+@pytest.mark.parametrize("temperature,top_p", [(0.8, 1.0), (1.0, 0.9)])
+def test_sampled_decoding_draws_with_a_generator_of_the_tensors_device(tiny, accelerator_draws, temperature, top_p):
+    """Plain decoding, both speculative modes and the sampling check draw only with generators made
+    for the device of what they sample (on a GPU the old host generators raised at the first draw)."""
+    from eagle3cli.eval.losslessness import sampling_check
+
+    model, draft, aux, prompt = tiny
+    for mode in ("chain", "tree"):
+        dec = SpeculativeDecoder(model, draft, aux, mode=mode, depth=3, topk=2, num_draft_tokens=4,
+                                 temperature=temperature, top_p=top_p)  # fmt: skip
+        assert len(dec.generate(prompt, 6, seed=1).tokens) == 6
+    check = sampling_check(model, dec, prompt, set(), draws=2, positions=3, temperature=temperature, top_p=top_p)
+    assert check["draws"] == 2
+    assert accelerator_draws.draws > 20
+
+
+def test_plain_sampling_is_seeded_on_the_models_device(tiny, accelerator_draws):
+    """plain_decode takes a seed, not a generator: it makes its own for the model's device."""
+    model, _, _, prompt = tiny
+    a, b = (plain_decode(model, prompt, 8, set(), 1.0, 1.0, seed=3).tokens for _ in range(2))
+    assert a == b != plain_decode(model, prompt, 8, set(), 1.0, 1.0, seed=4).tokens
+
+
+def test_verification_draws_on_the_probabilities_device(accelerator_draws):
+    """The verifiers draw their uniforms where the probabilities are, for any generator made by
+    `generator_for` that device's; a host generator is what a GPU refuses."""
+    from eagle3cli.speculate import generator_for
+
+    g = generator_for("cpu", 0)
+    p = torch.softmax(torch.randn(4, 10), -1)
+    q = torch.softmax(torch.randn(3, 10), -1)
+    a, out = verify_chain_sampling(torch.tensor([1, 2, 3]), q, p, g)
+    assert 0 <= a <= 3 and out.shape == (a + 1,)
+    path, out = verify_tree_sampling(torch.tensor([1, 2, 3]), torch.tensor([-1, 0, 0]), p, g)
+    assert out.shape == (len(path) + 1,)
+    with pytest.raises(RuntimeError, match="device type for generator"):
+        verify_chain_sampling(torch.tensor([1, 2, 3]), q, p, torch.Generator())
+
+
+def test_the_package_makes_generators_in_one_place():
+    """`torch.Generator(` is called in speculate/sampling.py's `generator_for` alone, so no draw can
+    take a generator made for another device than the tensor it samples."""
+    found = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.Generator":
+                found.append(str(path.relative_to(PACKAGE)))
+    assert found == ["speculate/sampling.py"], found
