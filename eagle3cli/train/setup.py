@@ -545,7 +545,9 @@ def resume(tr: Trainer) -> None:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.scheduler.load_state_dict(state["scheduler"])
-    ckpt.set_rng_state(state.get("rng"), path)
+    gpus_changed = ckpt.set_rng_state(state.get("rng"), path)
+    if gpus_changed and tr.rank == 0:
+        console.log(f"resume: {gpus_changed}")
     tr.loop.restore(state)
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.loop.step)

@@ -79,3 +79,23 @@ def test_the_package_makes_generators_in_one_place():
             if isinstance(node, ast.Call) and ast.unparse(node.func) == "torch.Generator":
                 found.append(str(path.relative_to(PACKAGE)))
     assert found == ["speculate/sampling.py"], found
+
+
+# ---------------------------------------------------------------- 2. RNG states per GPU that exists
+@pytest.mark.parametrize("saved,now", [(4, 1), (2, 1), (1, 2), (3, 3)])
+def test_resume_restores_a_cuda_rng_state_per_gpu_that_exists(monkeypatch, saved, now):
+    """A checkpoint from `saved` GPUs resumed where `now` are visible: each existing GPU gets its
+    own saved state, no IndexError, and one line says when the counts differ."""
+    from eagle3cli.train import checkpoint as ckpt
+
+    cuda = fake_cuda(monkeypatch, saved)
+    state = ckpt.rng_state()
+    assert len(state["cuda"]) == saved
+    cuda.n, cuda.states = now, {}
+    said = ckpt.set_rng_state(state)
+    assert sorted(cuda.states) == list(range(min(saved, now)))
+    assert all(torch.equal(cuda.states[i], state["cuda"][i]) for i in cuda.states)
+    if saved == now:
+        assert said is None
+    else:
+        assert f"for {saved} GPU(s), this process sees {now}" in said
