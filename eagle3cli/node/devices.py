@@ -31,6 +31,18 @@ def available_devices() -> list[str]:
     return out
 
 
+def shard_device(device: str | None, rank: int) -> str | None:
+    """The device of `--shard rank/N` when `--device` is left out: cuda:(rank mod GPUs), so N shard
+    processes started alike spread over the node's GPUs instead of all loading the target on cuda:0.
+    A device given, or no GPU, is kept as is (None: auto)."""
+    import torch
+
+    if (device is not None and str(device).strip().lower() not in AUTO) or not torch.cuda.is_available():
+        return device
+    n = torch.cuda.device_count()
+    return f"cuda:{rank % n}" if n > 0 else device
+
+
 def _why_not(kind: str) -> str:
     import torch
 

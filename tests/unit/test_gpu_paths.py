@@ -99,3 +99,44 @@ def test_resume_restores_a_cuda_rng_state_per_gpu_that_exists(monkeypatch, saved
         assert said is None
     else:
         assert f"for {saved} GPU(s), this process sees {now}" in said
+
+
+# ---------------------------------------------------------------- 6. cache --shard i/N spreads over the GPUs
+class _Opened(Exception):
+    pass
+
+
+@pytest.mark.parametrize(
+    "shard,gpus,device,expected",
+    [("0/2", 2, None, "cuda:0"), ("1/2", 2, None, "cuda:1"), ("3/4", 2, None, "cuda:1"), ("5/8", 3, None, "cuda:2"),
+     ("1/2", 2, "cuda:0", "cuda:0"), ("1/2", 2, "cpu", "cpu"), ("1/2", 0, None, None)],
+)  # fmt: skip
+def test_cache_shard_without_device_runs_on_gpu_i_mod_count(tmp_path, tiny_target_dir, monkeypatch, shard, gpus, device, expected):
+    """`cache --shard i/N` loads the target on cuda:(i mod GPUs) unless --device names one (faked GPUs:
+    the target is not loaded, the device it would be loaded on is recorded)."""
+    from cache_fixtures import conversations, write_data_folder
+
+    from eagle3cli.cache import run as cache_run
+    from eagle3cli.cache.config import CacheConfig
+    from eagle3cli.config import build_config
+
+    data = write_data_folder(tmp_path / "data", tiny_target_dir, conversations(12))
+    if gpus:
+        fake_cuda(monkeypatch, gpus)
+        monkeypatch.setattr("eagle3cli.node.devices.available_devices", lambda: ["cpu", "cuda", *(f"cuda:{i}" for i in range(gpus))])
+    seen = []
+
+    real = cache_run.open_target
+
+    def opened(path, load=False, device=None, dtype=None):
+        if not load:  # the target's identity and tokenizer, read before any shard
+            return real(path)
+        seen.append(device)
+        raise _Opened
+
+    monkeypatch.setattr(cache_run, "open_target", opened)
+    flags = dict(data=data, out=tmp_path / "c", target=str(tiny_target_dir), shard=shard, max_length=128, shard_tokens=64)
+    cfg = build_config(CacheConfig, None, "cache", **flags, **({"device": device} if device else {}))
+    with pytest.raises(_Opened):
+        cache_run.run_cache(cfg)
+    assert seen == [expected]
