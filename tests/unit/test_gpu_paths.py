@@ -140,3 +140,71 @@ def test_cache_shard_without_device_runs_on_gpu_i_mod_count(tmp_path, tiny_targe
     with pytest.raises(_Opened):
         cache_run.run_cache(cfg)
     assert seen == [expected]
+
+
+# ---------------------------------------------------------------- 5. self-check bound by dtype and matmul precision
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_target_dir):
+    from train_fixtures import make_run
+
+    return make_run(tmp_path_factory.mktemp("gpu-train") / "base", tiny_target_dir, n=16)
+
+
+@pytest.fixture
+def float32_matmul_precision():
+    before, tf32 = torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_tf32
+    yield torch.set_float32_matmul_precision
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.mark.parametrize("precision,exported", [("medium", True), ("highest", False)])
+def test_export_self_check_bound_follows_the_matmul_precision(
+    tmp_path, base_run, monkeypatch, float32_matmul_precision, precision, exported
+):
+    """A reload that agrees to reduced-precision rounding (weights rounded to bf16: what matmuls at
+    "medium" fp32 precision compute, and TF32's order of error) passes the export check under reduced
+    precision and fails it under IEEE fp32; the run ends with its manifest only when it passes."""
+    from train_fixtures import copy_run, fast_train_config
+
+    from eagle3cli.errors import StageError
+    from eagle3cli.head import write
+    from eagle3cli.train.loop import finish, fit, setup
+
+    real = write.load_any_head
+
+    def rounded(path, *a, **kw):
+        out = real(path, *a, **kw)
+        with torch.no_grad():
+            for p in out[0].parameters():
+                p.copy_(p.to(torch.bfloat16).float())
+        return out
+
+    monkeypatch.setattr(write, "load_any_head", rounded)
+    run = copy_run(base_run, tmp_path / "run")
+    float32_matmul_precision(precision)
+    tr = setup(fast_train_config(run, max_steps=2, log_every=2, save_every=2, ttt_steps=2))
+    fit(tr)
+    if exported:
+        finish(tr)
+        man = (run / "train" / "manifest.json").read_text()
+        assert 0 < __import__("json").loads(man)["export_self_check_max_abs_diff"] < 1
+    else:
+        with pytest.raises(StageError, match="reproduces the trained logits only to"):
+            finish(tr)
+        assert not (run / "train" / "manifest.json").exists()
+
+
+def test_matmul_precision_follows_dtype_and_tf32(float32_matmul_precision):
+    from eagle3cli.head.write import matmul_precision
+
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    float32_matmul_precision("highest")
+    torch.backends.cuda.matmul.allow_tf32 = False
+    assert [matmul_precision(torch.float32, d) for d in (cuda, cpu)] == ["fp32", "fp32"]
+    assert matmul_precision(torch.bfloat16, cpu) == "bf16" and matmul_precision(torch.float16, cuda) == "fp16"
+    torch.backends.cuda.matmul.allow_tf32 = True  # common CUDA containers' default
+    assert [matmul_precision(torch.float32, d) for d in (cuda, cpu)] == ["tf32", "fp32"]
+    torch.backends.cuda.matmul.allow_tf32 = False
+    float32_matmul_precision("high")
+    assert matmul_precision(torch.float32, cuda) == "tf32"
