@@ -208,3 +208,66 @@ def test_matmul_precision_follows_dtype_and_tf32(float32_matmul_precision):
     torch.backends.cuda.matmul.allow_tf32 = False
     float32_matmul_precision("high")
     assert matmul_precision(torch.float32, cuda) == "tf32"
+
+
+# ---------------------------------------------------------------- 3. DeepSpeed bf16 keeps fp32 buffers
+def _ds_cfg(tmp_path, preset="zero2"):
+    from eagle3cli.config import build_config
+    from eagle3cli.train.config import TrainConfig
+
+    return build_config(TrainConfig, None, "train", run=tmp_path / "run", deepspeed=preset)
+
+
+@pytest.mark.parametrize("have,refused", [("0.16.0", True), ("0.19.1", True), ("0.19.2", False), ("0.20.0rc1", False)])
+def test_deepspeed_bf16_refuses_a_version_that_casts_buffers(tmp_path, monkeypatch, have, refused):
+    """bf16 with a DeepSpeed that casts buffers exits 2 naming the floor; fp32 runs need no floor."""
+    import importlib.metadata
+
+    from eagle3cli.errors import UsageError
+    from eagle3cli.train.launch import deepspeed_config
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: have)
+    cfg = _ds_cfg(tmp_path)
+    assert deepspeed_config(cfg, bf16=False)["bf16"]["enabled"] is False
+    if refused:
+        with pytest.raises(UsageError, match=r"deepspeed>=0\.19\.2"):
+            deepspeed_config(cfg, bf16=True)
+    else:
+        assert deepspeed_config(cfg, bf16=True)["bf16"]["enabled"] is True
+
+
+def test_pyproject_deepspeed_floor_keeps_buffers():
+    import re
+    import tomllib
+
+    from eagle3cli.train.launch import BF16_KEEPS_BUFFERS
+
+    extras = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    (spec,) = [s for s in extras["deepspeed"] if s.startswith("deepspeed")]
+    floor = tuple(int(x) for x in re.findall(r"\d+", spec.split(">=")[1])[:3])
+    assert floor >= BF16_KEEPS_BUFFERS == (0, 19, 2)
+
+
+@pytest.mark.slow
+def test_deepspeed_bf16_engine_on_cpu_keeps_rope_buffers_fp32(tmp_path, tiny, monkeypatch):
+    """The engine our DeepSpeed path builds, in bf16 on DeepSpeed's CPU accelerator: parameters bf16,
+    RoPE's inv_freq still fp32, and a training step runs."""
+    from eagle3cli.engines.local_engine import free_port
+    from eagle3cli.train.launch import deepspeed_engine
+
+    for k, v in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    model, _, aux, _ = tiny
+    torch.manual_seed(0)
+    draft = Eagle3Draft(draft_config_from_target(model.config, 64, aux))
+    opt = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    engine, _, _ = deepspeed_engine(draft, opt, sched, _ds_cfg(tmp_path), tmp_path, bf16=True)
+    assert draft.fc.weight.dtype == torch.bfloat16
+    assert draft.rotary_emb.inv_freq.dtype == torch.float32
+    ids = torch.randint(0, 64, (1, 8))
+    hid = torch.randn(1, 8, len(aux) * model.config.hidden_size, dtype=torch.bfloat16)
+    h = list(draft.ttt_unroll(ids, hid, steps=1))[-1]
+    engine.backward(draft.logits(h).float().logsumexp(-1).mean())
+    engine.step()
