@@ -31,6 +31,40 @@ def available_devices() -> list[str]:
     return out
 
 
+_SAID: set[str] = set()
+
+
+def gpu_supports_bf16(index: int) -> bool:
+    """What torch.cuda.is_bf16_supported() answers for the current GPU, for GPU `index`: compute
+    capability 8.0 (Ampere) or later; V100 and T4 emulate bf16 matmuls slowly or not at all."""
+    import torch
+
+    if torch.version.hip is not None:
+        return bool(torch.cuda.is_bf16_supported())
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
+
+
+def gpu_auto_dtype(device) -> object:
+    """`--dtype auto` on a GPU: bf16 where it supports it, else fp16, said once per device (training
+    then runs in fp32: fp16 needs loss scaling, which eagle3 does not do)."""
+    import torch
+
+    from ..console import warn
+
+    index = torch.device(device).index
+    index = torch.cuda.current_device() if index is None else index
+    if gpu_supports_bf16(index):
+        return torch.bfloat16
+    name = f"cuda:{index}"
+    if name not in _SAID:
+        _SAID.add(name)
+        warn(
+            f"{name} ({torch.cuda.get_device_name(index)}) has no bf16: --dtype auto loads models in fp16 and "
+            "trains the draft in fp32 (--dtype fp32 for fp32 everywhere)"
+        )
+    return torch.float16
+
+
 def shard_device(device: str | None, rank: int) -> str | None:
     """The device of `--shard rank/N` when `--device` is left out: cuda:(rank mod GPUs), so N shard
     processes started alike spread over the node's GPUs instead of all loading the target on cuda:0.

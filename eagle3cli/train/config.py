@@ -18,6 +18,7 @@ Optimizer = Literal["adamw", "muon"]
 Loss = Literal["ce", "tv", "lk"]
 LmHead = Literal["target", "frozen", "fresh"]
 Init = Literal["random", "soft", "pass-top"]
+TimeClock = Literal["wall", "cpu"]
 
 
 ONLINE_DRAFT_VOCAB = 32000  # --online's draft vocab when --draft-vocab-size is not given
@@ -31,6 +32,8 @@ def upgrade_recorded(config: dict) -> dict:
     d.setdefault("target_dtype", "auto")  # before --target-dtype every online run ran its target in auto
     d.setdefault("extra_data", [])  # before --extra-data a run read one folder
     d.setdefault("extra_data_from", 0)
+    if d.get("time_budget_s") is not None:
+        d.setdefault("time_clock", "cpu")  # before --time-clock a budget counted CPU seconds
     if not d.get("online") and d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
         d["draft_vocab_size"] = None
     return d
@@ -116,10 +119,13 @@ class TrainConfig:
     epochs: int = 1
     """Passes over the data."""
     time_budget_s: float | None = None
-    """Train for this many CPU seconds (core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour;
-    held-out passes and checkpoints excluded, summed over resumed sessions) instead of a number of
-    steps; the warmup and cosine schedule run over the budget. Compares recipes per core-hour,
-    and a machine shared with other jobs does not shorten a run."""
+    """Train for this many wall-clock seconds (held-out passes and checkpoints excluded, summed over
+    resumed sessions) instead of a number of steps; the warmup and cosine schedule run over the
+    budget. --time-clock cpu counts this process's CPU seconds instead."""
+    time_clock: TimeClock = "wall"
+    """The clock --time-budget-s counts: wall (seconds of training, what a GPU run costs) or cpu (this
+    process's core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour; compares recipes per
+    core-hour on a CPU shared with other jobs, which does not shorten a run)."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4

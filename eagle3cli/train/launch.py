@@ -286,7 +286,9 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
 
 def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
-    from ..model.target import pick_device
+    import torch
+
+    from ..model.target import pick_device, pick_dtype
 
     run_dir = cfg.run_dir
     train_dir = run_dir / "train"
@@ -300,7 +302,7 @@ def launch(cfg: TrainConfig) -> Path:
     plan_processes(cfg)  # a bad hostfile fails before anything is written
     device = pick_device(cfg.device)
     # DeepSpeed's bf16 mode on GPUs only; on CPU a bf16 run autocasts (train/loop.py)
-    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and cfg.dtype != "fp32")
+    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and pick_dtype(device, cfg.dtype) == torch.bfloat16)
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise UsageError("the `deepspeed` launcher is not on PATH", "pip install deepspeed", "eagle3 doctor")

@@ -357,7 +357,9 @@ def fit(tr: Trainer) -> None:
     if iv.steps:
         log_interval(tr, iv, heldout=bool(tr.heldout))
     if tr.out_of_time():
-        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} s of training) after {tr.loop.step} steps"
+        tr.stopped = (
+            f"spent the time budget ({cfg.time_budget_s:,.0f} {cfg.time_clock} s of training) after {tr.loop.step} steps"
+        )
     elif tr.loop.step >= tr.total_steps:
         tr.stopped = f"reached {tr.total_steps} optimizer steps"
     else:

@@ -271,3 +271,127 @@ def test_deepspeed_bf16_engine_on_cpu_keeps_rope_buffers_fp32(tmp_path, tiny, mo
     h = list(draft.ttt_unroll(ids, hid, steps=1))[-1]
     engine.backward(draft.logits(h).float().logsumexp(-1).mean())
     engine.step()
+
+
+# ---------------------------------------------------------------- 8. budgets in wall seconds, --compile, doctor, floors, dtypes
+def test_time_budget_counts_wall_seconds_of_a_device_bound_step(tmp_path, base_run, monkeypatch):
+    """A step whose time is spent waiting on the device (a sleep: the process's CPU idles) ends a
+    --time-budget-s run on wall seconds; --time-clock cpu keeps counting core-seconds."""
+    import time
+
+    from train_fixtures import copy_run, fast_train_config
+
+    from eagle3cli.train import setup as train_setup
+    from eagle3cli.train.loop import fit
+
+    real = train_setup.draft_ttt_loss
+
+    def device_bound(*a, **kw):
+        time.sleep(0.15)
+        return real(*a, **kw)
+
+    monkeypatch.setattr(train_setup, "draft_ttt_loss", device_bound)
+    monkeypatch.setattr(train_setup.Trainer, "loss_fn", staticmethod(device_bound))
+    run = copy_run(base_run, tmp_path / "run")
+    tr = train_setup.setup(fast_train_config(run, time_budget_s=1.0, save_every=1000, log_every=1))
+    fit(tr)
+    assert "time budget (1 wall s" in tr.stopped
+    assert 1.0 <= tr.clock.seconds < 2.0 and tr.clock.cpu_seconds < 1.0
+
+
+# The torch calls the package makes that a release introduced: the floor must admit none without them.
+TORCH_SINCE = {"torch.optim.Muon": (2, 9), "get_total_norm": (2, 6), "enable_gqa": (2, 5), "torch.OutOfMemoryError": (2, 5)}
+
+
+def test_pyproject_torch_floor_covers_what_the_code_calls():
+    import re
+    import tomllib
+
+    deps = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    (spec,) = [d for d in deps if re.match(r"torch\b", d)]
+    floor = tuple(int(x) for x in re.findall(r"\d+", spec.split(">=")[1])[:2])
+    source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+    used = {api: since for api, since in TORCH_SINCE.items() if api in source}
+    assert "torch.optim.Muon" in used  # the table is read against real calls
+    assert all(floor >= since for since in used.values()), (floor, used)
+
+
+@pytest.fixture
+def two_gpus(monkeypatch, tmp_path):
+    """An A100 (sm_80) and a V100 (sm_70) as torch would report them, and the driver's nvidia-smi."""
+    from types import SimpleNamespace
+
+    fake_cuda(monkeypatch, 2)
+    caps = {0: ("NVIDIA A100-SXM4-80GB", 8, 0), 1: ("Tesla V100-SXM2-16GB", 7, 0)}
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name=caps[i][0], major=caps[i][1], minor=caps[i][2]))
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: caps[torch.device(i).index if isinstance(i, (str, torch.device)) else i or 0][1:])
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: caps[i or 0][0])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (70 * 2**30, 80 * 2**30) if i == 0 else (15 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text("#!/bin/sh\necho 570.86.15\necho 570.86.15\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}:{__import__('os').environ['PATH']}")
+
+
+def test_doctor_has_a_row_per_gpu_and_the_cuda_driver_nccl_versions(two_gpus):
+    from eagle3cli.doctor import check_devices
+
+    rows = {r.name: r.detail for r in check_devices()}
+    assert rows["cuda"] == "CUDA 12.8, driver 570.86.15, NCCL 2.27.3"
+    assert rows["cuda:0"].startswith("NVIDIA A100-SXM4-80GB, compute capability 8.0, 80.0 GiB (70.0 free), bf16 yes")
+    assert rows["cuda:1"].startswith("Tesla V100-SXM2-16GB, compute capability 7.0, 16.0 GiB (15.0 free), bf16 no")
+
+
+def test_doctor_warns_of_a_cpu_torch_on_a_gpu_node(monkeypatch, tmp_path):
+    from eagle3cli.doctor import check_devices
+
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 0\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", None)
+    (row,) = [r for r in check_devices() if r.name == "cuda"]
+    assert not row.ok and "NVIDIA GPUs" in row.detail and "is a CPU build" in row.detail and "pip install torch" in row.detail
+
+
+def test_auto_dtype_is_bf16_only_where_the_gpu_supports_it(two_gpus, capsys):
+    from eagle3cli.model.target import pick_dtype
+    from eagle3cli.node import devices
+
+    getattr(devices, "_SAID", set()).clear()
+    assert pick_dtype(torch.device("cuda", 0)) == torch.bfloat16
+    assert pick_dtype(torch.device("cuda", 1)) == torch.float16 == pick_dtype(torch.device("cuda", 1))
+    said = capsys.readouterr()
+    assert (said.out + said.err).count("has no bf16") == 1  # once per device
+    assert pick_dtype(torch.device("cuda", 1), "fp32") == torch.float32
+
+
+@pytest.mark.parametrize("has_triton,cc,refused", [(False, True, "needs Triton"), (True, False, "needs a C compiler"), (True, True, None)])
+def test_compile_on_cuda_checks_triton_and_a_c_compiler_first(tmp_path, monkeypatch, has_triton, cc, refused):
+    """`--compile` on a CUDA device exits 2 before training when Triton or the C compiler it builds its
+    launcher with is missing (the first step would fail minutes in, on a stack trace)."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    from eagle3cli.errors import UsageError
+    from eagle3cli.train.setup import compiled_loss
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: SimpleNamespace() if n == "triton" and has_triton else (None if n == "triton" else real(n, *a)))
+    (tmp_path / "bin").mkdir()
+    if cc:
+        (tmp_path / "bin" / "gcc").write_text("#!/bin/sh\n")
+        (tmp_path / "bin" / "gcc").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    monkeypatch.delenv("CC", raising=False)
+    if refused:
+        with pytest.raises(UsageError, match=refused) as e:
+            compiled_loss(torch.device("cuda", 0))
+        assert "or train without --compile" in str(e.value)
+    else:
+        assert callable(compiled_loss(torch.device("cuda", 0)))
