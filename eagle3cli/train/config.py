@@ -122,6 +122,10 @@ class TrainConfig:
     """Train for this many wall-clock seconds (held-out passes and checkpoints excluded, summed over
     resumed sessions) instead of a number of steps; the warmup and cosine schedule run over the
     budget. --time-clock cpu counts this process's CPU seconds instead."""
+    prefetch: int = 2
+    """Micro-batches read ahead in a background thread (cache reads and fp8 decoding, --online's target
+    forwards overlap the step; pinned host memory for an asynchronous copy on CUDA); 0 reads each one
+    in the loop. Changes no result."""
     time_clock: TimeClock = "wall"
     """The clock --time-budget-s counts: wall (seconds of training, what a GPU run costs) or cpu (this
     process's core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour; compares recipes per
@@ -211,6 +215,8 @@ class TrainConfig:
             e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
         if self.max_attention < 1:
             e.append(f"--max-attention {self.max_attention}: expected batch x length^2 >= 1, e.g. 4194304 (2048^2)")
+        if self.prefetch < 0:
+            e.append(f"--prefetch {self.prefetch}: expected 0 (off) or more micro-batches")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:

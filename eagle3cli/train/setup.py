@@ -477,6 +477,7 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
         "heldout_depth",
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
+        "prefetch",  # when batches are read, not what they hold
     ):
         d.pop(k, None)
     return d

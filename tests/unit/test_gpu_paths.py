@@ -395,3 +395,89 @@ def test_compile_on_cuda_checks_triton_and_a_c_compiler_first(tmp_path, monkeypa
         assert "or train without --compile" in str(e.value)
     else:
         assert callable(compiled_loss(torch.device("cuda", 0)))
+
+
+# ---------------------------------------------------------------- 7. no host reads per micro-step; batches read ahead
+READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__float__", "__int__", "__index__")
+
+
+def _count_reads(monkeypatch, loop_mod):
+    """Host reads of tensors made by eagle3's own code inside micro_step / optimizer_step on the loop's
+    thread (each one a device sync on a GPU), per function."""
+    import sys
+    import threading
+
+    counts = {"micro_step": 0, "optimizer_step": 0, "micro_steps": 0}
+    inside: list[str] = []
+    main = threading.current_thread()
+
+    for name in READS:
+        real = getattr(torch.Tensor, name)
+
+        def read(self, *a, _real=real, **kw):
+            caller = sys._getframe(1).f_code.co_filename
+            if inside and threading.current_thread() is main and "eagle3cli" in caller:
+                counts[inside[-1]] += 1
+            return _real(self, *a, **kw)
+
+        monkeypatch.setattr(torch.Tensor, name, read)
+    for fn in ("micro_step", "optimizer_step"):
+        real_fn = getattr(loop_mod, fn)
+
+        def wrapped(*a, _real=real_fn, _fn=fn, **kw):
+            inside.append(_fn)
+            counts["micro_steps"] += _fn == "micro_step"
+            try:
+                return _real(*a, **kw)
+            finally:
+                inside.pop()
+
+        monkeypatch.setattr(loop_mod, fn, wrapped)
+    return counts
+
+
+@pytest.mark.parametrize("grad_accum", [1, 3])
+def test_the_hot_loop_reads_no_tensor_per_micro_step(tmp_path, base_run, monkeypatch, grad_accum):
+    """A micro-step reads nothing back from the device; an optimizer step reads once (its losses and
+    gradient norm checked finite together, before the update)."""
+    from train_fixtures import copy_run, fast_train_config
+
+    from eagle3cli.train import loop
+
+    counts = _count_reads(monkeypatch, loop)
+    run = copy_run(base_run, tmp_path / "run")
+    tr = loop.setup(fast_train_config(run, max_steps=4, grad_accum=grad_accum, log_every=4, save_every=4, ttt_steps=2))
+    loop.fit(tr)
+    assert counts["micro_steps"] == 4 * grad_accum
+    assert counts["micro_step"] == 0
+    assert counts["optimizer_step"] == 4
+
+
+def test_prefetched_batches_train_exactly_as_batches_read_in_the_loop(tmp_path, base_run, monkeypatch):
+    """--prefetch 2 (a background thread) and --prefetch 0 (read in the loop) give the same metrics
+    and the same head, bit for bit, across an epoch boundary."""
+    import json
+    import threading
+
+    from safetensors.torch import load_file
+    from train_fixtures import copy_run, fast_train_config
+
+    from eagle3cli.train import loop
+
+    real, readers = loop.prepare, []
+    monkeypatch.setattr(loop, "prepare", lambda *a: readers.append(threading.current_thread().name) or real(*a))
+    out = {}
+    for ahead in (0, 2):
+        readers.clear()
+        run = copy_run(base_run, tmp_path / f"run{ahead}")
+        tr = loop.setup(fast_train_config(run, max_steps=9, grad_accum=2, log_every=3, save_every=9, ttt_steps=2, prefetch=ahead))
+        loop.fit(tr)
+        head = loop.finish(tr)
+        rows = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
+        clock = {"tok_per_s", "train_seconds", "train_cpu_seconds"}
+        out[ahead] = ([{k: v for k, v in r.items() if k not in clock} for r in rows], load_file(head / "model.safetensors"), tr.loop.epoch)
+        assert set(readers) == {"eagle3-prefetch" if ahead else threading.main_thread().name}
+    (m0, w0, e0), (m2, w2, e2) = out[0], out[2]
+    assert e0 == e2 >= 1  # an epoch boundary was crossed
+    assert m0 == m2
+    assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
