@@ -17,6 +17,7 @@ from ..console import progress, warn
 from ..prompts import Prompt, render
 from ..speculate.decoder import DecodeResult, hf_generate, plain_decode
 from .config import EvalConfig
+from .losslessness import greedy_reference, near_tie
 
 
 @dataclass
@@ -27,6 +28,7 @@ class Lane:
     results: list[DecodeResult] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)  # the token ids each unit was decoded from
 
 
 @dataclass
@@ -34,6 +36,8 @@ class Decoded:
     lanes: dict  # "plain", "generate" (optional), (head label, mode) -> Lane
     units: list[str]  # prompt ids, or "ID#turnN" per turn of multi-turn conversations
     mismatches: dict  # (head label, mode) -> greedy outputs that part from plain decoding
+    near_ties: dict = field(default_factory=dict)  # (head label, mode) -> those parting at a near tie
+    reference: dict = field(default_factory=dict)  # what greedy outputs are compared with (greedy_reference)
 
 
 def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -60,7 +64,7 @@ def decode_lanes(
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     lanes: dict = {"plain": Lane(), **({"generate": Lane()} if cfg.generate_baseline else {})}
     lanes.update({k: Lane() for k in decoders})
-    run = Decoded(lanes, [], {k: [] for k in decoders})
+    run = Decoded(lanes, [], {k: [] for k in decoders}, {k: [] for k in decoders}, greedy_reference(target))
     greedy = cfg.temperature <= 0
 
     def decode(key, ids: list[int], seed: int) -> DecodeResult:
@@ -82,7 +86,9 @@ def decode_lanes(
                 run.units.append(uid)
                 for key, lane in lanes.items():
                     lane.history.append(user)
-                    r = decode(key, fits(uid, render(tok, lane.history)), cfg.seed + 1000 * i + t)
+                    ids = fits(uid, render(tok, lane.history))
+                    r = decode(key, ids, cfg.seed + 1000 * i + t)
+                    lane.prompts.append(ids)
                     lane.results.append(r)
                     lane.outputs.append(r.tokens)
                     # each decoder's own answer is its history: greedy, that is the target's own answer
@@ -91,26 +97,37 @@ def decode_lanes(
                     )
                     conv_tokens += len(r.tokens)
                 if greedy:
-                    _compare_greedy(run, uid, tok)
+                    _compare_greedy(run, uid, tok, target)
             bar.advance(1, tokens=conv_tokens)
     return run
 
 
-def _compare_greedy(run: Decoded, uid: str, tok) -> None:
+def _compare_greedy(run: Decoded, uid: str, tok, target) -> None:
     """Greedy outputs of this unit against plain decoding's: a speculative lane that parts from it
-    is recorded (a losslessness failure); transformers' generate parting is only warned about."""
+    is recorded (a losslessness failure, or a near tie where the reference's precision is not exact:
+    `greedy_reference`); transformers' generate parting is only warned about."""
     plain_out = run.lanes["plain"].outputs[-1]
+    plain_prompt = run.lanes["plain"].prompts[-1]
     if "generate" in run.lanes and run.lanes["generate"].outputs[-1] != plain_out:
         warn(f"{uid}: our plain loop and transformers generate differ (numerics of the two paths)")
     for key, found in run.mismatches.items():
         spec_out = run.lanes[key].outputs[-1]
         if spec_out != plain_out:
             at = first_diff(spec_out, plain_out)
-            found.append(
-                {
-                    "prompt": uid,
-                    "first_diff_at": at,
-                    "speculative": tok.decode(spec_out[at : at + 12]),
-                    "plain": tok.decode(plain_out[at : at + 12]),
-                }
+            row = {
+                "prompt": uid,
+                "first_diff_at": at,
+                "speculative": tok.decode(spec_out[at : at + 12]),
+                "plain": tok.decode(plain_out[at : at + 12]),
+            }
+            same_prompt = run.lanes[key].prompts[-1] == plain_prompt  # else an earlier turn parted already
+            both = at < len(spec_out) and at < len(plain_out)
+            tie = (
+                near_tie(target, plain_prompt + plain_out[:at], plain_out[at], spec_out[at], run.reference)
+                if same_prompt and both
+                else None
             )
+            if tie is not None:
+                run.near_ties[key].append(row | tie)
+            else:
+                found.append(row)

@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..node.devices import MATMUL_RELATIVE_ERROR, matmul_precision
 from ..run_folder.manifest import (
     atomic_write_json,
     atomic_write_tensors,
@@ -140,29 +141,11 @@ def target_architectures(target_identity: dict | None) -> list[str] | None:
     return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
 
 
-# The self-check's bound on |reloaded - trained| logits, per unit of logit scale, by the precision the
-# matmuls ran in: fp32 on IEEE matmuls agrees to float rounding; TF32 (the default of many CUDA
-# containers, and torch's "high"/"medium" fp32 precision) keeps 10 mantissa bits, bf16 8, fp16 11:
-# a 1-layer head's logits then differ by a few units in the last place of each.
-_RELATIVE = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 4e-2, "fp16": 1e-2}
-
-
-def matmul_precision(dtype: torch.dtype, device: torch.device) -> str:
-    """fp32 | tf32 | bf16 | fp16: what the head's matmuls really keep on `device` in `dtype`."""
-    if dtype in (torch.bfloat16, torch.float16):
-        return "bf16" if dtype == torch.bfloat16 else "fp16"
-    precision = torch.get_float32_matmul_precision()  # "medium" may use bf16, on CPU too (oneDNN)
-    if precision == "medium":
-        return "bf16"
-    tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False)) or precision == "high"
-    return "tf32" if tf32 and device.type == "cuda" else "fp32"
-
-
 @torch.no_grad()
 def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> tuple[float, float]:
     """Reload the export and compare its logits with the in-memory draft's, both on the draft's device
     where it has room (the same kernels), else the reload on the CPU; returns (max |diff|, the bound
-    it must stay under: `_RELATIVE` of the precision the matmuls ran in, times the logits' scale)."""
+    it must stay under: `MATMUL_RELATIVE_ERROR` of the precision the matmuls ran in, times the logits' scale)."""
     reloaded = load_any_head(head_dir)[0]
     reloaded.embed_tokens.weight.copy_(draft.embed_tokens.weight.to("cpu", reloaded.embed_tokens.weight.dtype))
     ref = draft
@@ -186,7 +169,7 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
     finally:
         ref.train(was_training)
     precisions = {matmul_precision(ref.fc.weight.dtype, device), matmul_precision(reloaded.fc.weight.dtype, where)}
-    rel = max(_RELATIVE[p] for p in precisions)
+    rel = max(MATMUL_RELATIVE_ERROR[p] for p in precisions)
     return diff, rel * max(1.0, want.abs().max().item())
 
 

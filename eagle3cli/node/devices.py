@@ -31,6 +31,27 @@ def available_devices() -> list[str]:
     return out
 
 
+# How far two computations of the same logits may part, per unit of logit scale, by the precision the
+# matmuls ran in (the export self-check's bound; eval's greedy near-ties). fp32 on IEEE matmuls agrees
+# to float rounding; TF32 (the default of many CUDA containers, and torch's "high" fp32 precision)
+# keeps 10 mantissa bits, bf16 8 ("medium" may use it), fp16 11.
+MATMUL_RELATIVE_ERROR = {"fp32": 1e-4, "tf32": 1e-2, "bf16": 4e-2, "fp16": 1e-2}
+
+
+def matmul_precision(dtype, device) -> str:
+    """fp32 | tf32 | bf16 | fp16: what matmuls in `dtype` on `device` really keep (TF32: the CUDA
+    setting torch.backends.cuda.matmul.allow_tf32, or torch's fp32 matmul precision "high")."""
+    import torch
+
+    if dtype in (torch.bfloat16, torch.float16):
+        return "bf16" if dtype == torch.bfloat16 else "fp16"
+    precision = torch.get_float32_matmul_precision()  # "medium" may use bf16, on CPU too (oneDNN)
+    if precision == "medium":
+        return "bf16"
+    tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False)) or precision == "high"
+    return "tf32" if tf32 and torch.device(device).type == "cuda" else "fp32"
+
+
 _SAID: set[str] = set()
 
 

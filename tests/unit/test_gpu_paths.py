@@ -196,7 +196,7 @@ def test_export_self_check_bound_follows_the_matmul_precision(
 
 
 def test_matmul_precision_follows_dtype_and_tf32(float32_matmul_precision):
-    from eagle3cli.head.write import matmul_precision
+    from eagle3cli.node.devices import matmul_precision
 
     cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
     float32_matmul_precision("highest")
@@ -481,3 +481,65 @@ def test_prefetched_batches_train_exactly_as_batches_read_in_the_loop(tmp_path, 
     assert e0 == e2 >= 1  # an epoch boundary was crossed
     assert m0 == m2
     assert w0.keys() == w2.keys() and all(torch.equal(w0[k], w2[k]) for k in w0)
+
+
+# ---------------------------------------------------------------- 4. greedy losslessness under bf16/TF32
+def _greedy_with_gaps(model, prompt, n):
+    """Plain greedy tokens after `prompt`, each step's best and worst token and their logit gaps."""
+    from eagle3cli.speculate.decoder import target_forward
+    from eagle3cli.speculate.target import target_logits
+    from eagle3cli.speculate.target_kv import TargetKV
+
+    out, steps = [], []
+    for _ in range(n):
+        ctx = prompt + out
+        logits = target_logits(model, target_forward(model, TargetKV(model, len(ctx) + 1), torch.tensor([ctx]), 0)[-1:])[0]
+        top = logits.topk(2)
+        steps.append((int(top.indices[1]), float(top.values[0] - top.values[1]), int(logits.argmin())))
+        out.append(int(top.indices[0]))
+    return out, steps
+
+
+def test_greedy_reference_says_which_comparison_and_counts_near_ties_apart(tiny, float32_matmul_precision):
+    """The runner-up token where the target's top two are closest (gap well above fp32 rounding): a
+    mismatch in fp32, a near tie under bf16 rounding ("medium" fp32 matmuls, imitating bf16/TF32 on a
+    GPU); the target's worst token is a mismatch under both."""
+    from eagle3cli.eval.losslessness import greedy_reference, near_tie
+
+    model, _, _, prompt = tiny
+    float32_matmul_precision("highest")
+    exact = greedy_reference(model)
+    assert exact["exact"] and exact["matmuls"] == "fp32" and exact["dtype"] == "float32" and exact["device"] == "cpu"
+    plain, steps = _greedy_with_gaps(model, prompt, 12)
+    at = min(range(len(steps)), key=lambda j: steps[j][1])
+    runner_up, gap, worst = steps[at]
+    ctx = prompt + plain[:at]
+    assert gap > 1e-3 and near_tie(model, ctx, plain[at], runner_up, exact) is None  # fp32: a mismatch
+    assert near_tie(model, ctx, plain[at], plain[at], exact)["logit_gap"] == 0.0  # an exact tie parts even in fp32
+    float32_matmul_precision("medium")
+    reduced = greedy_reference(model)
+    assert not reduced["exact"] and reduced["matmuls"] == "bf16" and "near tie" in reduced["definition"]
+    tie = near_tie(model, ctx, plain[at], runner_up, reduced)
+    assert tie is not None and tie["logit_gap"] <= tie["tolerance"] and tie["logit_gap"] == pytest.approx(gap, abs=0.05)
+    assert near_tie(model, ctx, plain[at], worst, reduced) is None
+
+
+def test_eval_report_names_its_greedy_reference(tiny_target_dir, tmp_path):
+    """eval's report says, per decoder, what its greedy outputs were compared with."""
+    import json
+
+    from cli_helpers import eval_args
+    from head_fixtures import make_head
+
+    from eagle3cli.cli import main
+
+    head = make_head(tiny_target_dir, tmp_path / "run" / "head")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name a fruit."}]}) + "\n")
+    out = tmp_path / "eval"
+    assert main(eval_args(tiny_target_dir, head, out, "--bench", str(prompts), "--num-prompts", "1", "--max-new-tokens", "6", "--depth", "2")) == 0
+    ll = json.loads((out / "report.json").read_text())["heads"]
+    (modes,) = ll.values()
+    ref = modes["chain"]["lossless"]["reference"]
+    assert ref["exact"] and ref["matmuls"] == "fp32" and ref["reference"].startswith("plain decoding, same target")
+    assert modes["chain"]["lossless"]["near_ties"] == 0
