@@ -13,7 +13,6 @@ RNG states per device), for the code paths that only ask.
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 
@@ -50,11 +49,6 @@ class AcceleratorDraws:
         monkeypatch.setattr(torch, "Generator", generator)
         monkeypatch.setattr(torch, "multinomial", multinomial)
         monkeypatch.setattr(torch, "rand", rand)
-
-
-@pytest.fixture
-def accelerator_draws(monkeypatch) -> AcceleratorDraws:
-    return AcceleratorDraws(monkeypatch)
 
 
 class FakeCuda:

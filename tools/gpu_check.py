@@ -114,7 +114,21 @@ def steps(ctx: Context) -> list[Step]:
         Step("doctor", [eagle3(ctx, "doctor", "--json")], check=lambda outs: doctor_rows(outs, dev)),
         Step(
             "gen-data",
-            [eagle3(ctx, "gen-data", "--target", TINY, "--input", "gsm8k", "--num-samples", "32", "--no-regenerate", "--run", run)],
+            [
+                eagle3(
+                    ctx,
+                    "gen-data",
+                    "--target",
+                    TINY,
+                    "--input",
+                    "gsm8k",
+                    "--num-samples",
+                    "32",
+                    "--no-regenerate",
+                    "--run",
+                    run,
+                )
+            ],
             check=all_of(rc_zero, exists(run / "data" / "manifest.json")),
         ),
     ]
@@ -123,7 +137,23 @@ def steps(ctx: Context) -> list[Step]:
         out.append(
             Step(
                 f"cache-{storage}",
-                [eagle3(ctx, "cache", "--data", run / "data", "--target", TINY, "--out", folder, "--storage", storage, "--device", dev, *small)],
+                [
+                    eagle3(
+                        ctx,
+                        "cache",
+                        "--data",
+                        run / "data",
+                        "--target",
+                        TINY,
+                        "--out",
+                        folder,
+                        "--storage",
+                        storage,
+                        "--device",
+                        dev,
+                        *small,
+                    )
+                ],
                 check=all_of(rc_zero, exists(folder / "manifest.json")),
                 cpu=storage == "bf16",
             )
@@ -138,8 +168,11 @@ def steps(ctx: Context) -> list[Step]:
         Step(
             "train-kill-9",
             [kill_run],
-            check=lambda outs: None if outs[0].returncode == -signal.SIGKILL and any(ckpts.glob("step-*"))
-            else f"rc {outs[0].returncode}, checkpoints {sorted(p.name for p in ckpts.glob('step-*'))}",
+            check=lambda outs: (
+                None
+                if outs[0].returncode == -signal.SIGKILL and any(ckpts.glob("step-*"))
+                else f"rc {outs[0].returncode}, checkpoints {sorted(p.name for p in ckpts.glob('step-*'))}"
+            ),
             kill_after=lambda: any(ckpts.glob("step-*.safetensors")),
         ),
         Step(
@@ -150,30 +183,107 @@ def steps(ctx: Context) -> list[Step]:
         ),
         Step(
             "train-online",
-            [eagle3(ctx, "train", "--run", work / "online", "--online", "--data", run / "data", "--target", TINY,
-                    "--device", dev, *train, "--max-steps", "3", "--draft-vocab-size", "512")],  # fmt: skip
+            [
+                eagle3(
+                    ctx,
+                    "train",
+                    "--run",
+                    work / "online",
+                    "--online",
+                    "--data",
+                    run / "data",
+                    "--target",
+                    TINY,
+                    "--device",
+                    dev,
+                    *train,
+                    "--max-steps",
+                    "3",
+                    "--draft-vocab-size",
+                    "512",
+                )
+            ],  # fmt: skip
             check=all_of(rc_zero, exists(work / "online" / "head" / "config.json")),
             cpu=False,
         ),
         Step(
             "train-compile",
-            [eagle3(ctx, "train", "--run", work / "compiled", "--cache", work / "cache-bf16", "--device", dev, *train,
-                    "--max-steps", "3", "--compile")],  # fmt: skip
+            [
+                eagle3(
+                    ctx,
+                    "train",
+                    "--run",
+                    work / "compiled",
+                    "--cache",
+                    work / "cache-bf16",
+                    "--device",
+                    dev,
+                    *train,
+                    "--max-steps",
+                    "3",
+                    "--compile",
+                )
+            ],  # fmt: skip
             check=all_of(rc_zero, exists(work / "compiled" / "head" / "config.json")),
             cpu=False,
             timeout_s=900,
         ),
         Step(
             "eval-greedy",
-            [eagle3(ctx, "eval", "--run", run, "--target", TINY, "--device", dev, "--bench", "gsm8k", "--num-prompts", "3",
-                    "--max-new-tokens", "24", "--depth", "3", "--mode", "both", "--out", work / "eval-t0")],  # fmt: skip
+            [
+                eagle3(
+                    ctx,
+                    "eval",
+                    "--run",
+                    run,
+                    "--target",
+                    TINY,
+                    "--device",
+                    dev,
+                    "--bench",
+                    "gsm8k",
+                    "--num-prompts",
+                    "3",
+                    "--max-new-tokens",
+                    "24",
+                    "--depth",
+                    "3",
+                    "--mode",
+                    "both",
+                    "--out",
+                    work / "eval-t0",
+                )
+            ],  # fmt: skip
             check=all_of(rc_zero, lambda outs: greedy_lossless(work / "eval-t0" / "report.json")),
         ),
         Step(
             "eval-sampled",
-            [eagle3(ctx, "eval", "--run", run, "--target", TINY, "--device", dev, "--bench", "gsm8k", "--num-prompts", "2",
-                    "--max-new-tokens", "16", "--depth", "3", "--temperature", "0.8", "--sampling-check", "60",
-                    "--out", work / "eval-t08")],  # fmt: skip
+            [
+                eagle3(
+                    ctx,
+                    "eval",
+                    "--run",
+                    run,
+                    "--target",
+                    TINY,
+                    "--device",
+                    dev,
+                    "--bench",
+                    "gsm8k",
+                    "--num-prompts",
+                    "2",
+                    "--max-new-tokens",
+                    "16",
+                    "--depth",
+                    "3",
+                    "--temperature",
+                    "0.8",
+                    "--sampling-check",
+                    "60",
+                    "--out",
+                    work / "eval-t08",
+                )
+            ],  # fmt: skip
             check=all_of(rc_zero, lambda outs: sampling_passed(work / "eval-t08" / "report.json")),
             cpu=False,
         ),
@@ -239,7 +349,9 @@ def extra_step(ctx: Context, spec: str) -> Step:
     """`NAME=COMMAND` (--extra-step): passes when COMMAND exits 0."""
     name, sep, command = spec.partition("=")
     if not sep or not name.strip() or not command.strip():
-        raise SystemExit(f"--extra-step {spec!r}: expected NAME=COMMAND, e.g. capture='{{python}} tools/x.py --device {{device}}'")
+        raise SystemExit(
+            f"--extra-step {spec!r}: expected NAME=COMMAND, e.g. capture='{{python}} tools/x.py --device {{device}}'"
+        )
     return Step(name.strip(), [shlex.split(ctx.fill(command))], check=rc_zero)
 
 
@@ -255,7 +367,9 @@ def run_step(step: Step, ctx: Context) -> dict:
     env.update(step.env)
     start = time.time()
     procs = [
-        subprocess.Popen(c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        subprocess.Popen(
+            c, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
         for c in step.commands
     ]
     if step.kill_after is not None:
@@ -289,13 +403,19 @@ def run_step(step: Step, ctx: Context) -> dict:
 def machine() -> dict:
     import torch
 
-    gpus = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    gpus = (
+        [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+    )
     return {"torch": torch.__version__, "cuda": torch.version.cuda, "gpus": gpus, "python": sys.version.split()[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default=None, help="default: cuda where torch sees a GPU, else cpu")
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda where torch sees a GPU, else cpu"
+    )
     ap.add_argument("--out", type=Path, help="the JSON of every step (default: print it)")
     ap.add_argument("--work", type=Path, help="folder for the runs (default: a new one under /tmp)")
     ap.add_argument("--full", action="store_true", help="on CPU too, every step (not only the CPU subset)")
@@ -323,7 +443,10 @@ def main(argv: list[str] | None = None) -> int:
         names = set(a.only.split(","))
         unknown = names - {s.name for s in chosen}
         if unknown:
-            print(f"gpu_check: --only {', '.join(sorted(unknown))}: no such step ({', '.join(s.name for s in chosen)})", file=sys.stderr)
+            print(
+                f"gpu_check: --only {', '.join(sorted(unknown))}: no such step ({', '.join(s.name for s in chosen)})",
+                file=sys.stderr,
+            )
             return 2
         chosen = [s for s in chosen if s.name in names]
     if a.list:
@@ -334,7 +457,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in chosen:
         r = run_step(s, ctx)
         results.append(r)
-        print(f"{'ok  ' if r['passed'] else 'FAIL'} {r['name']} ({r['seconds']} s){': ' + r['detail'] if r['detail'] else ''}", flush=True)
+        print(
+            f"{'ok  ' if r['passed'] else 'FAIL'} {r['name']} ({r['seconds']} s){': ' + r['detail'] if r['detail'] else ''}",
+            flush=True,
+        )
     report = {
         "device": device,
         "machine": machine(),

@@ -11,8 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from ..console import progress, warn
 from ..prompts import Prompt, render
 from ..speculate.decoder import DecodeResult, hf_generate, plain_decode

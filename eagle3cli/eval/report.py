@@ -101,7 +101,10 @@ def _speed_table(report: dict) -> None:
                     f"{st['speed']['tokens_per_s']:.1f}",
                     f"{st['speedup_vs_plain']:.2f}x",
                     _ci(st["speedup_interval"]),
-                    (f"{ll['mismatches']}/{ll['compared']}" + (f" (+{ll['near_ties']} near tie)" if ll.get("near_ties") else ""))
+                    (
+                        f"{ll['mismatches']}/{ll['compared']}"
+                        + (f" (+{ll['near_ties']} near tie)" if ll.get("near_ties") else "")
+                    )
                     if ll["compared"]
                     else "n/a (sampling)",
                 ]
@@ -113,7 +116,9 @@ def _speed_table(report: dict) -> None:
         rows,
     )
     if ref:
-        log(f"greedy losslessness: against {ref['reference']}, {ref['dtype']} on {ref['device']} ({ref['matmuls']} matmuls): {ref['definition']}")
+        log(
+            f"greedy losslessness: against {ref['reference']}, {ref['dtype']} on {ref['device']} ({ref['matmuls']} matmuls): {ref['definition']}"
+        )
 
 
 def _comparison_tables(cmp: dict) -> None:

@@ -68,7 +68,9 @@ def mode_stats(cfg: EvalConfig, run: Decoded, key: tuple[str, str], plain: dict,
             {"prompt": u, "tokens": len(r.tokens), "rounds": r.rounds, "accepted": sum(r.accept_lens)}
             for u, r in zip(run.units, results)
         ],
-        "lossless": lossless(results, run.mismatches[key], cfg.temperature <= 0, run.near_ties.get(key, []), run.reference),
+        "lossless": lossless(
+            results, run.mismatches[key], cfg.temperature <= 0, run.near_ties.get(key, []), run.reference
+        ),
     }
 
 

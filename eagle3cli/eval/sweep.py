@@ -13,8 +13,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-import torch
-
 from ..console import log, progress
 from ..speculate.acceptance import ESTIMATE_NOTE, acceptance_by_depth, tau_of
 from ..speculate.decoder import SpeculativeDecoder, plain_decode
@@ -105,7 +103,10 @@ def run_sweep(
     tokens, seconds, accepts, outputs = m.tokens, m.seconds, m.accepts, m.outputs
     names, n = ["plain", *decoders], len(prompts)
     ref = greedy_reference(target)
-    mismatches = {k: sum(_parts(target, prompts[p][1], outputs[k][p], outputs["plain"][p], ref) for p in range(n)) for k in decoders}
+    mismatches = {
+        k: sum(_parts(target, prompts[p][1], outputs[k][p], outputs["plain"][p], ref) for p in range(n))
+        for k in decoders
+    }
     median = {k: [statistics.median(seconds[k][p]) for p in range(n)] for k in names}
     plain = (tokens["plain"], median["plain"])
     choice = choose_config(

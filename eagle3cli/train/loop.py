@@ -141,10 +141,10 @@ def stop_if_nonfinite(tr: Trainer, iv: Interval, norm: torch.Tensor | None = Non
     host = torch.cat([bad, vals]).tolist()  # the step's one device read
     if not host[0]:
         return
-    first = next((j for j, v in enumerate(host[1:]) if not math.isfinite(v)), None)
-    mine = first is not None
-    what = "the loss" if mine and first < len(batches) else "the gradient norm"
-    indices = batches[first] if mine and first < len(batches) else None
+    first = next((j for j, v in enumerate(host[1:]) if not math.isfinite(v)), -1)
+    mine, is_loss = first >= 0, 0 <= first < len(batches)
+    what = "the loss" if is_loss else "the gradient norm" if mine else "a loss or the gradient norm"
+    indices = batches[first] if is_loss else None
     where = f"optimizer step {tr.loop.step + 1} (epoch {tr.loop.epoch}, batch {tr.loop.batch_pos} of the epoch's plan"
     if indices is not None:
         describe = getattr(tr.source, "describe", None)
@@ -405,9 +405,7 @@ def fit(tr: Trainer) -> None:
     if iv.steps:
         log_interval(tr, iv, heldout=bool(tr.heldout))
     if tr.out_of_time():
-        tr.stopped = (
-            f"spent the time budget ({cfg.time_budget_s:,.0f} {cfg.time_clock} s of training) after {tr.loop.step} steps"
-        )
+        tr.stopped = f"spent the time budget ({cfg.time_budget_s:,.0f} {cfg.time_clock} s of training) after {tr.loop.step} steps"
     elif tr.loop.step >= tr.total_steps:
         tr.stopped = f"reached {tr.total_steps} optimizer steps"
     else:

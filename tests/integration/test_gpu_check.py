@@ -14,7 +14,15 @@ import torch
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tools" / "gpu_check.py"
-CPU_STEPS = ["doctor", "gen-data", "cache-bf16", "train-kill-9", "train-resume-fewer-gpus", "eval-greedy", "cache-two-shards"]
+CPU_STEPS = [
+    "doctor",
+    "gen-data",
+    "cache-bf16",
+    "train-kill-9",
+    "train-resume-fewer-gpus",
+    "eval-greedy",
+    "cache-two-shards",
+]
 GPU_STEPS = [
     "doctor", "gen-data", "cache-bf16", "cache-fp8", "cache-compact", "train-kill-9", "train-resume-fewer-gpus",
     "train-online", "train-compile", "eval-greedy", "eval-sampled", "cache-two-shards",
@@ -22,11 +30,15 @@ GPU_STEPS = [
 
 
 def gpu_check(*args, timeout=1500) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 def test_steps_listed_and_extra_steps_appended(tmp_path):
-    r = gpu_check("--device", "cpu", "--work", tmp_path, "--list", "--extra-step", "capture={python} -c pass --device {device}")
+    r = gpu_check(
+        "--device", "cpu", "--work", tmp_path, "--list", "--extra-step", "capture={python} -c pass --device {device}"
+    )
     assert r.returncode == 0, r.stderr
     names = [line[:-1] for line in r.stdout.splitlines() if not line.startswith(" ")]
     assert names == [*CPU_STEPS, "capture"]

@@ -4,11 +4,12 @@ the `gpu` tests at the end run the same chain on a real GPU wherever one exists.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 import torch
-from gpu_imitation import accelerator_draws, fake_cuda  # noqa: F401  (a fixture)
+from gpu_imitation import AcceleratorDraws, fake_cuda
 
 from eagle3cli.model.target import load_target
 from eagle3cli.speculate import verify_chain_sampling, verify_tree_sampling
@@ -17,6 +18,19 @@ from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 
 PACKAGE = Path(__file__).resolve().parents[2] / "eagle3cli"
+PYPROJECT = (PACKAGE.parent / "pyproject.toml").read_text()
+
+
+@pytest.fixture
+def accelerator_draws(monkeypatch) -> AcceleratorDraws:
+    return AcceleratorDraws(monkeypatch)
+
+
+def floor_of(requirement: str) -> tuple[int, ...]:
+    """The `>=` floor of the pyproject requirement starting with `requirement` (e.g. "torch>=")."""
+    m = re.search(r'"' + re.escape(requirement) + r"(\d+(?:\.\d+)*)", PYPROJECT)
+    assert m, requirement
+    return tuple(int(x) for x in m.group(1).split("."))
 
 
 @pytest.fixture(scope="module")
@@ -111,7 +125,9 @@ class _Opened(Exception):
     [("0/2", 2, None, "cuda:0"), ("1/2", 2, None, "cuda:1"), ("3/4", 2, None, "cuda:1"), ("5/8", 3, None, "cuda:2"),
      ("1/2", 2, "cuda:0", "cuda:0"), ("1/2", 2, "cpu", "cpu"), ("1/2", 0, None, None)],
 )  # fmt: skip
-def test_cache_shard_without_device_runs_on_gpu_i_mod_count(tmp_path, tiny_target_dir, monkeypatch, shard, gpus, device, expected):
+def test_cache_shard_without_device_runs_on_gpu_i_mod_count(
+    tmp_path, tiny_target_dir, monkeypatch, shard, gpus, device, expected
+):
     """`cache --shard i/N` loads the target on cuda:(i mod GPUs) unless --device names one (faked GPUs:
     the target is not loaded, the device it would be loaded on is recorded)."""
     from cache_fixtures import conversations, write_data_folder
@@ -123,7 +139,9 @@ def test_cache_shard_without_device_runs_on_gpu_i_mod_count(tmp_path, tiny_targe
     data = write_data_folder(tmp_path / "data", tiny_target_dir, conversations(12))
     if gpus:
         fake_cuda(monkeypatch, gpus)
-        monkeypatch.setattr("eagle3cli.node.devices.available_devices", lambda: ["cpu", "cuda", *(f"cuda:{i}" for i in range(gpus))])
+        monkeypatch.setattr(
+            "eagle3cli.node.devices.available_devices", lambda: ["cpu", "cuda", *(f"cuda:{i}" for i in range(gpus))]
+        )
     seen = []
 
     real = cache_run.open_target
@@ -135,7 +153,9 @@ def test_cache_shard_without_device_runs_on_gpu_i_mod_count(tmp_path, tiny_targe
         raise _Opened
 
     monkeypatch.setattr(cache_run, "open_target", opened)
-    flags = dict(data=data, out=tmp_path / "c", target=str(tiny_target_dir), shard=shard, max_length=128, shard_tokens=64)
+    flags = dict(
+        data=data, out=tmp_path / "c", target=str(tiny_target_dir), shard=shard, max_length=128, shard_tokens=64
+    )
     cfg = build_config(CacheConfig, None, "cache", **flags, **({"device": device} if device else {}))
     with pytest.raises(_Opened):
         cache_run.run_cache(cfg)
@@ -237,15 +257,9 @@ def test_deepspeed_bf16_refuses_a_version_that_casts_buffers(tmp_path, monkeypat
 
 
 def test_pyproject_deepspeed_floor_keeps_buffers():
-    import re
-    import tomllib
-
     from eagle3cli.train.launch import BF16_KEEPS_BUFFERS
 
-    extras = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    (spec,) = [s for s in extras["deepspeed"] if s.startswith("deepspeed")]
-    floor = tuple(int(x) for x in re.findall(r"\d+", spec.split(">=")[1])[:3])
-    assert floor >= BF16_KEEPS_BUFFERS == (0, 19, 2)
+    assert floor_of("deepspeed>=") >= BF16_KEEPS_BUFFERS == (0, 19, 2)
 
 
 @pytest.mark.slow
@@ -300,16 +314,16 @@ def test_time_budget_counts_wall_seconds_of_a_device_bound_step(tmp_path, base_r
 
 
 # The torch calls the package makes that a release introduced: the floor must admit none without them.
-TORCH_SINCE = {"torch.optim.Muon": (2, 9), "get_total_norm": (2, 6), "enable_gqa": (2, 5), "torch.OutOfMemoryError": (2, 5)}
+TORCH_SINCE = {
+    "torch.optim.Muon": (2, 9),
+    "get_total_norm": (2, 6),
+    "enable_gqa": (2, 5),
+    "torch.OutOfMemoryError": (2, 5),
+}
 
 
 def test_pyproject_torch_floor_covers_what_the_code_calls():
-    import re
-    import tomllib
-
-    deps = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"]["dependencies"]
-    (spec,) = [d for d in deps if re.match(r"torch\b", d)]
-    floor = tuple(int(x) for x in re.findall(r"\d+", spec.split(">=")[1])[:2])
+    floor = floor_of("torch>=")[:2]
     source = "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
     used = {api: since for api, since in TORCH_SINCE.items() if api in source}
     assert "torch.optim.Muon" in used  # the table is read against real calls
@@ -323,11 +337,21 @@ def two_gpus(monkeypatch, tmp_path):
 
     fake_cuda(monkeypatch, 2)
     caps = {0: ("NVIDIA A100-SXM4-80GB", 8, 0), 1: ("Tesla V100-SXM2-16GB", 7, 0)}
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(name=caps[i][0], major=caps[i][1], minor=caps[i][2]))
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda i=None: caps[torch.device(i).index if isinstance(i, (str, torch.device)) else i or 0][1:])
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_properties",
+        lambda i: SimpleNamespace(name=caps[i][0], major=caps[i][1], minor=caps[i][2]),
+    )
+    monkeypatch.setattr(
+        torch.cuda,
+        "get_device_capability",
+        lambda i=None: caps[torch.device(i).index if isinstance(i, (str, torch.device)) else i or 0][1:],
+    )
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: caps[i or 0][0])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda i: (70 * 2**30, 80 * 2**30) if i == 0 else (15 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(
+        torch.cuda, "mem_get_info", lambda i: (70 * 2**30, 80 * 2**30) if i == 0 else (15 * 2**30, 16 * 2**30)
+    )
     monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 3))
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     smi = tmp_path / "bin" / "nvidia-smi"
@@ -356,7 +380,12 @@ def test_doctor_warns_of_a_cpu_torch_on_a_gpu_node(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)
     (row,) = [r for r in check_devices() if r.name == "cuda"]
-    assert not row.ok and "NVIDIA GPUs" in row.detail and "is a CPU build" in row.detail and "pip install torch" in row.detail
+    assert (
+        not row.ok
+        and "NVIDIA GPUs" in row.detail
+        and "is a CPU build" in row.detail
+        and "pip install torch" in row.detail
+    )
 
 
 def test_auto_dtype_is_bf16_only_where_the_gpu_supports_it(two_gpus, capsys):
@@ -371,7 +400,9 @@ def test_auto_dtype_is_bf16_only_where_the_gpu_supports_it(two_gpus, capsys):
     assert pick_dtype(torch.device("cuda", 1), "fp32") == torch.float32
 
 
-@pytest.mark.parametrize("has_triton,cc,refused", [(False, True, "needs Triton"), (True, False, "needs a C compiler"), (True, True, None)])
+@pytest.mark.parametrize(
+    "has_triton,cc,refused", [(False, True, "needs Triton"), (True, False, "needs a C compiler"), (True, True, None)]
+)
 def test_compile_on_cuda_checks_triton_and_a_c_compiler_first(tmp_path, monkeypatch, has_triton, cc, refused):
     """`--compile` on a CUDA device exits 2 before training when Triton or the C compiler it builds its
     launcher with is missing (the first step would fail minutes in, on a stack trace)."""
@@ -382,7 +413,11 @@ def test_compile_on_cuda_checks_triton_and_a_c_compiler_first(tmp_path, monkeypa
     from eagle3cli.train.setup import compiled_loss
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: SimpleNamespace() if n == "triton" and has_triton else (None if n == "triton" else real(n, *a)))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda n, *a: SimpleNamespace() if n == "triton" and has_triton else (None if n == "triton" else real(n, *a)),
+    )
     (tmp_path / "bin").mkdir()
     if cc:
         (tmp_path / "bin" / "gcc").write_text("#!/bin/sh\n")
@@ -470,12 +505,18 @@ def test_prefetched_batches_train_exactly_as_batches_read_in_the_loop(tmp_path, 
     for ahead in (0, 2):
         readers.clear()
         run = copy_run(base_run, tmp_path / f"run{ahead}")
-        tr = loop.setup(fast_train_config(run, max_steps=9, grad_accum=2, log_every=3, save_every=9, ttt_steps=2, prefetch=ahead))
+        tr = loop.setup(
+            fast_train_config(run, max_steps=9, grad_accum=2, log_every=3, save_every=9, ttt_steps=2, prefetch=ahead)
+        )
         loop.fit(tr)
         head = loop.finish(tr)
         rows = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines()]
         clock = {"tok_per_s", "train_seconds", "train_cpu_seconds"}
-        out[ahead] = ([{k: v for k, v in r.items() if k not in clock} for r in rows], load_file(head / "model.safetensors"), tr.loop.epoch)
+        out[ahead] = (
+            [{k: v for k, v in r.items() if k not in clock} for r in rows],
+            load_file(head / "model.safetensors"),
+            tr.loop.epoch,
+        )
         assert set(readers) == {"eagle3-prefetch" if ahead else threading.main_thread().name}
     (m0, w0, e0), (m2, w2, e2) = out[0], out[2]
     assert e0 == e2 >= 1  # an epoch boundary was crossed
@@ -493,7 +534,9 @@ def _greedy_with_gaps(model, prompt, n):
     out, steps = [], []
     for _ in range(n):
         ctx = prompt + out
-        logits = target_logits(model, target_forward(model, TargetKV(model, len(ctx) + 1), torch.tensor([ctx]), 0)[-1:])[0]
+        logits = target_logits(
+            model, target_forward(model, TargetKV(model, len(ctx) + 1), torch.tensor([ctx]), 0)[-1:]
+        )[0]
         top = logits.topk(2)
         steps.append((int(top.indices[1]), float(top.values[0] - top.values[1]), int(logits.argmin())))
         out.append(int(top.indices[0]))
@@ -537,7 +580,24 @@ def test_eval_report_names_its_greedy_reference(tiny_target_dir, tmp_path):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text(json.dumps({"messages": [{"role": "user", "content": "Name a fruit."}]}) + "\n")
     out = tmp_path / "eval"
-    assert main(eval_args(tiny_target_dir, head, out, "--bench", str(prompts), "--num-prompts", "1", "--max-new-tokens", "6", "--depth", "2")) == 0
+    assert (
+        main(
+            eval_args(
+                tiny_target_dir,
+                head,
+                out,
+                "--bench",
+                str(prompts),
+                "--num-prompts",
+                "1",
+                "--max-new-tokens",
+                "6",
+                "--depth",
+                "2",
+            )
+        )
+        == 0
+    )
     ll = json.loads((out / "report.json").read_text())["heads"]
     (modes,) = ll.values()
     ref = modes["chain"]["lossless"]["reference"]
