@@ -603,3 +603,51 @@ def test_eval_report_names_its_greedy_reference(tiny_target_dir, tmp_path):
     ref = modes["chain"]["lossless"]["reference"]
     assert ref["exact"] and ref["matmuls"] == "fp32" and ref["reference"].startswith("plain decoding, same target")
     assert modes["chain"]["lossless"]["near_ties"] == 0
+
+
+# ---------------------------------------------------------------- on a real GPU (skipped without CUDA)
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp32"])
+def test_sampled_and_greedy_decoding_on_cuda(tiny_target_dir, dtype):
+    """Sampling (plain, chain, tree, the sampling check) runs on the GPU, and greedy speculative
+    output equals plain decoding's but for near ties in the reference's precision."""
+    from eagle3cli.eval.losslessness import greedy_reference, near_tie, sampling_check
+
+    model, tok, _ = load_target(tiny_target_dir, device="cuda", dtype=dtype)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "Count to five."}], add_generation_prompt=True, tokenize=True
+    )
+    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    aux = default_aux_layer_ids(model.config.num_hidden_layers)
+    draft = (
+        Eagle3Draft(draft_config_from_target(model.config, model.config.vocab_size, aux)).to("cuda", model.dtype).eval()
+    )
+    for mode in ("chain", "tree"):
+        dec = SpeculativeDecoder(model, draft, aux, mode=mode, depth=3, topk=2, num_draft_tokens=4, temperature=0.8)
+        assert len(dec.generate(prompt, 12, seed=0).tokens) == 12
+    assert sampling_check(model, dec, prompt, set(), draws=20, positions=3, temperature=0.8, top_p=1.0)["draws"] == 20
+    ref, plain = greedy_reference(model), plain_decode(model, prompt, 16, set()).tokens
+    for mode in ("chain", "tree"):
+        spec = (
+            SpeculativeDecoder(model, draft, aux, mode=mode, depth=3, topk=2, num_draft_tokens=4)
+            .generate(prompt, 16)
+            .tokens
+        )
+        if spec != plain:
+            at = next(j for j, (a, b) in enumerate(zip(spec, plain)) if a != b)
+            assert near_tie(model, prompt + plain[:at], plain[at], spec[at], ref) is not None, (mode, at)
+
+
+@pytest.mark.gpu
+def test_export_self_check_passes_under_tf32_on_cuda(tmp_path, tiny, float32_matmul_precision):
+    """The trained head on the GPU, TF32 on: the reload runs on the same GPU and stays in its bound."""
+    from eagle3cli.head.write import save_head, self_check
+
+    model, draft, _, _ = tiny
+    torch.backends.cuda.matmul.allow_tf32 = True
+    cuda_draft = Eagle3Draft(draft.config).to("cuda")
+    cuda_draft.load_state_dict(draft.state_dict())
+    save_head(cuda_draft.cpu(), tmp_path / "head", {}, {})
+    cuda_draft.to("cuda")
+    diff, bound = self_check(cuda_draft, tmp_path / "head")
+    assert diff <= bound
