@@ -651,3 +651,16 @@ def test_export_self_check_passes_under_tf32_on_cuda(tmp_path, tiny, float32_mat
     cuda_draft.to("cuda")
     diff, bound = self_check(cuda_draft, tmp_path / "head")
     assert diff <= bound
+
+
+def test_a_budget_recorded_before_time_clock_reads_as_cpu_seconds(tmp_path):
+    """Checkpoints written before --time-clock counted CPU seconds: they resume as `cpu` (the CPU
+    benchmarks pass --time-clock cpu), and a new run's default is wall."""
+    from eagle3cli.config import build_config, config_dict
+    from eagle3cli.train.config import TrainConfig
+    from eagle3cli.train.setup import config_key
+
+    new = build_config(TrainConfig, None, "train", run=tmp_path / "run", time_budget_s=100.0)
+    old = {k: v for k, v in config_dict(new).items() if k != "time_clock"}
+    assert config_key(new)["time_clock"] == "wall"
+    assert config_key(old)["time_clock"] == "cpu"
