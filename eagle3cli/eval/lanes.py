@@ -15,7 +15,7 @@ from ..console import progress, warn
 from ..prompts import Prompt, render
 from ..speculate.decoder import DecodeResult, hf_generate, plain_decode
 from .config import EvalConfig
-from .losslessness import greedy_reference, near_tie
+from .losslessness import first_diff, greedy_reference, near_tie
 
 
 @dataclass
@@ -42,10 +42,6 @@ def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
     """(system messages before the first user turn, the user turns in order)."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "user")
     return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
-
-
-def first_diff(a: list[int], b: list[int]) -> int:
-    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def decode_lanes(

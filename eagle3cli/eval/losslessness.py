@@ -27,6 +27,10 @@ RULE = (
 )
 
 
+def first_diff(a: list[int], b: list[int]) -> int:
+    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def greedy_reference(target) -> dict:
     """What greedy outputs are compared with, and how strictly. The reference is always plain decoding
     of the same target in the same dtype on the same device (the same kernels); but the speculative

@@ -16,8 +16,7 @@ from dataclasses import dataclass
 from ..console import log, progress
 from ..speculate.acceptance import ESTIMATE_NOTE, acceptance_by_depth, tau_of
 from ..speculate.decoder import SpeculativeDecoder, plain_decode
-from .lanes import first_diff
-from .losslessness import greedy_reference, near_tie
+from .losslessness import first_diff, greedy_reference, near_tie
 from .metrics import bootstrap_ratio, choose_config
 
 
