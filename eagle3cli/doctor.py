@@ -74,20 +74,72 @@ def check_devices() -> list[Check]:
         )
     ]
     if torch.cuda.is_available():
+        rows.append(Check("cuda", True, cuda_versions()))
         for i in range(torch.cuda.device_count()):
-            p = torch.cuda.get_device_properties(i)
-            free, total = torch.cuda.mem_get_info(i)
-            rows.append(
-                Check(
-                    f"cuda:{i}",
-                    True,
-                    f"{p.name}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
-                    f"sm_{p.major}{p.minor}, bf16={'yes' if torch.cuda.is_bf16_supported() else 'no'}",
-                )
+            rows.append(gpu_row(i))
+    elif torch.version.cuda is None and nvidia_node():
+        rows.append(
+            Check(
+                "cuda",
+                False,
+                f"this node has NVIDIA GPUs ({nvidia_node()}) but torch {torch.__version__} is a CPU build: every "
+                "stage would run on the CPU; install a CUDA build: pip install torch --index-url "
+                "https://download.pytorch.org/whl/cu128",
+                False,
             )
+        )
     else:
         rows.append(Check("cuda", False, f"no CUDA device (torch {torch.__version__}); CPU paths only", False))
     return rows
+
+
+def gpu_row(i: int) -> Check:
+    """One GPU: name, compute capability, memory, and the dtype `--dtype auto` gives it."""
+    import torch
+
+    from .node.devices import gpu_supports_bf16
+
+    p = torch.cuda.get_device_properties(i)
+    free, total = torch.cuda.mem_get_info(i)
+    bf16 = gpu_supports_bf16(i)
+    return Check(
+        f"cuda:{i}",
+        True,
+        f"{p.name}, compute capability {p.major}.{p.minor}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
+        + ("bf16 yes" if bf16 else "bf16 no: --dtype auto uses fp16 for models, fp32 for training"),
+    )
+
+
+def cuda_versions() -> str:
+    """torch's CUDA runtime, the driver (nvidia-smi) and NCCL: a mismatch is the first thing to rule out."""
+    import torch
+
+    try:
+        nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
+    except Exception:  # noqa: BLE001 — a build without NCCL (Windows, ROCm's RCCL)
+        nccl = "none"
+    return f"CUDA {torch.version.cuda or torch.version.hip}, driver {driver_version() or 'unknown'}, NCCL {nccl}"
+
+
+def driver_version() -> str | None:
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        r = subprocess.run(
+            [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (r.stdout.splitlines() or [""])[0].strip() or None if r.returncode == 0 else None
+
+
+def nvidia_node() -> str | None:
+    """What says this node has NVIDIA GPUs, whatever torch sees: nvidia-smi on PATH or /dev/nvidia*."""
+    found = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    if found:
+        return ", ".join(found[:4]) + (" ..." if len(found) > 4 else "")
+    return "nvidia-smi on PATH" if shutil.which("nvidia-smi") else None
 
 
 def check_cpu_features() -> list[Check]:

@@ -109,6 +109,8 @@ def train_args(cache: Path, run: Path, budget: float, flags: list[str], every: t
         cache,
         "--time-budget-s",
         str(budget),
+        "--time-clock",
+        "cpu",
         "--max-steps",
         "none",
         "--save-every",

@@ -82,6 +82,8 @@ def train_cmd(out: Path, run: Path, budget_s: float, *extra) -> list:
         out / "cache",
         "--time-budget-s",
         budget_s,
+        "--time-clock",
+        "cpu",
         "--heldout-every",
         200,
         "--save-every",

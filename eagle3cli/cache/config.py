@@ -47,7 +47,7 @@ class CacheConfig:
     max_samples: int | None = None
     """Use only the first N records of the data (quick runs)."""
     device: str | None = None
-    """cpu, cuda, cuda:1 (default: cuda if available)."""
+    """cpu, cuda, cuda:1 (default: cuda if available; with --shard i/N, cuda:(i mod the GPU count))."""
     dtype: TargetDtype = "auto"
     """Target weights; auto = bf16 on GPU, fp32 on CPU."""
     cpu_kernels: CpuKernels = "auto"

@@ -26,7 +26,7 @@ from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import UsageError
 from ..model.cpu_kernels import pack_for_inference
 from ..model.target import open_target
-from ..node.devices import check_device
+from ..node.devices import check_device, shard_device
 from ..run_folder.folders import claim_output
 from ..run_folder.lock import LOCK_NAME, locked_stage
 from ..run_folder.manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
@@ -154,7 +154,11 @@ def _check_disk(cfg: CacheConfig, out: Path, ident, n_aux: int, todo_tokens: int
 def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
     """Run the target over each shard left, write it atomically, then its done record."""
     out = cfg.out_dir
-    model = open_target(target_path, load=True, device=cfg.device, dtype=cfg.dtype).model
+    rank, world = parse_shard(cfg.shard)
+    device = shard_device(cfg.device, rank) if world > 1 else cfg.device
+    if device != cfg.device:
+        log(f"cache: shard {rank}/{world} on {device} (no --device: shard i runs on cuda:(i mod GPUs))")
+    model = open_target(target_path, load=True, device=device, dtype=cfg.dtype).model
     log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     size = {j: cp.ranges[j][1] - cp.ranges[j][0] for j in mine}

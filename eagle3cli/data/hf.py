@@ -11,7 +11,7 @@ import torch
 
 from ..model.chat import TemplateRefusal, render, split_reasoning
 from ..model.kvcache import growing_cache
-from ..speculate.sampling import logits_to_probs, sample_from
+from ..speculate.sampling import generator_for, logits_to_probs, sample_from
 from ..speculate.target import eos_token_ids
 from .levers import cut_at_end, user_prefix
 from .regen import Conversation, OnDone, Sampling, TurnOutput
@@ -86,7 +86,7 @@ class HFBackend:
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         gens = None
         if not s.greedy:
-            gens = [torch.Generator(device=dev).manual_seed(int(x)) for x in (seeds or [s.seed] * B)]
+            gens = [generator_for(dev, int(x)) for x in (seeds or [s.seed] * B)]
         cache = growing_cache(self.model.config)  # one write per token, not a copy of the cache
         logits = self.model(
             input_ids=ids, attention_mask=mask, position_ids=pos, cache=cache, use_cache=True, logits_to_keep=1

@@ -11,12 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import torch
-
 from ..console import progress, warn
 from ..prompts import Prompt, render
 from ..speculate.decoder import DecodeResult, hf_generate, plain_decode
 from .config import EvalConfig
+from .losslessness import first_diff, greedy_reference, near_tie
 
 
 @dataclass
@@ -27,6 +26,7 @@ class Lane:
     results: list[DecodeResult] = field(default_factory=list)
     history: list[dict] = field(default_factory=list)
     outputs: list[list[int]] = field(default_factory=list)
+    prompts: list[list[int]] = field(default_factory=list)  # the token ids each unit was decoded from
 
 
 @dataclass
@@ -34,16 +34,14 @@ class Decoded:
     lanes: dict  # "plain", "generate" (optional), (head label, mode) -> Lane
     units: list[str]  # prompt ids, or "ID#turnN" per turn of multi-turn conversations
     mismatches: dict  # (head label, mode) -> greedy outputs that part from plain decoding
+    near_ties: dict = field(default_factory=dict)  # (head label, mode) -> those parting at a near tie
+    reference: dict = field(default_factory=dict)  # what greedy outputs are compared with (greedy_reference)
 
 
 def split_turns(messages: list[dict]) -> tuple[list[dict], list[dict]]:
     """(system messages before the first user turn, the user turns in order)."""
     first = next(i for i, m in enumerate(messages) if m["role"] == "user")
     return messages[:first], [m for m in messages[first:] if m["role"] == "user"]
-
-
-def first_diff(a: list[int], b: list[int]) -> int:
-    return next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 def decode_lanes(
@@ -60,13 +58,12 @@ def decode_lanes(
     pad = tok.pad_token_id if tok.pad_token_id is not None else next(iter(eos), 0)
     lanes: dict = {"plain": Lane(), **({"generate": Lane()} if cfg.generate_baseline else {})}
     lanes.update({k: Lane() for k in decoders})
-    run = Decoded(lanes, [], {k: [] for k in decoders})
+    run = Decoded(lanes, [], {k: [] for k in decoders}, {k: [] for k in decoders}, greedy_reference(target))
     greedy = cfg.temperature <= 0
 
     def decode(key, ids: list[int], seed: int) -> DecodeResult:
         if key == "plain":
-            gen = torch.Generator().manual_seed(seed)
-            return plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p, gen)
+            return plain_decode(target, ids, cfg.max_new_tokens, eos, cfg.temperature, cfg.top_p, seed=seed)
         if key == "generate":
             return hf_generate(target, ids, cfg.max_new_tokens, eos, pad)
         return decoders[key].generate(ids, cfg.max_new_tokens, seed=seed)
@@ -83,7 +80,9 @@ def decode_lanes(
                 run.units.append(uid)
                 for key, lane in lanes.items():
                     lane.history.append(user)
-                    r = decode(key, fits(uid, render(tok, lane.history)), cfg.seed + 1000 * i + t)
+                    ids = fits(uid, render(tok, lane.history))
+                    r = decode(key, ids, cfg.seed + 1000 * i + t)
+                    lane.prompts.append(ids)
                     lane.results.append(r)
                     lane.outputs.append(r.tokens)
                     # each decoder's own answer is its history: greedy, that is the target's own answer
@@ -92,26 +91,37 @@ def decode_lanes(
                     )
                     conv_tokens += len(r.tokens)
                 if greedy:
-                    _compare_greedy(run, uid, tok)
+                    _compare_greedy(run, uid, tok, target)
             bar.advance(1, tokens=conv_tokens)
     return run
 
 
-def _compare_greedy(run: Decoded, uid: str, tok) -> None:
+def _compare_greedy(run: Decoded, uid: str, tok, target) -> None:
     """Greedy outputs of this unit against plain decoding's: a speculative lane that parts from it
-    is recorded (a losslessness failure); transformers' generate parting is only warned about."""
+    is recorded (a losslessness failure, or a near tie where the reference's precision is not exact:
+    `greedy_reference`); transformers' generate parting is only warned about."""
     plain_out = run.lanes["plain"].outputs[-1]
+    plain_prompt = run.lanes["plain"].prompts[-1]
     if "generate" in run.lanes and run.lanes["generate"].outputs[-1] != plain_out:
         warn(f"{uid}: our plain loop and transformers generate differ (numerics of the two paths)")
     for key, found in run.mismatches.items():
         spec_out = run.lanes[key].outputs[-1]
         if spec_out != plain_out:
             at = first_diff(spec_out, plain_out)
-            found.append(
-                {
-                    "prompt": uid,
-                    "first_diff_at": at,
-                    "speculative": tok.decode(spec_out[at : at + 12]),
-                    "plain": tok.decode(plain_out[at : at + 12]),
-                }
+            row = {
+                "prompt": uid,
+                "first_diff_at": at,
+                "speculative": tok.decode(spec_out[at : at + 12]),
+                "plain": tok.decode(plain_out[at : at + 12]),
+            }
+            same_prompt = run.lanes[key].prompts[-1] == plain_prompt  # else an earlier turn parted already
+            both = at < len(spec_out) and at < len(plain_out)
+            tie = (
+                near_tie(target, plain_prompt + plain_out[:at], plain_out[at], spec_out[at], run.reference)
+                if same_prompt and both
+                else None
             )
+            if tie is not None:
+                run.near_ties[key].append(row | tie)
+            else:
+                found.append(row)

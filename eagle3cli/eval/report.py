@@ -73,6 +73,7 @@ def _acceptance_tables(report: dict) -> None:
 def _speed_table(report: dict) -> None:
     """The baselines and every decoder: tau, tokens/s, speedup with its interval, losslessness."""
     base = report["baselines"]
+    ref: dict = {}
     rows = [["plain loop", "", "1.000", f"{base['plain']['tokens_per_s']:.1f}", "1.00x", "", "-"]]
     if base["generate"]:
         rows.append(
@@ -100,14 +101,24 @@ def _speed_table(report: dict) -> None:
                     f"{st['speed']['tokens_per_s']:.1f}",
                     f"{st['speedup_vs_plain']:.2f}x",
                     _ci(st["speedup_interval"]),
-                    f"{ll['mismatches']}/{ll['compared']}" if ll["compared"] else "n/a (sampling)",
+                    (
+                        f"{ll['mismatches']}/{ll['compared']}"
+                        + (f" (+{ll['near_ties']} near tie)" if ll.get("near_ties") else "")
+                    )
+                    if ll["compared"]
+                    else "n/a (sampling)",
                 ]
             )
+            ref = ll.get("reference") or ref
     print_table(
         f"speed (wall clock, same run); {TAU_NOTE}",
         ["decoder", "layout", "tau [90%]", "tok/s", "vs plain", "90% interval", "greedy mismatches"],
         rows,
     )
+    if ref:
+        log(
+            f"greedy losslessness: against {ref['reference']}, {ref['dtype']} on {ref['device']} ({ref['matmuls']} matmuls): {ref['definition']}"
+        )
 
 
 def _comparison_tables(cmp: dict) -> None:

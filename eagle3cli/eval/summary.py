@@ -68,13 +68,25 @@ def mode_stats(cfg: EvalConfig, run: Decoded, key: tuple[str, str], plain: dict,
             {"prompt": u, "tokens": len(r.tokens), "rounds": r.rounds, "accepted": sum(r.accept_lens)}
             for u, r in zip(run.units, results)
         ],
-        "lossless": lossless(results, run.mismatches[key], cfg.temperature <= 0),
+        "lossless": lossless(
+            results, run.mismatches[key], cfg.temperature <= 0, run.near_ties.get(key, []), run.reference
+        ),
     }
 
 
-def lossless(results: list[DecodeResult], mism: list[dict], greedy: bool) -> dict:
+def lossless(
+    results: list[DecodeResult], mism: list[dict], greedy: bool, ties: list[dict] | None = None, ref: dict | None = None
+) -> dict:
     if greedy:
-        return {"compared": len(results), "mismatches": len(mism), "examples": mism[:5]}
+        ties = ties or []
+        return {
+            "compared": len(results),
+            "mismatches": len(mism),
+            "examples": mism[:5],
+            "near_ties": len(ties),
+            "near_tie_examples": ties[:5],
+            "reference": ref or {},
+        }
     return {
         "compared": 0,
         "note": "sampling: outputs are distributed as the target's by the per-token rejection rule; "

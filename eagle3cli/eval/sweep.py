@@ -13,11 +13,10 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-import torch
-
 from ..console import log, progress
 from ..speculate.acceptance import ESTIMATE_NOTE, acceptance_by_depth, tau_of
 from ..speculate.decoder import SpeculativeDecoder, plain_decode
+from .losslessness import first_diff, greedy_reference, near_tie
 from .metrics import bootstrap_ratio, choose_config
 
 
@@ -102,7 +101,11 @@ def run_sweep(
     m = _measure(target, decoders, prompts, eos, max_new_tokens, repeats, temperature, top_p, seed)
     tokens, seconds, accepts, outputs = m.tokens, m.seconds, m.accepts, m.outputs
     names, n = ["plain", *decoders], len(prompts)
-    mismatches = {k: sum(outputs[k][p] != outputs["plain"][p] for p in range(n)) for k in decoders}
+    ref = greedy_reference(target)
+    mismatches = {
+        k: sum(_parts(target, prompts[p][1], outputs[k][p], outputs["plain"][p], ref) for p in range(n))
+        for k in decoders
+    }
     median = {k: [statistics.median(seconds[k][p]) for p in range(n)] for k in names}
     plain = (tokens["plain"], median["plain"])
     choice = choose_config(
@@ -125,7 +128,17 @@ def run_sweep(
         "plain_tokens_per_s": sum(tokens["plain"]) / sum(median["plain"]),
         "configurations": rows,
         "recommended": choice["recommended"],
+        "greedy_reference": ref,
     }
+
+
+def _parts(target, prompt: list[int], spec: list[int], plain: list[int], ref: dict) -> bool:
+    """A greedy output that parts from plain decoding's other than at a near tie (`greedy_reference`)."""
+    if spec == plain:
+        return False
+    at = first_diff(spec, plain)
+    both = at < len(spec) and at < len(plain)
+    return not (both and near_tie(target, prompt + plain[:at], plain[at], spec[at], ref))
 
 
 @dataclass
@@ -153,8 +166,7 @@ def _measure(
 
     def run(name: str, p: int, ids: list[int]):
         if name == "plain":
-            gen = torch.Generator().manual_seed(seed + p)
-            return plain_decode(target, ids, max_new_tokens, eos, temperature, top_p, gen)
+            return plain_decode(target, ids, max_new_tokens, eos, temperature, top_p, seed=seed + p)
         return decoders[name].generate(ids, max_new_tokens, seed=seed + p)
 
     warm = prompts[0][1]

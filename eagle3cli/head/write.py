@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from ..errors import UsageError
+from ..node.devices import MATMUL_RELATIVE_ERROR, matmul_precision
 from ..run_folder.manifest import (
     atomic_write_json,
     atomic_write_tensors,
@@ -41,6 +42,7 @@ from ..run_folder.manifest import (
 )
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft, norm_flags
+from ..speculate.sampling import generator_for
 from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
 from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
@@ -149,13 +151,20 @@ def target_architectures(target_identity: dict | None) -> list[str] | None:
 
 
 @torch.no_grad()
-def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> float:
-    """Reload the export and compare its logits with the in-memory draft's; returns max |diff|."""
+def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int = 0) -> tuple[float, float]:
+    """Reload the export and compare its logits with the in-memory draft's, both on the draft's device
+    where it has room (the same kernels), else the reload on the CPU; returns (max |diff|, the bound
+    it must stay under: `MATMUL_RELATIVE_ERROR` of the precision the matmuls ran in, times the logits' scale)."""
     reloaded = load_any_head(head_dir)[0]
     reloaded.embed_tokens.weight.copy_(draft.embed_tokens.weight.to("cpu", reloaded.embed_tokens.weight.dtype))
     ref = draft
     device = next(draft.parameters()).device
-    g = torch.Generator().manual_seed(seed)
+    try:
+        reloaded = reloaded.to(device)
+    except torch.OutOfMemoryError:
+        reloaded = reloaded.cpu()
+    where = next(reloaded.parameters()).device
+    g = generator_for("cpu", seed)  # the probe's inputs: drawn on the host, then moved
     cfg = draft.config
     ids = torch.randint(0, cfg.vocab_size, (1, seq_len), generator=g)
     aux = torch.randn(1, seq_len, len(cfg.aux_layer_ids) * cfg.target_hidden_size, generator=g)
@@ -163,11 +172,14 @@ def self_check(draft: Eagle3Draft, head_dir: Path, seq_len: int = 16, seed: int 
     ref.eval()
     try:
         h_ref = list(ref.ttt_unroll(ids.to(device), aux.to(device, ref.fc.weight.dtype), steps=2))[-1]
-        h_new = list(reloaded.ttt_unroll(ids, aux.to(reloaded.fc.weight.dtype), steps=2))[-1]
-        diff = (ref.logits(h_ref).float().cpu() - reloaded.logits(h_new).float()).abs().max().item()
+        h_new = list(reloaded.ttt_unroll(ids.to(where), aux.to(where, reloaded.fc.weight.dtype), steps=2))[-1]
+        want = ref.logits(h_ref).float().cpu()
+        diff = (want - reloaded.logits(h_new).float().cpu()).abs().max().item()
     finally:
         ref.train(was_training)
-    return diff
+    precisions = {matmul_precision(ref.fc.weight.dtype, device), matmul_precision(reloaded.fc.weight.dtype, where)}
+    rel = max(MATMUL_RELATIVE_ERROR[p] for p in precisions)
+    return diff, rel * max(1.0, want.abs().max().item())
 
 
 # ---------------------------------------------------------------- other layouts

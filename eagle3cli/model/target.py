@@ -119,7 +119,7 @@ def pick_device(device: str | None = None) -> torch.device:
 
 
 def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
-    """bf16 on GPU, fp32 on CPU (CPU bf16 matmuls are slow and lossy)."""
+    """bf16 on a GPU that supports it (else fp16, said once), fp32 on CPU (CPU bf16 matmuls are slow and lossy)."""
     if dtype and dtype != "auto":
         return {
             "bf16": torch.bfloat16,
@@ -129,7 +129,11 @@ def pick_dtype(device: torch.device, dtype: str | None = None) -> torch.dtype:
             "fp32": torch.float32,
             "float32": torch.float32,
         }[dtype]
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        from ..node.devices import gpu_auto_dtype
+
+        return gpu_auto_dtype(device)  # type: ignore[return-value]
+    return torch.float32
 
 
 def load_tokenizer(path: Path):

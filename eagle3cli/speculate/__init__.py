@@ -14,7 +14,7 @@ cannot cache); the stage that called it says what to do instead (eval: exit 2, u
 
 from .chain import verify_chain_greedy, verify_chain_sampling
 from .masks import attention_mask
-from .sampling import logits_to_probs, residual, sample, sample_from
+from .sampling import generator_for, logits_to_probs, residual, sample, sample_from
 from .tree import (
     DraftTree,
     children_of,
@@ -46,6 +46,7 @@ __all__ = [
     "logits_to_probs",
     "node_depths",
     "residual",
+    "generator_for",
     "sample",
     "sample_from",
     "select_nodes",

@@ -36,10 +36,10 @@ def verify_chain_sampling(
     token is drawn from the last target row. The emitted tokens follow the target's distribution.
     """
     d = draft_tokens.shape[0]
-    idx = torch.arange(d)
+    idx = torch.arange(d, device=target_probs.device)
     p = target_probs[idx, draft_tokens]
     q = draft_probs[idx, draft_tokens]
-    u = torch.rand(d, generator=generator, dtype=p.dtype)
+    u = torch.rand(d, generator=generator, dtype=p.dtype, device=p.device)
     rejected = (u * q > p).nonzero()  # u < p/q without dividing by q
     if rejected.numel() == 0:
         bonus = sample_from(target_probs[d], generator)

@@ -22,6 +22,7 @@ import torch
 
 from . import (
     expand_frontier,
+    generator_for,
     logits_to_probs,
     sample,
     select_nodes,
@@ -74,11 +75,12 @@ def plain_decode(
     eos: set[int],
     temperature: float = 0.0,
     top_p: float = 1.0,
-    generator: torch.Generator | None = None,
+    seed: int = 0,
 ) -> DecodeResult:
     """The baseline: the same KV cache and target forward as the speculative decoder, one token
-    per call (logits of the last position only)."""
+    per call (logits of the last position only); sampled with a generator on the model's device."""
     dev = model.device
+    generator = generator_for(dev, seed)
     start = time.perf_counter()
     kv = TargetKV(model, len(prompt_ids) + max_new_tokens + 1)
     ids = torch.tensor([prompt_ids], device=dev)
@@ -206,7 +208,7 @@ class SpeculativeDecoder:
                 self.draft.new_cache(draft_room),
                 cap,
                 res,
-                torch.Generator().manual_seed(seed),
+                generator_for(self.device, seed),  # every draw is on the device of what it samples
             )
             ids = torch.tensor([prompt_ids], device=self.device)
             hidden, aux = self._target(s, ids, 0)
@@ -246,10 +248,10 @@ class SpeculativeDecoder:
         if self.temperature <= 0:
             a, emitted = verify_chain_greedy(drafted_t, logits)
         else:
-            qt = torch.zeros(d, self.vocab, dtype=torch.float32)
-            qt[:, self.draft_to_target_ids.cpu()] = torch.stack(qs).float().cpu()
+            qt = torch.zeros(d, self.vocab, dtype=torch.float32, device=self.device)
+            qt[:, self.draft_to_target_ids] = torch.stack(qs).float()
             p = logits_to_probs(logits, self.temperature, self.top_p)
-            a, emitted = verify_chain_sampling(drafted_t.cpu(), qt, p.cpu(), s.generator)
+            a, emitted = verify_chain_sampling(drafted_t, qt, p, s.generator)
         return emitted, aux[: a + 1], a
 
     def _tree_round(self, s: _Session, pending, root, length):
@@ -301,8 +303,8 @@ class SpeculativeDecoder:
         if self.temperature <= 0:
             path, emitted = verify_tree_greedy(tree_tokens.cpu(), tree.parents, logits)
         else:
-            p = logits_to_probs(logits, self.temperature, self.top_p).cpu()
-            path, emitted = verify_tree_sampling(tree_tokens.cpu(), tree.parents, p, s.generator)
+            p = logits_to_probs(logits, self.temperature, self.top_p)
+            path, emitted = verify_tree_sampling(tree_tokens, tree.parents, p, s.generator)
         rows = [0] + [i + 1 for i in path]
         s.kv.keep_path(length, rows)
         return emitted, aux[rows], len(path)

@@ -26,6 +26,13 @@ def logits_to_probs(logits: torch.Tensor, temperature: float = 1.0, top_p: float
     return probs
 
 
+def generator_for(device: torch.device | str, seed: int) -> torch.Generator:
+    """A seeded generator on `device`: torch draws a tensor's random numbers with a generator of the
+    tensor's own device (CUDA refuses a CPU one: "Expected a 'cuda' device type for generator"), so
+    every sampler takes its generator from here, for the device of what it samples."""
+    return torch.Generator(device=torch.device(device)).manual_seed(int(seed))
+
+
 def sample_from(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One draw per row of `probs` [..., V] -> LongTensor[...]."""
     flat = probs.reshape(-1, probs.shape[-1])

@@ -141,7 +141,7 @@ def verify_tree_sampling(
         accepted = None
         for c in kids.get(node, []):
             x = toks[c]
-            u = float(torch.rand(1, generator=generator))
+            u = float(torch.rand(1, generator=generator, device=p.device))
             if u < float(p[x]):
                 accepted = c
                 break

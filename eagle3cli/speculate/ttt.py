@@ -43,9 +43,10 @@ def needed_rows(valid: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Te
 
 
 def _rows_index(need: torch.Tensor) -> torch.Tensor:
-    row = torch.full(need.shape, -1, dtype=torch.long, device=need.device)
-    row[need] = torch.arange(int(need.sum()), device=need.device)
-    return row
+    """The k-th needed position (row-major) gets row k, the rest -1: a running count, so the host
+    need not read how many there are."""
+    count = need.reshape(-1).long().cumsum(0).view(need.shape)
+    return torch.where(need, count - 1, torch.full_like(count, -1))
 
 
 @torch.no_grad()

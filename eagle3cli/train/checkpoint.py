@@ -43,18 +43,35 @@ def rng_state() -> dict:
     }
 
 
-def set_rng_state(state: Any, path: Path | None = None) -> None:
+def set_rng_state(state: Any, path: Path | None = None) -> str | None:
     """Restore the RNG state a checkpoint saved; one that is malformed (edited, crafted) is a
-    StageError naming the checkpoint (`path`), not a traceback from `random.setstate`."""
+    StageError naming the checkpoint (`path`), not a traceback from `random.setstate`. Returns the
+    line to say when the checkpoint saw another number of GPUs than this process does."""
     try:
         torch.set_rng_state(state["torch"])
         random.setstate(state["python"])
-        if state.get("cuda") is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(state["cuda"])
+        saved = state.get("cuda")
+        if saved is not None and torch.cuda.is_available():
+            return _set_cuda_rng_states(list(saved))
+        return None
     except (KeyError, TypeError, ValueError, RuntimeError, OverflowError) as e:
         if path is None:
             raise
         raise _damaged(Path(path), f"its RNG state is malformed ({type(e).__name__}: {str(e)[:200]})") from None
+
+
+def _set_cuda_rng_states(saved: list) -> str | None:
+    """One state per GPU that exists, in order (a resume under fewer or more visible GPUs:
+    CUDA_VISIBLE_DEVICES, another node); torch's set_rng_state_all indexes past the last GPU."""
+    n = torch.cuda.device_count()
+    for i, s in enumerate(saved[:n]):
+        torch.cuda.set_rng_state(s, i)
+    if len(saved) == n:
+        return None
+    return (
+        f"the checkpoint saved CUDA RNG states for {len(saved)} GPU(s), this process sees {n}: restored "
+        f"{min(n, len(saved))}; GPU-side random draws (dropout, sampling) differ from an uninterrupted run"
+    )
 
 
 # ---------------------------------------------------------------- state <-> (tensors, JSON)

@@ -18,6 +18,7 @@ Optimizer = Literal["adamw", "muon"]
 Loss = Literal["ce", "tv", "lk"]
 LmHead = Literal["target", "frozen", "fresh"]
 Init = Literal["random", "soft", "pass-top"]
+TimeClock = Literal["wall", "cpu"]
 
 
 ONLINE_DRAFT_VOCAB = 32000  # --online's draft vocab when --draft-vocab-size is not given
@@ -31,6 +32,8 @@ def upgrade_recorded(config: dict) -> dict:
     d.setdefault("target_dtype", "auto")  # before --target-dtype every online run ran its target in auto
     d.setdefault("extra_data", [])  # before --extra-data a run read one folder
     d.setdefault("extra_data_from", 0)
+    if d.get("time_budget_s") is not None:
+        d.setdefault("time_clock", "cpu")  # before --time-clock a budget counted CPU seconds
     if not d.get("online") and d.get("draft_vocab_size") == ONLINE_DRAFT_VOCAB:
         d["draft_vocab_size"] = None
     return d
@@ -116,10 +119,17 @@ class TrainConfig:
     epochs: int = 1
     """Passes over the data."""
     time_budget_s: float | None = None
-    """Train for this many CPU seconds (core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour;
-    held-out passes and checkpoints excluded, summed over resumed sessions) instead of a number of
-    steps; the warmup and cosine schedule run over the budget. Compares recipes per core-hour,
-    and a machine shared with other jobs does not shorten a run."""
+    """Train for this many wall-clock seconds (held-out passes and checkpoints excluded, summed over
+    resumed sessions) instead of a number of steps; the warmup and cosine schedule run over the
+    budget. --time-clock cpu counts this process's CPU seconds instead."""
+    prefetch: int = 2
+    """Micro-batches read ahead in a background thread (cache reads and fp8 decoding, --online's target
+    forwards overlap the step; pinned host memory for an asynchronous copy on CUDA); 0 reads each one
+    in the loop. Changes no result."""
+    time_clock: TimeClock = "wall"
+    """The clock --time-budget-s counts: wall (seconds of training, what a GPU run costs) or cpu (this
+    process's core-seconds: 3600 with OMP_NUM_THREADS=1 is one core-hour; compares recipes per
+    core-hour on a CPU shared with other jobs, which does not shorten a run)."""
     max_steps: int | None = None
     """Stop after this many optimizer steps (overrides epochs)."""
     lr: float = 3e-4
@@ -209,6 +219,8 @@ class TrainConfig:
             e.append("--optimizer muon is not supported under --deepspeed (the engine builds its own optimizer)")
         if self.max_attention < 1:
             e.append(f"--max-attention {self.max_attention}: expected batch x length^2 >= 1, e.g. 4194304 (2048^2)")
+        if self.prefetch < 0:
+            e.append(f"--prefetch {self.prefetch}: expected 0 (off) or more micro-batches")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             e.append(f"--time-budget-s {self.time_budget_s}: expected seconds > 0")
         if self.heldout_samples < 0 or self.heldout_every < 1 or not 1 <= self.heldout_depth <= 32:

@@ -7,7 +7,11 @@ length-bucketed, token-budget batch plan for (seed, epoch), so the position in a
 
 from __future__ import annotations
 
+import queue
 import random
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -97,6 +101,9 @@ def collate(samples: list[dict], max_length: int | None = None) -> dict[str, tor
     return out
 
 
+READING = threading.Lock()  # a source is read by the prefetch thread and by the loop's held-out pass
+
+
 class CacheSource:
     """Offline: a `runs/NAME/cache/` folder through CacheReader."""
 
@@ -142,7 +149,9 @@ class CacheSource:
         self.d2t, self.t2d = build_mapping(select_draft_tokens(counts, size), counts.numel())
 
     def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
-        return collate([self.reader[i] for i in indices], max_length)
+        with READING:  # the prefetch thread and the held-out pass share the reader's open shards
+            rows = [self.reader[i] for i in indices]
+        return collate(rows, max_length)
 
     def describe(self, indices: list[int]) -> str:
         shown = ", ".join(self.reader.where(i) for i in indices[:4])
@@ -232,6 +241,75 @@ class OnlineSource:
         b = collate(rows, max_length)
         device = next(self.model.parameters()).device
         att = (torch.arange(b["input_ids"].shape[1])[None] < b["lengths"][:, None]).long()
-        aux, last = capture_features(self.model, b["input_ids"].to(device), att.to(device), self.aux_layer_ids)
+        with READING:  # one capture at a time: its hooks are on the one target model
+            aux, last = capture_features(self.model, b["input_ids"].to(device), att.to(device), self.aux_layer_ids)
         b["aux_hidden"], b["last_hidden"] = aux.float(), last.float()  # stay on the target's device
         return b
+
+
+# ---------------------------------------------------------------- batches read ahead of the step
+@dataclass
+class Ready:
+    """One micro-batch as the step takes it: its samples, its tensors (host memory, pinned for an
+    asynchronous copy when training on CUDA; --online's features are already on the target's
+    device) and its token count, counted on the host so the step needs no device read for it."""
+
+    indices: list[int]
+    batch: dict[str, torch.Tensor]
+    tokens: int
+
+
+def prepare(source, indices: list[int], max_length: int | None, pin: bool) -> Ready:
+    batch = source.batch(indices, max_length)
+    tokens = int(batch["lengths"].sum())  # a host tensor: collate builds lengths on the CPU
+    if pin:
+        batch = {k: v.pin_memory() if v.device.type == "cpu" else v for k, v in batch.items()}
+    return Ready(indices, batch, tokens)
+
+
+class Prefetch:
+    """The micro-batches of `order`, read `ahead` at a time in a background thread, so cache reads and
+    fp8 decoding overlap the step instead of stalling the device between steps. `take(indices)` gives
+    them back in order; the batches are exactly those `prepare` makes in the loop (ahead 0)."""
+
+    def __init__(self, make: Callable[[list[int]], Ready], order: Iterator[list[int]], ahead: int):
+        self.make, self.ahead = make, ahead
+        self.order = order
+        self.queue: queue.Queue = queue.Queue(maxsize=max(ahead, 1))
+        self.stop = threading.Event()
+        self.thread = None
+        if ahead > 0:
+            self.thread = threading.Thread(target=self._fill, name="eagle3-prefetch", daemon=True)
+            self.thread.start()
+
+    def _fill(self) -> None:
+        try:
+            for indices in self.order:
+                if self.stop.is_set():
+                    return
+                self._put(self.make(indices))
+        except BaseException as e:  # noqa: BLE001 — handed to the loop, which raises it where it waits
+            self._put(e)
+
+    def _put(self, item) -> None:
+        while not self.stop.is_set():
+            try:
+                self.queue.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
+
+    def take(self, indices: list[int]) -> Ready:
+        if self.thread is None:
+            return self.make(indices)
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        assert item.indices == indices, "prefetched micro-batches follow the plan"
+        return item
+
+    def close(self) -> None:
+        """Stop reading ahead (the loop ended, or the epoch did); waits for a batch being read."""
+        self.stop.set()
+        if self.thread is not None:
+            self.thread.join()

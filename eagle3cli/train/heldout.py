@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from ..speculate.acceptance import accept_lengths, chain_summary, walk_rounds
+from ..speculate.sampling import generator_for
 from .data import plan_for
 
 
@@ -36,7 +37,7 @@ def unused_indices(n_samples: int, heldout: list[int], train_samples: int | None
         return list(heldout)
     held = set(heldout)
     order = [i for i in range(n_samples) if i not in held]
-    perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(20261202)).tolist()
+    perm = torch.randperm(len(order), generator=generator_for("cpu", 20261202)).tolist()
     end = None if train_samples is None else skip + train_samples
     keep = {order[j] for j in perm[skip:end]}
     return sorted(i for i in range(n_samples) if i not in keep)
@@ -58,7 +59,7 @@ def unused_indices_in_folders(
     hi = 1.0 if train_samples is None else min(1.0, (skip + train_samples - joined_at) / span)
     out, offset = list(first), sizes[0]
     for n in sizes[1:]:
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(20261202)).tolist()
+        perm = torch.randperm(n, generator=generator_for("cpu", 20261202)).tolist()
         keep = set(perm[round(lo * n) : round(hi * n)])
         out += [offset + i for i in range(n) if i not in keep]
         offset += n

@@ -100,7 +100,30 @@ def deepspeed_config(cfg: TrainConfig, bf16: bool) -> dict:
     if section.get("enabled", "auto") == "auto":
         section["enabled"] = bf16
     resolved["bf16"] = section
+    if section["enabled"] is True:
+        refuse_buffer_casting_deepspeed(spec)
     return resolved
+
+
+# DeepSpeed before 0.19.2 (PR 8066) cast the whole module to bf16, buffers included: RoPE's fp32
+# `inv_freq` rounded to bf16 puts the draft's positions off by whole angles at long contexts.
+BF16_KEEPS_BUFFERS = (0, 19, 2)
+
+
+def refuse_buffer_casting_deepspeed(spec) -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        have = version("deepspeed")
+    except PackageNotFoundError:
+        return  # said by the config check above
+    parts = tuple(int(x) for x in re.findall(r"\d+", have)[:3])
+    if parts < BF16_KEEPS_BUFFERS:
+        raise UsageError(
+            f"--deepspeed {spec} with bf16: deepspeed {have} casts the draft's buffers (RoPE's inv_freq) to bf16",
+            "deepspeed >= 0.19.2, which casts parameters only",
+            "pip install 'deepspeed>=0.19.2'   (or train in fp32: --dtype fp32)",
+        )
 
 
 def _free_port() -> int:
@@ -263,7 +286,9 @@ def launch_command(cfg: TrainConfig, plan: LaunchPlan, launcher: str, recipe: Pa
 
 def launch(cfg: TrainConfig) -> Path:
     """Check everything cheap, write the resolved configs, run the deepspeed launcher, wait."""
-    from ..model.target import pick_device
+    import torch
+
+    from ..model.target import pick_device, pick_dtype
 
     run_dir = cfg.run_dir
     train_dir = run_dir / "train"
@@ -277,7 +302,7 @@ def launch(cfg: TrainConfig) -> Path:
     plan_processes(cfg)  # a bad hostfile fails before anything is written
     device = pick_device(cfg.device)
     # DeepSpeed's bf16 mode on GPUs only; on CPU a bf16 run autocasts (train/loop.py)
-    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and cfg.dtype != "fp32")
+    ds = deepspeed_config(cfg, bf16=device.type == "cuda" and pick_dtype(device, cfg.dtype) == torch.bfloat16)
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         raise UsageError("the `deepspeed` launcher is not on PATH", "pip install deepspeed", "eagle3 doctor")

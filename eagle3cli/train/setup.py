@@ -174,14 +174,19 @@ class Trainer:
         return Clock(self.loop.train_seconds, self.loop.train_cpu_seconds)
 
     def out_of_time(self) -> bool:
-        return self.cfg.time_budget_s is not None and self.loop.train_cpu_seconds >= self.cfg.time_budget_s
+        return self.cfg.time_budget_s is not None and spent(self.loop, self.cfg.time_clock) >= self.cfg.time_budget_s
 
 
-def _time_cosine(budget: float, warmup_ratio: float, floor: float, loop: LoopState):
+def spent(loop: LoopState, clock: str) -> float:
+    """Training seconds on the budget's clock (`--time-clock`)."""
+    return loop.train_cpu_seconds if clock == "cpu" else loop.train_seconds
+
+
+def _time_cosine(budget: float, warmup_ratio: float, floor: float, loop: LoopState, clock: str):
     """`_cosine` over the fraction of a time budget spent rather than over steps."""
 
     def f(_step: int) -> float:
-        p = min(1.0, loop.train_cpu_seconds / budget)
+        p = min(1.0, spent(loop, clock) / budget)
         if p < warmup_ratio:
             return max(p / warmup_ratio, 0.01)
         q = (p - warmup_ratio) / max(1e-9, 1 - warmup_ratio)
@@ -325,7 +330,7 @@ def setup(cfg: TrainConfig) -> Trainer:
     loop = LoopState()
     if cfg.time_budget_s is not None:  # the budget ends the run; --max-steps (if given) caps it
         total = cfg.max_steps or 10**9
-        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, loop)
+        schedule = _time_cosine(cfg.time_budget_s, cfg.warmup_ratio, cfg.min_lr_ratio, loop, cfg.time_clock)
     else:
         total = cfg.max_steps or cfg.epochs * (n_batches // per_step)
         schedule = _cosine(total, int(cfg.warmup_ratio * total), cfg.min_lr_ratio)
@@ -471,20 +476,45 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "heldout_depth",
         "head_from",  # which weights the head gets at the end: training is the same
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
+        "prefetch",  # when batches are read, not what they hold
     ):
         d.pop(k, None)
     return d
 
 
-def compiled_loss(device: torch.device):
-    """`draft_ttt_loss` with its unroll under torch.compile (`compiled_ttt_loss`). Inductor on CPU
-    builds C++ kernels."""
+def compile_preflight(device: torch.device) -> None:
+    """UsageError (exit 2) when torch.compile cannot build kernels for `device` on this machine."""
     if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
         raise UsageError(
             "--compile on CPU needs a C++ compiler (torch.compile builds C++ kernels), and none is on PATH",
             "g++ or clang++ installed",
             "apt install g++   (or train without --compile)",
         )
+    if device.type != "cuda":
+        return
+    import importlib.util
+
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError(
+            f"--compile on CUDA needs Triton, which is not installed beside torch {torch.__version__}",
+            "the triton package matching this torch (CUDA wheels of torch install it)",
+            "pip install triton   (or train without --compile)",
+        )
+    cc = os.environ.get("CC")
+    if not (cc and shutil.which(cc)) and not any(shutil.which(c) for c in ("cc", "gcc", "clang")):
+        raise UsageError(
+            "--compile on CUDA needs a C compiler: Triton builds its kernel launcher with one at the first "
+            f"step, and none is on PATH{f' (CC={cc} is not found)' if cc else ''}",
+            "gcc or clang installed (or CC naming one)",
+            "apt install gcc   (or train without --compile)",
+        )
+
+
+def compiled_loss(device: torch.device):
+    """`draft_ttt_loss` with its unroll under torch.compile (`compiled_ttt_loss`). Inductor on CPU
+    builds C++ kernels; on CUDA it writes Triton kernels, and Triton compiles a small C launcher with
+    the host's C compiler at the first call: both are checked before the run starts."""
+    compile_preflight(device)
     loss = compiled_ttt_loss()
 
     def announced(*args, **kw):
@@ -544,7 +574,9 @@ def resume(tr: Trainer) -> None:
         tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
         tr.optimizer.load_state_dict(state["optimizer"])
         tr.scheduler.load_state_dict(state["scheduler"])
-    ckpt.set_rng_state(state.get("rng"), path)
+    gpus_changed = ckpt.set_rng_state(state.get("rng"), path)
+    if gpus_changed and tr.rank == 0:
+        console.log(f"resume: {gpus_changed}")
     tr.loop.restore(state)
     if tr.rank == 0:
         ckpt.truncate_metrics(metrics, tr.loop.step)

@@ -90,7 +90,12 @@ def test_turns_all_feeds_each_answer_back(tiny_target_dir, head, tmp_path):
     rep = json.loads((out / "report.json").read_text())
     chain = next(iter(rep["heads"].values()))["chain"]
     assert rep["units"] == 3 and [p["prompt"] for p in chain["per_prompt"]] == ["mt:q1#turn1", "mt:q1#turn2", "mt:q2"]
-    assert chain["lossless"] == {"compared": 3, "mismatches": 0, "examples": []}
+    assert {k: chain["lossless"][k] for k in ("compared", "mismatches", "examples", "near_ties")} == {
+        "compared": 3,
+        "mismatches": 0,
+        "examples": [],
+        "near_ties": 0,
+    }
     assert rep["baselines"]["generate"]["tokens"] == rep["baselines"]["plain"]["tokens"]
 
 

@@ -74,7 +74,7 @@ def test_round_trip_reproduces_logits_and_init_from_target(tmp_path, target):
     draft = trained_like_draft(target)
     torch.nn.init.normal_(draft.fc.weight)  # "trained": differs from any fresh init
     head = save_head(draft, tmp_path / "head")
-    assert self_check(draft, head) == 0.0
+    assert self_check(draft, head)[0] == 0.0
     loaded = load_head(head, target)
     assert torch.equal(loaded.embed_tokens.weight, target.model.embed_tokens.weight)
     assert not loaded.embed_tokens.weight.requires_grad

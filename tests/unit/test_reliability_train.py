@@ -186,7 +186,7 @@ def test_export_self_check_fails_on_nan(run_dir, monkeypatch):
     cfg = build_config(TrainConfig, None, "train", run=run_dir, max_steps=1, log_every=1, save_every=1, ttt_steps=1)
     tr = loop.setup(cfg)
     loop.fit(tr)
-    monkeypatch.setattr(loop, "self_check", lambda *a: float("nan"))
+    monkeypatch.setattr(loop, "self_check", lambda *a: (float("nan"), 1e-4))
     with pytest.raises(StageError, match="reproduces the trained logits only to nan"):
         loop.finish(tr)
 

@@ -164,12 +164,12 @@ def test_feature_noise_is_relative_per_layer_and_reproducible():
 
 def test_a_time_budget_ends_training_and_runs_the_schedule_over_it(tmp_path, base_run):
     run = _copy(base_run, tmp_path)
-    tr = setup(_cfg(run, time_budget_s=3.0, save_every=1000))
+    tr = setup(_cfg(run, time_budget_s=3.0, time_clock="cpu", save_every=1000))
     fit(tr)
     m = metrics(run)
     assert tr.clock.cpu_seconds >= 3.0 and m[-1]["train_cpu_seconds"] >= 3.0 and "time budget" in tr.stopped
     assert len(m) >= 3 and m[-1]["lr"] < max(x["lr"] for x in m)  # warmed up, then decayed over the budget
-    again = setup(_cfg(run, time_budget_s=3.0, save_every=1000))  # a rerun: the budget is spent
+    again = setup(_cfg(run, time_budget_s=3.0, time_clock="cpu", save_every=1000))  # a rerun: the budget is spent
     steps = again.step
     fit(again)
     assert again.step == steps
