@@ -23,7 +23,7 @@ from benchmarks.smollm2.report_figures import DATA_SCALING, LEARNING_CURVE, LEVE
 
 PAGE = REPO / "docs" / "results-smollm2.md"
 README = REPO / "README.md"
-GPU_CHECK = ".venv/bin/python tools/gpu_check.py --out gpu.json"
+GPU_CHECK = "python tools/gpu_check.py --out gpu_check.json"
 
 
 def _row(d: dict, name: str, decoder: str = "chain") -> dict | None:
