@@ -70,6 +70,32 @@ def flag_names(f: dataclasses.Field) -> tuple[str, ...]:
     return (f"--{dashed}/--no-{dashed}",) if isinstance(f.default, bool) else (f"--{dashed}",)
 
 
+def command_line(name: str, cfg: Any) -> str:
+    """`eagle3 NAME --flag value ...` that rebuilds `cfg`: its fields that differ from their defaults
+    (what a model card or a report shows as the command that measured it)."""
+    import shlex
+
+    argv = ["eagle3", name]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == f.default or (f.default is dataclasses.MISSING and value is None):
+            continue
+        names = flag_names(f)[0].split("/")
+        if f.metadata.get("argument"):
+            argv.append(str(value))
+        elif isinstance(value, bool):
+            argv.append(names[0] if value else names[-1])
+        elif isinstance(value, tuple):
+            items = [str(v) for v in value]
+            if _tuple_item(typing.get_type_hints(type(cfg))[f.name]) is str:
+                argv += [x for v in items for x in (names[0], v)]
+            else:
+                argv += [names[0], ",".join(items)]
+        else:
+            argv += [names[0], NONE_VALUE if value is None else str(value)]
+    return shlex.join(argv)
+
+
 def _tuple_item(tp: Any) -> Any:
     """The item type of a `tuple[X, ...]` field (also inside `| None`), else None."""
     for t in (tp, *typing.get_args(tp)):

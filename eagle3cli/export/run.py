@@ -21,6 +21,7 @@ import torch
 
 from ..console import warn
 from ..errors import UsageError
+from ..head.card import CARD, card_evals
 from ..head.engines import sglang_norm_problem, target_support
 from ..head.read import load_any_head
 from ..head.table import HEAD_WEIGHTS
@@ -29,6 +30,7 @@ from ..head.write import (
     own_layout_config,
     speculators_config,
     target_architectures,
+    write_card,
     write_head_files,
 )
 from ..model.target import repo_relative
@@ -37,7 +39,7 @@ from ..run_folder.manifest import read_json, remove_dead_temps, shard_record, wr
 from .config import ExportConfig
 
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
-EXPORT_FILES = (HEAD_WEIGHTS, "config.json")  # what an export folder holds besides its manifest
+EXPORT_FILES = (HEAD_WEIGHTS, "config.json", CARD)  # what an export folder holds besides its manifest
 
 
 def run_export(cfg: ExportConfig) -> Path:
@@ -152,6 +154,7 @@ def export_head(
         target=(cfg.get("eagle3") or {}).get("target", {}),
         shards=[shard_record(out_dir / HEAD_WEIGHTS)],
     )
+    write_card(out_dir, card_evals(head_dir))  # the same weights in another layout: the source's acceptance
     end_writing(out_dir)
     return out_dir
 

@@ -23,7 +23,7 @@ from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
 from ..head.check import nonfinite_tensors
-from ..head.write import save_head, self_check
+from ..head.write import save_head, self_check, write_card
 from ..node.devices import check_device
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
@@ -426,6 +426,7 @@ def finish(tr: Trainer) -> Path:
             **summary,
         )
         atomic_write_json(tr.train_dir / "summary.json", summary)
+        write_card(tr.head_dir, keep_evals=False)  # after the train manifest it reads; a new head's old evals go
         console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
     return tr.head_dir
 
