@@ -27,7 +27,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from .config import NONE_VALUE, build_config, choices
+from .config import NONE_VALUE, build_config, choices, panel_of
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -172,8 +172,11 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
         tp = hints[f.name]
         required = "[required: here or in the recipe] " if f.metadata.get("required") else ""
         help_text = escape(required + docs.get(f.name, ""))
+        panel = panel_of(cls, f.name)
         if f.metadata.get("argument"):
-            info = typer.Argument(None, metavar=f.metadata["argument"], help=help_text, show_default=False)
+            info = typer.Argument(
+                None, metavar=f.metadata["argument"], help=help_text, show_default=False, rich_help_panel=panel
+            )
         else:
             default = _cli_default(f, tp)
             info = typer.Option(
@@ -182,9 +185,12 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
                 help=help_text,
                 metavar=None if isinstance(default, bool) else metavar(f.name, tp),
                 show_default=default not in (None, [], ""),
+                rich_help_panel=panel,
             )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=_cli_type(tp)))
-    return params
+    # --help lists panels in the order their first flag comes: the config's PANELS order, fields in order within
+    order = list(getattr(cls, "PANELS", {}))
+    return sorted(params, key=lambda p: order.index(panel_of(cls, p.name)) if panel_of(cls, p.name) in order else -1)
 
 
 @dataclass(frozen=True)
