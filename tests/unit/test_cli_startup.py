@@ -1,9 +1,11 @@
-"""`eagle3 --help` and every stage's --help answer without importing torch, transformers or DeepSpeed
-(seconds of imports to print text). Read from `python -X importtime`, which lists every module the
-real entry point imported, lazy ones included."""
+"""`eagle3 --help`, every stage's --help and `eagle3 doctor` answer without importing torch,
+transformers or DeepSpeed (seconds of imports to print text; doctor asks torch and DeepSpeed in one
+child process). Read from `python -X importtime`, which lists every module the real entry point
+imported, lazy ones included (a child's imports are its own)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -48,3 +50,21 @@ def test_help_imports_no_torch(args):
     assert code == 0
     assert "eagle3cli" in names and "typer" in names
     assert not names & set(HEAVY), sorted(names & set(HEAVY))
+
+
+@pytest.mark.slow  # doctor's own checks run: torch and DeepSpeed imported in its child, vLLM's venv asked
+def test_doctor_imports_no_torch_itself_and_still_reports_torchs_view():
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "eagle3cli", "doctor", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    names = {x.rsplit("|", 1)[1].strip().split(".")[0] for x in r.stderr.splitlines() if x.startswith("import time:")}
+    assert "eagle3cli" in names and not names & {*HEAVY, "sglang", "vllm"}, sorted(names & {*HEAVY, "sglang"})
+    checks = {c["name"]: c for c in json.loads(r.stdout)}
+    assert "torch threads" in checks["cpu"]["detail"]  # asked of torch in the child
+    assert checks["--device"]["ok"] and "cpu" in checks["--device"]["detail"]
+    assert checks["deepspeed launcher"]["ok"] and "accelerator: cpu" in checks["deepspeed launcher"]["detail"]
+    assert checks["oneDNN bf16"]["detail"]
