@@ -263,14 +263,18 @@ def _serve_section(head: str, target: str, layout: str) -> list[str]:
         ]
     spec = json.dumps({"method": "eagle3", "model": head, "num_speculative_tokens": 3})
     gguf = f"{head.rstrip('/')}-gguf"
-    return [
-        "```bash",
-        f"# SGLang (eagle3 serve checks the head against the target, then starts the engine)"
-        f"{'; for vLLM export --format vllm first' if layout == 'speculators' else ''}",
+    sglang = [
+        "# SGLang (eagle3 serve checks the head against the target, then starts the engine)",
         f"eagle3 serve --engine sglang --target {target} --head {head}",
         f"python -m sglang.launch_server --model-path {target} --speculative-algorithm EAGLE3 \\",
         f"    --speculative-draft-model-path {head} --speculative-num-steps 3 --speculative-eagle-topk 1 \\",
         "    --speculative-num-draft-tokens 4",
+    ]
+    if layout == "speculators":  # vLLM's layout, which SGLang does not load: eagle3 export --format sglang does
+        sglang = [f"# SGLang: this layout is vLLM's; eagle3 export --head {head} --format sglang --out DIR first"]
+    return [
+        "```bash",
+        *sglang,
         "# vLLM",
         f"eagle3 serve --engine vllm --target {target} --head {head}",
         f"vllm serve {target} --speculative-config {shlex.quote(spec)}",

@@ -65,7 +65,9 @@ def test_each_export_format_has_a_card(tmp_path, trained, fmt):
     meta = metadata(out)
     assert meta["library_name"] == ("sglang" if fmt == "sglang" else "vllm") and fmt in meta["tags"]
     assert meta["datasets"] == ["openai/gsm8k"]  # followed through the export to the run's data
-    assert f"--format {fmt}" in (out / CARD).read_text()
+    text = (out / CARD).read_text()
+    assert f"--format {fmt}" in text and f'--speculative-config \'{{"method": "eagle3", "model": "{out}"' in text
+    assert ("sglang.launch_server" in text) == (fmt != "speculators")  # SGLang does not load vLLM's speculators layout
     # the same command again resumes into its own folder: the card is one of export's files
     assert main(["export", "--head", str(trained), "--format", fmt, "--out", str(out)]) == 0
 
@@ -169,3 +171,21 @@ def test_the_command_a_card_shows_rebuilds_the_config(parse, argv):
     cfg = parse(argv)
     shown = command_line(argv[0], cfg)
     assert shown.startswith(f"eagle3 {argv[0]} ") and parse(shlex.split(shown)[1:]) == cfg
+
+
+def test_the_cards_engine_commands_are_the_ones_serve_builds(tmp_path, trained, tiny_target_dir):
+    """The engines' own flags in a card, token for token as eagle3 serve launches them (3 steps, a chain)."""
+    import shlex
+
+    from eagle3cli.serve.commands import SpecNumbers, sglang_command, vllm_command
+    from eagle3cli.serve.llama_cpp import Served, llama_cpp_argv
+
+    text = " ".join((trained / CARD).read_text().replace("\\\n", " ").split())
+    spec = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="card")
+    sglang = sglang_command(tiny_target_dir, trained, spec, python="python")
+    assert shlex.join(sglang) in text
+    vllm = vllm_command(tiny_target_dir, trained, spec)
+    assert shlex.join(["vllm", *vllm[1:]]) in text
+    gguf = Path(f"{trained}-gguf")
+    argv = llama_cpp_argv("llama-server", Served(gguf / "target.gguf", gguf / "head.gguf", None, False), 3, "h", 1)
+    assert shlex.join(argv[: argv.index("--host")]) in text
