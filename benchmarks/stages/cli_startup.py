@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -37,22 +38,27 @@ def unpack(rev: str, into: Path) -> Path:
     return into
 
 
-def run(root: Path, args: tuple[str, ...], cwd: Path, *python_flags: str) -> tuple[float, str]:
-    """Seconds for one `python -m eagle3cli ARGS` with `root` first on the path, and its stderr."""
+def run(root: Path, args: tuple[str, ...], cwd: Path, *python_flags: str) -> tuple[float, float, str]:
+    """Wall and CPU seconds (user + system, its children included) for one `python -m eagle3cli ARGS`
+    with `root` first on the path, and its stderr. On a busy machine the CPU seconds are what the
+    command costs an idle core; the wall time includes the wait for one."""
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     pin = ["taskset", "-c", "0"] if shutil.which("taskset") else []
     cmd = [*pin, sys.executable, *python_flags, "-m", "eagle3cli", *args]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, check=False)
     seconds = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if r.returncode != 0 and not (args[0] == "doctor" and r.returncode == 1):  # doctor: 1 = a check failed
         raise SystemExit(f"{' '.join(cmd)} exited {r.returncode}: {r.stderr[-2000:]}")
-    return seconds, r.stderr
+    return seconds, cpu, r.stderr
 
 
 def imports_torch(root: Path, args: tuple[str, ...], cwd: Path) -> bool:
     """Whether the command imported torch (an untimed run under -X importtime, which adds its own cost)."""
-    stderr = run(root, args, cwd, "-X", "importtime")[1]
+    stderr = run(root, args, cwd, "-X", "importtime")[2]
     return any(
         line.rsplit("|", 1)[-1].strip() == "torch" for line in stderr.splitlines() if line.startswith("import time:")
     )
@@ -70,24 +76,30 @@ def main() -> None:
         cwd.mkdir()
         sides = {"old": Path(old), "new": REPO}
         times: dict[str, dict[str, list[float]]] = {s: {" ".join(c): [] for c in COMMANDS} for s in sides}
+        cpu: dict[str, dict[str, list[float]]] = {s: {" ".join(c): [] for c in COMMANDS} for s in sides}
         # untimed: warms the file cache and says which commands load torch
         torch = {s: {" ".join(c): imports_torch(root, c, cwd) for c in COMMANDS} for s, root in sides.items()}
         for i in range(a.repeats):
             order = list(sides.items()) if i % 2 == 0 else list(sides.items())[::-1]
             for args in COMMANDS:
                 for side, root in order:
-                    times[side][" ".join(args)].append(run(root, args, cwd)[0])
+                    wall, cpu_s, _ = run(root, args, cwd)
+                    times[side][" ".join(args)].append(wall)
+                    cpu[side][" ".join(args)].append(cpu_s)
     result = {
         "old": a.old,
         "repeats": a.repeats,
         "omp_num_threads": 1,
         "pinned_to_one_core": bool(shutil.which("taskset")),
+        "load_average_at_end": os.getloadavg()[0],
         "python": sys.version.split()[0],
         "commands": {
             cmd: {
                 "old_s": round(statistics.median(times["old"][cmd]), 3),
                 "new_s": round(statistics.median(times["new"][cmd]), 3),
                 "old_over_new": round(statistics.median(times["old"][cmd]) / statistics.median(times["new"][cmd]), 1),
+                "old_cpu_s": round(statistics.median(cpu["old"][cmd]), 3),
+                "new_cpu_s": round(statistics.median(cpu["new"][cmd]), 3),
                 "old_imports_torch": torch["old"][cmd],
                 "new_imports_torch": torch["new"][cmd],
             }
