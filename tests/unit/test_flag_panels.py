@@ -14,6 +14,7 @@ import pytest
 import eagle3cli.cli  # noqa: F401  (registers every command)
 from eagle3cli.config import panel_of
 from eagle3cli.data.config import LEVER_FIELDS, PLAN_FIELDS, GenDataConfig
+from eagle3cli.eval.config import EvalConfig
 from eagle3cli.options import STAGE_COMMANDS
 from eagle3cli.train.config import TrainConfig
 
@@ -37,8 +38,8 @@ def test_a_panel_names_real_fields_each_once(name):
     assert len(listed) == len(set(listed)), [n for n in listed if listed.count(n) > 1]
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, GenDataConfig])
-def test_every_flag_of_train_and_gen_data_is_in_a_panel(cls):
+@pytest.mark.parametrize("cls", [TrainConfig, GenDataConfig, EvalConfig])
+def test_every_flag_of_train_gen_data_and_eval_is_in_a_panel(cls):
     assert [f.name for f in dataclasses.fields(cls) if panel_of(cls, f.name) is None] == []
     assert 5 <= len(cls.PANELS) <= 8
 
