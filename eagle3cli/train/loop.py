@@ -22,6 +22,7 @@ from .. import console
 from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
+from ..head.card import CARD
 from ..head.check import nonfinite_tensors
 from ..head.write import save_head, self_check, write_card
 from ..node.devices import check_device
@@ -452,6 +453,8 @@ def _run_train(cfg: TrainConfig) -> Path:
     tr = setup(cfg)
     if finished(tr):
         console.log(f"{tr.train_dir} already finished at step {tr.loop.step}; the head in {tr.head_dir} is intact")
+        if tr.rank == 0 and not (tr.head_dir / CARD).exists():  # killed after the manifest, before the card
+            write_card(tr.head_dir, keep_evals=False)
         return tr.head_dir
     fit(tr)
     return finish(tr)

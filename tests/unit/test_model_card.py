@@ -58,6 +58,21 @@ def test_trains_head_has_a_card_with_its_data_and_recipe(trained, tiny_target_di
     assert "--speculative-algorithm EAGLE3" in text and "--speculative-config" in text and "-md " in text
 
 
+def test_a_rerun_of_a_finished_train_writes_a_card_a_kill_cut_off(trained):
+    """Killed after train's manifest and before the card: the same command again writes it."""
+    from eagle3cli.train.loop import run_train
+
+    kept = (trained / CARD).read_text()
+    (trained / CARD).unlink()
+    try:
+        assert (
+            run_train(fast_train_config(trained.parent, max_steps=2, log_every=1, save_every=2, ttt_steps=2)) == trained
+        )
+        assert metadata(trained)["datasets"] == ["openai/gsm8k"]
+    finally:
+        (trained / CARD).write_text(kept)
+
+
 @pytest.mark.parametrize("fmt", ["sglang", "vllm", "speculators"])
 def test_each_export_format_has_a_card(tmp_path, trained, fmt):
     out = tmp_path / fmt
