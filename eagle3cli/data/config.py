@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ..config import CpuKernels, flag, parse_shard
+from ..config import CpuKernels, Panels, flag, parse_shard
 
 
 def _finite(v: object) -> bool:
@@ -22,6 +22,22 @@ Engine = Literal["none", "vllm"]
 Thinking = Literal["default", "on", "off", "mix"]
 TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
 
+# The data levers' fields (data/levers.py: more data from the same target), one --help panel
+LEVER_FIELDS = (
+    "synthetic",
+    "synth_turns",
+    "synth_temperature",
+    "synth_top_p",
+    "synth_max_tokens",
+    "synth_min_words",
+    "synth_topics",
+    "near_dup_threshold",
+    "dedup_against",
+    "answers_per_prompt",
+    "answer_temperatures",
+    "augment",
+    "augment_fraction",
+)
 # Fields that decide what the output records are. Resuming a folder with other values would
 # mix two datasets, so a mismatch is refused. (batch_size, concurrency, device and endpoints
 # change speed, not records: sampling is seeded per record and turn.)
@@ -42,24 +58,28 @@ PLAN_FIELDS = (
     "thinking",
     "reasoning_effort",
     # the data levers (levers.py): what is written and which records are kept
-    "synthetic",
-    "synth_turns",
-    "synth_temperature",
-    "synth_top_p",
-    "synth_max_tokens",
-    "synth_min_words",
-    "synth_topics",
-    "near_dup_threshold",
-    "dedup_against",
-    "answers_per_prompt",
-    "answer_temperatures",
-    "augment",
-    "augment_fraction",
+    *LEVER_FIELDS,
 )
 
 
 @dataclass(frozen=True)
 class GenDataConfig:
+    PANELS: ClassVar[Panels] = {
+        "Input": (
+            "target", "inputs", "run", "out", "num_samples", "max_prompt_tokens", "max_turns", "exclude_eval",
+        ),
+        "Generation": (
+            "no_regenerate", "max_new_tokens", "temperature", "top_p", "seed", "thinking", "reasoning_effort",
+            "drop_truncated", "batch_size", "device", "dtype", "cpu_kernels",
+        ),
+        "Engine": (
+            "backend", "engine", "engine_python", "endpoints", "concurrency", "timeout_s", "retries", "backoff_s",
+            "served_model_name",
+        ),
+        # more data from the same target (data/levers.py): one panel, apart from the everyday flags
+        "Data levers": LEVER_FIELDS,
+        "Output and resume": ("shard_size", "dry_run", "shard", "finish_early"),
+    }  # fmt: skip
     target: str | None = flag(None, required=True)
     """Target model folder (its tokenizer and chat template render prompts; the hf backend also generates with it)."""
     inputs: tuple[str, ...] = flag((), "--input", "-i")

@@ -53,7 +53,7 @@ from ..run_folder.manifest import cache_dir
 
 HEAD_GGUF = "head.gguf"
 TARGET_GGUF = "target.gguf"
-GGUF_FILES = (HEAD_GGUF, TARGET_GGUF, "convert.log")
+GGUF_FILES = (HEAD_GGUF, TARGET_GGUF, "convert.log", "README.md")
 CONVERTER = "convert_hf_to_gguf.py"
 # export --dtype -> the converter's --outtype ("keep": the file's own precision, see _outtype)
 OUTTYPES = {"fp32": "f32", "bf16": "bf16", "fp16": "f16"}
@@ -599,5 +599,10 @@ def export_gguf(
         gguf=record,
         shards=shards,
     )
+    if head_dir is not None:
+        from ..head.card import card_evals
+        from ..head.write import write_card
+
+        write_card(out_dir, card_evals(head_dir))
     end_writing(out_dir)
     return out_dir

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ..config import CpuKernels
+from ..config import CpuKernels, Panels
 
 Mode = Literal["chain", "tree", "both"]
 Turns = Literal["first", "all"]
@@ -23,6 +23,16 @@ MAX_TREE_NODES = 1024
 
 @dataclass(frozen=True)
 class EvalConfig:
+    PANELS: ClassVar[Panels] = {
+        "Heads and output": ("target", "head", "run", "out", "overwrite", "compare"),
+        "Bench": ("bench", "num_prompts", "max_prompt_tokens", "max_new_tokens", "turns"),
+        "Decoding": ("depth", "mode", "topk", "num_draft_tokens", "temperature", "top_p", "seed", "sampling_check"),
+        "A running engine": ("endpoint", "base_endpoint"),
+        "Speed": ("generate_baseline", "device", "dtype", "threads", "cpu_kernels"),
+        "Sweep (the serving configuration)": (
+            "sweep", "sweep_prompts", "sweep_max_new_tokens", "sweep_repeats", "sweep_tree", "tie_tolerance",
+        ),
+    }  # fmt: skip
     target: str | None = None
     """Target model folder (default: the target recorded in the head's config.json)."""
     head: Path | None = None

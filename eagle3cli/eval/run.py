@@ -15,7 +15,10 @@ from ..config import config_dict
 from ..console import log, warn
 from ..errors import UsageError
 from ..extras import draw_plot
+from ..head.card import CARD, eval_rows
+from ..head.write import update_card
 from ..node.devices import check_device
+from ..options import command_line
 from ..prompts import load_conversations, render
 from ..run_folder.folders import claim_output, refuse_replacing
 from ..run_folder.lock import locked_stage
@@ -350,3 +353,7 @@ def _write(cfg: EvalConfig, out: Path, report: dict, ident, heads: list) -> None
         files=["report.json", *(["acceptance.png"] if drawn else [])],
     )
     log(f"eval: wrote {out / 'report.json'}" + (f" and {out / 'acceptance.png'}" if drawn else ""))
+    command = command_line("eval", cfg)
+    for _, _, spec in heads:  # each head's card (only one eagle3 wrote) gets the acceptance measured here
+        if update_card(spec.path, eval_rows(report, spec.path, command)):
+            log(f"eval: updated the model card {spec.path / CARD}")

@@ -21,18 +21,19 @@ from pathlib import Path
 
 from ..console import warn
 from ..errors import UsageError
+from ..head.card import CARD, card_evals
 from ..head.check import problems, read_target, refuse
 from ..head.folder import recorded_target
 from ..head.read import load_any_head
 from ..head.table import FORMAT_ENGINE, HEAD_WEIGHTS
-from ..head.write import layout_files, write_head_files
+from ..head.write import layout_files, write_card, write_head_files
 from ..model.target import repo_relative
 from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
 from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
 from .config import ExportConfig
 
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
-EXPORT_FILES = (HEAD_WEIGHTS, "config.json")  # what an export folder holds besides its manifest
+EXPORT_FILES = (HEAD_WEIGHTS, "config.json", CARD)  # what an export folder holds besides its manifest
 
 
 def run_export(cfg: ExportConfig) -> Path:
@@ -107,6 +108,7 @@ def export_head(
         target=(cfg.get("eagle3") or {}).get("target", {}),
         shards=[shard_record(out_dir / HEAD_WEIGHTS)],
     )
+    write_card(out_dir, card_evals(head_dir))  # the same weights in another layout: the source's acceptance
     end_writing(out_dir)
     return out_dir
 

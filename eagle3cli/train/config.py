@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from ..config import flag
+from ..config import Panels, flag
 from ..speculate.aux_layers import aux_layer_problems, parse_aux_layers
 
 DEEPSPEED_PRESETS = ("zero1", "zero2", "zero3")
@@ -41,6 +41,28 @@ def upgrade_recorded(config: dict) -> dict:
 
 @dataclass(frozen=True)
 class TrainConfig:
+    PANELS: ClassVar[Panels] = {
+        "Run and data": (
+            "run", "cache", "online", "data", "extra_data", "extra_data_from", "target", "target_dtype", "max_length",
+            "train_samples", "skip_samples",
+        ),
+        "Model": ("init", "init_head", "lm_head", "aux_layers", "draft_vocab_size", "norm_before_fc",
+                  "norm_before_residual"),
+        "TTT": ("ttt_steps", "step_weight"),
+        "Optimisation": (
+            "optimizer", "loss", "lr", "min_lr_ratio", "warmup_ratio", "weight_decay", "grad_clip", "grad_accum",
+            "token_budget", "max_attention", "max_batch_size", "feature_noise", "seed",
+        ),
+        "Budget and checkpoints": (
+            "epochs", "max_steps", "time_budget_s", "time_clock", "save_every", "keep_checkpoints", "resume", "head_from",
+        ),
+        "Devices and DeepSpeed": (
+            "device", "dtype", "compile", "prefetch", "deepspeed", "nproc", "hostfile", "master_addr", "master_port",
+        ),
+        "Output: logs and the held-out curve": (
+            "log_every", "tensorboard", "heldout_samples", "heldout_every", "heldout_depth",
+        ),
+    }  # fmt: skip
     run: Path | None = flag(None, required=True)
     """Run folder: reads runs/NAME/cache (or data/ with --online), writes train/ and head/."""
     cache: Path | None = None

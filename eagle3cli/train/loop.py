@@ -23,8 +23,9 @@ from .. import console
 from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
+from ..head.card import CARD
 from ..head.check import nonfinite_tensors
-from ..head.write import save_head, self_check
+from ..head.write import save_head, self_check, write_card
 from ..node.devices import check_device
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
@@ -512,6 +513,7 @@ def finish(tr: Trainer) -> Path:
             **summary,
         )
         atomic_write_json(tr.train_dir / "summary.json", summary)
+        write_card(tr.head_dir, keep_evals=False)  # after the train manifest it reads; a new head's old evals go
         console.log(f"stopped: {tr.stopped}; head exported to {tr.head_dir} (self-check max |diff| {diff:.1e})")
     return tr.head_dir
 
@@ -537,6 +539,8 @@ def _run_train(cfg: TrainConfig) -> Path:
     tr = setup(cfg)
     if finished(tr):
         console.log(f"{tr.train_dir} already finished at step {tr.loop.step}; the head in {tr.head_dir} is intact")
+        if tr.rank == 0 and not (tr.head_dir / CARD).exists():  # killed after the manifest, before the card
+            write_card(tr.head_dir, keep_evals=False)
         return tr.head_dir
     fit(tr)
     return finish(tr)

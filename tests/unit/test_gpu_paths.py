@@ -362,16 +362,16 @@ def two_gpus(monkeypatch, tmp_path):
 
 
 def test_doctor_has_a_row_per_gpu_and_the_cuda_driver_nccl_versions(two_gpus):
-    from eagle3cli.doctor import check_devices
+    from eagle3cli.doctor import check_devices, torch_answers
 
-    rows = {r.name: r.detail for r in check_devices()}
+    rows = {r.name: r.detail for r in check_devices(torch_answers(deepspeed=False))}
     assert rows["cuda"] == "CUDA 12.8, driver 570.86.15, NCCL 2.27.3"
     assert rows["cuda:0"].startswith("NVIDIA A100-SXM4-80GB, compute capability 8.0, 80.0 GiB (70.0 free), bf16 yes")
     assert rows["cuda:1"].startswith("Tesla V100-SXM2-16GB, compute capability 7.0, 16.0 GiB (15.0 free), bf16 no")
 
 
 def test_doctor_warns_of_a_cpu_torch_on_a_gpu_node(monkeypatch, tmp_path):
-    from eagle3cli.doctor import check_devices
+    from eagle3cli.doctor import check_devices, torch_answers
 
     smi = tmp_path / "nvidia-smi"
     smi.write_text("#!/bin/sh\nexit 0\n")
@@ -379,7 +379,7 @@ def test_doctor_warns_of_a_cpu_torch_on_a_gpu_node(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", f"{tmp_path}:{__import__('os').environ['PATH']}")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(torch.version, "cuda", None)
-    (row,) = [r for r in check_devices() if r.name == "cuda"]
+    (row,) = [r for r in check_devices(torch_answers(deepspeed=False)) if r.name == "cuda"]
     assert (
         not row.ok
         and "NVIDIA GPUs" in row.detail

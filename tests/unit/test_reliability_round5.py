@@ -65,7 +65,7 @@ def test_export_killed_before_its_manifest_is_still_its_own(tmp_path, head, caps
     assert (out / "config.json").exists() and not (out / "manifest.json").exists()
     monkeypatch.undo()
     assert main(["export", "--head", str(head), "--format", "sglang", "--out", str(out)]) == 0
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "manifest.json", "model.safetensors"]
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json", "manifest.json", "model.safetensors"]
     capsys.readouterr()
 
 
