@@ -7,6 +7,7 @@ length-bucketed, token-budget batch plan for (seed, epoch), so the position in a
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import random
 import threading
@@ -277,6 +278,7 @@ class Prefetch:
         self.order = order
         self.queue: queue.Queue = queue.Queue(maxsize=max(ahead, 1))
         self.stop = threading.Event()
+        self.busy = threading.Lock()  # held while a batch is made: `paused()` waits for it
         self.thread = None
         if ahead > 0:
             self.thread = threading.Thread(target=self._fill, name="eagle3-prefetch", daemon=True)
@@ -287,7 +289,9 @@ class Prefetch:
             for indices in self.order:
                 if self.stop.is_set():
                     return
-                self._put(self.make(indices))
+                with self.busy:
+                    item = self.make(indices)
+                self._put(item)
         except BaseException as e:  # noqa: BLE001 — handed to the loop, which raises it where it waits
             self._put(e)
 
@@ -307,6 +311,14 @@ class Prefetch:
             raise item
         assert item.indices == indices, "prefetched micro-batches follow the plan"
         return item
+
+    @contextlib.contextmanager
+    def paused(self):
+        """No batch is made while this is held. torch.compile traces the step under it: an online
+        source runs the target in the reading thread, and dynamo's trace, replayed on restart, diverged
+        when that thread ran model code meanwhile (a resumed `--online --compile` run failed so)."""
+        with self.busy:
+            yield
 
     def close(self) -> None:
         """Stop reading ahead (the loop ended, or the epoch did); waits for a batch being read."""

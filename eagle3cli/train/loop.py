@@ -394,8 +394,16 @@ def fit(tr: Trainer) -> None:
                     continue
                 before, started, cpu = iv.tokens, time.time(), time.process_time()
                 compiling = getattr(tr.loss_fn, "compiles_next", False)  # a one-off cost, not the recipe's
-                for j, indices in enumerate(mine):
-                    micro_step(tr, feed.take(indices), iv, last=j == len(mine) - 1)
+                # A compiled step runs with the reading thread paused (`Prefetch.paused`) when that thread
+                # runs model code too (--online), or when the step is traced: its batches in hand first.
+                if compiling or (cfg.compile and cfg.online):
+                    ready = [feed.take(indices) for indices in mine]
+                    with feed.paused():
+                        for j, r in enumerate(ready):
+                            micro_step(tr, r, iv, last=j == len(ready) - 1)
+                else:
+                    for j, indices in enumerate(mine):
+                        micro_step(tr, feed.take(indices), iv, last=j == len(mine) - 1)
                 optimizer_step(tr, iv)
                 tr.loop.batch_pos += tr.world * cfg.grad_accum
                 if not compiling:

@@ -35,3 +35,37 @@ def test_collate_right_pads_with_zero_and_false():
     assert out["loss_mask"].tolist() == [[False, True, True], [True, False, False]]
     assert out["aux_hidden"][1, 1:].abs().sum() == 0 and out["lengths"].tolist() == [3, 1]
     assert collate([a, b], max_length=2)["input_ids"].shape == (2, 2)
+
+
+def test_no_batch_is_made_while_the_reader_is_paused():
+    """`Prefetch.paused()`: a compiled step (and an --online one) runs while the reading thread makes
+    nothing; before, a resumed `--online --compile` run died in dynamo's trace (it diverged when the
+    reading thread ran the target meanwhile). Room is left in the queue, so only the pause stops it."""
+    import threading
+    import time
+
+    from eagle3cli.train.data import Prefetch, Ready
+
+    made: list[int] = []
+    inside = threading.Event()
+
+    def make(indices):
+        inside.set()
+        time.sleep(0.01)
+        made.append(indices[0])
+        inside.clear()
+        return Ready(indices=indices, batch={}, tokens=1)
+
+    feed = Prefetch(make, ([i] for i in range(10_000)), ahead=64)
+    try:
+        assert feed.take([0]).indices == [0]
+        for _ in range(3):
+            with feed.paused():
+                assert not inside.is_set()
+                before = len(made)
+                time.sleep(0.2)
+                assert len(made) == before  # ~20 batches would have been made in this time
+            time.sleep(0.05)
+        assert len(made) > 1  # and it reads on once released
+    finally:
+        feed.close()
