@@ -1,8 +1,8 @@
 """What eagle3 asks of a serving engine: the interface (`Engine`) each engine's module fills in, and the
-registry `serve --engine` reads is `serve/engine_args.ENGINES`. A new engine is one module here beside
-`sglang.py`, `vllm.py` and `llama_cpp.py`, named in that registry, and one column of the head table (`head/table.py`:
-`ENGINES`, the format export writes for it, and where it reads each field); docs/architecture.md lists
-what the module must define.
+registry (`ENGINE_MODULES`) that `serve --engine`'s choices and serve's lookups read. A new engine is one
+module here beside `sglang.py`, `vllm.py` and `llama_cpp.py`, its word in `ENGINE_MODULES`, and one column
+of the head table (`head/table.py`: `ENGINES`, the format export writes for it, and where it reads each
+field); docs/architecture.md lists what the module must define.
 
 `Engine.refused` is serve's guard on the arguments after `--` (`serve/engine_args.py` reads them in
 every spelling the engine takes): each argparse `dest` that would swap what serve checked (the
@@ -11,6 +11,7 @@ target, the head, its vocab map, the acceptance rule), with what it changes and 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,3 +73,14 @@ class Engine:
     # (target, head, numbers, the engine's python) -> the command before --host/--port/extra arguments
     command: Callable[..., list[str]] | None = None
     ready: Callable[[str, str], list[str]] = lambda base, target: []  # lines to paste once it is up
+
+
+# the modules of this package that define an `ENGINE`, in `--engine`'s order (imported when asked:
+# they import the interface above)
+ENGINE_MODULES = ("sglang", "vllm", "llama_cpp")
+
+
+def engines() -> dict[str, Engine]:
+    """Every serving engine by its `--engine` name."""
+    found = (importlib.import_module(f"{__package__}.{m}").ENGINE for m in ENGINE_MODULES)
+    return {e.name: e for e in found}

@@ -48,8 +48,6 @@ from ..run_folder.manifest import (
 from ..speculate.aux_layers import (
     aux_layer_problems,
     default_aux_layer_ids,
-    from_sglang_ids,
-    int_list,
     sglang_id_problems,
     sglang_ids,
 )
@@ -71,6 +69,7 @@ from .table import (
     canonical_name,
     head_tensor_names,
 )
+from .table import field as table_field
 
 REEXPORT = "re-export the head: eagle3 train --run runs/NAME --resume"
 RETRAIN = "retrain the head: eagle3 train --run runs/NAME --no-resume (training stops at the first non-finite loss)"
@@ -638,21 +637,18 @@ def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None, f
         out.append(
             warning(f"the head has no eagle3.aux_layer_ids; taking hidden_states{list(ids)} from {source}", record)
         )
-    sg = int_list((f.cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-    top = int_list(f.cfg.get("eagle_aux_hidden_state_layer_ids"))
-    fed = {  # what each engine feeds, in the layer order it captures; its default without a field
-        "sglang": (sorted(from_sglang_ids(sg, first_id_rule)), f"eagle_config ids {sg}") if sg else None,
-        "vllm": (sorted(top), f"eagle_aux_hidden_state_layer_ids={top}") if top else None,
-    }
-    for eng, got in fed.items():
-        got = got or (list(default_aux_layer_ids(layers)), f"{ENGINE_NAMES[eng]}'s default (no ids for it)")
-        if got[0] == list(ids) or (eng != engine and f.layout == "speculators"):
+    # an engine's own field agrees with `ids` (`resolve_aux_ids` refuses fields that contradict); without
+    # one the engine feeds its default
+    fed = list(default_aux_layer_ids(layers))
+    for eng in SERVING:
+        field = table_field(f"{eng}_aux_layer_ids").eagle3 or ""
+        if fed == list(ids) or any(r.field == field for r in readings) or (eng != engine and f.layout == "speculators"):
             continue
         want = sglang_ids(ids, first_id_rule) if eng == "sglang" else list(ids)
-        field = (
-            "eagle_config.eagle_aux_hidden_state_layer_ids" if eng == "sglang" else "eagle_aux_hidden_state_layer_ids"
+        msg = (
+            f"{eng} would feed hidden_states{fed} from {ENGINE_NAMES[eng]}'s default (no ids for it), but the head "
+            f"was trained on hidden_states{list(ids)}"
         )
-        msg = f"{eng} would feed hidden_states{got[0]} from {got[1]}, but the head was trained on hidden_states{list(ids)}"
         fix = f"set {field} to {want} in the head's config.json"
         out.append(error(msg, fix) if eng == engine else warning(msg + f" (only matters for --engine {eng})", fix))
     return out, readings, (ids, source)

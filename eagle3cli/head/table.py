@@ -24,7 +24,6 @@ HEAD_ARCH = "LlamaForCausalLMEagle3"
 HEAD_ARCHS = (HEAD_ARCH, "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCH = "Eagle3Speculator"
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
-LAYOUTS = ("eagle3", "sglang", "vllm", "speculators")
 ENGINES = ("eagle3", "sglang", "vllm", "llama.cpp")  # eagle3: eval's own decoder (and train's --init-head)
 ENGINE_NAMES = {"eagle3": "eagle3", "sglang": "SGLang", "vllm": "vLLM", "llama.cpp": "llama.cpp"}  # in messages
 # `export --format F` writes for the engine that serves it, and asks that engine's check of what it wrote

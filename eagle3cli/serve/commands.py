@@ -1,9 +1,5 @@
-"""The engine command lines, and their validation by SGLang's own argument parser.
-
-SGLang 0.5.x: `python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3
---speculative-draft-model-path H --speculative-num-steps S --speculative-eagle-topk K
---speculative-num-draft-tokens N --host ... --port ...`. vLLM: `vllm serve T --speculative-config
-'{"method": "eagle3", "model": H, "num_speculative_tokens": S}'`.
+"""The engine command lines (each engine's module builds its own: `engines/sglang.py`, ...), and their
+validation by SGLang's own argument parser.
 
 Engines rename and drop flags between releases while their docs still show the old ones, and
 argparse accepts unambiguous prefixes by default. So where sglang is importable, the exact argv
@@ -22,8 +18,8 @@ from pathlib import Path
 from ..engines import sglang, vllm
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from .engine_args import check_engine_args, sglang_parser_unavailable_reason
 from .engine_args import engine as serving_engine
+from .engine_args import sglang_parser_unavailable_reason
 from .problems import Problem, error
 
 __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # SpecNumbers: engines.serving
@@ -32,7 +28,6 @@ __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # 
 # --steps/--topk/--draft-tokens given on the command line or in a recipe: the config cannot tell
 # which, so the log names both rather than claim "flags" for a recipe's values
 SET_BY_USER = "--steps/--topk/--draft-tokens (flags or recipe)"
-SGLANG_DEFAULTS = sglang.DEFAULTS
 
 
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
@@ -76,7 +71,7 @@ def resolve_spec(
         return SpecNumbers(steps, topk, draft_tokens, source=SET_BY_USER)
     if from_eval is not None:
         return spec_from_eval(from_eval)
-    return serving_engine(engine).defaults or SGLANG_DEFAULTS
+    return serving_engine(engine).defaults or sglang.DEFAULTS
 
 
 # ---------------------------------------------------------------- speculation numbers
@@ -128,11 +123,6 @@ def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "
             )
         )
     return problems
-
-
-def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
-    """Serve's guard on the engine arguments after `--` (the tables: `engine_args.py`)."""
-    return check_engine_args(engine, extra)
 
 
 def build_command(
@@ -208,15 +198,8 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
     except (_ParseError, ValueError, OSError) as e:  # SGLang's --config merge raises ValueError/OSError
         return ParserCheck(True, False, f"sglang {version} rejects the command: {e}", version)
     expect = {"speculative_algorithm": "EAGLE3"}
-    flags = {
-        "--model-path": "model_path",
-        "--speculative-draft-model-path": "speculative_draft_model_path",
-        "--speculative-num-steps": "speculative_num_steps",
-        "--speculative-eagle-topk": "speculative_eagle_topk",
-        "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
-        "--port": "port",
-        "--host": "host",
-    }
+    # what serve sets itself (the guard's own flags), as the command spells each dest
+    flags = {"--" + dest.replace("_", "-"): dest for dest, guard in sglang.REFUSED.items() if guard.own}
     for flag, attr in flags.items():
         if flag in args:
             expect[attr] = args[len(args) - 1 - args[::-1].index(flag) + 1]  # the last occurrence wins

@@ -31,21 +31,19 @@ from pathlib import Path
 
 import yaml
 
-from ..engines import llama_cpp, sglang, vllm
-from ..engines.serving import Engine
+from ..engines.serving import Engine, engines
 from ..errors import UsageError
 from .problems import Problem, error, warning
 
 MAX_CONFIG_BYTES = 1 << 20  # an engine's --config is a page of settings, like a recipe
-# `serve --engine NAME`: each engine's module (engines/NAME.py) defines what serve asks of it
-ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, llama_cpp.ENGINE)}
 
 
 def engine(name: str) -> Engine:
-    name = "vllm" if name.startswith("vllm") else name  # vllm-cpu: vLLM's CPU build
-    if name not in ENGINES:
-        raise UsageError(f"unknown --engine {name!r}", f"one of {', '.join(ENGINES)}")
-    return ENGINES[name]
+    """`serve --engine NAME`: its module's `Engine` (the registry: `engines.serving.ENGINE_MODULES`)."""
+    name, known = "vllm" if name.startswith("vllm") else name, engines()  # vllm-cpu: vLLM's CPU build
+    if name not in known:
+        raise UsageError(f"unknown --engine {name!r}", f"one of {', '.join(known)}")
+    return known[name]
 
 
 @dataclass(frozen=True)
@@ -99,10 +97,6 @@ def engine_table(name: str, use_parser: bool = True) -> EngineTable:
     return EngineTable(
         e, _static_options(e), e.no_value, e.many_values, f"eagle3's static table of {e.name}'s flags{why}", False
     )
-
-
-def sglang_table(use_parser: bool = True) -> EngineTable:
-    return engine_table("sglang", use_parser)
 
 
 # ---------------------------------------------------------------- reading the arguments

@@ -1,8 +1,5 @@
-"""`eagle3 serve --engine llama.cpp`: llama-server with the target and the head as GGUF files.
-
-    llama-server -m target.gguf -md head.gguf --spec-type draft-eagle3 --spec-draft-n-max K
-
-(flags as `common/arg.cpp` of the pinned llama.cpp names them). llama.cpp drafts a chain of up to K
+"""`eagle3 serve --engine llama.cpp`: llama-server with the target and the head as GGUF files (its
+command: `engines/llama_cpp.py`). llama.cpp drafts a chain of up to K
 tokens per round, so K is the one speculation number: `--steps`, or the eval report's recommended
 steps (`--from-eval`), else llama.cpp's own default 3.
 
@@ -40,6 +37,7 @@ from ..engines.gguf_export import (
     same_tokenizer,
 )
 from ..engines.llama_cpp import DEFAULTS
+from ..engines.local_engine import which_llama_server
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
 from ..head.check import llama_cpp_layer_problems
@@ -56,12 +54,6 @@ SAMPLE_TEXTS = (
     "  Leading spaces, trailing tabs\t\tand 3.14159, 2,718 or 1e-9!\n\nNew paragraph.",
     "Ünïcödé: café, naïve, 東京, 🦙 — done.",
 )
-
-
-def which_llama_server() -> str | None:
-    from ..engines.local_engine import which_llama_server as find
-
-    return find()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from ..errors import UsageError
 from ..model.target import resolve_model_path
 from .commands import (
     build_command,
-    check_extra_args,
     check_spec_flags,
     check_spec_numbers,
     format_command,
@@ -25,6 +24,7 @@ from .commands import (
     validate_sglang_argv,
 )
 from .config import ServeConfig
+from .engine_args import check_engine_args
 from .launch import launch
 from .machine import (
     check_engine_installed,
@@ -44,7 +44,7 @@ def input_problems(cfg: ServeConfig, spec) -> list[Problem]:
     """What is wrong with the head, the target or the flags."""
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
-    problems = check_extra_args(cfg.engine, cfg.extra_args)
+    problems = check_engine_args(cfg.engine, cfg.extra_args)
     problems += check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     return problems
