@@ -58,6 +58,7 @@ from .folder import AuxReading, HeadFolder, HeadNorms, aux_readings, head_norms,
 from .table import (
     ENGINE_NAMES,
     ENGINES,
+    FIELDS,
     FLOAT_DTYPES,
     HEAD_ARCH,
     HEAD_ARCHS,
@@ -67,6 +68,7 @@ from .table import (
     MAP_TENSORS,
     OPTIONAL_TENSOR_NAMES,
     canonical_name,
+    get_path,
     head_tensor_names,
 )
 from .table import field as table_field
@@ -338,39 +340,17 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
     if missing:
         out.append(error(f"no {', '.join(missing)} in the draft layer's config", REEXPORT))
     out += [error(f"config.json: {p}", REEXPORT) for p in config_problems(llama, required=False)]
-    if "tie_word_embeddings" not in llama:
-        if serving:
-            out.append(
-                warning(
-                    "tie_word_embeddings is not written: the engines then take the config class's "
-                    "default (false for Llama today)",
-                    '"tie_word_embeddings": false, explicitly',
-                )
-            )
-    elif llama["tie_word_embeddings"] is not False:
-        out.append(
-            error(
-                f"tie_word_embeddings is {json.dumps(llama['tie_word_embeddings'])}: the engines "
-                f"replace the trained lm_head with the (target's) embeddings",
-                '"tie_word_embeddings": false in the head\'s config.json',
-            )
-        )
-    layers = llama.get("num_hidden_layers", None if serving else 1)
-    if layers != 1:
-        out.append(
-            error(
-                f"num_hidden_layers is {layers}; an eagle3 head has one decoder layer (midlayer)",
-                '"num_hidden_layers": 1',
-            )
-        )
-    if serving and cfg.get("norm_output"):
-        out.append(
-            error(
-                "norm_output is true: SGLang would feed the draft its own NORMED hidden state at "
-                "later steps, but the head was trained on the pre-norm one",
-                '"norm_output": false in the head\'s config.json',
-            )
-        )
+    for row in FIELDS:  # the rows with the one value a head may hold (`Field.must`)
+        if row.must is None or (row.serving and not serving):
+            continue
+        key = row.eagle3 or row.name
+        value = llama.get(key) if row.kind == "layer" else get_path(cfg, key)
+        fix = f"set {key} to {json.dumps(row.must)} in the head's config.json"
+        if value is None and serving and row.missing:
+            out.append(warning(f"{key} is not written: {row.missing}", fix))
+        wrong = value != row.must or type(value) is not type(row.must)  # 0 is not false here
+        if wrong and (value is not None or (serving and row.required)):
+            out.append(error(f"{key} is {json.dumps(value)}: {row.why}", fix))
     biased = [k for k in ("attention_bias", "mlp_bias", "bias", "qkv_bias") if llama.get(k)]
     if biased:
         out.append(error(f"{', '.join(biased)} true in the head's config.json: {BIAS_WHY}", BIAS_FIX))
@@ -379,14 +359,6 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
     problem = sglang_norm_problem(norms.norm_before_fc, norms.norm_before_residual) if engine == "sglang" else None
     if problem:
         out.append(error(problem, SGLANG_NORM_FIX))
-    if (cfg.get("eagle_config") or {}).get("use_aux_hidden_state") is False:
-        out.append(
-            error(
-                "eagle_config.use_aux_hidden_state is false: SGLang would feed the head only the last hidden state "
-                "(not an EAGLE-3, multi-layer feature, head)",
-                "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)",
-            )
-        )
     return out + (_against_target(f, t) if t is not None else [])
 
 
@@ -670,4 +642,12 @@ def refuse(found: list[Problem], what: str, expected: str | None, next_step: str
     return [p for p in found if not p.is_error]
 
 
-__all__ = ["Problem", "TargetFacts", "problems", "read_target", "refuse"]
+def raise_if_errors(found: list[Problem], next_step: str) -> None:
+    """One UsageError naming every error and its fix (serve's preflight); warnings are the caller's to print."""
+    errors = [p for p in found if p.is_error]
+    if errors:
+        lines = "\n".join(f"  - {p.what}\n    fix: {p.fix}" for p in errors)
+        raise UsageError(f"preflight found {len(errors)} problem(s):\n{lines}", None, next_step)
+
+
+__all__ = ["Problem", "TargetFacts", "problems", "raise_if_errors", "read_target", "refuse"]

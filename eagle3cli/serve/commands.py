@@ -18,9 +18,9 @@ from pathlib import Path
 from ..engines import sglang, vllm
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
+from ..head.check import Problem, error
 from .engine_args import engine as serving_engine
 from .engine_args import sglang_parser_unavailable_reason
-from .problems import Problem, error
 
 __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # SpecNumbers: engines.serving
 
@@ -59,7 +59,7 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
 def resolve_spec(
     steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None, engine: str = "sglang"
 ) -> SpecNumbers:
-    """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else the
+    """Flags (all three; `check_spec_flags` refuses some), else the eval report, else the
     engine's defaults."""
     if steps is not None and topk is not None and draft_tokens is not None:
         if from_eval is not None:

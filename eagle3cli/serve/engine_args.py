@@ -33,7 +33,7 @@ import yaml
 
 from ..engines.serving import Engine, engines
 from ..errors import UsageError
-from .problems import Problem, error, warning
+from ..head.check import Problem, error, warning
 
 MAX_CONFIG_BYTES = 1 << 20  # an engine's --config is a page of settings, like a recipe
 

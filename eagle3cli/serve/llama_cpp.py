@@ -40,13 +40,12 @@ from ..engines.llama_cpp import DEFAULTS
 from ..engines.local_engine import which_llama_server
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from ..head.check import llama_cpp_layer_problems
+from ..head.check import Problem, error, llama_cpp_layer_problems, raise_if_errors
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
 from ..speculate.vocab import map_problems
 from .commands import build_command, format_command, ready_request, spec_from_eval
 from .config import ServeConfig
 from .engine_args import check_engine_args
-from .problems import Problem, error, raise_if_errors
 
 SAMPLE_TEXTS = (
     "What is 17 * 23? Think step by step.",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines.local_engine import VLLM_CPU_VENV, free_port, vllm_python
-from .problems import Problem, error
+from ..head.check import Problem, error
 
 __all__ = ["VLLM_CPU_VENV", "free_port"]  # re-exported: serve's callers and tests import them from here
 

@@ -13,6 +13,8 @@ from ..console import log, out, warn
 from ..engines.local_engine import vllm_loadable
 from ..engines.vllm import API_MODULE, speculative_config
 from ..errors import UsageError
+from ..head.check import Problem, raise_if_errors
+from ..head.check import problems as head_problems
 from ..model.target import resolve_model_path
 from .commands import (
     build_command,
@@ -34,8 +36,6 @@ from .machine import (
     default_engine_python,
     vllm_build,
 )
-from .preflight import check_head
-from .problems import Problem, raise_if_errors
 from .vllm_check import validate_vllm_argv
 from .vllm_cpu import cpu_launch
 
@@ -45,7 +45,7 @@ def input_problems(cfg: ServeConfig, spec) -> list[Problem]:
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
     problems = check_engine_args(cfg.engine, cfg.extra_args)
-    problems += check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
+    problems += head_problems(Path(cfg.head), Path(resolve_model_path(cfg.target)), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     return problems
 
