@@ -39,9 +39,7 @@ import torch
 from ..errors import StageError, UsageError
 from ..model.config_check import config_problems
 from ..run_folder.manifest import (
-    for_run,
     model_fingerprint,
-    read_json_object,
     same_fingerprint,
     tokenizer_fingerprint,
 )
@@ -54,7 +52,16 @@ from ..speculate.aux_layers import (
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems
 from .engines import SGLANG_NORM_FIX, sglang_first_id_rule, sglang_norm_problem, target_support
-from .folder import AuxReading, HeadFolder, HeadNorms, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .folder import (
+    AuxReading,
+    HeadFolder,
+    HeadNorms,
+    aux_readings,
+    head_norms,
+    read_config,
+    read_folder,
+    resolve_aux_ids,
+)
 from .table import (
     ENGINE_NAMES,
     ENGINES,
@@ -174,19 +181,6 @@ class TargetFacts:
             return tokenizer_fingerprint(load_tokenizer(self.path))
         except UsageError:  # no tokenizer (or no chat template) here: nothing to compare
             return {}
-
-
-def read_config(folder: Path, role: str, next_step: str) -> dict:
-    """config.json of a model folder, or a UsageError saying which folder was meant."""
-    path = Path(folder) / "config.json"
-    next_step = for_run(next_step, folder)
-    if not Path(folder).is_dir():
-        raise UsageError(f"{role} folder {folder} does not exist", "a local model folder with config.json", next_step)
-    if not path.exists():
-        if (Path(folder) / role / "config.json").exists():  # given runs/NAME instead of runs/NAME/head
-            next_step = f"--{role} {Path(folder) / role}"
-        raise UsageError(f"{path} does not exist", f"a {role} folder with config.json", next_step)
-    return read_json_object(path, "the config.json transformers wrote", next_step)
 
 
 def read_target(target_dir: Path, identity: Mapping | None = None) -> TargetFacts:
