@@ -432,12 +432,6 @@ def _refuse(path: Path, what: str, problems: list[str], next_step: str) -> None:
         )
 
 
-def _target_config(target_dir: Path) -> dict:
-    from ..run_folder.manifest import read_json_object
-
-    return read_json_object(Path(target_dir) / "config.json", "a transformers config.json", "pass --target MODEL_DIR")
-
-
 def head_for_llama_cpp(head_dir: Path, target_dir: Path):
     """(draft, spec) of a head llama.cpp can serve on `target_dir`, or the UsageError naming every reason
     it cannot (checked before anything is converted or written)."""
@@ -487,9 +481,10 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
 
 def export_target_gguf(target_dir: Path, out_path: Path, dtype: str, log_path: Path, src: Path) -> dict:
     """Write `out_path` (the target as llama-server's -m loads it) and check it."""
+    from ..head.folder import read_config
     from .local_engine import served_copy
 
-    tcfg = _target_config(target_dir)
+    tcfg = read_config(target_dir, "target", "pass --target MODEL_DIR")
     wdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         str(tcfg.get("dtype") or tcfg.get("torch_dtype")), torch.float32
     )

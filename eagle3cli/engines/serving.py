@@ -35,8 +35,18 @@ ACCEPT = Guard(
     "following the target's distribution (and tau no longer means what eval measured)",
     "drop it: serve verifies with the engine's exact rule, the one eagle3 eval measures",
 )
-# formats that read the checked folder's own weight files
-LOCAL_FORMATS = ("auto", "pt", "safetensors", "npcache", "fastsafetensors")
+# guards several engines' tables hold under the same dest
+SHARED: dict[str, Guard] = {
+    "revision": Guard("the target (another revision of it)", "give the folder or hub id you mean as --target"),
+    "load_format": Guard(
+        "how the target's weights load (`dummy`: random weights)",
+        "drop it: the engine then loads --target's own weights",
+        allowed=("auto", "pt", "safetensors", "npcache", "fastsafetensors"),  # the checked folder's own files
+    ),
+    "host": own("--host", "the address"),
+    "port": own("--port", "the port"),
+}
+TOKENIZER = Guard("the target's tokenizer", "drop it: serve serves --target with the tokenizer in its folder")
 
 QUANT_TARGET = "the target's weights are quantized at load: outputs and acceptance can differ from what eval measured"
 QUANT_DRAFT = "the draft's weights are quantized at load: acceptance can fall below what eval measured"

@@ -74,6 +74,7 @@ from .table import (
     INPUT_NORM,
     MAP_TENSORS,
     OPTIONAL_TENSOR_NAMES,
+    TENSORS,
     canonical_name,
     get_path,
     head_tensor_names,
@@ -91,12 +92,7 @@ BIAS_WHY = (
 )
 BIAS_FIX = "re-export the head with eagle3 (heads carry no biases, whatever the target's attention_bias)"
 SERVING = ("sglang", "vllm")
-NORMS_1D = (
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "norm.weight",
-)
+NORMS_1D = tuple(t.name for t in TENSORS if t.shape == "(hidden,)")  # the table's norm rows
 
 
 @dataclass(frozen=True)

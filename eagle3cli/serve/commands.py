@@ -14,13 +14,20 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
+from ..console import log, out, warn
 from ..engines import sglang, vllm
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from ..head.check import Problem, error
+from ..head.check import Problem, error, raise_if_errors
 from .engine_args import engine as serving_engine
 from .engine_args import sglang_parser_unavailable_reason
+
+if TYPE_CHECKING:
+    from .config import ServeConfig
 
 __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # SpecNumbers: engines.serving
 
@@ -246,3 +253,23 @@ def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
         f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}",
     ]
     return "\n".join(serving_engine(engine).ready(base, str(target)) + lines)
+
+
+def refuse_errors(problems: list[Problem], next_step: str) -> None:
+    """Every warning printed, then one UsageError naming every error."""
+    for p in problems:
+        if not p.is_error:
+            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
+    raise_if_errors(problems, next_step)
+
+
+def print_or_launch(cfg: ServeConfig, argv: list[str], **how) -> int:
+    """--dry-run: the checked command printed (exit 0); else the engine run until it exits (its code)."""
+    if cfg.dry_run:
+        log("preflight passed; --dry-run: the command is printed, nothing is started")
+        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
+        return 0
+    from .launch import launch
+
+    ready = ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target))
+    return launch(argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout, ready_message=ready, **how)

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from ..console import log, out, warn
+from ..console import log, warn
 from ..engines.gguf_export import (
     HEAD_GGUF,
     TARGET_GGUF,
@@ -43,7 +43,7 @@ from ..errors import UsageError
 from ..head.check import Problem, error, llama_cpp_layer_problems, raise_if_errors
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
 from ..speculate.vocab import map_problems
-from .commands import build_command, format_command, ready_request, spec_from_eval
+from .commands import build_command, print_or_launch, refuse_errors, spec_from_eval
 from .config import ServeConfig
 from .engine_args import check_engine_args
 
@@ -208,7 +208,6 @@ def tokenizer_check(base_url: str, target_dir: Path) -> str | None:
 
 # ---------------------------------------------------------------- the command
 def run_llama_cpp(cfg: ServeConfig) -> int:
-    from .launch import launch
     from .machine import check_port
 
     assert cfg.target is not None and cfg.head is not None  # validate() requires both
@@ -225,19 +224,12 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
                 error("llama-server is not built here (.llama-cpp/build/bin, or on PATH)", "make llama-cpp")
             )
         problems += check_port(cfg.host, cfg.port)
-    for p in problems:
-        if not p.is_error:
-            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
-    raise_if_errors(problems, "fix the files/flags above, then re-run with --dry-run to check")
+    refuse_errors(problems, "fix the files/flags above, then re-run with --dry-run to check")
     spec = SpecNumbers(k, 1, k + 1, k_source)
     argv = build_command(
         "llama.cpp", served.target_gguf, served.head_gguf, spec, cfg.host, cfg.port, cfg.extra_args, binary
     )
     log(f"speculation: draft-eagle3, chain of up to K={k} draft tokens per round (from {escape(k_source)})")
-    if cfg.dry_run:
-        log("preflight passed; --dry-run: the command is printed, nothing is started")
-        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
-        return 0
 
     def on_ready(url: str) -> str | None:
         if served.target_dir is None:
@@ -245,8 +237,4 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
             return None
         return tokenizer_check(url, served.target_dir)
 
-    ready = ready_request("llama.cpp", cfg.host, cfg.port, cfg.target)
-    return launch(
-        argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout, ready_message=ready,
-        log_prefix="llama-server", on_ready=on_ready,
-    )  # fmt: skip
+    return print_or_launch(cfg, argv, log_prefix="llama-server", on_ready=on_ready)
