@@ -522,7 +522,7 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from ..head.folder import recorded_target
+    from ..head.folder import named_target
     from ..model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
     from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
     from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
@@ -533,13 +533,9 @@ def export_gguf(
     write_target = target_dir is not None
     if target_dir is None:
         assert head_dir is not None
-        ref = recorded_target(head_dir)
-        if not ref:
-            raise UsageError(
-                f"head {head_dir} records no target, and the GGUF needs the target's tokenizer",
-                "--target MODEL_DIR (the model the head was trained for)",
-                f"eagle3 export --head {head_dir} --format gguf --target MODEL_DIR --out {out_dir}",
-            )
+        ref = named_target(
+            head_dir, f"eagle3 export --head {head_dir} --format gguf --target MODEL_DIR --out {out_dir}"
+        )
         target_dir = resolve_model_path(ref)
     else:
         target_dir = resolve_model_path(target_dir)

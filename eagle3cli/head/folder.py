@@ -177,6 +177,26 @@ def recorded_target(head_dir: Path) -> str | None:
     return resolvable_reference(target.get("path") or target.get("name_or_path"), base=Path(head_dir))
 
 
+def named_target(head_dir: Path, command: str) -> str:
+    """The target the head folder names, when no --target is given; else the UsageError saying why not
+    (none recorded, or one that is not on this machine), with `command` as the way on."""
+    from ..model.target import build_hint
+
+    recorded = recorded_target(head_dir)
+    if not recorded:
+        raise UsageError(f"no --target given and head {head_dir} records none", "--target MODEL_DIR", command)
+    hint = build_hint(recorded)
+    if not Path(recorded).exists() and (Path(recorded).is_absolute() or hint):
+        # a committed head records its target relative to the repository (models/smollm2-135m),
+        # which a fresh clone has not built yet
+        raise UsageError(
+            f"no --target given, and the target head {head_dir} records ({recorded}) is not here",
+            "the target model folder the head was trained for",
+            hint or "pass --target MODEL_DIR (the target the head was trained for)",
+        )
+    return recorded
+
+
 # ---------------------------------------------------------------- aux layer ids
 @dataclass(frozen=True)
 class AuxReading:
