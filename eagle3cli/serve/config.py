@@ -14,7 +14,10 @@ from ..config import flag
 from ..engines.serving import engines
 
 # `--engine`'s choices: the engine registry's names (a new engine's module adds its own)
-Engine = str if TYPE_CHECKING else Literal[tuple(engines())]
+if TYPE_CHECKING:
+    Engine = str
+else:
+    Engine = Literal[tuple(engines())]
 Api = Literal["generate", "openai"]
 
 
