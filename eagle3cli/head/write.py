@@ -43,7 +43,7 @@ from ..speculate.aux_layers import EXPECTED, aux_layer_problems, sglang_ids, vll
 from ..speculate.draft import Eagle3Draft, norm_flags
 from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
-from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
+from .table import FIELDS, HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
 __all__ = ["head_config", "save_head", "speculators_config", "write_head_files"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
@@ -228,18 +228,16 @@ def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     norm_before_residual means true there)."""
     layer = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
     layer["architectures"] = ["LlamaForCausalLM"]
-    target = (cfg.get("eagle3") or {}).get("target") or {}
-    verifier_archs = (cfg.get("eagle3") or {}).get("target_architectures") or ["LlamaForCausalLM"]
+    own = cfg.get("eagle3") or {}
+    verifier_archs = own.get("target_architectures") or ["LlamaForCausalLM"]
+    # the table's rows both layouts write under the same top-level key are copied as they are
+    same = {k: cfg.get(k) for k in (f.eagle3 for f in FIELDS if f.eagle3 == f.speculators) if k and "." not in k}
     return {
+        **same,
         "architectures": [SPECULATORS_ARCH],
         "speculators_model_type": "eagle3",
         "speculators_version": "0.1.0",
         "transformer_layer_config": layer,
-        "draft_vocab_size": cfg["draft_vocab_size"],
-        "target_hidden_size": cfg.get("target_hidden_size"),
-        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-        "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
-        "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -251,8 +249,6 @@ def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
                     "accept_tolerance": 0.0,
                 }
             ],
-            "verifier": {"name_or_path": target.get("path"), "architectures": verifier_archs},
+            "verifier": {"name_or_path": (own.get("target") or {}).get("path"), "architectures": verifier_archs},
         },
-        "torch_dtype": cfg.get("torch_dtype", "float32"),
-        "eagle3": cfg.get("eagle3"),
     }
