@@ -160,8 +160,8 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     state = {n: (t if n in ("d2t", "t2d") else t.to(dtype)) for n, t in tensors.items()}
     state["d2t"], state["t2d"] = d2t, tensors["t2d"].to(torch.bool)
     draft.load_state_dict({**state, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
-    if target_model is not None:
-        copy_target_embeddings(draft, target_model)
+    if target_model is not None:  # the target's input embeddings, frozen (a head never stores its own)
+        copy_embeddings(draft, target_model.get_input_embeddings().weight)
     return draft.eval()
 
 
@@ -178,11 +178,6 @@ def load_any_head(
 # ---------------------------------------------------------------- the target's embeddings
 # Here, with the loader, not in the draft: the shape refusal is a UsageError, which the method
 # wing (speculate/) does not know.
-def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
-    """The target's input embeddings into the draft, frozen (the head never stores its own)."""
-    copy_embeddings(draft, target_model.get_input_embeddings().weight)
-
-
 def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
     """`emb` (vocab_size, hidden_size) into the draft's frozen embedding table; a wrong shape exits 2."""
     if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):
