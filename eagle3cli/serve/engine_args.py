@@ -52,7 +52,6 @@ class EngineTable:
     options: dict[str, str]  # each spelling -> dest
     no_value: frozenset[str]  # spellings that take no value
     many_values: frozenset[str]  # spellings that take any number of values
-    source: str  # where the spellings came from
     complete: bool  # options holds every flag of the engine (so a prefix is resolved as argparse does)
 
 
@@ -75,10 +74,8 @@ def engine_table(name: str, use_parser: bool = True) -> EngineTable:
     """The engine's guard (`engines.serving.Engine`) with every spelling of its flags: from SGLang's own
     parser where it imports; else the engine's static table."""
     e = engine(name)
-    reason = sglang_parser_unavailable_reason() if use_parser and e.name == "sglang" else "not asked"
-    if reason is None:
+    if use_parser and e.name == "sglang" and sglang_parser_unavailable_reason() is None:
         import argparse
-        from importlib import metadata
 
         from sglang.srt.server_args import ServerArgs
 
@@ -90,13 +87,9 @@ def engine_table(name: str, use_parser: bool = True) -> EngineTable:
             {o: a.dest for a in actions for o in a.option_strings},
             frozenset(o for a in actions if a.nargs == 0 for o in a.option_strings),
             frozenset(o for a in actions if a.nargs in ("+", "*") for o in a.option_strings),
-            f"SGLang {metadata.version('sglang')}'s own parser",
             complete=True,
         )
-    why = f" ({e.name}'s parser does not import here: {reason})" if e.name == "sglang" else ""
-    return EngineTable(
-        e, _static_options(e), e.no_value, e.many_values, f"eagle3's static table of {e.name}'s flags{why}", False
-    )
+    return EngineTable(e, _static_options(e), e.no_value, e.many_values, complete=False)
 
 
 # ---------------------------------------------------------------- reading the arguments
