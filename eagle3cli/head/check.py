@@ -255,19 +255,14 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
 
 
 # ---------------------------------------------------------------- the one check
-def problems(
-    head_dir: Path,
-    target: Path | TargetFacts | None = None,
-    engine: str = "eagle3",
-    num_target_layers: int | None = None,
-) -> list[Problem]:
+def problems(head_dir: Path, target: Path | TargetFacts | None = None, engine: str = "eagle3") -> list[Problem]:
     """Everything about the head folder that `engine` would fail on, late or never. `target`: the
     target folder (or its facts) the head is to run on; without one, the head is checked against
-    itself (its vocab, the layer count it records or `num_target_layers`)."""
+    itself (its vocab, the layer count it records)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} not in {ENGINES}")
     t = read_target(Path(target)) if target is not None and not isinstance(target, TargetFacts) else target
-    return judge(read_folder(head_dir), t, engine, num_target_layers).problems
+    return judge(read_folder(head_dir), t, engine).problems
 
 
 @dataclass(frozen=True)

@@ -79,8 +79,6 @@ def read_head(head_dir: Path, num_target_layers: int | None = None, target: Targ
     (every error `check.judge` finds for engine "eagle3", at once: with `target`, the
     head against it too, by the rules every engine shares)."""
     f = read_folder(head_dir)
-    if target is not None:
-        num_target_layers = target.layers
     judged = judge(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
     found = judged.problems
     expected = "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)"
