@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -409,7 +410,8 @@ def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
 def _draft_vocab(f: HeadFolder, t: TargetFacts | None, engine: str) -> tuple[int | None, list[Problem]]:
     """draft_vocab_size: missing (SGLang fails), null (SGLang then loads the target's lm_head) or out of
     range; eval takes lm_head.weight's rows when it is missing or null, and says so."""
-    raw = f.draft_vocab_field()
+    # as written: top level, else in the layer config
+    raw: Any = next((w["draft_vocab_size"] for w in (f.cfg, f.llama) if "draft_vocab_size" in w), "<missing>")
     lm = f.shape("lm_head.weight")
     if raw in ("<missing>", None):
         if engine not in SERVING:

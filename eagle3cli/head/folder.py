@@ -119,13 +119,6 @@ class HeadFolder:
     def shape(self, name: str) -> tuple[int, ...] | None:
         return self.index[self.names[name]].shape if self.index is not None and name in self.names else None
 
-    def draft_vocab_field(self):
-        """draft_vocab_size as written: top level, else in the layer config; "<missing>" when absent."""
-        for where in (self.cfg, self.llama):
-            if "draft_vocab_size" in where:
-                return where["draft_vocab_size"]
-        return "<missing>"
-
     @property
     def target_hidden(self) -> int | None:
         v = self.cfg.get("target_hidden_size") or self.llama.get("target_hidden_size") or self.llama.get("hidden_size")

@@ -52,10 +52,6 @@ class HeadSpec:
     norm_before_residual: bool = False
 
     @property
-    def target_ref(self) -> str | None:
-        return self.target.get("path") or self.target.get("name_or_path")
-
-    @property
     def dtype(self) -> str:
         return self.index[self.names["fc.weight"]].dtype
 

@@ -179,7 +179,7 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     from ..model.target import resolvable_reference
 
     target = dict(spec.target)
-    ref = resolvable_reference(spec.target_ref, base=spec.path)
+    ref = resolvable_reference(target.get("path") or target.get("name_or_path"), base=spec.path)
     if ref:
         target["path"] = ref
     target.pop("name_or_path", None)
