@@ -11,10 +11,16 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagle3cli.head.check import Problem, problems
 from eagle3cli.head.write import save_head
 from eagle3cli.run_folder.manifest import model_fingerprint
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
+
+
+def check_head(head_dir: Path, target_dir: Path, engine: str = "sglang") -> list[Problem]:
+    """What `eagle3 serve --engine ENGINE` finds in the head folder against the target (its preflight)."""
+    return problems(Path(head_dir), Path(target_dir), engine)
 
 
 def export_head(

@@ -432,12 +432,6 @@ def _refuse(path: Path, what: str, problems: list[str], next_step: str) -> None:
         )
 
 
-def _target_config(target_dir: Path) -> dict:
-    from ..run_folder.manifest import read_json_object
-
-    return read_json_object(Path(target_dir) / "config.json", "a transformers config.json", "pass --target MODEL_DIR")
-
-
 def head_for_llama_cpp(head_dir: Path, target_dir: Path):
     """(draft, spec) of a head llama.cpp can serve on `target_dir`, or the UsageError naming every reason
     it cannot (checked before anything is converted or written)."""
@@ -487,9 +481,10 @@ def export_head_gguf(head_dir: Path, target_dir: Path, out_path: Path, dtype: st
 
 def export_target_gguf(target_dir: Path, out_path: Path, dtype: str, log_path: Path, src: Path) -> dict:
     """Write `out_path` (the target as llama-server's -m loads it) and check it."""
+    from ..head.folder import read_config
     from .local_engine import served_copy
 
-    tcfg = _target_config(target_dir)
+    tcfg = read_config(target_dir, "target", "pass --target MODEL_DIR")
     wdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16}.get(
         str(tcfg.get("dtype") or tcfg.get("torch_dtype")), torch.float32
     )
@@ -527,7 +522,7 @@ def export_gguf(
 ) -> Path:
     """`eagle3 export --format gguf`: OUT/head.gguf from --head (its tokenizer and layer facts from the
     target), OUT/target.gguf when --target is given; each read back and checked before it is kept."""
-    from ..head.folder import recorded_target
+    from ..head.folder import named_target
     from ..model.target import load_tokenizer, repo_relative, resolve_model_path, target_identity
     from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
     from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
@@ -538,13 +533,9 @@ def export_gguf(
     write_target = target_dir is not None
     if target_dir is None:
         assert head_dir is not None
-        ref = recorded_target(head_dir)
-        if not ref:
-            raise UsageError(
-                f"head {head_dir} records no target, and the GGUF needs the target's tokenizer",
-                "--target MODEL_DIR (the model the head was trained for)",
-                f"eagle3 export --head {head_dir} --format gguf --target MODEL_DIR --out {out_dir}",
-            )
+        ref = named_target(
+            head_dir, f"eagle3 export --head {head_dir} --format gguf --target MODEL_DIR --out {out_dir}"
+        )
         target_dir = resolve_model_path(ref)
     else:
         target_dir = resolve_model_path(target_dir)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .serving import Engine, SpecNumbers, own
+from .serving import SHARED, Engine, SpecNumbers, own
 
 # llama.cpp drafts a chain of up to K tokens per round: its own default --spec-draft-n-max
 DEFAULTS = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="llama.cpp's default --spec-draft-n-max")
@@ -20,8 +20,8 @@ REFUSED = {
     "model_draft": own("--head", "the draft head"),
     "spec_type": own("(serve sets draft-eagle3)", "the speculation method"),
     "spec_draft_n_max": own("--steps", "the draft length"),
-    "host": own("--host", "the address"),
-    "port": own("--port", "the port"),
+    "host": SHARED["host"],
+    "port": SHARED["port"],
 }
 ALIASES = {
     "-m": "model",

@@ -19,11 +19,12 @@ from pathlib import Path
 from .serving import (
     ACCEPT,
     ADAPTIVE,
-    LOCAL_FORMATS,
     QUANT_DRAFT,
     QUANT_TARGET,
+    SHARED,
     TARGET_CONFIG,
     TARGET_LOADER,
+    TOKENIZER,
     Engine,
     Guard,
     SpecNumbers,
@@ -36,16 +37,9 @@ MODULE = "sglang.launch_server"
 DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's defaults for Llama targets")
 
 REFUSED: dict[str, Guard] = {
+    **SHARED,
     "model_path": own("--target", "the target"),
-    "tokenizer_path": Guard(
-        "the target's tokenizer", "drop it: serve serves --target with the tokenizer in its folder"
-    ),
-    "revision": Guard("the target (another revision of it)", "give the folder or hub id you mean as --target"),
-    "load_format": Guard(
-        "how the target's weights load (`dummy`: random weights)",
-        "drop it: the engine then loads --target's own weights",
-        allowed=LOCAL_FORMATS,
-    ),
+    "tokenizer_path": TOKENIZER,
     "json_model_override_args": Guard("the target's config.json (overridden)", TARGET_CONFIG),
     "decrypted_config_file": Guard("the target's config (read from another file)", TARGET_CONFIG),
     "modelopt_checkpoint_restore_path": Guard(
@@ -73,8 +67,6 @@ REFUSED: dict[str, Guard] = {
     "speculative_accept_threshold_acc": ACCEPT,
     "speculative_use_rejection_sampling": ACCEPT,
     "speculative_use_block_verification": ACCEPT,
-    "host": own("--host", "the address"),
-    "port": own("--port", "the port"),
 }
 WARNED: dict[str, str] = {
     "speculative_draft_model_quantization": QUANT_DRAFT,

@@ -16,11 +16,12 @@ from pathlib import Path
 
 from .serving import (
     ACCEPT,
-    LOCAL_FORMATS,
     QUANT_DRAFT,
     QUANT_TARGET,
+    SHARED,
     TARGET_CONFIG,
     TARGET_LOADER,
+    TOKENIZER,
     Engine,
     Guard,
     SpecNumbers,
@@ -33,19 +34,14 @@ API_MODULE = "vllm.entrypoints.openai.api_server"
 DEFAULTS = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="a 3-token chain (vLLM drafts chains)")
 
 REFUSED: dict[str, Guard] = {
+    **SHARED,
     "model": own("--target", "the target"),
     "model_tag": own("--target", "the target"),  # `vllm serve MODEL` (and --model-tag)
-    "tokenizer": Guard("the target's tokenizer", "drop it: serve serves --target with the tokenizer in its folder"),
-    "revision": Guard("the target (another revision of it)", "give the folder or hub id you mean as --target"),
+    "tokenizer": TOKENIZER,
     "code_revision": Guard("the target's model code (another revision)", "give the folder you mean as --target"),
     "tokenizer_revision": Guard("the target's tokenizer (another revision)", "give the folder you mean as --target"),
     "hf_config_path": Guard("the target's config (read from another folder)", TARGET_CONFIG),
     "hf_overrides": Guard("the target's config.json (overridden)", TARGET_CONFIG),
-    "load_format": Guard(
-        "how the target's weights load (`dummy`: random weights)",
-        "drop it: the engine then loads --target's own weights",
-        allowed=LOCAL_FORMATS,
-    ),
     "speculative_config": own("--head and --steps", "the draft head and its numbers"),
     "speculative_model": own("--head", "the draft head"),  # vLLM <= 0.8
     "num_speculative_tokens": own("--steps", "the draft depth"),  # vLLM <= 0.8
@@ -54,8 +50,6 @@ REFUSED: dict[str, Guard] = {
     "typical_acceptance_sampler_posterior_alpha": ACCEPT,
     "ngram_prompt_lookup_max": Guard("the speculation method (n-gram lookup for the draft)", "drop it"),
     "ngram_prompt_lookup_min": Guard("the speculation method (n-gram lookup for the draft)", "drop it"),
-    "host": own("--host", "the address"),
-    "port": own("--port", "the port"),
 }
 WARNED: dict[str, str] = {
     "quantization": QUANT_TARGET,

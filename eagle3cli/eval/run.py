@@ -64,25 +64,9 @@ def _target_ref(cfg: EvalConfig, head: Path) -> str:
         if hint and not Path(cfg.target).exists():  # models/smollm2-135m before `make smollm2`
             raise UsageError(f"--target {cfg.target} does not exist", "a model folder", hint)
         return cfg.target
-    from ..head.folder import recorded_target
+    from ..head.folder import named_target
 
-    recorded = recorded_target(head)
-    if not recorded:
-        raise UsageError(
-            f"no --target given and head {head} records none",
-            "--target MODEL_DIR",
-            f"eagle3 eval --target models/tiny-target --head {head}",
-        )
-    hint = build_hint(recorded)
-    if not Path(recorded).exists() and (Path(recorded).is_absolute() or hint):
-        # a committed head records its target relative to the repository (models/smollm2-135m),
-        # which a fresh clone has not built yet
-        raise UsageError(
-            f"no --target given, and the target head {head} records ({recorded}) is not here",
-            "the target model folder the head was trained for",
-            hint or "pass --target MODEL_DIR (the target the head was trained for)",
-        )
-    return recorded
+    return named_target(head, f"eagle3 eval --target models/tiny-target --head {head}")
 
 
 def _cpu_choice(cfg: EvalConfig):

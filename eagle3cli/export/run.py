@@ -20,7 +20,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..console import warn
-from ..errors import UsageError
 from ..head.card import CARD, card_evals
 from ..head.check import problems, read_target, refuse
 from ..head.folder import recorded_target
@@ -32,7 +31,7 @@ from ..run_folder.folders import begin_writing, claim_output, end_writing, refus
 from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
 from .config import ExportConfig
 
-EXPORT_FORMATS = ("sglang", "vllm", "speculators")
+EXPORT_FORMATS = tuple(f for f in FORMAT_ENGINE if f != "gguf")  # gguf: llama.cpp's converter (run_export)
 EXPORT_FILES = (HEAD_WEIGHTS, "config.json", CARD)  # what an export folder holds besides its manifest
 
 
@@ -58,12 +57,6 @@ def export_head(
 ) -> Path:
     """Write a head of any layout in `fmt`'s layout (module docstring). An existing export of another
     head or with other settings is replaced only with `overwrite`."""
-    if fmt not in EXPORT_FORMATS:
-        raise UsageError(
-            f"unknown --format {fmt!r}",
-            f"one of {', '.join(EXPORT_FORMATS)}",
-            "eagle3 export --head runs/NAME/head --format sglang --out DIR",
-        )
     head_dir, out_dir = Path(head_dir), Path(out_dir)
     target = _local_target(head_dir)
     # the head as eval reads it, against its target where that is here: refused before anything is written

@@ -33,33 +33,40 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from ..errors import StageError, UsageError
 from ..model.config_check import config_problems
 from ..run_folder.manifest import (
-    for_run,
     model_fingerprint,
-    read_json_object,
     same_fingerprint,
     tokenizer_fingerprint,
 )
 from ..speculate.aux_layers import (
     aux_layer_problems,
     default_aux_layer_ids,
-    from_sglang_ids,
-    int_list,
     sglang_id_problems,
     sglang_ids,
 )
 from ..speculate.target import text_config
 from ..speculate.vocab import map_problems
 from .engines import SGLANG_NORM_FIX, sglang_first_id_rule, sglang_norm_problem, target_support
-from .folder import AuxReading, HeadFolder, HeadNorms, aux_readings, head_norms, read_folder, resolve_aux_ids
+from .folder import (
+    AuxReading,
+    HeadFolder,
+    HeadNorms,
+    aux_readings,
+    head_norms,
+    read_config,
+    read_folder,
+    resolve_aux_ids,
+)
 from .table import (
     ENGINE_NAMES,
     ENGINES,
+    FIELDS,
     FLOAT_DTYPES,
     HEAD_ARCH,
     HEAD_ARCHS,
@@ -68,9 +75,12 @@ from .table import (
     INPUT_NORM,
     MAP_TENSORS,
     OPTIONAL_TENSOR_NAMES,
+    TENSORS,
     canonical_name,
+    get_path,
     head_tensor_names,
 )
+from .table import field as table_field
 
 REEXPORT = "re-export the head: eagle3 train --run runs/NAME --resume"
 RETRAIN = "retrain the head: eagle3 train --run runs/NAME --no-resume (training stops at the first non-finite loss)"
@@ -83,12 +93,7 @@ BIAS_WHY = (
 )
 BIAS_FIX = "re-export the head with eagle3 (heads carry no biases, whatever the target's attention_bias)"
 SERVING = ("sglang", "vllm")
-NORMS_1D = (
-    "midlayer.input_layernorm.weight",
-    "midlayer.hidden_norm.weight",
-    "midlayer.post_attention_layernorm.weight",
-    "norm.weight",
-)
+NORMS_1D = tuple(t.name for t in TENSORS if t.shape == "(hidden,)")  # the table's norm rows
 
 
 @dataclass(frozen=True)
@@ -175,19 +180,6 @@ class TargetFacts:
             return {}
 
 
-def read_config(folder: Path, role: str, next_step: str) -> dict:
-    """config.json of a model folder, or a UsageError saying which folder was meant."""
-    path = Path(folder) / "config.json"
-    next_step = for_run(next_step, folder)
-    if not Path(folder).is_dir():
-        raise UsageError(f"{role} folder {folder} does not exist", "a local model folder with config.json", next_step)
-    if not path.exists():
-        if (Path(folder) / role / "config.json").exists():  # given runs/NAME instead of runs/NAME/head
-            next_step = f"--{role} {Path(folder) / role}"
-        raise UsageError(f"{path} does not exist", f"a {role} folder with config.json", next_step)
-    return read_json_object(path, "the config.json transformers wrote", next_step)
-
-
 def read_target(target_dir: Path, identity: Mapping | None = None) -> TargetFacts:
     raw = read_config(target_dir, "target", "pass --target, the model folder the head was trained for")
     return target_facts(raw, Path(target_dir), identity)
@@ -264,19 +256,14 @@ def target_engine_problems(architectures, engine: str) -> list[Problem]:
 
 
 # ---------------------------------------------------------------- the one check
-def problems(
-    head_dir: Path,
-    target: Path | TargetFacts | None = None,
-    engine: str = "eagle3",
-    num_target_layers: int | None = None,
-) -> list[Problem]:
+def problems(head_dir: Path, target: Path | TargetFacts | None = None, engine: str = "eagle3") -> list[Problem]:
     """Everything about the head folder that `engine` would fail on, late or never. `target`: the
     target folder (or its facts) the head is to run on; without one, the head is checked against
-    itself (its vocab, the layer count it records or `num_target_layers`)."""
+    itself (its vocab, the layer count it records)."""
     if engine not in ENGINES:
         raise ValueError(f"engine {engine!r} not in {ENGINES}")
     t = read_target(Path(target)) if target is not None and not isinstance(target, TargetFacts) else target
-    return judge(read_folder(head_dir), t, engine, num_target_layers).problems
+    return judge(read_folder(head_dir), t, engine).problems
 
 
 @dataclass(frozen=True)
@@ -339,39 +326,17 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
     if missing:
         out.append(error(f"no {', '.join(missing)} in the draft layer's config", REEXPORT))
     out += [error(f"config.json: {p}", REEXPORT) for p in config_problems(llama, required=False)]
-    if "tie_word_embeddings" not in llama:
-        if serving:
-            out.append(
-                warning(
-                    "tie_word_embeddings is not written: the engines then take the config class's "
-                    "default (false for Llama today)",
-                    '"tie_word_embeddings": false, explicitly',
-                )
-            )
-    elif llama["tie_word_embeddings"] is not False:
-        out.append(
-            error(
-                f"tie_word_embeddings is {json.dumps(llama['tie_word_embeddings'])}: the engines "
-                f"replace the trained lm_head with the (target's) embeddings",
-                '"tie_word_embeddings": false in the head\'s config.json',
-            )
-        )
-    layers = llama.get("num_hidden_layers", None if serving else 1)
-    if layers != 1:
-        out.append(
-            error(
-                f"num_hidden_layers is {layers}; an eagle3 head has one decoder layer (midlayer)",
-                '"num_hidden_layers": 1',
-            )
-        )
-    if serving and cfg.get("norm_output"):
-        out.append(
-            error(
-                "norm_output is true: SGLang would feed the draft its own NORMED hidden state at "
-                "later steps, but the head was trained on the pre-norm one",
-                '"norm_output": false in the head\'s config.json',
-            )
-        )
+    for row in FIELDS:  # the rows with the one value a head may hold (`Field.must`)
+        if row.must is None or (row.serving and not serving):
+            continue
+        key = row.eagle3 or row.name
+        value = llama.get(key) if row.kind == "layer" else get_path(cfg, key)
+        fix = f"set {key} to {json.dumps(row.must)} in the head's config.json"
+        if value is None and serving and row.missing:
+            out.append(warning(f"{key} is not written: {row.missing}", fix))
+        wrong = value != row.must or type(value) is not type(row.must)  # 0 is not false here
+        if wrong and (value is not None or (serving and row.required)):
+            out.append(error(f"{key} is {json.dumps(value)}: {row.why}", fix))
     biased = [k for k in ("attention_bias", "mlp_bias", "bias", "qkv_bias") if llama.get(k)]
     if biased:
         out.append(error(f"{', '.join(biased)} true in the head's config.json: {BIAS_WHY}", BIAS_FIX))
@@ -380,14 +345,6 @@ def _config(f: HeadFolder, t: TargetFacts | None, engine: str, norms) -> list[Pr
     problem = sglang_norm_problem(norms.norm_before_fc, norms.norm_before_residual) if engine == "sglang" else None
     if problem:
         out.append(error(problem, SGLANG_NORM_FIX))
-    if (cfg.get("eagle_config") or {}).get("use_aux_hidden_state") is False:
-        out.append(
-            error(
-                "eagle_config.use_aux_hidden_state is false: SGLang would feed the head only the last hidden state "
-                "(not an EAGLE-3, multi-layer feature, head)",
-                "set eagle_config.use_aux_hidden_state to true in the head's config.json (or re-export the head)",
-            )
-        )
     return out + (_against_target(f, t) if t is not None else [])
 
 
@@ -453,7 +410,8 @@ def _against_target(f: HeadFolder, t: TargetFacts) -> list[Problem]:
 def _draft_vocab(f: HeadFolder, t: TargetFacts | None, engine: str) -> tuple[int | None, list[Problem]]:
     """draft_vocab_size: missing (SGLang fails), null (SGLang then loads the target's lm_head) or out of
     range; eval takes lm_head.weight's rows when it is missing or null, and says so."""
-    raw = f.draft_vocab_field()
+    # as written: top level, else in the layer config
+    raw: Any = next((w["draft_vocab_size"] for w in (f.cfg, f.llama) if "draft_vocab_size" in w), "<missing>")
     lm = f.shape("lm_head.weight")
     if raw in ("<missing>", None):
         if engine not in SERVING:
@@ -638,21 +596,18 @@ def _aux(f: HeadFolder, layers: int | None, engine: str, n_aux_fc: int | None, f
         out.append(
             warning(f"the head has no eagle3.aux_layer_ids; taking hidden_states{list(ids)} from {source}", record)
         )
-    sg = int_list((f.cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids"))
-    top = int_list(f.cfg.get("eagle_aux_hidden_state_layer_ids"))
-    fed = {  # what each engine feeds, in the layer order it captures; its default without a field
-        "sglang": (sorted(from_sglang_ids(sg, first_id_rule)), f"eagle_config ids {sg}") if sg else None,
-        "vllm": (sorted(top), f"eagle_aux_hidden_state_layer_ids={top}") if top else None,
-    }
-    for eng, got in fed.items():
-        got = got or (list(default_aux_layer_ids(layers)), f"{ENGINE_NAMES[eng]}'s default (no ids for it)")
-        if got[0] == list(ids) or (eng != engine and f.layout == "speculators"):
+    # an engine's own field agrees with `ids` (`resolve_aux_ids` refuses fields that contradict); without
+    # one the engine feeds its default
+    fed = list(default_aux_layer_ids(layers))
+    for eng in SERVING:
+        field = table_field(f"{eng}_aux_layer_ids").eagle3 or ""
+        if fed == list(ids) or any(r.field == field for r in readings) or (eng != engine and f.layout == "speculators"):
             continue
         want = sglang_ids(ids, first_id_rule) if eng == "sglang" else list(ids)
-        field = (
-            "eagle_config.eagle_aux_hidden_state_layer_ids" if eng == "sglang" else "eagle_aux_hidden_state_layer_ids"
+        msg = (
+            f"{eng} would feed hidden_states{fed} from {ENGINE_NAMES[eng]}'s default (no ids for it), but the head "
+            f"was trained on hidden_states{list(ids)}"
         )
-        msg = f"{eng} would feed hidden_states{got[0]} from {got[1]}, but the head was trained on hidden_states{list(ids)}"
         fix = f"set {field} to {want} in the head's config.json"
         out.append(error(msg, fix) if eng == engine else warning(msg + f" (only matters for --engine {eng})", fix))
     return out, readings, (ids, source)
@@ -674,4 +629,12 @@ def refuse(found: list[Problem], what: str, expected: str | None, next_step: str
     return [p for p in found if not p.is_error]
 
 
-__all__ = ["Problem", "TargetFacts", "problems", "read_target", "refuse"]
+def raise_if_errors(found: list[Problem], next_step: str) -> None:
+    """One UsageError naming every error and its fix (serve's preflight); warnings are the caller's to print."""
+    errors = [p for p in found if p.is_error]
+    if errors:
+        lines = "\n".join(f"  - {p.what}\n    fix: {p.fix}" for p in errors)
+        raise UsageError(f"preflight found {len(errors)} problem(s):\n{lines}", None, next_step)
+
+
+__all__ = ["Problem", "TargetFacts", "problems", "raise_if_errors", "read_target", "refuse"]

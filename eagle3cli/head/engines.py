@@ -165,13 +165,11 @@ def target_support(engine: str, architectures: list[str] | None) -> Support:
     """Can `engine` run an EAGLE-3 head on a target of these `architectures` (its config.json)?"""
     archs = [a for a in (architectures or []) if isinstance(a, str)]
     arch = archs[0] if archs else None
-    if engine == "sglang":
-        table, source = sglang_table()
-        if arch is None:
-            return Support(engine, None, "unknown", "the target's config.json names no architectures")
-        return Support(engine, arch, "yes" if any(a in table for a in archs) else "no", source)
     if arch is None:
         return Support(engine, None, "unknown", "the target's config.json names no architectures")
+    if engine == "sglang":
+        table, source = sglang_table()
+        return Support(engine, arch, "yes" if any(a in table for a in archs) else "no", source)
     if any(a in VLLM_EAGLE3_TARGETS for a in archs):
         return Support(engine, arch, "yes", "vLLM's model files (SupportsEagle3)")
     if any(a in VLLM_WITHOUT_EAGLE3 for a in archs):

@@ -28,7 +28,7 @@ from pathlib import Path
 from ..errors import UsageError
 from ..run_folder.manifest import for_run, read_json_object
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids, from_sglang_ids, int_list
-from .table import HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, canonical_name
+from .table import HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, canonical_name, field, get_path
 
 NEXT = "eagle3 export --head HEAD --format sglang --out DIR   (or re-export: eagle3 train --run runs/NAME)"
 
@@ -53,23 +53,26 @@ def read_tensor_index(path: Path) -> dict[str, TensorInfo]:
 
 
 # ---------------------------------------------------------------- the folder
-def head_file(head_dir: Path, name: str) -> Path:
-    """`head_dir/name`, or the error saying what a head folder holds and how one is made."""
-    path = Path(head_dir) / name
+HEAD_FOLDER = "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)"
+
+
+def read_config(
+    folder: Path, role: str, next_step: str, expected: str = "a local model folder with config.json"
+) -> dict:
+    """config.json of a model or head folder (`role`: target, head), or a UsageError saying which folder was meant."""
+    path = Path(folder) / "config.json"
+    next_step = for_run(next_step, folder)
+    if not Path(folder).is_dir():
+        raise UsageError(f"{role} folder {folder} does not exist", expected, next_step)
     if not path.exists():
-        next_step = for_run("eagle3 train --run runs/NAME   (exports runs/NAME/head)", head_dir)
-        if (Path(head_dir) / "head" / name).exists():  # given runs/NAME instead of runs/NAME/head
-            next_step = f"--head {Path(head_dir) / 'head'}"
-        raise UsageError(
-            f"{path} does not exist",
-            "a head folder with config.json + model.safetensors (eagle3, SGLang, vLLM or speculators layout)",
-            next_step,
-        )
-    return path
+        if (Path(folder) / role / "config.json").exists():  # given runs/NAME instead of runs/NAME/head
+            next_step = f"--{role} {Path(folder) / role}"
+        raise UsageError(f"{path} does not exist", expected, next_step)
+    return read_json_object(path, f"the {role}'s config.json", NEXT if role == "head" else next_step)
 
 
-def read_config_json(path: Path) -> dict:
-    return read_json_object(path, "a head config.json", NEXT)
+def read_head_config(head_dir: Path) -> dict:
+    return read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)", HEAD_FOLDER)
 
 
 def detect_layout(cfg: dict) -> str:
@@ -116,13 +119,6 @@ class HeadFolder:
     def shape(self, name: str) -> tuple[int, ...] | None:
         return self.index[self.names[name]].shape if self.index is not None and name in self.names else None
 
-    def draft_vocab_field(self):
-        """draft_vocab_size as written: top level, else in the layer config; "<missing>" when absent."""
-        for where in (self.cfg, self.llama):
-            if "draft_vocab_size" in where:
-                return where["draft_vocab_size"]
-        return "<missing>"
-
     @property
     def target_hidden(self) -> int | None:
         v = self.cfg.get("target_hidden_size") or self.llama.get("target_hidden_size") or self.llama.get("hidden_size")
@@ -133,7 +129,7 @@ def read_folder(head_dir: Path) -> HeadFolder:
     """The folder's config.json (UsageError when missing or not JSON) and safetensors header (an
     unreadable file is recorded, for the checks to report beside the rest)."""
     head_dir = Path(head_dir)
-    cfg = read_config_json(head_file(head_dir, "config.json"))
+    cfg = read_head_config(head_dir)
     layout = detect_layout(cfg)
     if layout == "speculators":
         layer = cfg.get("transformer_layer_config")
@@ -169,9 +165,29 @@ def recorded_target(head_dir: Path) -> str | None:
     """The target a head folder names (eagle3's record first, as `HeadFolder.target_ref`), usable from here."""
     from ..model.target import resolvable_reference
 
-    cfg = read_config_json(head_file(Path(head_dir), "config.json"))
+    cfg = read_head_config(Path(head_dir))
     target = _recorded(cfg, detect_layout(cfg))
     return resolvable_reference(target.get("path") or target.get("name_or_path"), base=Path(head_dir))
+
+
+def named_target(head_dir: Path, command: str) -> str:
+    """The target the head folder names, when no --target is given; else the UsageError saying why not
+    (none recorded, or one that is not on this machine), with `command` as the way on."""
+    from ..model.target import build_hint
+
+    recorded = recorded_target(head_dir)
+    if not recorded:
+        raise UsageError(f"no --target given and head {head_dir} records none", "--target MODEL_DIR", command)
+    hint = build_hint(recorded)
+    if not Path(recorded).exists() and (Path(recorded).is_absolute() or hint):
+        # a committed head records its target relative to the repository (models/smollm2-135m),
+        # which a fresh clone has not built yet
+        raise UsageError(
+            f"no --target given, and the target head {head_dir} records ({recorded}) is not here",
+            "the target model folder the head was trained for",
+            hint or "pass --target MODEL_DIR (the target the head was trained for)",
+        )
+    return recorded
 
 
 # ---------------------------------------------------------------- aux layer ids
@@ -204,24 +220,26 @@ def aux_readings(cfg: dict, layout: str, first_id_rule: bool = False) -> list[Au
     """Every field of a head config that names aux layers, each read in its engine's convention (SGLang's
     for the target's class: `first_id_rule`, `speculate.aux_layers.from_sglang_ids`)."""
     out = []
-    ours = _int_list((cfg.get("eagle3") or {}).get("aux_layer_ids"), "eagle3.aux_layer_ids")
-    if ours:
-        out.append(AuxReading("eagle3.aux_layer_ids", tuple(ours), tuple(ours), "hidden_states[k]"))
-    eagle_cfg = cfg.get("eagle_config") or {}
-    sg = _int_list(eagle_cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_config.eagle_aux_hidden_state_layer_ids")
-    if sg:
-        # SGLang adds 1 ("output of layer k" is the input of layer k+1) and captures in layer order
-        fed = from_sglang_ids(sg, first_id_rule)
-        how = "output of layer k, +1" if fed[0] != sg[0] else "as given (DeepSeek family: +1 only to a first id of 1)"
-        out.append(
-            AuxReading("eagle_config.eagle_aux_hidden_state_layer_ids", tuple(sg), tuple(sorted(fed)), f"SGLang: {how}")
-        )
-    top = _int_list(cfg.get("eagle_aux_hidden_state_layer_ids"), "eagle_aux_hidden_state_layer_ids")
-    if top:
-        who = "speculators/vLLM" if layout == "speculators" else "vLLM"
-        out.append(
-            AuxReading("eagle_aux_hidden_state_layer_ids", tuple(top), tuple(sorted(top)), f"{who}: hidden_states[k]")
-        )
+    for row in ("aux_layer_ids", "sglang_aux_layer_ids", "vllm_aux_layer_ids"):  # the table's id fields
+        key = field(row).eagle3 or ""
+        raw = _int_list(get_path(cfg, key), key)
+        if not raw:
+            continue
+        ours, how = sorted(raw), "hidden_states[k]"
+        if row == "aux_layer_ids":
+            ours = raw  # kept as listed: check.py refuses one out of layer order
+        elif row == "sglang_aux_layer_ids":
+            # SGLang adds 1 ("output of layer k" is the input of layer k+1) and captures in layer order
+            fed = from_sglang_ids(raw, first_id_rule)
+            ours = sorted(fed)
+            how = "SGLang: " + (
+                "output of layer k, +1"
+                if fed[0] != raw[0]
+                else "as given (DeepSeek family: +1 only to a first id of 1)"
+            )
+        else:
+            how = f"{'speculators/vLLM' if layout == 'speculators' else 'vLLM'}: {how}"
+        out.append(AuxReading(key, tuple(raw), tuple(ours), how))
     return out
 
 

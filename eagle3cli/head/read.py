@@ -52,10 +52,6 @@ class HeadSpec:
     norm_before_residual: bool = False
 
     @property
-    def target_ref(self) -> str | None:
-        return self.target.get("path") or self.target.get("name_or_path")
-
-    @property
     def dtype(self) -> str:
         return self.index[self.names["fc.weight"]].dtype
 
@@ -79,8 +75,6 @@ def read_head(head_dir: Path, num_target_layers: int | None = None, target: Targ
     (every error `check.judge` finds for engine "eagle3", at once: with `target`, the
     head against it too, by the rules every engine shares)."""
     f = read_folder(head_dir)
-    if target is not None:
-        num_target_layers = target.layers
     judged = judge(f, target, "eagle3", num_target_layers, finite=False)  # finite: load_head_weights
     found = judged.problems
     expected = "a one-layer EAGLE-3 head (eagle3, SGLang/SpecForge, vLLM or speculators layout)"
@@ -160,8 +154,8 @@ def load_head_weights(spec: HeadSpec, target_model=None, dtype: torch.dtype | No
     state = {n: (t if n in ("d2t", "t2d") else t.to(dtype)) for n, t in tensors.items()}
     state["d2t"], state["t2d"] = d2t, tensors["t2d"].to(torch.bool)
     draft.load_state_dict({**state, "embed_tokens.weight": torch.zeros_like(draft.embed_tokens.weight)})
-    if target_model is not None:
-        copy_target_embeddings(draft, target_model)
+    if target_model is not None:  # the target's input embeddings, frozen (a head never stores its own)
+        copy_embeddings(draft, target_model.get_input_embeddings().weight)
     return draft.eval()
 
 
@@ -178,11 +172,6 @@ def load_any_head(
 # ---------------------------------------------------------------- the target's embeddings
 # Here, with the loader, not in the draft: the shape refusal is a UsageError, which the method
 # wing (speculate/) does not know.
-def copy_target_embeddings(draft: Eagle3Draft, target_model) -> None:
-    """The target's input embeddings into the draft, frozen (the head never stores its own)."""
-    copy_embeddings(draft, target_model.get_input_embeddings().weight)
-
-
 def copy_embeddings(draft: Eagle3Draft, emb: torch.Tensor) -> None:
     """`emb` (vocab_size, hidden_size) into the draft's frozen embedding table; a wrong shape exits 2."""
     if tuple(emb.shape) != tuple(draft.embed_tokens.weight.shape):

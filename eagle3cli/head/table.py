@@ -24,7 +24,6 @@ HEAD_ARCH = "LlamaForCausalLMEagle3"
 HEAD_ARCHS = (HEAD_ARCH, "Eagle3LlamaForCausalLM")
 SPECULATORS_ARCH = "Eagle3Speculator"
 FLOAT_DTYPES = ("F32", "BF16", "F16", "F64")
-LAYOUTS = ("eagle3", "sglang", "vllm", "speculators")
 ENGINES = ("eagle3", "sglang", "vllm", "llama.cpp")  # eagle3: eval's own decoder (and train's --init-head)
 ENGINE_NAMES = {"eagle3": "eagle3", "sglang": "SGLang", "vllm": "vLLM", "llama.cpp": "llama.cpp"}  # in messages
 # `export --format F` writes for the engine that serves it, and asks that engine's check of what it wrote
@@ -40,7 +39,12 @@ class Field:
     place first (None: never read). `value` is what eagle3 writes (a description). `kind`: "head" (an
     EAGLE-3 field, not a Llama layer field: kept out of the draft's LlamaConfig and of a speculators
     `transformer_layer_config`), "layer" (a Llama layer field the engines read specially) or "meta"
-    (file metadata, never a model setting: not passed to the LlamaConfig)."""
+    (file metadata, never a model setting: not passed to the LlamaConfig).
+
+    `must`: the one value a head may hold here (what eagle3 writes), `why`: what the engines do with
+    another; `head.check` refuses another value for every engine, or with `serving` for SGLang and vLLM
+    only; without the key, `missing` says what SGLang and vLLM do then (a warning), and `required` rows
+    are refused by them."""
 
     name: str
     eagle3: str | None
@@ -50,6 +54,11 @@ class Field:
     gguf: str | None
     value: str
     kind: str = "head"
+    must: object = None
+    why: str = ""
+    serving: bool = False
+    missing: str = ""
+    required: bool = False
 
     @property
     def paths(self) -> tuple[str, ...]:
@@ -73,7 +82,8 @@ FIELDS: tuple[Field, ...] = (
     Field("vllm_aux_layer_ids", "eagle_aux_hidden_state_layer_ids", "eagle_aux_hidden_state_layer_ids", None,
           ("eagle_aux_hidden_state_layer_ids",), "eagle3.target_layers", "k (hidden_states[k])"),
     Field("use_aux_hidden_state", "eagle_config.use_aux_hidden_state", None,
-          ("eagle_config.use_aux_hidden_state",), None, None, "true (false: SGLang feeds the last state only)"),
+          ("eagle_config.use_aux_hidden_state",), None, None, "true", must=True,
+          why="SGLang would feed the head only the last hidden state (not an EAGLE-3, multi-layer feature, head)"),
     Field("norm_before_fc", "norm_before_fc", "norm_before_fc", ("eagle_config.norm_before_fc", "norm_before_fc"),
           ("eagle_config.norm_before_fc", "norm_before_fc"), "eagle3.norm_before_fc",
           "EAGLE-3.1: one RMSNorm (input_norm.weight) over the concatenated aux features before fc"),
@@ -82,13 +92,16 @@ FIELDS: tuple[Field, ...] = (
           "EAGLE-3.1: the layer's residual is the normed hidden state (speculators: missing = true)"),
     Field("fc_norm", None, None, ("eagle_config.fc_norm",), ("fc_norm",), None,
           "never written: one norm per aux feature, a variant eagle3's draft does not implement (refused)"),
-    Field("norm_output", "norm_output", None, ("norm_output",), None, None,
-          "false (true: SGLang feeds the draft its own normed state at later steps)"),
+    Field("norm_output", "norm_output", None, ("norm_output",), None, None, "false", serving=True, must=False,
+          why="SGLang would feed the draft its own NORMED hidden state at later steps, but the head was trained "
+          "on the pre-norm one"),
     Field("tie_word_embeddings", "tie_word_embeddings", "transformer_layer_config.tie_word_embeddings",
           ("tie_word_embeddings",), ("tie_word_embeddings",), None,
-          "false (true: the engines replace the trained lm_head by the embeddings)", "layer"),
+          "false", "layer", must=False, why="the engines replace the trained lm_head with the (target's) embeddings",
+          missing="the engines then take the config class's default (false for Llama today)"),
     Field("num_hidden_layers", "num_hidden_layers", "transformer_layer_config.num_hidden_layers",
-          ("num_hidden_layers",), ("num_hidden_layers",), "eagle3.block_count", "1", "layer"),
+          ("num_hidden_layers",), ("num_hidden_layers",), "eagle3.block_count", "1", "layer", must=1, required=True,
+          why="an eagle3 head has one decoder layer (midlayer)"),
     Field("eagle3", "eagle3", "eagle3", None, None, None,
           "eagle3's block: aux_layer_ids, target (identity), target_architectures, converted_from"),
     Field("eagle_config", "eagle_config", None, ("eagle_config",), ("eagle_config",), None,

@@ -48,7 +48,7 @@ from ..speculate.sampling import generator_for
 from . import card
 from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
-from .table import HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
+from .table import FIELDS, HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
 __all__ = ["head_config", "save_head", "speculators_config", "update_card", "write_card", "write_head_files"]
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
@@ -75,6 +75,9 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         raise UsageError(problems[0], EXPECTED)
     for k in _OWN_KEYS + ("_name_or_path", "transformers_version", "id2label", "label2id", "dtype"):
         cfg.pop(k, None)
+    # the target's class decides SGLang's id convention (head/engines.py); recorded, as later exports may lack the target
+    archs = (extra or {}).get("target_architectures") or target_architectures(target_identity)
+    extra = {**(extra or {}), **({"target_architectures": archs} if archs else {})}
     max_pos = int(cfg.get("max_position_embeddings") or 0)
     if target_identity and target_identity.get("max_position_embeddings"):
         max_pos = max(max_pos, int(target_identity["max_position_embeddings"]))
@@ -95,12 +98,12 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
         torch_dtype={torch.bfloat16: "bfloat16", torch.float16: "float16"}.get(draft.fc.weight.dtype, "float32"),
         # SGLang adds 1 to these (output of layer k -> input of layer k+1), on its DeepSeek family only to a 1
         eagle_config={
-            "eagle_aux_hidden_state_layer_ids": sglang_ids(aux, _first_id_rule(target_identity, extra)),
+            "eagle_aux_hidden_state_layer_ids": sglang_ids(aux, sglang_first_id_rule(archs)),
             "use_aux_hidden_state": True,
         },
         # vLLM reads this first, as hidden_states[k].
         eagle_aux_hidden_state_layer_ids=vllm_ids(aux),
-        eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **(extra or {})},
+        eagle3={"aux_layer_ids": aux, "target": target_identity or {}, **extra},
     )
     # Engines that predate transformers 5's rope_parameters read these top-level names.
     if "rope_theta" in rope:
@@ -110,11 +113,6 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
     return cfg
 
 
-def _first_id_rule(target_identity: dict | None, extra: dict | None) -> bool:
-    archs = (extra or {}).get("target_architectures") or target_architectures(target_identity)
-    return sglang_first_id_rule(archs)
-
-
 def save_head(
     draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None, extra: dict | None = None
 ) -> Path:
@@ -122,13 +120,10 @@ def save_head(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
-    archs = target_architectures(target_identity)
-    if archs and "target_architectures" not in (extra or {}):
-        # the engine tables (head/engines.py) decide by the target's class; later exports may lack the target
-        extra = {"target_architectures": archs, **(extra or {})}
     tensors = head_state_dict(draft)
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
-    atomic_write_json(out_dir / "config.json", head_config(draft, target_identity, extra))
+    cfg = head_config(draft, target_identity, extra)
+    atomic_write_json(out_dir / "config.json", cfg)
     write_manifest(
         out_dir,
         "head",
@@ -136,7 +131,7 @@ def save_head(
         aux_layer_ids=[int(i) for i in draft.config.aux_layer_ids],
         draft_vocab_size=int(draft.config.draft_vocab_size),
         shards=[shard_record(out_dir / HEAD_WEIGHTS, tensors=len(tensors))],
-        **(extra or {}),
+        **{k: v for k, v in cfg["eagle3"].items() if k not in ("aux_layer_ids", "target")},
     )
     return out_dir
 
@@ -225,7 +220,7 @@ def own_layout_config(draft: Eagle3Draft, spec: HeadSpec) -> dict:
     from ..model.target import resolvable_reference
 
     target = dict(spec.target)
-    ref = resolvable_reference(spec.target_ref, base=spec.path)
+    ref = resolvable_reference(target.get("path") or target.get("name_or_path"), base=spec.path)
     if ref:
         target["path"] = ref
     target.pop("name_or_path", None)
@@ -253,9 +248,6 @@ def layout_files(
 
     cfg = own_layout_config(draft, spec)
     own = cfg["eagle3"]
-    archs = own.get("target_architectures") or target_architectures(own.get("target"))
-    if archs:  # heads of other layouts: asked of the target, if it is here (head_config read it too)
-        own["target_architectures"] = archs
     tensors = head_state_dict(draft)
     if dtype != "keep":
         tensors = {n: t.to(EXPORT_DTYPES[dtype]) if t.is_floating_point() else t for n, t in tensors.items()}
@@ -277,18 +269,16 @@ def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
     norm_before_residual means true there)."""
     layer = {k: v for k, v in cfg.items() if k not in HEAD_KEYS}
     layer["architectures"] = ["LlamaForCausalLM"]
-    target = (cfg.get("eagle3") or {}).get("target") or {}
-    verifier_archs = (cfg.get("eagle3") or {}).get("target_architectures") or ["LlamaForCausalLM"]
+    own = cfg.get("eagle3") or {}
+    verifier_archs = own.get("target_architectures") or ["LlamaForCausalLM"]
+    # the table's rows both layouts write under the same top-level key are copied as they are
+    same = {k: cfg.get(k) for k in (f.eagle3 for f in FIELDS if f.eagle3 == f.speculators) if k and "." not in k}
     return {
+        **same,
         "architectures": [SPECULATORS_ARCH],
         "speculators_model_type": "eagle3",
         "speculators_version": "0.1.0",
         "transformer_layer_config": layer,
-        "draft_vocab_size": cfg["draft_vocab_size"],
-        "target_hidden_size": cfg.get("target_hidden_size"),
-        "norm_before_residual": bool(cfg.get("norm_before_residual", False)),
-        "norm_before_fc": bool(cfg.get("norm_before_fc", False)),
-        "eagle_aux_hidden_state_layer_ids": cfg.get("eagle_aux_hidden_state_layer_ids"),
         "speculators_config": {
             "algorithm": "eagle3",
             "default_proposal_method": "greedy",
@@ -300,8 +290,6 @@ def speculators_config(cfg: dict, num_speculative_tokens: int) -> dict:
                     "accept_tolerance": 0.0,
                 }
             ],
-            "verifier": {"name_or_path": target.get("path"), "architectures": verifier_archs},
+            "verifier": {"name_or_path": (own.get("target") or {}).get("path"), "architectures": verifier_archs},
         },
-        "torch_dtype": cfg.get("torch_dtype", "float32"),
-        "eagle3": cfg.get("eagle3"),
     }

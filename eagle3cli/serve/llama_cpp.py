@@ -1,8 +1,5 @@
-"""`eagle3 serve --engine llama.cpp`: llama-server with the target and the head as GGUF files.
-
-    llama-server -m target.gguf -md head.gguf --spec-type draft-eagle3 --spec-draft-n-max K
-
-(flags as `common/arg.cpp` of the pinned llama.cpp names them). llama.cpp drafts a chain of up to K
+"""`eagle3 serve --engine llama.cpp`: llama-server with the target and the head as GGUF files (its
+command: `engines/llama_cpp.py`). llama.cpp drafts a chain of up to K
 tokens per round, so K is the one speculation number: `--steps`, or the eval report's recommended
 steps (`--from-eval`), else llama.cpp's own default 3.
 
@@ -30,7 +27,7 @@ from pathlib import Path
 import torch
 from rich.markup import escape
 
-from ..console import log, out, warn
+from ..console import log, warn
 from ..engines.gguf_export import (
     HEAD_GGUF,
     TARGET_GGUF,
@@ -40,15 +37,15 @@ from ..engines.gguf_export import (
     same_tokenizer,
 )
 from ..engines.llama_cpp import DEFAULTS
+from ..engines.local_engine import which_llama_server
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
-from ..head.check import llama_cpp_layer_problems
+from ..head.check import Problem, error, llama_cpp_layer_problems, raise_if_errors
 from ..run_folder.manifest import cache_dir, file_digest, model_fingerprint
 from ..speculate.vocab import map_problems
-from .commands import build_command, format_command, ready_request, spec_from_eval
+from .commands import build_command, print_or_launch, refuse_errors, spec_from_eval
 from .config import ServeConfig
 from .engine_args import check_engine_args
-from .problems import Problem, error, raise_if_errors
 
 SAMPLE_TEXTS = (
     "What is 17 * 23? Think step by step.",
@@ -56,12 +53,6 @@ SAMPLE_TEXTS = (
     "  Leading spaces, trailing tabs\t\tand 3.14159, 2,718 or 1e-9!\n\nNew paragraph.",
     "Ünïcödé: café, naïve, 東京, 🦙 — done.",
 )
-
-
-def which_llama_server() -> str | None:
-    from ..engines.local_engine import which_llama_server as find
-
-    return find()
 
 
 @dataclass(frozen=True)
@@ -217,7 +208,6 @@ def tokenizer_check(base_url: str, target_dir: Path) -> str | None:
 
 # ---------------------------------------------------------------- the command
 def run_llama_cpp(cfg: ServeConfig) -> int:
-    from .launch import launch
     from .machine import check_port
 
     assert cfg.target is not None and cfg.head is not None  # validate() requires both
@@ -234,19 +224,12 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
                 error("llama-server is not built here (.llama-cpp/build/bin, or on PATH)", "make llama-cpp")
             )
         problems += check_port(cfg.host, cfg.port)
-    for p in problems:
-        if not p.is_error:
-            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
-    raise_if_errors(problems, "fix the files/flags above, then re-run with --dry-run to check")
+    refuse_errors(problems, "fix the files/flags above, then re-run with --dry-run to check")
     spec = SpecNumbers(k, 1, k + 1, k_source)
     argv = build_command(
         "llama.cpp", served.target_gguf, served.head_gguf, spec, cfg.host, cfg.port, cfg.extra_args, binary
     )
     log(f"speculation: draft-eagle3, chain of up to K={k} draft tokens per round (from {escape(k_source)})")
-    if cfg.dry_run:
-        log("preflight passed; --dry-run: the command is printed, nothing is started")
-        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
-        return 0
 
     def on_ready(url: str) -> str | None:
         if served.target_dir is None:
@@ -254,8 +237,4 @@ def run_llama_cpp(cfg: ServeConfig) -> int:
             return None
         return tokenizer_check(url, served.target_dir)
 
-    ready = ready_request("llama.cpp", cfg.host, cfg.port, cfg.target)
-    return launch(
-        argv, cfg.host, cfg.port, health_timeout_s=cfg.health_timeout, ready_message=ready,
-        log_prefix="llama-server", on_ready=on_ready,
-    )  # fmt: skip
+    return print_or_launch(cfg, argv, log_prefix="llama-server", on_ready=on_ready)

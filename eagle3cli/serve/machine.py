@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from ..engines.local_engine import VLLM_CPU_VENV, free_port, vllm_python
 
 if TYPE_CHECKING:
-    from .problems import Problem
+    from ..head.check import Problem
 
 __all__ = ["VLLM_CPU_VENV", "free_port"]  # re-exported: serve's callers and tests import them from here
 
@@ -81,7 +81,7 @@ def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
     missing = [f for f in VLLM_CPU_NEEDS if f not in flags]
     if missing:
         # serve's problems load the head check, and with it torch: `eagle3 doctor` asks this too
-        from .problems import error
+        from ..head.check import error
 
         return [
             error(
@@ -94,7 +94,7 @@ def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
 
 def check_engine_installed(engine: str, python: str | None = None) -> list[Problem]:
     """The engine importable here, or in the environment of `python` (--engine-python)."""
-    from .problems import error
+    from ..head.check import error
 
     module = {"sglang": "sglang", "vllm": "vllm"}[engine]
     if python is not None:
@@ -112,7 +112,7 @@ def check_engine_installed(engine: str, python: str | None = None) -> list[Probl
 def check_gpu(engine: str) -> list[Problem]:
     import torch
 
-    from .problems import error
+    from ..head.check import error
 
     if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
         return [
@@ -126,7 +126,7 @@ def check_gpu(engine: str) -> list[Problem]:
 
 def check_port(host: str, port: int) -> list[Problem]:
     """The engine binds host:port; find out now rather than after minutes of weight loading."""
-    from .problems import error
+    from ..head.check import error
 
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

@@ -9,23 +9,24 @@ from pathlib import Path
 
 from rich.markup import escape
 
-from ..console import log, out, warn
+from ..console import log, warn
 from ..engines.local_engine import vllm_loadable
 from ..engines.vllm import API_MODULE, speculative_config
 from ..errors import UsageError
+from ..head.check import Problem, raise_if_errors
+from ..head.check import problems as head_problems
 from ..model.target import resolve_model_path
 from .commands import (
     build_command,
-    check_extra_args,
     check_spec_flags,
     check_spec_numbers,
-    format_command,
-    ready_request,
+    print_or_launch,
+    refuse_errors,
     resolve_spec,
     validate_sglang_argv,
 )
 from .config import ServeConfig
-from .launch import launch
+from .engine_args import check_engine_args
 from .machine import (
     check_engine_installed,
     check_gpu,
@@ -34,8 +35,6 @@ from .machine import (
     default_engine_python,
     vllm_build,
 )
-from .preflight import check_head
-from .problems import Problem, raise_if_errors
 from .vllm_check import validate_vllm_argv
 from .vllm_cpu import cpu_launch
 
@@ -44,8 +43,8 @@ def input_problems(cfg: ServeConfig, spec) -> list[Problem]:
     """What is wrong with the head, the target or the flags."""
     assert cfg.head is not None and cfg.target is not None  # validate() requires both
     # a hub id already in the local cache is fine (SGLang resolves the same id); nothing is downloaded
-    problems = check_extra_args(cfg.engine, cfg.extra_args)
-    problems += check_head(cfg.head, resolve_model_path(cfg.target), cfg.engine)
+    problems = check_engine_args(cfg.engine, cfg.extra_args)
+    problems += head_problems(Path(cfg.head), Path(resolve_model_path(cfg.target)), cfg.engine)
     problems += check_spec_numbers(spec.steps, spec.topk, spec.draft_tokens, cfg.engine)
     return problems
 
@@ -100,10 +99,7 @@ def run_serve(cfg: ServeConfig) -> int:
         log(f"engine: vllm-cpu {build.version} from {escape(str(engine_python))} (serves on this CPU)")
         extra, env, notes = cpu_launch(extra)
         problems += notes
-    for p in problems:
-        if not p.is_error:
-            warn(f"{escape(p.what)}\n  fix: {escape(p.fix)}")
-    raise_if_errors(
+    refuse_errors(
         problems,
         "fix the head/flags above, then re-run with --dry-run to check"
         if any(p.is_error for p in inputs)
@@ -139,16 +135,4 @@ def run_serve(cfg: ServeConfig) -> int:
         (log if check.ok else warn)(f"command check: {escape(check.message)}")
     elif cfg.engine == "vllm":
         warn("vLLM's parser is not checked here: vLLM is not installed here (make vllm-cpu, or --engine-python)")
-    if cfg.dry_run:
-        log("preflight passed; --dry-run: the command is printed, nothing is started")
-        out.print(format_command(argv), markup=False, highlight=False, soft_wrap=True)
-        return 0
-    return launch(
-        argv,
-        cfg.host,
-        cfg.port,
-        health_timeout_s=cfg.health_timeout,
-        ready_message=ready_request(cfg.engine, cfg.host, cfg.port, str(cfg.target)),
-        env=env,
-        log_prefix=cfg.engine,
-    )
+    return print_or_launch(cfg, argv, env=env, log_prefix=cfg.engine)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-from .problems import Problem, warning
+from ..head.check import Problem, warning
 
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 KVCACHE_DEFAULT_GIB = "1"

@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 
 import pytest
+import serve_helpers as pf
 from serve_helpers import assert_sglang_parses, export_head, printed_command, serve_args
 
 from eagle3cli.cli import main
-from eagle3cli.serve import preflight as pf
 
 pytestmark = pytest.mark.integration
 

@@ -15,6 +15,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import serve_helpers as pf
 import torch
 from cli_helpers import err, wide_console  # noqa: F401 — autouse fixture
 from head_fixtures import make_head
@@ -26,7 +27,6 @@ from eagle3cli.export.run import export_head
 from eagle3cli.head.engines import sglang_norm_flags
 from eagle3cli.head.read import load_any_head, load_head_weights, read_head
 from eagle3cli.model.target import load_target
-from eagle3cli.serve import preflight as pf
 from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode
 
 FLAGS = [(True, False), (False, True), (True, True)]

@@ -1,10 +1,14 @@
 """A new serving engine's footprint, measured: a stand-in engine defined as docs/architecture.md says
-(one `Engine` module, its registry line, its `--engine` choice and its head-table column) is served by `eagle3 serve --dry-run` through the same path as the real ones, and the product
-files it had to touch are counted (goal: 1 module + 1 table column)."""
+(one `Engine` module, its word in the registry and its head-table column) is served by `eagle3 serve
+--dry-run` through the same path as the real ones, and the product files it had to touch are counted
+(goal: 1 module + 1 table column)."""
 
 from __future__ import annotations
 
 import json
+import sys
+import types
+import typing
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,9 +16,11 @@ import pytest
 from cli_helpers import wide_console  # noqa: F401
 from serve_helpers import export_head, printed_command
 
+import eagle3cli.engines.serving as serving
 import eagle3cli.head.check as check_module
 import eagle3cli.head.table as table
 import eagle3cli.serve.engine_args as engine_args
+from eagle3cli.config import choices
 from eagle3cli.engines.serving import Engine, SpecNumbers, own
 from eagle3cli.errors import UsageError
 from eagle3cli.serve.commands import build_command, ready_request, resolve_spec
@@ -50,11 +56,13 @@ def standin(monkeypatch) -> set[str]:
         monkeypatch.setattr(module, name, value)
         touched.add(str(Path(module.__file__).relative_to(PRODUCT)))
 
-    patch(engine_args, "ENGINES", {**engine_args.ENGINES, "standin": STANDIN})  # the registry line
+    module = types.ModuleType("eagle3cli.engines.standin")  # engines/standin.py, defining its ENGINE
+    module.ENGINE = STANDIN  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    patch(serving, "ENGINE_MODULES", (*serving.ENGINE_MODULES, "standin"))  # its word in the registry
     patch(table, "ENGINES", (*table.ENGINES, "standin"))  # the head table's column
     patch(table, "ENGINE_NAMES", {**table.ENGINE_NAMES, "standin": "Stand-in"})
     monkeypatch.setattr(check_module, "ENGINES", table.ENGINES)  # the check reads the table's column
-    touched.add("serve/config.py")  # `--engine`'s choices: a Literal, one word (run_serve takes the config as built)
     engine_args.engine_table.cache_clear()
     yield touched
     engine_args.engine_table.cache_clear()
@@ -78,13 +86,18 @@ def test_a_standin_engine_is_served_through_the_common_path(standin, tiny_target
         run_serve(replace(cfg))
 
 
-def test_the_standin_engines_footprint_is_its_module_and_three_product_files(standin):
+def test_the_standin_engines_footprint_is_its_module_and_two_product_files(standin):
     """What the fixture had to change for the test above to serve the stand-in: nothing else in the
-    package names engines one by one on the launch path (a sixth place would fail that test)."""
+    package names engines one by one on the launch path (a fourth place would fail that test)."""
     footprint = {"engines/standin.py", *standin}
     assert footprint == {
         "engines/standin.py",  # the module: Engine(...)
-        "serve/engine_args.py",  # the registry line
-        "serve/config.py",  # the --engine choice
+        "engines/serving.py",  # its word in the registry (ENGINE_MODULES)
         "head/table.py",  # the head table's column (ENGINES, ENGINE_NAMES)
     }, footprint
+
+
+def test_the_engine_choice_is_the_registrys():
+    """`--engine`'s choices are read from the registry when serve's config is defined, not spelled out."""
+    assert choices(typing.get_type_hints(ServeConfig)["engine"]) == tuple(serving.engines())
+    assert tuple(serving.engines()) == ("sglang", "vllm", "llama.cpp")

@@ -203,7 +203,7 @@ def test_speculators_export_resolves_its_target_from_another_directory(
 
 
 def test_serve_preflight_reads_heads_through_the_same_reader(layouts, trained_target_dir, ref_head, tmp_path):
-    from eagle3cli.serve import preflight as pf
+    import serve_helpers as pf
 
     def errors(head, engine="sglang"):
         return [p.what for p in pf.check_head(head, trained_target_dir, engine) if p.is_error]

@@ -11,11 +11,11 @@ import pytest
 import torch
 from family_fixtures import ENGINE_SUPPORT, FAMILIES, build_family_target
 from head_fixtures import final_norm_scale, init_draft_from_target
+from serve_helpers import check_head
 
 from eagle3cli.head.read import load_head
 from eagle3cli.head.table import HEAD_TENSOR_NAMES
 from eagle3cli.head.write import save_head
-from eagle3cli.serve.preflight import check_head
 from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.speculate.target import final_norm_offset, logit_spec, target_logits

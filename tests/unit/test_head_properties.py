@@ -6,7 +6,7 @@
    that serves F (gguf: the folder llama.cpp's converter is handed).
 
 The check functions are called directly (eval: `load_any_head` against the target, as `_load_heads`
-asks it; serve: `preflight.check_head`, the head part of `serve --dry-run`; llama.cpp: the check
+asks it; serve: `problems(head, target, engine)`, the head part of `serve --dry-run`; llama.cpp: the check
 `export --format gguf` and `serve --engine llama.cpp` refuse a head folder by); one case each goes
 through the command line."""
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from cli_helpers import err, wide_console  # noqa: F401
 from head_fixtures import CRAFTED, crafted_heads
-from serve_helpers import CHAIN, serve_args
+from serve_helpers import CHAIN, check_head, serve_args
 
 from eagle3cli.cli import main
 from eagle3cli.errors import StageError, UsageError
@@ -27,7 +27,6 @@ from eagle3cli.head.check import problems, read_target
 from eagle3cli.head.read import load_any_head
 from eagle3cli.head.table import FORMAT_ENGINE
 from eagle3cli.head.write import layout_files, write_head_files
-from eagle3cli.serve.preflight import check_head
 
 SERVING = ("sglang", "vllm", "llama.cpp")
 

@@ -11,6 +11,7 @@ import os
 import struct
 
 import pytest
+import serve_helpers as pf
 import torch
 from serve_helpers import copy_head, edit_tensors, export_head
 from train_fixtures import copy_run, make_run, metrics
@@ -21,7 +22,6 @@ from eagle3cli.config import build_config
 from eagle3cli.engines.local_engine import free_port
 from eagle3cli.errors import StageError
 from eagle3cli.head.read import load_head
-from eagle3cli.serve import preflight as pf
 from eagle3cli.train import checkpoint as ckpt
 from eagle3cli.train.config import TrainConfig
 

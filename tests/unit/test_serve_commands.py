@@ -14,9 +14,9 @@ import pytest
 from serve_helpers import CHAIN, export_head, printed_command, serve_args, skip_without_sglang_parser
 
 from eagle3cli.cli import main
+from eagle3cli.engines.sglang import DEFAULTS as SGLANG_DEFAULTS
 from eagle3cli.errors import UsageError
 from eagle3cli.serve.commands import (
-    SGLANG_DEFAULTS,
     SpecNumbers,
     build_command,
     format_command,
@@ -245,7 +245,7 @@ def test_engine_args_after_dashes_cannot_override_what_serve_checked(head, tiny_
     ],
 )
 def test_the_engine_argument_guard_matches_the_engines_own_spellings(engine, arg):
-    from eagle3cli.serve.commands import check_extra_args
+    from eagle3cli.serve.engine_args import check_engine_args as check_extra_args
 
     assert check_extra_args(engine, [arg, "x"]), arg
     assert not check_extra_args(engine, ["--max-num-seqs", "4", "--dtype", "float32"])

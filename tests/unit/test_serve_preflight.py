@@ -6,14 +6,14 @@ import importlib.util
 import socket
 
 import pytest
+import serve_helpers as pf
 import torch
 from serve_helpers import copy_head, edit_config, edit_tensors, export_head
 
 from eagle3cli.cli import main
 from eagle3cli.errors import UsageError
+from eagle3cli.head.check import Problem, raise_if_errors
 from eagle3cli.serve import commands, machine
-from eagle3cli.serve import preflight as pf
-from eagle3cli.serve.problems import Problem, raise_if_errors
 
 
 @pytest.fixture(scope="module")

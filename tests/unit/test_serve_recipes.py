@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from eagle3cli.config import build_config
+from eagle3cli.engines.sglang import DEFAULTS as SGLANG_DEFAULTS
 from eagle3cli.serve.commands import (
-    SGLANG_DEFAULTS,
     build_command,
     resolve_spec,
     sglang_parser_unavailable_reason,
