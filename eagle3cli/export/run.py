@@ -25,6 +25,7 @@ from ..head.engines import sglang_norm_problem, target_support
 from ..head.read import load_any_head
 from ..head.table import HEAD_WEIGHTS
 from ..head.write import (
+    HEAD_FILES,
     head_state_dict,
     own_layout_config,
     speculators_config,
@@ -37,7 +38,7 @@ from ..run_folder.manifest import read_json, remove_dead_temps, shard_record, wr
 from .config import ExportConfig
 
 EXPORT_FORMATS = ("sglang", "vllm", "speculators")
-EXPORT_FILES = (HEAD_WEIGHTS, "config.json")  # what an export folder holds besides its manifest
+EXPORT_FILES = HEAD_FILES  # what an export folder holds besides its manifest
 
 
 def run_export(cfg: ExportConfig) -> Path:

@@ -23,8 +23,9 @@ from ..config import config_dict
 from ..errors import StageError
 from ..extras import require
 from ..head.check import nonfinite_tensors
-from ..head.write import save_head, self_check
+from ..head.write import HEAD_FILES, save_head, self_check
 from ..node.devices import check_device
+from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
     atomic_write_json,
@@ -436,10 +437,20 @@ def run_train(cfg: TrainConfig) -> Path:
     # ranks started some other way (torchrun) lock from global rank 0.
     if os.environ.get("RANK", "0") != "0":
         return _run_train(cfg)
+    claim_run_folders(cfg.run_dir)
     with stage_lock(cfg.run_dir / "train", "train"):
         for d in (cfg.run_dir / "train", cfg.run_dir / "train" / ckpt.CKPT_DIR, cfg.run_dir / "head"):
             remove_dead_temps(d)  # a checkpoint or head export cut by a kill: a full-size hidden file each
         return _run_train(cfg)
+
+
+def claim_run_folders(run_dir: Path) -> None:
+    """Before anything trains: RUN/train and RUN/head are train's to write (exit 2 otherwise, files
+    kept). A head/ holding a user's config.json + model.safetensors (no manifest of ours), or a link
+    out of the run to such a folder, was overwritten at the end of a run."""
+    nxt = "move those files out of the way (or remove the link), or train in another run: --run runs/OTHER"
+    refuse_link_out(run_dir / "train", "train", nxt, resumable=(f"{ckpt.CKPT_DIR}/*",))
+    claim_output(run_dir / "head", "head", HEAD_FILES, marked=True, command="train", next_step=nxt)
 
 
 def _run_train(cfg: TrainConfig) -> Path:

@@ -1,0 +1,115 @@
+"""Issue 64 (reliability round 6): no write through a link out of the run or over a user's files in
+any stage, hand-edited files of the wrong shape, non-regular files, numbers a server reports, bombs in
+secondary readers, a tokenizer that disagrees with its target, and numeric options without bounds."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from head_fixtures import make_head
+from train_fixtures import copy_run, make_run
+
+from eagle3cli.cli import main
+
+FAST = ["--token-budget", "640", "--max-length", "160", "--ttt-steps", "2", "--log-every", "1"]
+
+
+@pytest.fixture(autouse=True)
+def wide_console(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # rich would wrap long paths inside the messages we check
+
+
+def err(capsys) -> str:
+    cap = capsys.readouterr()
+    text = " ".join((cap.out + cap.err).split())
+    assert "Traceback" not in text
+    return text
+
+
+def snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory, tiny_target_dir):
+    return make_run(tmp_path_factory.mktemp("r6-train") / "base", tiny_target_dir, n=24)
+
+
+@pytest.fixture
+def run_dir(tmp_path, base_run):
+    return copy_run(base_run, tmp_path / "run")
+
+
+# ---------------------------------------------------------------- 1. no write over a user's files
+def _users_head(folder):
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text('{"my": "head"}\n')
+    (folder / "model.safetensors").write_bytes(b"my weights")
+    return folder
+
+
+def _users_notes(folder):
+    folder.mkdir(parents=True)
+    (folder / "notes.txt").write_text("mine\n")
+    return folder
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "head-link-to-users-head",
+        "head-holding-users-head",
+        "head-holding-foreign-files",
+        "head-link-to-users-notes",
+        "train-link-to-users-folder",
+    ],
+)
+def test_train_never_writes_over_a_users_files(run_dir, tmp_path, capsys, case):
+    """RUN/head (or RUN/train) a link out of the run to a folder of the user's, or a plain head/
+    holding files eagle3 did not write: exit 2 before training, every file kept."""
+    sub, kind = case.split("-", 1)
+    theirs = tmp_path / "mine"
+    make = _users_head if "users-head" in kind else _users_notes
+    if kind.startswith("link"):
+        make(theirs)
+        os.symlink(theirs, run_dir / sub)
+    else:
+        theirs = make(run_dir / sub)
+    before = snapshot(theirs)
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "2"]) == 2
+    text = err(capsys)
+    assert "did not write" in text and str(run_dir / sub) in text and "--run runs/OTHER" in text
+    assert snapshot(theirs) == before
+    assert not (run_dir / "train" / "checkpoints").exists() or sub == "train"
+
+
+def test_a_link_to_an_empty_folder_or_a_head_of_ours_is_followed(run_dir, tmp_path, capsys):
+    """The deliberate case stays open: a stage's folder linked to an empty folder on a bigger disk."""
+    elsewhere = tmp_path / "disk" / "head"
+    elsewhere.mkdir(parents=True)
+    os.symlink(elsewhere, run_dir / "head")
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "2"]) == 0
+    assert json.loads((elsewhere / "manifest.json").read_text())["stage"] == "head"
+    assert not (elsewhere / ".eagle3-writing").exists()
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "2"]) == 0
+    err(capsys)
+
+
+@pytest.fixture(scope="module")
+def head(tmp_path_factory, tiny_target_dir):
+    return make_head(tiny_target_dir, tmp_path_factory.mktemp("r6-head") / "head")
+
+
+@pytest.mark.parametrize("users", [_users_head, _users_notes])
+def test_cache_and_eval_refuse_a_link_out_to_a_users_folder(run_dir, tmp_path, head, capsys, users):
+    theirs = users(tmp_path / "mine")
+    before = snapshot(theirs)
+    os.symlink(theirs, run_dir / "cache2")
+    assert main(["cache", "--data", str(run_dir / "data"), "--out", str(run_dir / "cache2")]) == 2
+    assert "did not write" in err(capsys)
+    os.symlink(theirs, run_dir / "eval")
+    assert main(["eval", "--head", str(head), "--out", str(run_dir / "eval"), "--num-prompts", "2"]) == 2
+    assert "did not write" in err(capsys)
+    assert snapshot(theirs) == before
