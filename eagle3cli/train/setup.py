@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..errors import UsageError
 from ..head.read import init_draft_from_weights
 from ..model.target import open_target, pick_device, pick_dtype
-from ..run_folder.manifest import check_matches, read_json
+from ..run_folder.manifest import check_matches, check_schema, read_json
 from ..speculate.aux_layers import (
     EXPECTED,
     aux_layer_problems,
@@ -515,6 +515,7 @@ def resume(tr: Trainer) -> None:
             metrics.unlink(missing_ok=True)
         return
     state = ckpt.load(path)
+    check_schema(state, ckpt.CheckpointState, path, "a checkpoint written by `eagle3 train`", ckpt.damaged_next(path))
     # a checkpoint written before a setting existed ran with that setting's default
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     new = config_key(tr.cfg)
@@ -542,9 +543,7 @@ def resume(tr: Trainer) -> None:
     if tr.deepspeed:
         ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:
-        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
-        tr.optimizer.load_state_dict(state["optimizer"])
-        tr.scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore(path, state, tr.draft, tr.optimizer, tr.scheduler)
     ckpt.set_rng_state(state.get("rng"), path)
     tr.loop.restore(state)
     if tr.rank == 0:
