@@ -12,7 +12,6 @@ import dataclasses
 import math
 import os
 import reprlib
-import stat
 import types
 import typing
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import yaml
 
 from .errors import UsageError
+from .files import read_file_bytes
 from .urls import redact
 
 # CPU matmul kernels of the inference stages (eval, gen-data's hf backend, cache): see
@@ -82,53 +82,52 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def load_yaml(path: Path, what: str, next_step: str) -> Any:
+    """Every YAML file eagle3 reads (recipes, `serve -- --config FILE`, `--augment`), with one set of
+    bounds: a regular file or a pipe (`<(cat f)`; a FIFO nobody writes to reads as empty, never a
+    hang), never a device; at most MAX_RECIPE_BYTES; UTF-8; no key given twice; aliases expanding to at
+    most MAX_RECIPE_VALUES values (a 1 KB alias bomb nests into billions). UsageError otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{what} {path} does not exist", "a YAML file", next_step)
+    raw = read_file_bytes(path, what, MAX_RECIPE_BYTES, next_step, pipes=True)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{what} {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
+            "a YAML file in UTF-8",
+            next_step,
+        ) from e
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except (yaml.YAMLError, RecursionError) as e:
+        why = "nests deeper than Python can read" if isinstance(e, RecursionError) else f"is not valid YAML: {e}"
+        raise UsageError(f"{what} {path} {why}", "a YAML mapping", next_step) from None
+    if expanded_size(data) > MAX_RECIPE_VALUES:  # YAML aliases (&a / *a) can nest a 1 KB file into billions
+        raise UsageError(
+            f"{what} {path} expands to more than {MAX_RECIPE_VALUES} values through YAML aliases (&name / *name)",
+            "plain settings (aliases that repeat a few values are fine)",
+            "write the values out instead of nesting aliases",
+        )
+    return data
+
+
 def load_recipe(path: Path | None, section: str) -> dict:
     """The keys for one stage from a recipe file (flat, or the stage's own section)."""
     if path is None:
         return {}
     path = Path(path)
-    if not path.exists():
-        raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    nxt = "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)"
     if path.is_dir():
         raise UsageError(
             f"recipe {path} is a folder", "a YAML file, e.g. recipes/tiny/gen-data.yaml", f"ls {path}   (pick a file)"
         )
-    mode = path.stat().st_mode
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):  # /dev/zero reports 0 bytes, then never ends
-        raise UsageError(
-            f"recipe {path} is not a regular file (a {'socket' if stat.S_ISSOCK(mode) else 'device'})",
-            "a YAML file of stage settings (a pipe such as <(cat recipe.yaml) is read too)",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        )
-    with open(path, "rb") as f:  # bounded: a pipe has no size to check first
-        raw = f.read(MAX_RECIPE_BYTES + 1)
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise UsageError(
-            f"recipe {path} is over {MAX_RECIPE_BYTES} bytes: a recipe is a page of settings",
-            "a YAML file of stage settings",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"recipe {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
-            "a YAML file in UTF-8",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        ) from e
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
-    except yaml.YAMLError as e:
-        raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
+    if not path.exists():
+        raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    data = load_yaml(path, "recipe", nxt) or {}
     if not isinstance(data, dict):
         raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
-    size = expanded_size(data)
-    if size > MAX_RECIPE_VALUES:  # YAML aliases (&a / *a) can nest a 1 KB file into billions of values
-        raise UsageError(
-            f"recipe {path} expands to more than {MAX_RECIPE_VALUES} values through YAML aliases (&name / *name)",
-            "a recipe of plain settings (aliases that repeat a few values are fine)",
-            "write the values out instead of nesting aliases",
-        )
     if is_sectioned(data, path):
         if section not in data:
             have = ", ".join(f"{k}:" for k in data)
