@@ -129,10 +129,17 @@ def read_json_object(path: Path, expected: str, next_step: str | None = None) ->
     return obj
 
 
+def _is_member(part: Any) -> bool:
+    """A union member's name in a pydantic error location (the schemas name them `_Private`), not a key."""
+    return isinstance(part, str) and part.startswith("_")
+
+
 def field_name(loc: tuple) -> str:
     """A pydantic error location as a reader would write the key: `shards[0].bytes`."""
     out = ""
     for part in loc:
+        if _is_member(part):
+            continue
         out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out or "(the whole file)"
 
@@ -147,14 +154,17 @@ def check_schema(obj: Any, schema: Any, path: Path, expected: str, next_step: st
     try:
         TypeAdapter(schema).validate_python(obj, strict=True)
     except ValidationError as e:
-        lines = []
-        for err in e.errors()[:8]:
+        lines, errors = [], e.errors()
+        # a union (`A | B`) reports each member's errors under the member's name: keep the first member's
+        tags = [p for err in errors for p in err["loc"] if _is_member(p)]
+        errors = [err for err in errors if all(p == tags[0] for p in err["loc"] if _is_member(p))]
+        for err in errors[:8]:
             where = field_name(err["loc"])
             if err["type"] == "missing":
                 lines.append(f"{where} is missing")
             else:
                 lines.append(f"{where}: {err['msg'].lower()} (found {str(err.get('input'))[:60]!r})")
-        more = f"\n  (+{e.error_count() - 8} more)" if e.error_count() > 8 else ""
+        more = f"\n  (+{len(errors) - 8} more)" if len(errors) > 8 else ""
         raise UsageError(f"{path} is not {expected} of the right shape:\n  " + "\n  ".join(lines) + more, expected, next_step) from None
     return obj
 

@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..errors import UsageError
 from ..head.read import init_draft_from_weights
 from ..model.target import open_target, pick_device, pick_dtype
-from ..run_folder.manifest import check_matches, check_schema, read_json
+from ..run_folder.manifest import check_matches, check_schema, read_json, read_manifest
 from ..speculate.aux_layers import (
     EXPECTED,
     aux_layer_problems,
@@ -201,7 +201,11 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
     """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
     if cfg.online:
         data_dir = cfg.data or run_dir / "data"
-        gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
+        gm = (
+            read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
+            if (data_dir / "manifest.json").exists()
+            else {}
+        )
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")

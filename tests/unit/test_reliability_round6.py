@@ -113,3 +113,105 @@ def test_cache_and_eval_refuse_a_link_out_to_a_users_folder(run_dir, tmp_path, h
     assert main(["eval", "--head", str(head), "--out", str(run_dir / "eval"), "--num-prompts", "2"]) == 2
     assert "did not write" in err(capsys)
     assert snapshot(theirs) == before
+
+
+# ---------------------------------------------------------------- 2. hand-edited files of the wrong shape
+def _edit_json(path, edit):
+    obj = json.loads(path.read_text())
+    edit(obj)
+    path.write_text(json.dumps(obj))
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda c: c.__setitem__("eagle3", "not an object"), "eagle3"),
+        (lambda c: c["eagle3"].__setitem__("target", [1, 2]), "eagle3.target"),
+        (lambda c: c.__setitem__("eagle_config", 7), "eagle_config"),
+        (lambda c: c.__setitem__("speculators_config", {"verifier": "x"}), "speculators_config.verifier"),
+    ],
+)
+def test_a_head_config_of_the_wrong_shape_exits_2_in_eval_export_and_serve(
+    tmp_path, head, tiny_target_dir, capsys, edit, field
+):
+    bad = tmp_path / "bad-head"
+    bad.mkdir()
+    for f in head.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    _edit_json(bad / "config.json", edit)
+    for argv in (
+        ["eval", "--head", str(bad), "--out", str(tmp_path / "ev"), "--num-prompts", "1"],
+        ["export", "--head", str(bad), "--format", "vllm", "--out", str(tmp_path / "ex")],
+        ["serve", "--head", str(bad), "--target", str(tiny_target_dir), "--dry-run"],
+    ):
+        assert main(argv) == 2, argv
+        text = err(capsys)
+        assert str(bad / "config.json") in text and field in text, (argv, text)
+
+
+@pytest.mark.parametrize(
+    "edit, field",
+    [
+        (lambda m: m.pop("shards"), "shards is missing"),
+        (lambda m: m.__setitem__("shards", "shard-00000.jsonl"), "shards: input should be a valid list"),
+        (lambda m: m["shards"][0].__setitem__("bytes", {"n": 1}), "shards[0].bytes"),
+        (lambda m: m.__setitem__("target", "tiny"), "target: input should be a valid dictionary"),
+    ],
+)
+def test_a_data_manifest_of_the_wrong_shape_exits_2_in_cache_and_online_train(run_dir, capsys, edit, field):
+    _edit_json(run_dir / "data" / "manifest.json", edit)
+    assert main(["cache", "--data", str(run_dir / "data"), "--out", str(run_dir / "cache2")]) == 2
+    text = err(capsys)
+    assert str(run_dir / "data" / "manifest.json") in text and field in text, text
+    assert main(["train", "--run", str(run_dir), "--online", *FAST, "--max-steps", "1"]) == 2
+    assert field in err(capsys)
+
+
+def _checkpoint(run_dir):
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "1", "--save-every", "1"]) == 0
+    (run_dir / "train" / "manifest.json").unlink()
+    return run_dir / "train" / "checkpoints" / "last"
+
+
+def _rewrite_state(last, edit):
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    path = last.resolve()
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118
+    state = json.loads(meta["state"])
+    tensors = edit(state, tensors) or tensors
+    save_file(tensors, str(path), {**meta, "state": json.dumps(state)})
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("no-lr-lambdas", "scheduler.lr_lambdas is missing"),
+        ("step-a-string", "step: input should be a valid integer"),
+        ("config-a-list", "config: input should be a valid dictionary"),
+        ("tensor-of-another-shape", "the draft's is"),
+    ],
+)
+def test_a_checkpoint_of_the_wrong_shape_is_named_on_resume(run_dir, capsys, case, words):
+    import torch
+
+    last = _checkpoint(run_dir)
+
+    def edit(state, tensors):
+        if case == "no-lr-lambdas":
+            state["scheduler"].pop("lr_lambdas")
+        elif case == "step-a-string":
+            state["step"] = "one"
+        elif case == "config-a-list":
+            state["config"] = [1]
+        else:
+            name = state["model"]["fc.weight"]["$tensor"]
+            tensors[name] = torch.zeros(3, 3)
+        return tensors
+
+    _rewrite_state(last, edit)
+    assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "1"]) == 2
+    text = err(capsys)
+    assert str(last.resolve()) in text and words in text, text
