@@ -56,7 +56,7 @@ def check_regular_file(path: Path, what: str, next_step: str | None = None, pipe
 def read_file_bytes(path: Path, what: str, limit: int, next_step: str | None = None, pipes: bool = False) -> bytes:
     """The bytes of a small file eagle3 reads whole (a config, a manifest, a recipe), at most `limit`:
     regular (or, with `pipes`, a pipe; one nobody writes to reads as empty instead of blocking)."""
-    check_regular_file(path, what, next_step, pipes)
+    st = check_regular_file(path, what, next_step, pipes)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO with no writer: no wait
     try:
         os.set_blocking(fd, True)
@@ -64,6 +64,12 @@ def read_file_bytes(path: Path, what: str, limit: int, next_step: str | None = N
             raw = f.read(limit + 1)
     finally:
         os.close(fd)
+    if not raw and stat.S_ISFIFO(st.st_mode):  # a named pipe with no writer: EOF at once, not a wait
+        raise UsageError(
+            f"{what} {path} is a pipe that nothing writes to (it gave no bytes)",
+            f"{what} as a regular file, or a pipe with a writer (<(cat FILE))",
+            next_step or f"pass the file itself instead of {path}",
+        )
     if len(raw) > limit:
         raise UsageError(
             f"{what} {path} is over {human(limit)}, more than such a file holds",

@@ -58,6 +58,12 @@ PLAN_FIELDS = (
 )
 
 
+# Upper bounds of the options that multiply the work per prompt (a conversation is at most this many
+# turns the target writes; one prompt at most this many answers).
+MAX_SYNTH_TURNS = 64
+MAX_ANSWERS_PER_PROMPT = 64
+
+
 @dataclass(frozen=True)
 class GenDataConfig:
     target: str | None = flag(None, required=True)
@@ -201,7 +207,15 @@ class GenDataConfig:
             errors.append(f"--augment-fraction must be in (0, 1], got {self.augment_fraction!r}")
         if any(not _finite(t) or t < 0 for t in self.answer_temperatures):
             errors.append(f"--answer-temperatures must be numbers >= 0, got {list(self.answer_temperatures)}")
+        for name, most in (("synth_turns", MAX_SYNTH_TURNS), ("answers_per_prompt", MAX_ANSWERS_PER_PROMPT)):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > most:  # each one is a generation per prompt: 10**9 was a MemoryError
+                errors.append(f"--{name.replace('_', '-')} must be at most {most}, got {v!r}")
         k, temps = self.answers_per_prompt, self.answer_temperatures
+        if isinstance(k, int) and k > 1 and not temps:  # the answers differ only by their temperature
+            errors.append(
+                f"--answers-per-prompt {k} needs --answer-temperatures (one value for all {k} answers, or {k} values)"
+            )
         if isinstance(k, int) and len(temps) > 1 and len(temps) != k:
             errors.append(
                 f"--answer-temperatures lists {len(temps)} values for --answers-per-prompt {k}: give one value or {k}"

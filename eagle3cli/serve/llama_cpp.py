@@ -52,6 +52,20 @@ OWNED = {
     "--host": "--host",
     "--port": "--port",
 }
+# llama-server flags (llama.cpp's common/arg.cpp) that load another model or draft than the GGUF files
+# serve checked, or add adapters over them: refused after `--`, with no serve flag to use instead.
+_MODEL = "loads another target than the one serve checked"
+_DRAFT = "loads another draft than the head serve checked"
+_ADAPTER = "adds adapters over the target the head was trained for"
+SWAPS = {
+    **dict.fromkeys(("-hf", "-hfr", "--hf-repo", "-hff", "--hf-file", "-mu", "--model-url"), _MODEL),
+    **dict.fromkeys(("-dr", "--docker-repo", "--models-dir", "--models-preset"), _MODEL),
+    **dict.fromkeys(("--spec-draft-hf", "-hfd", "-hfrd", "--hf-repo-draft"), _DRAFT),
+    **dict.fromkeys(("--lora", "--lora-scaled", "--lora-init-without-apply"), _ADAPTER),
+    **dict.fromkeys(("--control-vector", "--control-vector-scaled", "--control-vector-layer-range"), _ADAPTER),
+    **dict.fromkeys(("-mm", "--mmproj", "-mmu", "--mmproj-url"), _ADAPTER),
+    "--override-kv": "changes the target's metadata, so it is no longer the model serve checked",
+}
 SAMPLE_TEXTS = (
     "What is 17 * 23? Think step by step.",
     "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n",
@@ -190,6 +204,13 @@ def check_extra(extra) -> list[Problem]:
         )
         for a in extra
         if a.split("=", 1)[0] in OWNED
+    ] + [
+        error(
+            f"`{a}` after `--` {SWAPS[a.split('=', 1)[0]]}",
+            "serve the head with the GGUF files serve converts and checks: --target and --head, no model flags after `--`",
+        )
+        for a in extra
+        if a.split("=", 1)[0] in SWAPS
     ]
 
 

@@ -215,3 +215,158 @@ def test_a_checkpoint_of_the_wrong_shape_is_named_on_resume(run_dir, capsys, cas
     assert main(["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "1"]) == 2
     text = err(capsys)
     assert str(last.resolve()) in text and words in text, text
+
+
+# ---------------------------------------------------------------- 3. files that are not regular files
+def _fifo_in_place(path):
+    if path.exists() or path.is_symlink():
+        path.unlink()
+    os.mkfifo(path)
+
+
+def _no_hang(argv, seconds=60):
+    """main(argv) with a watchdog: a FIFO read would block until a writer comes; the watchdog comes
+    after `seconds` (so a hang fails the test instead of stalling the suite)."""
+    import threading
+    import time
+
+    fifos = []
+    stop = threading.Event()
+
+    def watchdog():
+        if stop.wait(seconds):
+            return
+        for f in fifos:
+            try:
+                fd = os.open(f, os.O_WRONLY | os.O_NONBLOCK)
+                os.close(fd)
+            except OSError:
+                pass
+
+    t0 = time.monotonic()
+    th = threading.Thread(target=watchdog, daemon=True)
+    th.start()
+    try:
+        return main(argv), time.monotonic() - t0, fifos
+    finally:
+        stop.set()
+
+
+@pytest.mark.parametrize(
+    "case", ["head-weights", "head-config", "data-manifest", "checkpoint", "tokenizer", "recipe", "engine-config"]
+)
+def test_a_fifo_where_eagle3_reads_a_file_exits_2_at_once(run_dir, tmp_path, head, tiny_target_dir, capsys, case):
+    import shutil
+
+    h = tmp_path / "h"
+    shutil.copytree(head, h)
+    target = tmp_path / "t"
+    shutil.copytree(tiny_target_dir, target)
+    if case == "head-weights":
+        fifo, argv = h / "model.safetensors", ["eval", "--head", str(h), "--out", str(tmp_path / "ev")]
+    elif case == "head-config":
+        fifo, argv = h / "config.json", ["serve", "--head", str(h), "--target", str(tiny_target_dir), "--dry-run"]
+    elif case == "data-manifest":
+        fifo, argv = run_dir / "data" / "manifest.json", ["cache", "--data", str(run_dir / "data"), "--out", str(tmp_path / "c")]
+    elif case == "checkpoint":
+        fifo = _checkpoint(run_dir).resolve()
+        argv = ["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "1"]
+    elif case == "tokenizer":
+        fifo, argv = target / "tokenizer.json", ["eval", "--head", str(head), "--target", str(target), "--out", str(tmp_path / "ev")]
+    elif case == "recipe":
+        fifo, argv = tmp_path / "recipe.yaml", ["train", "--run", str(run_dir), "--recipe", str(tmp_path / "recipe.yaml")]
+    else:
+        fifo = tmp_path / "engine.yaml"
+        argv = ["serve", "--head", str(head), "--target", str(tiny_target_dir), "--dry-run", "--", "--config", str(fifo)]
+    _fifo_in_place(fifo)
+    code, seconds, _ = _no_hang(argv)
+    text = err(capsys)
+    assert code == 2 and seconds < 30, (code, seconds, text)
+    assert str(fifo) in text or fifo.name in text, text
+
+
+# ---------------------------------------------------------------- 5. bombs in every YAML reader
+def _alias_bomb(path, depth=9):
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, depth)]
+    path.write_text("\n".join(lines) + "\n")
+    assert path.stat().st_size < 1100
+    return path
+
+
+@pytest.mark.parametrize("reader", ["serve-config", "recipe", "augment"])
+def test_a_yaml_alias_bomb_is_refused_by_every_yaml_reader(run_dir, tmp_path, head, tiny_target_dir, capsys, reader):
+    import time
+
+    bomb = _alias_bomb(tmp_path / "bomb.yaml")
+    argv = {
+        "serve-config": ["serve", "--head", str(head), "--target", str(tiny_target_dir), "--dry-run", "--", "--config", str(bomb)],
+        "recipe": ["train", "--run", str(run_dir), "--recipe", str(bomb)],
+        "augment": ["gen-data", "--target", str(tiny_target_dir), "--input", "gsm8k:2", "--augment", str(bomb), "--out", str(tmp_path / "d"), "--dry-run"],
+    }[reader]
+    t0 = time.monotonic()
+    assert main(argv) == 2
+    assert time.monotonic() - t0 < 30
+    assert "aliases" in err(capsys)
+
+
+# ---------------------------------------------------------------- 6. a tokenizer that disagrees with its target
+@pytest.mark.parametrize("ids", [[5000], [4096], [4096, 9999]])
+def test_a_tokenizer_with_ids_past_the_targets_vocab_is_refused_when_the_target_is_opened(
+    tmp_path, tiny_target_dir, head, capsys, ids
+):
+    import shutil
+
+    target = tmp_path / "t"
+    shutil.copytree(tiny_target_dir, target)
+    tj = json.loads((target / "tokenizer.json").read_text())
+    for i in ids:
+        tj["added_tokens"].append(
+            {"id": i, "content": f"<extra_{i}>", "single_word": False, "lstrip": False, "rstrip": False,
+             "normalized": False, "special": True}
+        )
+    (target / "tokenizer.json").write_text(json.dumps(tj))
+    for argv in (
+        ["gen-data", "--target", str(target), "--input", "gsm8k:2", "--out", str(tmp_path / "d")],
+        ["eval", "--head", str(head), "--target", str(target), "--out", str(tmp_path / "ev"), "--num-prompts", "1"],
+    ):
+        assert main(argv) == 2
+        text = err(capsys)
+        assert "disagree" in text and str(target / "config.json") in text and str(ids[0]) in text, text
+
+
+# ---------------------------------------------------------------- 7. options: ranges and options that need each other
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["gen-data", "--answers-per-prompt", "2"], "--answers-per-prompt 2 needs --answer-temperatures"),
+        (["gen-data", "--answers-per-prompt", "100000", "--answer-temperatures", "0.7"], "at most 64"),
+        (["gen-data", "--synth-turns", str(10**9)], "--synth-turns must be at most 64"),
+        (["gen-data", "--synth-turns", "0"], "--synth-turns must be an integer >= 1"),
+        (["eval", "--threads", "100000"], "--threads must be an integer from 1 to 1024"),
+        (["eval", "--threads", "0"], "--threads must be an integer from 1 to 1024"),
+    ],
+)
+def test_unbounded_or_incomplete_options_exit_2_before_anything_runs(tmp_path, tiny_target_dir, head, capsys, argv, words):
+    stage, *flags = argv
+    base = {
+        "gen-data": ["--target", str(tiny_target_dir), "--input", "gsm8k:2", "--out", str(tmp_path / "d")],
+        "eval": ["--head", str(head), "--out", str(tmp_path / "ev")],
+    }[stage]
+    assert main([stage, *base, *flags]) == 2
+    assert words in err(capsys)
+    assert not (tmp_path / "d").exists() and not (tmp_path / "ev").exists()
+
+
+@pytest.mark.parametrize(
+    "arg",
+    ["-hf", "--hf-repo", "-hff", "--hf-repo-draft", "-hfd", "--model-url", "-mu", "--lora", "--lora-scaled",
+     "--control-vector", "--mmproj", "--override-kv", "--models-dir", "--docker-repo"],
+)
+def test_the_llama_cpp_guard_refuses_flags_that_swap_the_model_or_draft_or_add_adapters(arg):
+    from eagle3cli.serve.llama_cpp import check_extra
+
+    problems = check_extra([arg, "x"])
+    assert [p.is_error for p in problems] == [True], arg
+    assert any(w in problems[0].what for w in ("another target", "another draft", "adapters", "metadata"))
+    assert check_extra([f"{arg}=x"]) and not check_extra(["--ctx-size", "4096", "--threads", "2"])
