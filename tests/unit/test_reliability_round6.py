@@ -370,3 +370,83 @@ def test_the_llama_cpp_guard_refuses_flags_that_swap_the_model_or_draft_or_add_a
     assert [p.is_error for p in problems] == [True], arg
     assert any(w in problems[0].what for w in ("another target", "another draft", "adapters", "metadata"))
     assert check_extra([f"{arg}=x"]) and not check_extra(["--ctx-size", "4096", "--threads", "2"])
+
+
+# ---------------------------------------------------------------- 4. numbers a server reports
+ANSWER = "The answer is four."
+
+
+def _usage_server(completion_tokens):
+    from http.server import BaseHTTPRequestHandler
+
+    from http_fixtures import ThreadedServer
+
+    usage = {"prompt_tokens": 3} | ({} if completion_tokens == "missing" else {"completion_tokens": completion_tokens})
+    body = json.dumps(
+        {"choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+         "usage": usage}
+    ).encode()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, data):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self._send(body)
+
+        def do_GET(self):
+            self._send(b'{"data": [{"id": "fixed"}]}' if self.path == "/v1/models" else b"{}")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadedServer()
+    server.serve(Handler, daemon_threads=True)
+    return server
+
+
+@pytest.mark.parametrize("reported", [10**9, -40, 3.5, "n/a", "missing", 9])
+def test_serve_bench_checks_the_servers_token_counts(tmp_path, tiny_target_dir, capsys, reported):
+    """A count that is not an integer from 0 to max_tokens is recounted with the target's tokenizer
+    (the table and bench.json say how many), or, without --target, refused: never the measurement."""
+    from eagle3cli.model.target import open_target
+
+    truth = len(open_target(tiny_target_dir).tokenizer(ANSWER, add_special_tokens=False).input_ids)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["a"]}\n{"turns": ["b"]}\n')
+    server = _usage_server(reported)
+    try:
+        base = ["serve-bench", "--spec-url", server.url, "--api", "openai", "--prompts", str(prompts),
+                "--concurrency", "1", "--requests", "2", "--max-tokens", "8"]
+        assert main([*base, "--target", str(tiny_target_dir), "--out", str(tmp_path / "b")]) == 0
+        text = err(capsys)
+        (level,) = json.loads((tmp_path / "b" / "bench.json").read_text())["levels"]
+        assert level["recounted"] == 2 and level["output_tokens"] == 2 * truth, level
+        said = "reported no completion tokens" if reported == "missing" else f"reported {reported!r}"[:18]
+        assert "counted again" in text and said in text, text
+        assert level["throughput_tok_s"] < 1e6
+        assert main([*base, "--out", str(tmp_path / "c")]) == 0
+        (level,) = json.loads((tmp_path / "c" / "bench.json").read_text())["levels"]
+        assert level["failed"] == 2 and level["output_tokens"] == 0 and "--target" in level["first_error"]
+        err(capsys)
+    finally:
+        server.stop()
+
+
+def test_serve_bench_keeps_a_count_in_range(tmp_path, tiny_target_dir, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"turns": ["a"]}\n')
+    server = _usage_server(5)
+    try:
+        assert main(["serve-bench", "--spec-url", server.url, "--api", "openai", "--prompts", str(prompts),
+                     "--concurrency", "1", "--requests", "2", "--max-tokens", "8", "--out", str(tmp_path / "b")]) == 0
+        (level,) = json.loads((tmp_path / "b" / "bench.json").read_text())["levels"]
+        assert level["recounted"] == 0 and level["output_tokens"] == 10 and level["failed"] == 0
+        err(capsys)
+    finally:
+        server.stop()
