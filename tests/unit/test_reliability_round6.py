@@ -450,3 +450,73 @@ def test_serve_bench_keeps_a_count_in_range(tmp_path, tiny_target_dir, capsys):
         err(capsys)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("reported", [10**9, -40, 2.5, "n/a"])
+def test_gen_data_recounts_a_servers_token_counts_and_says_so(tmp_path, tiny_target_dir, capsys, reported):
+    from eagle3cli.model.target import open_target
+
+    truth = len(open_target(tiny_target_dir).tokenizer(ANSWER, add_special_tokens=False).input_ids)
+    server = _usage_server(reported)
+    try:
+        out, rows = tmp_path / "d", tmp_path / "rows.jsonl"
+        rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(3)))
+        argv = ["gen-data", "--target", str(tiny_target_dir), "--input", str(rows), "--backend", "openai",
+                "--endpoint", server.url, "--max-new-tokens", "64", "--out", str(out)]
+        assert main(argv) == 0
+        err(capsys)
+    finally:
+        server.stop()
+    tokens = json.loads((out / "manifest.json").read_text())["tokens"]
+    assert tokens["completion"] == 3 * truth and tokens["completion_recounted"] == 3, tokens
+
+
+def _sglang_server(reported, output_ids):
+    from http.server import BaseHTTPRequestHandler
+
+    from http_fixtures import ThreadedServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, obj):
+            data = json.dumps(obj).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            meta = {"completion_tokens": reported, "spec_verify_ct": 3, "spec_accept_length": 4.0}
+            self._send({"text": "x", "meta_info": meta} | ({"output_ids": output_ids} if output_ids else {}))
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadedServer()
+    server.serve(Handler, daemon_threads=True)
+    return server
+
+
+@pytest.mark.parametrize("reported, ids, code", [(10**9, 12, 0), (-40, 12, 0), (7.5, 12, 0), (10**9, 0, 2), (9, 0, 0)])
+def test_eval_endpoint_checks_the_servers_token_counts(tmp_path, tiny_target_dir, capsys, reported, ids, code):
+    bench = tmp_path / "b.jsonl"
+    bench.write_text('{"turns": ["What is two plus two?"]}\n')
+    server = _sglang_server(reported, list(range(ids)))
+    try:
+        rc = main(["eval", "--endpoint", server.url, "--target", str(tiny_target_dir), "--bench", str(bench),
+                   "--num-prompts", "1", "--max-new-tokens", "16", "--out", str(tmp_path / "ep")])
+    finally:
+        server.stop()
+    text = err(capsys)
+    assert rc == code, text
+    if code == 2:
+        assert "completion tokens" in text and "no token ids" in text
+        return
+    rep = json.loads((tmp_path / "ep" / "report.json").read_text())
+    expected = reported if reported == 9 else ids
+    assert rep["tokens"] == expected and rep["tokens_recounted"] == (0 if reported == 9 else 1)
+    assert rep["tau"] == pytest.approx(expected / 3)
