@@ -214,6 +214,134 @@ def _coerce(value: Any, tp: Any) -> Any:
     return value
 
 
+# ---------------------------------------------------------------- the bounds of every numeric option
+# One table for every stage's numeric options, read by `build_config`, through which both the flags and
+# the recipes reach a config: a value outside its range is exit 2 naming the flag and the range, before
+# anything runs (`--synth-turns 10**9` was a MemoryError; `eval --threads 100000` one at import). A
+# stage's validate() may hold a narrower rule (a combination); this table is the outer bound, and
+# tests/unit/test_options.py holds every numeric field of every config to having a row here.
+_MANY = 10**12  # counts of samples, steps, tokens over a run
+_SEED = 2**63 - 1
+_TOKENS = 1 << 20  # tokens of one sample, prompt or answer
+_WEEK = 7 * 24 * 3600.0
+_PORT = (0, 65535)
+_P = (0.0, 1.0)  # a probability, a share
+_TEMP = (0.0, 100.0)
+BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
+    "cache": {
+        "max_length": (1, _TOKENS),
+        "draft_vocab_size": (1, 1 << 22),
+        "topk": (1, 1024),
+        "token_budget": (1, 1 << 30),
+        "shard_tokens": (1, 1 << 34),
+        "max_samples": (0, _MANY),
+    },
+    "eval": {
+        "depth": (1, 1024),
+        "num_prompts": (1, _TOKENS),
+        "max_prompt_tokens": (1, _TOKENS),
+        "max_new_tokens": (1, _TOKENS),
+        "temperature": _TEMP,
+        "top_p": _P,
+        "topk": (1, 1024),
+        "num_draft_tokens": (1, 1 << 16),
+        "seed": (0, _SEED),
+        "threads": (1, 1024),
+        "sweep_prompts": (1, _TOKENS),
+        "sweep_max_new_tokens": (1, _TOKENS),
+        "sweep_repeats": (1, 1000),
+        "tie_tolerance": _P,
+        "sampling_check": (0, _TOKENS),
+    },
+    "export": {"num_speculative_tokens": (1, 1024)},
+    "gen_data": {
+        "concurrency": (1, 65536),
+        "timeout_s": (0.0, _WEEK),
+        "retries": (0, 100),
+        "backoff_s": (0.0, 3600.0),
+        "num_samples": (0, _MANY),
+        "max_new_tokens": (1, _TOKENS),
+        "temperature": _TEMP,
+        "top_p": _P,
+        "seed": (0, _SEED),
+        "batch_size": (1, 1 << 16),
+        "shard_size": (1, 1 << 24),
+        "max_prompt_tokens": (1, _TOKENS),
+        "max_turns": (0, 10_000),
+        "synthetic": (0, 1 << 32),
+        "synth_turns": (1, 64),
+        "synth_temperature": _TEMP,
+        "synth_top_p": _P,
+        "synth_max_tokens": (1, _TOKENS),
+        "synth_min_words": (0, _TOKENS),
+        "near_dup_threshold": _P,
+        "answers_per_prompt": (1, 64),
+        "answer_temperatures": _TEMP,
+        "augment_fraction": _P,
+    },
+    "serve": {
+        "port": _PORT,
+        "steps": (1, 1024),
+        "topk": (1, 1024),
+        "draft_tokens": (1, 1 << 16),
+        "health_timeout": (0.0, _WEEK),
+    },
+    "serve_bench": {
+        "concurrency": (1, 65536),
+        "requests": (1, 1 << 24),
+        "max_tokens": (1, _TOKENS),
+        "timeout": (0.0, _WEEK),
+    },
+    "train": {
+        "extra_data_from": (0, _MANY),
+        "ttt_steps": (1, 64),
+        "step_weight": (0.0, 10.0),
+        "feature_noise": (0.0, 10.0),
+        "draft_vocab_size": (1, 1 << 22),
+        "max_length": (1, _TOKENS),
+        "train_samples": (0, _MANY),
+        "skip_samples": (0, _MANY),
+        "epochs": (1, 1 << 20),
+        "time_budget_s": (0.0, 1e9),
+        "max_steps": (0, _MANY),
+        "lr": (0.0, 10.0),
+        "min_lr_ratio": _P,
+        "warmup_ratio": _P,
+        "weight_decay": (0.0, 10.0),
+        "grad_clip": (0.0, 1e6),
+        "grad_accum": (1, 1 << 16),
+        "token_budget": (1, 1 << 30),
+        "max_attention": (1, 1 << 40),
+        "max_batch_size": (1, _TOKENS),
+        "seed": (0, _SEED),
+        "log_every": (1, _MANY),
+        "save_every": (1, _MANY),
+        "keep_checkpoints": (0, _TOKENS),
+        "heldout_samples": (0, 1 << 24),
+        "heldout_every": (0, _MANY),
+        "heldout_depth": (1, 1024),
+        "nproc": (1, 4096),
+        "master_port": _PORT,
+    },
+}
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def bound_errors(cfg: Any, section: str) -> list[str]:
+    """One line per numeric option outside its row of BOUNDS (each item of a list option)."""
+    errors = []
+    for name, (lo, hi) in BOUNDS.get(section, {}).items():
+        value = getattr(cfg, name, None)
+        items = value if isinstance(value, tuple) else (value,)
+        bad = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi]
+        if bad:
+            errors.append(f"--{name.replace('_', '-')} {_short_repr(bad[0])}: must be from {_num(lo)} to {_num(hi)}")
+    return errors
+
+
 def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: Any) -> C:
     """Recipe keys, then non-None flag overrides, into a frozen dataclass; validates all at once."""
     data = load_recipe(recipe, section)
@@ -249,6 +377,8 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
         more = []
     flags = {e.split(" ", 1)[0] for e in errors}
     errors += [e for e in more if e.split(" ", 1)[0] not in flags]
+    flags |= {e.split(" ", 1)[0] for e in more}  # the stage's own words for a flag win over the table's
+    errors += [e for e in bound_errors(cfg, section) if e.split(" ", 1)[0] not in flags]
     if errors:
         raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
     return cfg

@@ -164,7 +164,7 @@ class GenDataConfig:
     """K answers per planned prompt (ids ID#k0..k(K-1)), at --answer-temperatures; identical answers to one
     prompt are kept once (duplicate_answer)."""
     answer_temperatures: tuple[float, ...] = ()
-    """Temperatures of the K answers, comma-separated (one value: all of them; default: --temperature)."""
+    """Temperatures of the K answers, comma-separated (one value: all of them); needed with --answers-per-prompt 2+."""
     augment: Path | None = None
     """Augmented prompts: a YAML file `augmentations: [{name, text}]` of style or language redirects; one
     seeded redirect is appended to the first user turn of --augment-fraction of the records (ids ID+NAME)."""
