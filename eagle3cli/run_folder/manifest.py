@@ -144,28 +144,36 @@ def field_name(loc: tuple) -> str:
     return out or "(the whole file)"
 
 
-def check_schema(obj: Any, schema: Any, path: Path, expected: str, next_step: str | None = None) -> Any:
-    """`obj` (a file eagle3 read back) checked against `schema` (a pydantic model or type): a missing
-    key, a wrong type or a nested value where a scalar belongs is one UsageError naming the file and
-    every field, instead of a KeyError or AttributeError wherever the value is first used. Returns
-    `obj` unchanged: readers keep working on the plain dict."""
+def schema_problems(obj: Any, schema: Any) -> list[str]:
+    """One line per field of `obj` that does not fit `schema` (a pydantic-readable type, strict: no
+    "3" for 3, no true for 1): `shards[0].bytes: input should be a valid integer (found ...)`."""
     from pydantic import TypeAdapter, ValidationError
 
     try:
         TypeAdapter(schema).validate_python(obj, strict=True)
     except ValidationError as e:
-        lines, errors = [], e.errors()
+        errors = e.errors()
         # a union (`A | B`) reports each member's errors under the member's name: keep the first member's
         tags = [p for err in errors for p in err["loc"] if _is_member(p)]
         errors = [err for err in errors if all(p == tags[0] for p in err["loc"] if _is_member(p))]
-        for err in errors[:8]:
-            where = field_name(err["loc"])
-            if err["type"] == "missing":
-                lines.append(f"{where} is missing")
-            else:
-                lines.append(f"{where}: {err['msg'].lower()} (found {str(err.get('input'))[:60]!r})")
-        more = f"\n  (+{len(errors) - 8} more)" if len(errors) > 8 else ""
-        raise UsageError(f"{path} is not {expected} of the right shape:\n  " + "\n  ".join(lines) + more, expected, next_step) from None
+        return [
+            f"{field_name(err['loc'])} is missing"
+            if err["type"] == "missing"
+            else f"{field_name(err['loc'])}: {err['msg'].lower()} (found {str(err.get('input'))[:60]!r})"
+            for err in errors
+        ]
+    return []
+
+
+def check_schema(obj: Any, schema: Any, path: Path, expected: str, next_step: str | None = None) -> Any:
+    """`obj` (a file eagle3 read back) checked against `schema`: a missing key, a wrong type or a nested
+    value where a scalar belongs is one UsageError naming the file and every field (`schema_problems`),
+    instead of a KeyError or AttributeError wherever the value is first used. Returns `obj` unchanged:
+    readers keep working on the plain dict."""
+    lines = schema_problems(obj, schema)
+    if lines:
+        more = f"\n  (+{len(lines) - 8} more)" if len(lines) > 8 else ""
+        raise UsageError(f"{path} does not hold {expected}:\n  " + "\n  ".join(lines[:8]) + more, expected, next_step)
     return obj
 
 

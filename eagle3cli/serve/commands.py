@@ -20,8 +20,13 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from ..errors import UsageError
+from ..run_folder.manifest import check_schema, read_json_object
 from .engine_args import SGLANG_REFUSED, check_engine_args, sglang_parser_unavailable_reason
 from .problems import Problem, error
 
@@ -51,6 +56,18 @@ SGLANG_DEFAULTS = SpecNumbers(steps=5, topk=4, draft_tokens=8, source="SGLang's 
 VLLM_DEFAULTS = SpecNumbers(steps=3, topk=1, draft_tokens=4, source="a 3-token chain (vLLM drafts chains)")
 
 
+class _Recommended(TypedDict):
+    steps: Annotated[int, Field(ge=1, le=1024)]
+    topk: Annotated[int, Field(ge=1, le=1024)]
+    num_draft_tokens: Annotated[int, Field(ge=1, le=1 << 16)]
+
+
+class EvalRecommendation(TypedDict):
+    """What serve reads of an eval report (`--from-eval`): the numbers it hands the engine."""
+
+    recommended: _Recommended
+
+
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
     """`recommended: {steps, topk, num_draft_tokens}` from `runs/NAME/eval/report.json`."""
     eval_dir = Path(eval_dir)
@@ -63,18 +80,12 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
             "an eval folder with report.json (runs/NAME/eval)",
             "eagle3 eval --run runs/NAME   (or give --steps --topk --draft-tokens)",
         )
-    try:
-        rec = json.loads(report.read_text()).get("recommended")
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise UsageError(f"{report} is not a JSON report ({e})", "the report.json `eagle3 eval` writes") from e
-    keys = ("steps", "topk", "num_draft_tokens")
-    if not isinstance(rec, dict) or any(not isinstance(rec.get(k), int) for k in keys):
-        raise UsageError(
-            f"{report} has no usable `recommended` block (found {rec!r})",
-            "recommended: {steps: int, topk: int, num_draft_tokens: int}",
-            "re-run eagle3 eval, or give --steps --topk --draft-tokens",
-        )
+    nxt = "re-run eagle3 eval, or give --steps --topk --draft-tokens"
+    expected = "an eval report with a usable `recommended` block"
+    data = check_schema(read_json_object(report, expected, nxt), EvalRecommendation, report, expected, nxt)
+    rec = data["recommended"]
     return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
+
 
 
 def resolve_spec(

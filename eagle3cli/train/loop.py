@@ -29,8 +29,10 @@ from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
     atomic_write_json,
+    StageManifest,
     read_json,
     remove_dead_temps,
+    schema_problems,
     sha256_file,
     verify_shards,
     write_manifest,
@@ -497,6 +499,8 @@ def finished(tr: Trainer) -> bool:
     try:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
+        return False
+    if schema_problems(h, StageManifest):  # a hand-edited head manifest: the head is exported again
         return False
     shards = h.get("shards") or []
     return bool(shards) and m.get("steps") == tr.loop.step and not verify_shards(tr.head_dir, shards)

@@ -520,3 +520,32 @@ def test_eval_endpoint_checks_the_servers_token_counts(tmp_path, tiny_target_dir
     expected = reported if reported == 9 else ids
     assert rep["tokens"] == expected and rep["tokens_recounted"] == (0 if reported == 9 else 1)
     assert rep["tau"] == pytest.approx(expected / 3)
+
+
+@pytest.mark.parametrize(
+    "recommended, field",
+    [
+        ({"steps": 6}, "recommended.topk is missing"),
+        ({"steps": "6", "topk": 1, "num_draft_tokens": 7}, "recommended.steps"),
+        ({"steps": [6], "topk": 1, "num_draft_tokens": 7}, "recommended.steps"),
+        ({"steps": 10**9, "topk": 1, "num_draft_tokens": 7}, "recommended.steps"),
+        ("fast", "recommended"),
+    ],
+)
+def test_an_eval_report_of_the_wrong_shape_is_named_by_serve(tmp_path, head, tiny_target_dir, capsys, recommended, field):
+    ev = tmp_path / "eval"
+    ev.mkdir()
+    (ev / "report.json").write_text(json.dumps({"recommended": recommended}))
+    argv = ["serve", "--head", str(head), "--target", str(tiny_target_dir), "--from-eval", str(ev), "--dry-run"]
+    assert main(argv) == 2
+    text = err(capsys)
+    assert str(ev / "report.json") in text and field in text, text
+
+
+def test_a_head_manifest_of_the_wrong_shape_is_exported_again(run_dir, capsys):
+    args = ["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "2"]
+    assert main(args) == 0
+    _edit_json(run_dir / "head" / "manifest.json", lambda m: m.__setitem__("shards", "model.safetensors"))
+    assert main(args) == 0
+    assert isinstance(json.loads((run_dir / "head" / "manifest.json").read_text())["shards"], list)
+    err(capsys)
