@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from ..console import warn
 from ..engines.engine_api import (
@@ -33,8 +34,8 @@ from ..engines.engine_api import (
     RejectedReply,
     Reply,
     chat_body,
-    completion_body,
     checked_count,
+    completion_body,
     usage_count,
 )
 from ..model.chat import TemplateRefusal, render, split_reasoning
@@ -233,7 +234,7 @@ class OpenAIBackend:
             usage = data.get("usage")
             usage = usage if isinstance(usage, dict) else {}
             prompt_tokens = usage_count(usage.get("prompt_tokens"))
-            completion_tokens = usage.get("completion_tokens")  # checked in _checked, against max_tokens
+            completion_tokens: Any = usage.get("completion_tokens")  # checked in _checked, against max_tokens
         except UnusableReply:
             raise
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
@@ -259,7 +260,7 @@ class OpenAIBackend:
                 raise TypeError(f"content is {type(text).__name__}")
             # counts that are not numbers ("n/a") are ignored: they made a good answer pending forever
             prompt_tokens = usage_count(usage.get("prompt_tokens"))
-            completion_tokens = usage.get("completion_tokens")  # checked in _checked, against max_tokens
+            completion_tokens: Any = usage.get("completion_tokens")  # checked in _checked, against max_tokens
             calls = tool_calls(msg["tool_calls"], "response") if msg.get("tool_calls") else None
         except UnusableReply:
             raise

@@ -174,7 +174,12 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     engine = engine_info(cfg)
-    refuse_link_out(out, "gen-data", "choose a new folder for gen-data (--run runs/OTHER or --out NEW)", resumable=(f"{PROGRESS}/{STATE}",))
+    refuse_link_out(
+        out,
+        "gen-data",
+        "choose a new folder for gen-data (--run runs/OTHER or --out NEW)",
+        resumable=(f"{PROGRESS}/{STATE}",),
+    )
     done = check_folder(out, identity, pcfg, plan_ids_hash, engine)
     if done is not None:
         refuse_changed_inputs(out, done, results, plan_ids_hash)

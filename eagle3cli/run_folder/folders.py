@@ -61,9 +61,7 @@ def link_out(out: Path) -> Path | None:
     return None if home in there.parents else there
 
 
-def refuse_link_out(
-    out: Path, stage: str, nxt: str, command: str | None = None, resumable: Iterable[str] = ()
-) -> None:
+def refuse_link_out(out: Path, stage: str, nxt: str, command: str | None = None, resumable: Iterable[str] = ()) -> None:
     """A stage's folder that is a link out of its run is followed only into a new or empty folder, or
     one this stage wrote (its manifest, its mark while it writes, or `resumable`: globs of the records
     an unfinished run of the stage leaves): a link to a folder of a user's (a head, a model) would have

@@ -155,7 +155,9 @@ async def _request(
     if api == "generate":
         one = (data[0] if isinstance(data, list) else data) or {}
         meta = one.get("meta_info") or {}
-        tokens, why, refused = _count(meta.get("completion_tokens"), cfg, one.get("output_ids"), one.get("text"), counter)
+        tokens, why, refused = _count(
+            meta.get("completion_tokens"), cfg, one.get("output_ids"), one.get("text"), counter
+        )
         if refused:
             return RequestResult(False, latency, error=refused)
         verify = _positive_int(meta.get("spec_verify_ct"))
@@ -163,16 +165,19 @@ async def _request(
         if acc is None or why is not None:  # a server that miscounts tokens: its own ratio is not used either
             acc = tokens / verify if verify else None
         return RequestResult(True, latency, tokens, verify, float(acc) if acc is not None else None, recounted=why)
-    choices = data.get("choices") if isinstance(data, dict) else None
-    text = ((choices[0] or {}).get("message") or {}).get("content") if isinstance(choices, list) and choices else None
-    usage = data.get("usage") if isinstance(data, dict) and isinstance(data.get("usage"), dict) else {}
-    tokens, why, refused = _count(usage.get("completion_tokens"), cfg, None, text, counter)
+    data = data if isinstance(data, dict) else {}
+    choices = data.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    text = (first.get("message") or {}).get("content")
+    usage = data.get("usage")
+    reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens, why, refused = _count(reported, cfg, None, text, counter)
     if refused:
         return RequestResult(False, latency, error=refused)
     spec = (data.get("sglext") or {}).get("spec_tokens_details")
     spec = spec[0] if isinstance(spec, list) and spec else spec
     verify = _positive_int(spec.get("spec_verify_ct")) if isinstance(spec, dict) else None
-    if verify:
+    if verify and isinstance(spec, dict):
         acc = spec.get("spec_accept_length") if why is None else None
         return RequestResult(True, latency, tokens, verify, float(acc or tokens / verify), recounted=why)
     return RequestResult(True, latency, tokens, recounted=why)
@@ -204,7 +209,13 @@ async def _check_reachable(client: EngineClient, label: str, url: str) -> None:
 
 # ---------------------------------------------------------------- one level
 async def run_level(
-    label: str, url: str, prompts: list, concurrency: int, n_requests: int, cfg: BenchConfig, counter: TokenCounter = None
+    label: str,
+    url: str,
+    prompts: list,
+    concurrency: int,
+    n_requests: int,
+    cfg: BenchConfig,
+    counter: TokenCounter = None,
 ) -> LevelResult:
     async with EngineClient(timeout_s=cfg.timeout, concurrency=concurrency) as client:
         model = await client.model_name([url]) if cfg.api == "openai" else ""

@@ -87,7 +87,6 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
     return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
 
 
-
 def resolve_spec(
     steps: int | None, topk: int | None, draft_tokens: int | None, from_eval: Path | None, engine: str = "sglang"
 ) -> SpecNumbers:

@@ -23,9 +23,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before 3.12
-
 import torch
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before 3.12
 
 from ..errors import StageError
 from ..readers.jsonl import split_byte_lines
@@ -242,6 +241,7 @@ def restore(path: Path, state: dict, draft: torch.nn.Module, optimizer, schedule
     """Load a single-process checkpoint's state into the draft, optimizer and scheduler: a tensor of
     another shape, a missing or unknown name, or optimizer/scheduler state the loaders refuse names
     the checkpoint (exit 2), not a RuntimeError from load_state_dict."""
+    embed = draft.state_dict()["embed_tokens.weight"]  # frozen, the target's: never in a checkpoint
     own = {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"}
     saved = state.get("model") or {}
     bad = [f"{k}: missing" for k in own if k not in saved] + [f"{k}: not the draft's" for k in saved if k not in own]
@@ -253,7 +253,7 @@ def restore(path: Path, state: dict, draft: torch.nn.Module, optimizer, schedule
     if bad:
         raise _damaged(path, "its weights do not fit this run's draft (" + "; ".join(bad[:4]) + ")")
     for what, load in (
-        ("model", lambda: draft.load_state_dict({**saved, "embed_tokens.weight": draft.embed_tokens.weight})),
+        ("model", lambda: draft.load_state_dict({**saved, "embed_tokens.weight": embed})),
         ("optimizer", lambda: optimizer.load_state_dict(state["optimizer"])),
         ("scheduler", lambda: scheduler.load_state_dict(dict(state["scheduler"]))),
     ):

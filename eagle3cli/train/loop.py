@@ -28,8 +28,8 @@ from ..node.devices import check_device
 from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
-    atomic_write_json,
     StageManifest,
+    atomic_write_json,
     read_json,
     remove_dead_temps,
     schema_problems,

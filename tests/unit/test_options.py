@@ -246,7 +246,9 @@ def test_every_numeric_option_has_a_bound_that_flags_and_recipes_share(cmd, spec
         for v in default if isinstance(default, tuple) else (default,):
             assert v is None or lo <= v <= hi, (cmd, f.name, v)
         big = hi + 1 if isinstance(hi, int) else hi * 2
-        value = (big,) if typing.get_origin(tp) is tuple or tuple in map(typing.get_origin, typing.get_args(tp)) else big
+        value = (
+            (big,) if typing.get_origin(tp) is tuple or tuple in map(typing.get_origin, typing.get_args(tp)) else big
+        )
         flag = "--" + f.name.replace("_", "-")
         with pytest.raises(UsageError) as e:
             build_config(cls, None, section, **{f.name: value})

@@ -267,17 +267,36 @@ def test_a_fifo_where_eagle3_reads_a_file_exits_2_at_once(run_dir, tmp_path, hea
     elif case == "head-config":
         fifo, argv = h / "config.json", ["serve", "--head", str(h), "--target", str(tiny_target_dir), "--dry-run"]
     elif case == "data-manifest":
-        fifo, argv = run_dir / "data" / "manifest.json", ["cache", "--data", str(run_dir / "data"), "--out", str(tmp_path / "c")]
+        fifo, argv = (
+            run_dir / "data" / "manifest.json",
+            ["cache", "--data", str(run_dir / "data"), "--out", str(tmp_path / "c")],
+        )
     elif case == "checkpoint":
         fifo = _checkpoint(run_dir).resolve()
         argv = ["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "1"]
     elif case == "tokenizer":
-        fifo, argv = target / "tokenizer.json", ["eval", "--head", str(head), "--target", str(target), "--out", str(tmp_path / "ev")]
+        fifo, argv = (
+            target / "tokenizer.json",
+            ["eval", "--head", str(head), "--target", str(target), "--out", str(tmp_path / "ev")],
+        )
     elif case == "recipe":
-        fifo, argv = tmp_path / "recipe.yaml", ["train", "--run", str(run_dir), "--recipe", str(tmp_path / "recipe.yaml")]
+        fifo, argv = (
+            tmp_path / "recipe.yaml",
+            ["train", "--run", str(run_dir), "--recipe", str(tmp_path / "recipe.yaml")],
+        )
     else:
         fifo = tmp_path / "engine.yaml"
-        argv = ["serve", "--head", str(head), "--target", str(tiny_target_dir), "--dry-run", "--", "--config", str(fifo)]
+        argv = [
+            "serve",
+            "--head",
+            str(head),
+            "--target",
+            str(tiny_target_dir),
+            "--dry-run",
+            "--",
+            "--config",
+            str(fifo),
+        ]
     _fifo_in_place(fifo)
     code, seconds, _ = _no_hang(argv)
     text = err(capsys)
@@ -300,9 +319,30 @@ def test_a_yaml_alias_bomb_is_refused_by_every_yaml_reader(run_dir, tmp_path, he
 
     bomb = _alias_bomb(tmp_path / "bomb.yaml")
     argv = {
-        "serve-config": ["serve", "--head", str(head), "--target", str(tiny_target_dir), "--dry-run", "--", "--config", str(bomb)],
+        "serve-config": [
+            "serve",
+            "--head",
+            str(head),
+            "--target",
+            str(tiny_target_dir),
+            "--dry-run",
+            "--",
+            "--config",
+            str(bomb),
+        ],
         "recipe": ["train", "--run", str(run_dir), "--recipe", str(bomb)],
-        "augment": ["gen-data", "--target", str(tiny_target_dir), "--input", "gsm8k:2", "--augment", str(bomb), "--out", str(tmp_path / "d"), "--dry-run"],
+        "augment": [
+            "gen-data",
+            "--target",
+            str(tiny_target_dir),
+            "--input",
+            "gsm8k:2",
+            "--augment",
+            str(bomb),
+            "--out",
+            str(tmp_path / "d"),
+            "--dry-run",
+        ],
     }[reader]
     t0 = time.monotonic()
     assert main(argv) == 2
@@ -322,8 +362,15 @@ def test_a_tokenizer_with_ids_past_the_targets_vocab_is_refused_when_the_target_
     tj = json.loads((target / "tokenizer.json").read_text())
     for i in ids:
         tj["added_tokens"].append(
-            {"id": i, "content": f"<extra_{i}>", "single_word": False, "lstrip": False, "rstrip": False,
-             "normalized": False, "special": True}
+            {
+                "id": i,
+                "content": f"<extra_{i}>",
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
         )
     (target / "tokenizer.json").write_text(json.dumps(tj))
     for argv in (
@@ -347,7 +394,9 @@ def test_a_tokenizer_with_ids_past_the_targets_vocab_is_refused_when_the_target_
         (["eval", "--threads", "0"], "--threads must be an integer from 1 to 1024"),
     ],
 )
-def test_unbounded_or_incomplete_options_exit_2_before_anything_runs(tmp_path, tiny_target_dir, head, capsys, argv, words):
+def test_unbounded_or_incomplete_options_exit_2_before_anything_runs(
+    tmp_path, tiny_target_dir, head, capsys, argv, words
+):
     stage, *flags = argv
     base = {
         "gen-data": ["--target", str(tiny_target_dir), "--input", "gsm8k:2", "--out", str(tmp_path / "d")],
@@ -360,8 +409,22 @@ def test_unbounded_or_incomplete_options_exit_2_before_anything_runs(tmp_path, t
 
 @pytest.mark.parametrize(
     "arg",
-    ["-hf", "--hf-repo", "-hff", "--hf-repo-draft", "-hfd", "--model-url", "-mu", "--lora", "--lora-scaled",
-     "--control-vector", "--mmproj", "--override-kv", "--models-dir", "--docker-repo"],
+    [
+        "-hf",
+        "--hf-repo",
+        "-hff",
+        "--hf-repo-draft",
+        "-hfd",
+        "--model-url",
+        "-mu",
+        "--lora",
+        "--lora-scaled",
+        "--control-vector",
+        "--mmproj",
+        "--override-kv",
+        "--models-dir",
+        "--docker-repo",
+    ],
 )
 def test_the_llama_cpp_guard_refuses_flags_that_swap_the_model_or_draft_or_add_adapters(arg):
     from eagle3cli.serve.llama_cpp import check_extra
@@ -383,8 +446,10 @@ def _usage_server(completion_tokens):
 
     usage = {"prompt_tokens": 3} | ({} if completion_tokens == "missing" else {"completion_tokens": completion_tokens})
     body = json.dumps(
-        {"choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
-         "usage": usage}
+        {
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": ANSWER}, "finish_reason": "stop"}],
+            "usage": usage,
+        }
     ).encode()
 
     class Handler(BaseHTTPRequestHandler):
@@ -421,8 +486,21 @@ def test_serve_bench_checks_the_servers_token_counts(tmp_path, tiny_target_dir, 
     prompts.write_text('{"turns": ["a"]}\n{"turns": ["b"]}\n')
     server = _usage_server(reported)
     try:
-        base = ["serve-bench", "--spec-url", server.url, "--api", "openai", "--prompts", str(prompts),
-                "--concurrency", "1", "--requests", "2", "--max-tokens", "8"]
+        base = [
+            "serve-bench",
+            "--spec-url",
+            server.url,
+            "--api",
+            "openai",
+            "--prompts",
+            str(prompts),
+            "--concurrency",
+            "1",
+            "--requests",
+            "2",
+            "--max-tokens",
+            "8",
+        ]
         assert main([*base, "--target", str(tiny_target_dir), "--out", str(tmp_path / "b")]) == 0
         text = err(capsys)
         (level,) = json.loads((tmp_path / "b" / "bench.json").read_text())["levels"]
@@ -443,8 +521,28 @@ def test_serve_bench_keeps_a_count_in_range(tmp_path, tiny_target_dir, capsys):
     prompts.write_text('{"turns": ["a"]}\n')
     server = _usage_server(5)
     try:
-        assert main(["serve-bench", "--spec-url", server.url, "--api", "openai", "--prompts", str(prompts),
-                     "--concurrency", "1", "--requests", "2", "--max-tokens", "8", "--out", str(tmp_path / "b")]) == 0
+        assert (
+            main(
+                [
+                    "serve-bench",
+                    "--spec-url",
+                    server.url,
+                    "--api",
+                    "openai",
+                    "--prompts",
+                    str(prompts),
+                    "--concurrency",
+                    "1",
+                    "--requests",
+                    "2",
+                    "--max-tokens",
+                    "8",
+                    "--out",
+                    str(tmp_path / "b"),
+                ]
+            )
+            == 0
+        )
         (level,) = json.loads((tmp_path / "b" / "bench.json").read_text())["levels"]
         assert level["recounted"] == 0 and level["output_tokens"] == 10 and level["failed"] == 0
         err(capsys)
@@ -460,9 +558,24 @@ def test_gen_data_recounts_a_servers_token_counts_and_says_so(tmp_path, tiny_tar
     server = _usage_server(reported)
     try:
         out, rows = tmp_path / "d", tmp_path / "rows.jsonl"
-        rows.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(3)))
-        argv = ["gen-data", "--target", str(tiny_target_dir), "--input", str(rows), "--backend", "openai",
-                "--endpoint", server.url, "--max-new-tokens", "64", "--out", str(out)]
+        rows.write_text(
+            "".join(json.dumps({"messages": [{"role": "user", "content": f"q{i}"}]}) + "\n" for i in range(3))
+        )
+        argv = [
+            "gen-data",
+            "--target",
+            str(tiny_target_dir),
+            "--input",
+            str(rows),
+            "--backend",
+            "openai",
+            "--endpoint",
+            server.url,
+            "--max-new-tokens",
+            "64",
+            "--out",
+            str(out),
+        ]
         assert main(argv) == 0
         err(capsys)
     finally:
@@ -507,8 +620,23 @@ def test_eval_endpoint_checks_the_servers_token_counts(tmp_path, tiny_target_dir
     bench.write_text('{"turns": ["What is two plus two?"]}\n')
     server = _sglang_server(reported, list(range(ids)))
     try:
-        rc = main(["eval", "--endpoint", server.url, "--target", str(tiny_target_dir), "--bench", str(bench),
-                   "--num-prompts", "1", "--max-new-tokens", "16", "--out", str(tmp_path / "ep")])
+        rc = main(
+            [
+                "eval",
+                "--endpoint",
+                server.url,
+                "--target",
+                str(tiny_target_dir),
+                "--bench",
+                str(bench),
+                "--num-prompts",
+                "1",
+                "--max-new-tokens",
+                "16",
+                "--out",
+                str(tmp_path / "ep"),
+            ]
+        )
     finally:
         server.stop()
     text = err(capsys)
@@ -532,7 +660,9 @@ def test_eval_endpoint_checks_the_servers_token_counts(tmp_path, tiny_target_dir
         ("fast", "recommended"),
     ],
 )
-def test_an_eval_report_of_the_wrong_shape_is_named_by_serve(tmp_path, head, tiny_target_dir, capsys, recommended, field):
+def test_an_eval_report_of_the_wrong_shape_is_named_by_serve(
+    tmp_path, head, tiny_target_dir, capsys, recommended, field
+):
     ev = tmp_path / "eval"
     ev.mkdir()
     (ev / "report.json").write_text(json.dumps({"recommended": recommended}))
