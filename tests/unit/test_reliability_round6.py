@@ -102,15 +102,20 @@ def head(tmp_path_factory, tiny_target_dir):
     return make_head(tiny_target_dir, tmp_path_factory.mktemp("r6-head") / "head")
 
 
-@pytest.mark.parametrize("users", [_users_head, _users_notes])
-def test_cache_and_eval_refuse_a_link_out_to_a_users_folder(run_dir, tmp_path, head, capsys, users):
-    theirs = users(tmp_path / "mine")
+@pytest.mark.parametrize("names", [("report.json",), ("shard-00000.safetensors", "vocab.safetensors"), ("notes.txt",)])
+def test_cache_and_eval_refuse_a_link_out_to_a_users_folder(run_dir, tmp_path, head, capsys, names):
+    """Files of the stage's own names in a folder a link leads to (no manifest, no record of a run of
+    ours) are a user's: refused, where a plain folder of ours killed mid-run would be resumed."""
+    theirs = tmp_path / "mine"
+    theirs.mkdir()
+    for n in names:
+        (theirs / n).write_text("mine\n")
     before = snapshot(theirs)
     os.symlink(theirs, run_dir / "cache2")
     assert main(["cache", "--data", str(run_dir / "data"), "--out", str(run_dir / "cache2")]) == 2
     assert "did not write" in err(capsys)
     os.symlink(theirs, run_dir / "eval")
-    assert main(["eval", "--head", str(head), "--out", str(run_dir / "eval"), "--num-prompts", "2"]) == 2
+    assert main(["eval", "--head", str(head), "--out", str(run_dir / "eval"), "--num-prompts", "1"]) == 2
     assert "did not write" in err(capsys)
     assert snapshot(theirs) == before
 
