@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from .. import console
 from ..config import config_dict
@@ -491,6 +492,13 @@ def end_rank(code: int) -> None:
     os._exit(code)  # a failed rank leaves at once: the launcher stops the others
 
 
+class FinishedTrain(TypedDict):
+    """What a rerun reads of a finished train's manifest (`finished`)."""
+
+    stage: str
+    steps: int
+
+
 def finished(tr: Trainer) -> bool:
     """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
     lists (so it is not rewritten, and its final metrics stay as they were)."""
@@ -500,7 +508,7 @@ def finished(tr: Trainer) -> bool:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
         return False
-    if schema_problems(h, StageManifest):  # a hand-edited head manifest: the head is exported again
-        return False
+    if schema_problems(h, StageManifest) or schema_problems(m, FinishedTrain):
+        return False  # a hand-edited manifest: the head is exported again and the manifest rewritten
     shards = h.get("shards") or []
     return bool(shards) and m.get("steps") == tr.loop.step and not verify_shards(tr.head_dir, shards)

@@ -677,10 +677,21 @@ def test_an_eval_report_of_the_wrong_shape_is_named_by_serve(
     assert str(ev / "report.json") in text and field in text, text
 
 
-def test_a_head_manifest_of_the_wrong_shape_is_exported_again(run_dir, capsys):
+@pytest.mark.parametrize(
+    "folder, edit",
+    [
+        ("head", lambda m: m.__setitem__("shards", "model.safetensors")),
+        ("head", lambda m: m["shards"][0].__setitem__("sha256", ["x"])),
+        ("train", lambda m: m.__setitem__("steps", "2")),
+    ],
+)
+def test_a_manifest_of_the_wrong_shape_is_written_again_by_a_rerun(run_dir, capsys, folder, edit):
+    """A finished train's head or train manifest edited by hand: the rerun exports the head and writes
+    the manifest again (was: a TypeError walking `shards`)."""
     args = ["train", "--run", str(run_dir), *FAST, "--max-steps", "2", "--save-every", "2"]
     assert main(args) == 0
-    _edit_json(run_dir / "head" / "manifest.json", lambda m: m.__setitem__("shards", "model.safetensors"))
+    _edit_json(run_dir / folder / "manifest.json", edit)
     assert main(args) == 0
-    assert isinstance(json.loads((run_dir / "head" / "manifest.json").read_text())["shards"], list)
+    head, train = (json.loads((run_dir / f / "manifest.json").read_text()) for f in ("head", "train"))
+    assert isinstance(head["shards"], list) and isinstance(head["shards"][0]["sha256"], str) and train["steps"] == 2
     err(capsys)
