@@ -12,7 +12,6 @@ import dataclasses
 import math
 import os
 import reprlib
-import stat
 import types
 import typing
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import yaml
 
 from .errors import UsageError
+from .files import read_file_bytes
 from .urls import redact
 
 # CPU matmul kernels of the inference stages (eval, gen-data's hf backend, cache): see
@@ -94,53 +94,52 @@ class _UniqueKeyLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def load_yaml(path: Path, what: str, next_step: str) -> Any:
+    """Every YAML file eagle3 reads (recipes, `serve -- --config FILE`, `--augment`), with one set of
+    bounds: a regular file or a pipe (`<(cat f)`; a FIFO nobody writes to reads as empty, never a
+    hang), never a device; at most MAX_RECIPE_BYTES; UTF-8; no key given twice; aliases expanding to at
+    most MAX_RECIPE_VALUES values (a 1 KB alias bomb nests into billions). UsageError otherwise."""
+    path = Path(path)
+    if not path.exists():
+        raise UsageError(f"{what} {path} does not exist", "a YAML file", next_step)
+    raw = read_file_bytes(path, what, MAX_RECIPE_BYTES, next_step, pipes=True)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise UsageError(
+            f"{what} {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
+            "a YAML file in UTF-8",
+            next_step,
+        ) from e
+    try:
+        data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except (yaml.YAMLError, RecursionError) as e:
+        why = "nests deeper than Python can read" if isinstance(e, RecursionError) else f"is not valid YAML: {e}"
+        raise UsageError(f"{what} {path} {why}", "a YAML mapping", next_step) from None
+    if expanded_size(data) > MAX_RECIPE_VALUES:  # YAML aliases (&a / *a) can nest a 1 KB file into billions
+        raise UsageError(
+            f"{what} {path} expands to more than {MAX_RECIPE_VALUES} values through YAML aliases (&name / *name)",
+            "plain settings (aliases that repeat a few values are fine)",
+            "write the values out instead of nesting aliases",
+        )
+    return data
+
+
 def load_recipe(path: Path | None, section: str) -> dict:
     """The keys for one stage from a recipe file (flat, or the stage's own section)."""
     if path is None:
         return {}
     path = Path(path)
-    if not path.exists():
-        raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    nxt = "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)"
     if path.is_dir():
         raise UsageError(
             f"recipe {path} is a folder", "a YAML file, e.g. recipes/tiny/gen-data.yaml", f"ls {path}   (pick a file)"
         )
-    mode = path.stat().st_mode
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):  # /dev/zero reports 0 bytes, then never ends
-        raise UsageError(
-            f"recipe {path} is not a regular file (a {'socket' if stat.S_ISSOCK(mode) else 'device'})",
-            "a YAML file of stage settings (a pipe such as <(cat recipe.yaml) is read too)",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        )
-    with open(path, "rb") as f:  # bounded: a pipe has no size to check first
-        raw = f.read(MAX_RECIPE_BYTES + 1)
-    if len(raw) > MAX_RECIPE_BYTES:
-        raise UsageError(
-            f"recipe {path} is over {MAX_RECIPE_BYTES} bytes: a recipe is a page of settings",
-            "a YAML file of stage settings",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        )
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise UsageError(
-            f"recipe {path} is not UTF-8 text (byte {e.start} is 0x{e.object[e.start]:02x}): a binary file?",
-            "a YAML file in UTF-8",
-            "check the --recipe path (e.g. recipes/tiny/gen-data.yaml)",
-        ) from e
-    try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader) or {}
-    except yaml.YAMLError as e:
-        raise UsageError(f"recipe {path} is not valid YAML: {e}", "a YAML mapping of config keys") from e
+    if not path.exists():
+        raise UsageError(f"recipe {path} does not exist", "a YAML file, e.g. recipes/tiny/gen-data.yaml", "ls recipes/")
+    data = load_yaml(path, "recipe", nxt) or {}
     if not isinstance(data, dict):
         raise UsageError(f"recipe {path} must be a YAML mapping, got {type(data).__name__}")
-    size = expanded_size(data)
-    if size > MAX_RECIPE_VALUES:  # YAML aliases (&a / *a) can nest a 1 KB file into billions of values
-        raise UsageError(
-            f"recipe {path} expands to more than {MAX_RECIPE_VALUES} values through YAML aliases (&name / *name)",
-            "a recipe of plain settings (aliases that repeat a few values are fine)",
-            "write the values out instead of nesting aliases",
-        )
     if is_sectioned(data, path):
         if section not in data:
             have = ", ".join(f"{k}:" for k in data)
@@ -227,6 +226,135 @@ def _coerce(value: Any, tp: Any) -> Any:
     return value
 
 
+# ---------------------------------------------------------------- the bounds of every numeric option
+# One table for every stage's numeric options, read by `build_config`, through which both the flags and
+# the recipes reach a config: a value outside its range is exit 2 naming the flag and the range, before
+# anything runs (`--synth-turns 10**9` was a MemoryError; `eval --threads 100000` one at import). A
+# stage's validate() may hold a narrower rule (a combination); this table is the outer bound, and
+# tests/unit/test_options.py holds every numeric field of every config to having a row here.
+_MANY = 10**12  # counts of samples, steps, tokens over a run
+_SEED = 2**63 - 1
+_TOKENS = 1 << 20  # tokens of one sample, prompt or answer
+_WEEK = 7 * 24 * 3600.0
+_PORT = (0, 65535)
+_P = (0.0, 1.0)  # a probability, a share
+_TEMP = (0.0, 100.0)
+BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
+    "cache": {
+        "max_length": (1, _TOKENS),
+        "draft_vocab_size": (1, 1 << 22),
+        "topk": (1, 1024),
+        "token_budget": (1, 1 << 30),
+        "shard_tokens": (1, 1 << 34),
+        "max_samples": (0, _MANY),
+    },
+    "eval": {
+        "depth": (1, 1024),
+        "num_prompts": (1, _TOKENS),
+        "max_prompt_tokens": (1, _TOKENS),
+        "max_new_tokens": (1, _TOKENS),
+        "temperature": _TEMP,
+        "top_p": _P,
+        "topk": (1, 1024),
+        "num_draft_tokens": (1, 1 << 16),
+        "seed": (0, _SEED),
+        "threads": (1, 1024),
+        "sweep_prompts": (1, _TOKENS),
+        "sweep_max_new_tokens": (1, _TOKENS),
+        "sweep_repeats": (1, 1000),
+        "tie_tolerance": _P,
+        "sampling_check": (0, _TOKENS),
+    },
+    "export": {"num_speculative_tokens": (1, 1024)},
+    "gen_data": {
+        "concurrency": (1, 65536),
+        "timeout_s": (0.0, _WEEK),
+        "retries": (0, 100),
+        "backoff_s": (0.0, 3600.0),
+        "num_samples": (0, _MANY),
+        "max_new_tokens": (1, _TOKENS),
+        "temperature": _TEMP,
+        "top_p": _P,
+        "seed": (0, _SEED),
+        "batch_size": (1, 1 << 16),
+        "shard_size": (1, 1 << 24),
+        "max_prompt_tokens": (1, _TOKENS),
+        "max_turns": (0, 10_000),
+        "synthetic": (0, 1 << 32),
+        "synth_turns": (1, 64),
+        "synth_temperature": _TEMP,
+        "synth_top_p": _P,
+        "synth_max_tokens": (1, _TOKENS),
+        "synth_min_words": (0, _TOKENS),
+        "near_dup_threshold": _P,
+        "answers_per_prompt": (1, 64),
+        "answer_temperatures": _TEMP,
+        "augment_fraction": _P,
+    },
+    "serve": {
+        "port": _PORT,
+        "steps": (1, 1024),
+        "topk": (1, 1024),
+        "draft_tokens": (1, 1 << 16),
+        "health_timeout": (0.0, _WEEK),
+    },
+    "serve_bench": {
+        "concurrency": (1, 65536),
+        "requests": (1, 1 << 24),
+        "max_tokens": (1, _TOKENS),
+        "timeout": (0.0, _WEEK),
+    },
+    "train": {
+        "extra_data_from": (0, _MANY),
+        "ttt_steps": (1, 64),
+        "step_weight": (0.0, 10.0),
+        "feature_noise": (0.0, 10.0),
+        "draft_vocab_size": (1, 1 << 22),
+        "max_length": (1, _TOKENS),
+        "train_samples": (0, _MANY),
+        "skip_samples": (0, _MANY),
+        "epochs": (1, 1 << 20),
+        "time_budget_s": (0.0, 1e9),
+        "max_steps": (0, _MANY),
+        "lr": (0.0, 10.0),
+        "min_lr_ratio": _P,
+        "warmup_ratio": _P,
+        "weight_decay": (0.0, 10.0),
+        "grad_clip": (0.0, 1e6),
+        "grad_accum": (1, 1 << 16),
+        "token_budget": (1, 1 << 30),
+        "max_attention": (1, 1 << 40),
+        "max_batch_size": (1, _TOKENS),
+        "seed": (0, _SEED),
+        "log_every": (1, _MANY),
+        "save_every": (1, _MANY),
+        "keep_checkpoints": (0, _TOKENS),
+        "prefetch": (0, 1024),
+        "heldout_samples": (0, 1 << 24),
+        "heldout_every": (0, _MANY),
+        "heldout_depth": (1, 1024),
+        "nproc": (1, 4096),
+        "master_port": _PORT,
+    },
+}
+
+
+def _num(x: float) -> str:
+    return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+
+
+def bound_errors(cfg: Any, section: str) -> list[str]:
+    """One line per numeric option outside its row of BOUNDS (each item of a list option)."""
+    errors = []
+    for name, (lo, hi) in BOUNDS.get(section, {}).items():
+        value = getattr(cfg, name, None)
+        items = value if isinstance(value, tuple) else (value,)
+        bad = [v for v in items if isinstance(v, (int, float)) and not isinstance(v, bool) and not lo <= v <= hi]
+        if bad:
+            errors.append(f"--{name.replace('_', '-')} {_short_repr(bad[0])}: must be from {_num(lo)} to {_num(hi)}")
+    return errors
+
+
 def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: Any) -> C:
     """Recipe keys, then non-None flag overrides, into a frozen dataclass; validates all at once."""
     data = load_recipe(recipe, section)
@@ -262,6 +390,8 @@ def build_config(cls: type[C], recipe: Path | None, section: str, **overrides: A
         more = []
     flags = {e.split(" ", 1)[0] for e in errors}
     errors += [e for e in more if e.split(" ", 1)[0] not in flags]
+    flags |= {e.split(" ", 1)[0] for e in more}  # the stage's own words for a flag win over the table's
+    errors += [e for e in bound_errors(cfg, section) if e.split(" ", 1)[0] not in flags]
     if errors:
         raise UsageError("invalid configuration:\n" + "\n".join(f"  {e}" for e in errors))
     return cfg

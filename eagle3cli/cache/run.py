@@ -63,7 +63,7 @@ def _lock_name(cfg: CacheConfig) -> str:
 def run_cache(cfg: CacheConfig) -> Path:
     check_device(cfg.device)  # before any model loads
     out = cfg.out_dir
-    claim_output(out, "cache", CACHE_FILES, [("--data", cfg.data_dir)])
+    claim_output(out, "cache", CACHE_FILES, [("--data", cfg.data_dir)], resumable=(".shard-*.json", PLAN_FILE))
     data_manifest = check_data(cfg)
     target_path, tok, ident = _target(cfg, data_manifest)
     aux_ids = _aux_ids(cfg, ident.num_hidden_layers)

@@ -62,6 +62,12 @@ PLAN_FIELDS = (
 )
 
 
+# Upper bounds of the options that multiply the work per prompt (a conversation is at most this many
+# turns the target writes; one prompt at most this many answers).
+MAX_SYNTH_TURNS = 64
+MAX_ANSWERS_PER_PROMPT = 64
+
+
 @dataclass(frozen=True)
 class GenDataConfig:
     PANELS: ClassVar[Panels] = {
@@ -178,7 +184,7 @@ class GenDataConfig:
     """K answers per planned prompt (ids ID#k0..k(K-1)), at --answer-temperatures; identical answers to one
     prompt are kept once (duplicate_answer)."""
     answer_temperatures: tuple[float, ...] = ()
-    """Temperatures of the K answers, comma-separated (one value: all of them; default: --temperature)."""
+    """Temperatures of the K answers, comma-separated (one value: all of them); needed with --answers-per-prompt 2+."""
     augment: Path | None = None
     """Augmented prompts: a YAML file `augmentations: [{name, text}]` of style or language redirects; one
     seeded redirect is appended to the first user turn of --augment-fraction of the records (ids ID+NAME)."""
@@ -221,7 +227,15 @@ class GenDataConfig:
             errors.append(f"--augment-fraction must be in (0, 1], got {self.augment_fraction!r}")
         if any(not _finite(t) or t < 0 for t in self.answer_temperatures):
             errors.append(f"--answer-temperatures must be numbers >= 0, got {list(self.answer_temperatures)}")
+        for name, most in (("synth_turns", MAX_SYNTH_TURNS), ("answers_per_prompt", MAX_ANSWERS_PER_PROMPT)):
+            v = getattr(self, name)
+            if isinstance(v, int) and v > most:  # each one is a generation per prompt: 10**9 was a MemoryError
+                errors.append(f"--{name.replace('_', '-')} must be at most {most}, got {v!r}")
         k, temps = self.answers_per_prompt, self.answer_temperatures
+        if isinstance(k, int) and k > 1 and not temps:  # the answers differ only by their temperature
+            errors.append(
+                f"--answers-per-prompt {k} needs --answer-temperatures (one value for all {k} answers, or {k} values)"
+            )
         if isinstance(k, int) and len(temps) > 1 and len(temps) != k:
             errors.append(
                 f"--answer-temperatures lists {len(temps)} values for --answers-per-prompt {k}: give one value or {k}"

@@ -251,6 +251,8 @@ def finalize(
     tokens = {
         "prompt": sum(t["prompt_tokens"] for t in turns),
         "completion": sum(t["completion_tokens"] for t in turns),
+        # turns whose count the server got wrong (over max_tokens, negative, not an integer): counted here
+        "completion_recounted": sum(1 for t in turns if t.get("tokens_recounted")),
     }
     write_manifest(
         out,

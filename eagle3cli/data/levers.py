@@ -28,6 +28,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from ..config import load_yaml
 from ..errors import UsageError
 from ..model.chat import render
 
@@ -136,11 +137,9 @@ def synthetic_records(n: int, turns: int, seed: int, topics: list[str] | None) -
 
 def read_augmentations(path: Path) -> list[dict]:
     """`augmentations: [{name, text}, ...]` from a YAML file (names key the record ids)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
-    except (OSError, yaml.YAMLError) as e:
+    try:  # the recipe loader's bounds (size, aliases, no device or FIFO hang)
+        data = load_yaml(path, "--augment", "give a YAML file with `augmentations: [{name, text}, ...]`")
+    except OSError as e:
         raise UsageError(f"--augment {path} cannot be read ({e})", "a YAML file with `augmentations:`") from e
     items = data.get("augmentations") if isinstance(data, dict) else None
     ok = (

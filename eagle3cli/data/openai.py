@@ -23,6 +23,7 @@ import asyncio
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 from ..console import warn
 from ..engines.engine_api import (
@@ -33,6 +34,7 @@ from ..engines.engine_api import (
     RejectedReply,
     Reply,
     chat_body,
+    checked_count,
     completion_body,
     usage_count,
 )
@@ -147,7 +149,12 @@ class OpenAIBackend:
             tools=conv.tools,
             template_kwargs=conv.template_kwargs,
         )
-        return "/v1/chat/completions", body, self._parse, lambda out: self._cut_at_markers(out, conv)
+        return (
+            "/v1/chat/completions",
+            body,
+            self._parse,
+            lambda out: self._cut_at_markers(self._checked(out, s.max_new_tokens), conv),
+        )
 
     def _user_request(self, conv: Conversation) -> Request | None:
         """The target writes the next user turn: `/v1/completions` on its template up to the user's
@@ -169,8 +176,19 @@ class OpenAIBackend:
             "/v1/completions",
             body,
             self._parse_completion,
-            lambda out: dataclasses.replace(out, text=cut_at_end(out.text, marker)),
+            lambda out: dataclasses.replace(self._checked(out, s.max_new_tokens), text=cut_at_end(out.text, marker)),
         )
+
+    def _checked(self, out: TurnOutput, max_tokens: int) -> TurnOutput:
+        """The server's completion count, checked (`checked_count`): out of 0..max_tokens or not an
+        integer, the answer is counted with the target's tokenizer; the turn records that it was."""
+        tok = self.tokenizer
+        c = checked_count(
+            out.completion_tokens,
+            max_tokens,
+            lambda: len(tok(out.text, add_special_tokens=False).input_ids) if tok is not None else None,
+        )
+        return dataclasses.replace(out, completion_tokens=c.n, recounted=c.why)
 
     @functools.cached_property
     def markers(self) -> tuple[str, ...]:
@@ -216,7 +234,7 @@ class OpenAIBackend:
             usage = data.get("usage")
             usage = usage if isinstance(usage, dict) else {}
             prompt_tokens = usage_count(usage.get("prompt_tokens"))
-            completion_tokens = usage_count(usage.get("completion_tokens"))
+            completion_tokens: Any = usage.get("completion_tokens")  # checked in _checked, against max_tokens
         except UnusableReply:
             raise
         except (ValueError, KeyError, IndexError, TypeError, AttributeError) as e:
@@ -242,7 +260,7 @@ class OpenAIBackend:
                 raise TypeError(f"content is {type(text).__name__}")
             # counts that are not numbers ("n/a") are ignored: they made a good answer pending forever
             prompt_tokens = usage_count(usage.get("prompt_tokens"))
-            completion_tokens = usage_count(usage.get("completion_tokens"))
+            completion_tokens: Any = usage.get("completion_tokens")  # checked in _checked, against max_tokens
             calls = tool_calls(msg["tool_calls"], "response") if msg.get("tool_calls") else None
         except UnusableReply:
             raise

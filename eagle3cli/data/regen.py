@@ -34,6 +34,7 @@ class TurnOutput:
     reasoning: str | None = None  # the thinking, when the model wrote some (<think>, analysis channel)
     tool_calls: list | None = None  # OpenAI tool calls the server parsed out of the answer
     model: str | None = None  # the model that answered (`model` in an engine's reply), for the manifest
+    recounted: str | None = None  # why completion_tokens is our count, not the server's (checked_count)
 
 
 def turn_seed(seed: int, record_id: str, turn: int) -> int:
@@ -158,7 +159,12 @@ class Conversation:
             return
         self.answers.append({"role": "user", "content": text})
         self.turn_meta.append(
-            {"written": "user", "prompt_tokens": out.prompt_tokens, "completion_tokens": out.completion_tokens}
+            {
+                "written": "user",
+                "prompt_tokens": out.prompt_tokens,
+                "completion_tokens": out.completion_tokens,
+                **({"tokens_recounted": out.recounted} if out.recounted else {}),
+            }
         )
 
     def add(self, out: TurnOutput) -> None:
@@ -192,6 +198,7 @@ class Conversation:
                 "prompt_tokens": out.prompt_tokens,
                 "completion_tokens": out.completion_tokens,
                 **({"model": out.model} if out.model else {}),
+                **({"tokens_recounted": out.recounted} if out.recounted else {}),
             }
         )
         following = self.messages[slot + 1] if slot + 1 < len(self.messages) else None

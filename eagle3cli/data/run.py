@@ -22,6 +22,7 @@ from ..console import console, log, print_table, progress, warn
 from ..errors import UsageError
 from ..model.chat import TemplateRefusal, render
 from ..node.devices import check_device
+from ..run_folder.folders import refuse_link_out
 from ..run_folder.lock import LOCK_NAME, locked_stage
 from ..run_folder.manifest import (
     atomic_write_json,
@@ -173,6 +174,12 @@ def run_gen_data(cfg: GenDataConfig) -> Path:
     pcfg = plan_config(cfg)
     plan_ids_hash = sha256_text("\n".join(p["id"] for p in plan))[:16]
     engine = engine_info(cfg)
+    refuse_link_out(
+        out,
+        "gen-data",
+        "choose a new folder for gen-data (--run runs/OTHER or --out NEW)",
+        resumable=(f"{PROGRESS}/{STATE}",),
+    )
     done = check_folder(out, identity, pcfg, plan_ids_hash, engine)
     if done is not None:
         refuse_changed_inputs(out, done, results, plan_ids_hash)

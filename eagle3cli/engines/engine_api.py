@@ -321,6 +321,33 @@ def usage_count(v: Any) -> int:
     return max(0, int(v))
 
 
+@dataclass(frozen=True)
+class TokenCount:
+    """A completion's token count: the server's (`server`), what came back counted again because the
+    server's number cannot be (`recounted`, `why` says what it said), or nothing to count from (`refused`)."""
+
+    n: int
+    source: str  # "server" | "recounted" | "refused"
+    why: str | None = None
+
+
+def checked_count(reported: Any, max_tokens: int | None, recount: Callable[[], int | None]) -> TokenCount:
+    """The one rule for a completion-token count a server reports: an integer from 0 to the request's
+    max_tokens is the server's; anything else (10**9 for a 4-token answer, -40, 3.5, "n/a", missing) is
+    recounted from what came back (its token ids, or its text through the target's tokenizer:
+    `recount`, None when there is nothing to count with) and said to be. Throughput and tau are
+    divided by these counts: a server's word alone made serve-bench report 1.5e10 tok/s."""
+    integral = isinstance(reported, int) and not isinstance(reported, bool)
+    if integral and 0 <= reported and (max_tokens is None or reported <= max_tokens):
+        return TokenCount(reported, "server")
+    shown = repr(reported)[:40] if reported is not None else "no"
+    why = f"the server reported {shown} completion tokens" + (
+        f" (max_tokens {max_tokens})" if integral and max_tokens is not None and reported > max_tokens else ""
+    )
+    n = recount()
+    return TokenCount(n, "recounted", why) if n is not None else TokenCount(0, "refused", why)
+
+
 class EndpointError(Exception):
     def __init__(self, reason: str, detail: str, transient: bool = True):
         self.reason, self.detail, self.transient = reason, redact_text(detail), transient

@@ -21,6 +21,10 @@ EvalDtype = Literal["auto", "fp32", "bf16"]
 MAX_TREE_NODES = 1024
 
 
+# torch makes a thread per --threads at its first op: 100000 was a MemoryError at import.
+MAX_THREADS = 1024
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     PANELS: ClassVar[Panels] = {
@@ -126,8 +130,8 @@ class EvalConfig:
 
     def validate(self) -> list[str]:
         e = []
-        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
-            e.append(f"--threads must be an integer >= 1, got {self.threads!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or not 1 <= self.threads <= MAX_THREADS):
+            e.append(f"--threads must be an integer from 1 to {MAX_THREADS}, got {self.threads!r}")
         for name in ("depth", "num_prompts", "max_new_tokens", "topk", "num_draft_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:

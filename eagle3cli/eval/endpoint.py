@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..config import config_dict
 from ..console import log, print_table, warn
-from ..engines.engine_api import EngineClient, Unreachable, completion_body, run_sync
+from ..engines.engine_api import EngineClient, TokenCount, Unreachable, checked_count, completion_body, run_sync
 from ..engines.engine_api import generate_body as sglang_body
 from ..errors import UsageError
 from ..prompts import load_prompts, render
@@ -50,6 +50,27 @@ def _unreachable(url: str, e: Unreachable) -> UsageError:
     )
 
 
+def _count(url: str, reported, max_tokens, ids) -> TokenCount:
+    """The server's completion count, checked (`engine_api.checked_count`): recounted from the token
+    ids that came back, or exit 2 where there are none (tau and tok/s are divided by it)."""
+    c = checked_count(reported, max_tokens, lambda: len(ids) if isinstance(ids, list) else None)
+    if c.source == "refused":
+        raise UsageError(
+            f"{url}: {c.why}, and its answer carries no token ids to count",
+            "completion token counts from 0 to max_tokens, or the answer's token ids",
+            "check the server (its usage counting), or measure it with eagle3 serve-bench --target MODEL_DIR",
+        )
+    return c
+
+
+def recounted_rows(rows: list[dict]) -> int:
+    """Prompts whose token count the server got wrong (counted from the answer's ids), warned about once."""
+    bad = [r["tokens_recounted"] for r in rows if r.get("tokens_recounted")]
+    if bad:
+        warn(f"{len(bad)} answer(s) counted from their token ids: {bad[0]}")
+    return len(bad)
+
+
 # ---------------------------------------------------------------- SGLang
 async def _sglang_prompt(client: EngineClient, url: str, ids: list[int], cfg: EvalConfig) -> dict:
     params = {"temperature": cfg.temperature, "top_p": cfg.top_p, "max_new_tokens": cfg.max_new_tokens}
@@ -59,15 +80,19 @@ async def _sglang_prompt(client: EngineClient, url: str, ids: list[int], cfg: Ev
         raise _unreachable(url, e) from e
     if r.status != 200:
         raise UsageError(f"{url}/generate answered HTTP {r.status}: {r.text[:200]}", "HTTP 200 from SGLang")
-    meta = r.json().get("meta_info") or {}
+    data = r.json()
+    meta = data.get("meta_info") or {}
     if "spec_verify_ct" not in meta:
         raise UsageError(
             f"{url} reports no spec_verify_ct in meta_info: speculative decoding is off there",
             "a server started with --speculative-algorithm EAGLE3",
             "eagle3 serve --target T --head H",
         )
+    out_ids = data.get("output_ids")
+    count = _count(url, meta.get("completion_tokens"), cfg.max_new_tokens, out_ids)
     return {
-        "completion_tokens": int(meta.get("completion_tokens", 0)),
+        "completion_tokens": count.n,
+        **({"tokens_recounted": count.why} if count.why else {}),
         "verify_ct": int(meta["spec_verify_ct"]),
         "accept_length": meta.get("spec_accept_length"),
         "seconds": r.seconds,
@@ -89,8 +114,11 @@ async def _completion(client: EngineClient, url: str, model: str, body: dict) ->
         lp = (choice.get("logprobs") or {}).get("token_logprobs")
     except (ValueError, KeyError, IndexError, TypeError) as e:
         raise UsageError(f"{url}/v1/completions answered 200 without choices[0] ({e})", "a completion") from e
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+    count = _count(url, usage.get("completion_tokens"), body.get("max_tokens"), tokens if tokens else None)
     return {
-        "completion_tokens": int((data.get("usage") or {}).get("completion_tokens") or len(tokens)),
+        "completion_tokens": count.n,
+        **({"tokens_recounted": count.why} if count.why else {}),
         "token_ids": tokens,
         "finish_reason": choice.get("finish_reason"),
         "logprobs": [float(x) for x in lp if x is not None] if isinstance(lp, list) else None,
@@ -250,6 +278,7 @@ def _sglang_report(endpoint: str, rows: list[dict], cfg: EvalConfig) -> dict:
         "bench": cfg.bench,
         "num_prompts": len(rows),
         "tokens": toks,
+        "tokens_recounted": recounted_rows(rows),
         "temperature": cfg.temperature,
         "tau": toks / verify if verify else None,
         "tau_definition": "completion_tokens / spec_verify_ct summed over prompts (bonus token included)",
@@ -291,6 +320,7 @@ async def _vllm_report(client: EngineClient, endpoint: str, prompts: list, cfg: 
         "bench": cfg.bench,
         "num_prompts": len(rows),
         "tokens": toks,
+        "tokens_recounted": recounted_rows(rows),
         "temperature": cfg.temperature,
         "max_new_tokens": cfg.max_new_tokens,
         "tau": acc["tau"],

@@ -20,19 +20,19 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..console import warn
-from ..head.card import CARD, card_evals
+from ..head.card import card_evals
 from ..head.check import problems, read_target, refuse
 from ..head.folder import recorded_target
 from ..head.read import load_any_head
 from ..head.table import FORMAT_ENGINE, HEAD_WEIGHTS
-from ..head.write import layout_files, write_card, write_head_files
+from ..head.write import HEAD_FILES, layout_files, write_card, write_head_files
 from ..model.target import repo_relative
 from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
 from ..run_folder.manifest import remove_dead_temps, shard_record, write_manifest
 from .config import ExportConfig
 
 EXPORT_FORMATS = tuple(f for f in FORMAT_ENGINE if f != "gguf")  # gguf: llama.cpp's converter (run_export)
-EXPORT_FILES = (HEAD_WEIGHTS, "config.json", CARD)  # what an export folder holds besides its manifest
+EXPORT_FILES = HEAD_FILES  # what an export folder holds besides its manifest
 
 
 def run_export(cfg: ExportConfig) -> Path:

@@ -24,9 +24,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from ..errors import UsageError
-from ..run_folder.manifest import for_run, read_json_object
+from ..readers.limits import check_regular_file
+from ..run_folder.manifest import check_schema, for_run, read_json_object
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids, from_sglang_ids, int_list
 from .table import HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, canonical_name, field, get_path
 
@@ -68,11 +72,44 @@ def read_config(
         if (Path(folder) / role / "config.json").exists():  # given runs/NAME instead of runs/NAME/head
             next_step = f"--{role} {Path(folder) / role}"
         raise UsageError(f"{path} does not exist", expected, next_step)
+    check_regular_file(path, f"the {role}'s config.json", next_step)  # a FIFO blocks any open of it forever
     return read_json_object(path, f"the {role}'s config.json", NEXT if role == "head" else next_step)
 
 
 def read_head_config(head_dir: Path) -> dict:
-    return read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)", HEAD_FOLDER)
+    cfg = read_config(head_dir, "head", "eagle3 train --run runs/NAME   (exports runs/NAME/head)", HEAD_FOLDER)
+    return check_schema(cfg, HeadConfigShape, Path(head_dir) / "config.json", "a head config.json", NEXT)
+
+
+def head_file(head_dir: Path, name: str) -> Path:
+    """`head_dir/name`, or the error saying what a head folder holds and how one is made."""
+    path = Path(head_dir) / name
+    if not path.exists():
+        next_step = for_run("eagle3 train --run runs/NAME   (exports runs/NAME/head)", head_dir)
+        if (Path(head_dir) / "head" / name).exists():  # given runs/NAME instead of runs/NAME/head
+            next_step = f"--head {Path(head_dir) / 'head'}"
+        raise UsageError(f"{path} does not exist", HEAD_FOLDER, next_step)
+    check_regular_file(path, f"the head's {name}", NEXT)  # a FIFO blocks any open of it forever
+    return path
+
+
+class _Eagle3Block(TypedDict, total=False):
+    target: dict[str, Any]
+
+
+class _SpeculatorsBlock(TypedDict, total=False):
+    verifier: dict[str, Any]
+
+
+class HeadConfigShape(TypedDict, total=False):
+    """The blocks of a head config that every reader walks into (`cfg["eagle3"].get(...)`): each an
+    object where present. A hand-edited `"eagle3": "not an object"` was an AttributeError in the head
+    check that serve, eval and export share; the fields' values are check.py's to judge."""
+
+    eagle3: _Eagle3Block
+    eagle_config: dict[str, Any]
+    transformer_layer_config: dict[str, Any]
+    speculators_config: _SpeculatorsBlock
 
 
 def detect_layout(cfg: dict) -> str:
@@ -142,6 +179,7 @@ def read_folder(head_dir: Path) -> HeadFolder:
     if not w_path.exists():
         unreadable = f"{w_path} does not exist"
     else:
+        head_file(head_dir, HEAD_WEIGHTS)  # a FIFO or device: refused before safetensors opens it
         try:
             index = read_tensor_index(w_path)
         except Exception as e:  # noqa: BLE001 — a truncated or foreign file: say so, do not crash

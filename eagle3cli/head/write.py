@@ -34,6 +34,7 @@ import torch
 
 from ..errors import UsageError
 from ..node.devices import MATMUL_RELATIVE_ERROR, matmul_precision
+from ..run_folder.folders import begin_writing, end_writing
 from ..run_folder.manifest import (
     atomic_write_json,
     atomic_write_tensors,
@@ -50,7 +51,17 @@ from .engines import sglang_first_id_rule
 from .read import HeadSpec, load_any_head
 from .table import FIELDS, HEAD_ARCH, HEAD_KEYS, HEAD_WEIGHTS, SPECULATORS_ARCH, head_tensor_names
 
-__all__ = ["head_config", "save_head", "speculators_config", "update_card", "write_card", "write_head_files"]
+__all__ = [
+    "HEAD_FILES",
+    "head_config",
+    "save_head",
+    "speculators_config",
+    "update_card",
+    "write_card",
+    "write_head_files",
+]
+# What a head folder of ours holds besides its manifest (train's RUN/head, export's --out).
+HEAD_FILES = (HEAD_WEIGHTS, "config.json", card.CARD)
 # Keys of the draft's own config that are ours, not the engines' (moved into the `eagle3` block).
 _OWN_KEYS = ("aux_layer_ids",)
 
@@ -116,9 +127,10 @@ def head_config(draft: Eagle3Draft, target_identity: dict | None = None, extra: 
 def save_head(
     draft: Eagle3Draft, out_dir: Path, target_identity: dict | None = None, extra: dict | None = None
 ) -> Path:
-    """Write `out_dir/{config.json, model.safetensors, manifest.json}` (manifest last, atomically)."""
+    """Write `out_dir/{config.json, model.safetensors, manifest.json}` (manifest last, atomically).
+    The caller has claimed `out_dir` (`folders.claim_output(..., marked=True)`): it holds no files of a user's."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    begin_writing(out_dir, "head")  # before the old manifest goes: a killed export stays ours
     (out_dir / "manifest.json").unlink(missing_ok=True)  # an interrupted export is visibly unfinished
     tensors = head_state_dict(draft)
     atomic_write_tensors(out_dir / HEAD_WEIGHTS, tensors, {"format": "pt"})
@@ -133,6 +145,7 @@ def save_head(
         shards=[shard_record(out_dir / HEAD_WEIGHTS, tensors=len(tensors))],
         **{k: v for k, v in cfg["eagle3"].items() if k not in ("aux_layer_ids", "target")},
     )
+    end_writing(out_dir)
     return out_dir
 
 

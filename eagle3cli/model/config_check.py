@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..files import check_regular_file, read_file_bytes
+from ..readers.limits import max_input_bytes
 
 # key -> (required for a target, largest sane value). Bounds far above any real model: a value past
 # them is a typo or a crafted file, and would cost terabytes before transformers noticed.
@@ -89,7 +91,7 @@ def config_problems(cfg: dict, required: bool = True) -> list[str]:
 
 def _read(path: Path, what: str) -> dict:
     try:
-        data = json.loads(path.read_bytes())
+        data = json.loads(read_file_bytes(path, f"the {what}", max_input_bytes()))
     except (OSError, ValueError, RecursionError) as e:
         raise UsageError(
             f"{path} cannot be read as JSON ({type(e).__name__}: {str(e)[:200]})",
@@ -122,6 +124,9 @@ def check_model_folder(folder: Path, role: str = "target") -> dict:
     """The folder's config.json, checked (custom code refused; sizes, heads, floats valid); UsageError
     naming the file, each bad key and its value otherwise."""
     path = Path(folder) / "config.json"
+    for f in sorted(Path(folder).iterdir()):  # transformers opens what it finds: a FIFO would hang it
+        if not f.name.startswith(".") and f.exists() and not f.is_dir():
+            check_regular_file(f, f"a file of the {role} folder", f"replace {f} with the model's own file")
     cfg = _read(path, f"{role}'s config")
     refuse_custom_code(Path(folder), cfg)
     refuse_bad_config(cfg, path, role)

@@ -153,6 +153,7 @@ def load_tokenizer(path: Path):
             f"restore {files[0] if files else 'tokenizer.json'} in {path} from the model's source (a cut download "
             "or an edited vocab?)",
         ) from e
+    refuse_ids_past_vocab(Path(path), tok)
     if not getattr(tok, "chat_template", None):
         raise UsageError(
             f"the tokenizer in {path} has no chat_template",
@@ -160,6 +161,27 @@ def load_tokenizer(path: Path):
             "use the instruct/chat variant of the model",
         )
     return tok
+
+
+def refuse_ids_past_vocab(path: Path, tok) -> None:
+    """Every id the tokenizer can produce (its vocab and added tokens) must have a row in the model's
+    embedding (config.json's vocab_size): an added token with id 5000 over a 4,096-token model was an
+    IndexError in the embedding in the middle of gen-data. Fewer tokens than rows is normal (padding)."""
+    cfg = text_config(json.loads((path / "config.json").read_bytes()))
+    rows = cfg.get("vocab_size")
+    if not isinstance(rows, int) or isinstance(rows, bool):
+        return  # config_check refused it already where a model is made from it
+    past = sorted((i, t) for t, i in tok.get_vocab().items() if not 0 <= i < rows)
+    if past:
+        shown = ", ".join(f"{t!r} = {i}" for i, t in past[:5]) + (f" (+{len(past) - 5} more)" if len(past) > 5 else "")
+        added = (path / "tokenizer.json").is_file() and any(t in tok.get_added_vocab() for _, t in past)
+        where = "tokenizer.json's added_tokens" if added else "the tokenizer's vocab"
+        raise UsageError(
+            f"the tokenizer and the target disagree: {where} in {path} hold ids at or past the model's vocab_size "
+            f"{rows} ({path / 'config.json'}): {shown}",
+            f"a tokenizer whose every id is below vocab_size {rows} (the embedding has {rows} rows)",
+            f"restore the tokenizer files in {path} from the model's source, or remove the added token(s)",
+        )
 
 
 def load_target(name_or_path: str | Path, device: str | None = None, dtype: str | None = None):

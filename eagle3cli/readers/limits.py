@@ -22,6 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
+from ..files import check_regular_file, human, read_file_bytes
+
+__all__ = ["check_regular_file", "human", "read_file_bytes"]  # the file checks live in files.py, under config.py
 
 INPUT_ENV = "EAGLE3_MAX_INPUT_BYTES"
 BODY_ENV = "EAGLE3_MAX_BODY_BYTES"
@@ -56,14 +59,6 @@ def max_input_bytes() -> int:
 
 def max_body_bytes() -> int:
     return _env_bytes(BODY_ENV, DEFAULT_MAX_BODY_BYTES)
-
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 def _too_big(path: Path, flag: str, what: str, limit: int) -> UsageError:

@@ -51,6 +51,36 @@ def foreign_files(folder: Path, own: Iterable[str]) -> list[str]:
     return sorted(p.name for p in Path(folder).iterdir() if not any(fnmatch.fnmatchcase(p.name, q) for q in pats))
 
 
+def link_out(out: Path) -> Path | None:
+    """Where `out` leads when it is a symbolic link out of the folder that names it
+    (`runs/NAME/head -> ~/my-head`); None for a plain folder or a link that stays inside."""
+    out = Path(out)
+    if not out.is_symlink():
+        return None
+    home, there = out.parent.resolve(), out.resolve()
+    return None if home in there.parents else there
+
+
+def refuse_link_out(out: Path, stage: str, nxt: str, command: str | None = None, resumable: Iterable[str] = ()) -> None:
+    """A stage's folder that is a link out of its run is followed only into a new or empty folder, or
+    one this stage wrote (its manifest, its mark while it writes, or `resumable`: globs of the records
+    an unfinished run of the stage leaves): a link to a folder of a user's (a head, a model) would have
+    eagle3 write over files it never wrote. Every writing stage asks this (most through `claim_output`)."""
+    there = link_out(out)
+    if there is None or not there.is_dir() or not any(there.iterdir()):
+        return
+    if manifest_stage(there) == stage or _marked_by(there, stage):
+        return
+    if any(next(there.glob(g), None) is not None for g in resumable):
+        return
+    raise UsageError(
+        f"{out} is a link to {there}, outside the run folder, and that folder holds files `eagle3 {command or stage}` "
+        f"did not write ({', '.join(sorted(p.name for p in there.iterdir())[:6])}): it would write through the link",
+        f"{out} a folder of the run's own, or a link to an empty folder",
+        nxt,
+    )
+
+
 def claim_output(
     out: Path,
     stage: str,
@@ -58,20 +88,28 @@ def claim_output(
     inputs: Iterable[tuple[str, Path]] = (),
     flag: str = "--out",
     marked: bool = False,
+    command: str | None = None,
+    next_step: str | None = None,
+    resumable: Iterable[str] = (),
 ) -> None:
     """Refuse (exit 2, naming what is there) an output folder that is one of the stage's inputs
-    (`inputs`: (what, path) pairs) or lies inside one, that holds another stage's manifest or a
-    manifest eagle3 did not write, or that holds files matching none of `own` (the stage's names).
+    (`inputs`: (what, path) pairs) or lies inside one, that is a link out of its run to a folder this
+    stage did not write (`refuse_link_out`), that holds another stage's manifest or a manifest eagle3
+    did not write, or that holds files matching none of `own` (the stage's names).
     `marked`: the stage writes through `begin_writing`, so files of its own names with neither its
-    manifest nor its WRITING mark beside them were not written by it and are refused too."""
+    manifest nor its WRITING mark beside them were not written by it and are refused too.
+    `command`: the command that writes the folder where it is not the stage's name (train writes `head`);
+    `resumable`: see `refuse_link_out`."""
     out, own = Path(out), tuple(own)
     example = EXAMPLES.get(stage, f"runs/NAME/{stage}")
-    nxt = f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. {example})"
+    nxt = next_step or f"give `eagle3 {stage}` a folder of its own: {flag} NEW_FOLDER (e.g. {example})"
+    refuse_link_out(out, stage, nxt, command, resumable)
+    cmd = command or stage
     for what, p in inputs:
         if p is not None and _same_or_inside(out, Path(p)):
             raise UsageError(
                 f"{flag} {out} is {'inside ' if out.resolve() != Path(p).resolve() else ''}this stage's input "
-                f"({what} {p}): `eagle3 {stage}` never writes into its own input folder",
+                f"({what} {p}): `eagle3 {cmd}` never writes into its own input folder",
                 "an output folder apart from the inputs",
                 nxt,
             )
@@ -80,32 +118,32 @@ def claim_output(
     st = manifest_stage(out)
     if st == "":
         raise UsageError(
-            f"{out / MANIFEST} is not a manifest eagle3 wrote; `eagle3 {stage}` would overwrite it",
-            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            f"{out / MANIFEST} is not a manifest eagle3 wrote; `eagle3 {cmd}` would overwrite it",
+            f"a new or empty folder, or one `eagle3 {cmd}` wrote",
             nxt,
         )
     if st is not None and st != stage:
         raise UsageError(
             f"{out} holds the output of `eagle3 {st}` ({out / MANIFEST} names stage '{st}'); "
-            f"`eagle3 {stage}` would overwrite it",
-            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            f"`eagle3 {cmd}` would overwrite it",
+            f"a new or empty folder, or one `eagle3 {cmd}` wrote",
             nxt,
         )
     foreign = foreign_files(out, own)
     if foreign:
         shown = ", ".join(foreign[:8]) + (f" (+{len(foreign) - 8} more)" if len(foreign) > 8 else "")
         raise UsageError(
-            f"{out} holds files `eagle3 {stage}` did not write: {shown}",
-            f"a new or empty folder, or one `eagle3 {stage}` wrote",
+            f"{out} holds files `eagle3 {cmd}` did not write: {shown}",
+            f"a new or empty folder, or one `eagle3 {cmd}` wrote",
             nxt,
         )
     if marked and st != stage and not _marked_by(out, stage):
         found = sorted(p.name for p in out.iterdir() if any(fnmatch.fnmatchcase(p.name, q) for q in own))
         if found:
             raise UsageError(
-                f"{out} holds {', '.join(found[:8])} but no manifest of `eagle3 {stage}`: eagle3 did not write "
-                f"them (a head or model folder of your own?), and `eagle3 {stage}` would overwrite them",
-                f"a new or empty folder, or one `eagle3 {stage}` wrote",
+                f"{out} holds {', '.join(found[:8])} but no manifest of `eagle3 {cmd}`: eagle3 did not write "
+                f"them (a head or model folder of your own?), and `eagle3 {cmd}` would overwrite them",
+                f"a new or empty folder, or one `eagle3 {cmd}` wrote",
                 nxt,
             )
 

@@ -18,7 +18,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before 3.12
+
 from ..errors import StageError, UsageError
+from ..readers.limits import max_input_bytes, read_file_bytes
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 1
@@ -107,20 +110,70 @@ def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")
 
 
-def read_json(path: Path) -> Any:
-    return json.loads(Path(path).read_text())
+def read_json(path: Path, what: str = "a JSON file eagle3 wrote") -> Any:
+    """Every JSON file eagle3 reads back (manifests, configs, records): a regular file (a FIFO would
+    block the open forever) of at most the input limit, parsed; ValueError when it is not JSON."""
+    return json.loads(read_file_bytes(Path(path), what, max_input_bytes()))
 
 
 def read_json_object(path: Path, expected: str, next_step: str | None = None) -> dict:
     """A JSON file holding an object, or a UsageError naming the file, what it should hold and the fix."""
     try:
-        obj = read_json(path)
+        obj = read_json(path, expected)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{path} is not valid JSON ({e})", expected, next_step) from e
     except RecursionError:  # a hand-made file nested 100k deep: Python's parser gives up
         raise UsageError(f"{path} nests JSON deeper than Python can read", expected, next_step) from None
     if not isinstance(obj, dict):
         raise UsageError(f"{path} is not a JSON object (it holds a {type(obj).__name__})", expected, next_step)
+    return obj
+
+
+def _is_member(part: Any) -> bool:
+    """A union member's name in a pydantic error location (the schemas name them `_Private`), not a key."""
+    return isinstance(part, str) and part.startswith("_")
+
+
+def field_name(loc: tuple) -> str:
+    """A pydantic error location as a reader would write the key: `shards[0].bytes`."""
+    out = ""
+    for part in loc:
+        if _is_member(part):
+            continue
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(the whole file)"
+
+
+def schema_problems(obj: Any, schema: Any) -> list[str]:
+    """One line per field of `obj` that does not fit `schema` (a pydantic-readable type, strict: no
+    "3" for 3, no true for 1): `shards[0].bytes: input should be a valid integer (found ...)`."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(schema).validate_python(obj, strict=True)
+    except ValidationError as e:
+        errors = e.errors()
+        # a union (`A | B`) reports each member's errors under the member's name: keep the first member's
+        tags = [p for err in errors for p in err["loc"] if _is_member(p)]
+        errors = [err for err in errors if all(p == tags[0] for p in err["loc"] if _is_member(p))]
+        return [
+            f"{field_name(err['loc'])} is missing"
+            if err["type"] == "missing"
+            else f"{field_name(err['loc'])}: {err['msg'].lower()} (found {str(err.get('input'))[:60]!r})"
+            for err in errors
+        ]
+    return []
+
+
+def check_schema(obj: Any, schema: Any, path: Path, expected: str, next_step: str | None = None) -> Any:
+    """`obj` (a file eagle3 read back) checked against `schema`: a missing key, a wrong type or a nested
+    value where a scalar belongs is one UsageError naming the file and every field (`schema_problems`),
+    instead of a KeyError or AttributeError wherever the value is first used. Returns `obj` unchanged:
+    readers keep working on the plain dict."""
+    lines = schema_problems(obj, schema)
+    if lines:
+        more = f"\n  (+{len(lines) - 8} more)" if len(lines) > 8 else ""
+        raise UsageError(f"{path} does not hold {expected}:\n  " + "\n  ".join(lines[:8]) + more, expected, next_step)
     return obj
 
 
@@ -373,8 +426,28 @@ def for_run(next_step: str, folder) -> str:
     return next_step.replace("runs/NAME", str(p.parent))
 
 
-def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
-    """Read a previous stage's manifest, or explain which command makes it."""
+class ShardRecord(TypedDict):
+    """One listed file (`shard_record`); other keys are the stage's counts."""
+
+    file: str
+    bytes: int
+    sha256: str
+
+
+class StageManifest(TypedDict):
+    """What every reader of a stage's manifest relies on (stage-specific keys are the stage's to check)."""
+
+    schema_version: NotRequired[int]
+    stage: str
+    shards: list[ShardRecord]
+    target: NotRequired[dict[str, Any]]
+    config: NotRequired[dict[str, Any]]
+    counts: NotRequired[dict[str, Any]]
+
+
+def read_manifest(folder: Path, stage: str, produced_by: str, schema: Any = StageManifest) -> dict:
+    """Read a previous stage's manifest, or explain which command makes it; `schema` is the manifest's
+    typed shape (None where the caller checks every field itself: the cache's `validate.check_manifest`)."""
     produced_by = for_run(produced_by, folder)
     path = Path(folder) / MANIFEST
     if not Path(folder).exists():
@@ -399,7 +472,7 @@ def read_manifest(folder: Path, stage: str, produced_by: str) -> dict:
             f"the output folder of `eagle3 {stage}`",
             produced_by,
         )
-    return m
+    return m if schema is None else check_schema(m, schema, path, f"a manifest of `eagle3 {stage}`", produced_by)
 
 
 def check_matches(what: str, found: Mapping[str, Any], expected: Mapping[str, Any], next_step: str) -> None:

@@ -16,12 +16,13 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..config import config_dict
 from ..console import log, print_table, progress, warn
-from ..engines.engine_api import EngineClient, Unreachable, chat_body, generate_body
+from ..engines.engine_api import EngineClient, Unreachable, chat_body, checked_count, generate_body
 from ..errors import UsageError
 from ..extras import draw_plot
 from ..run_folder.folders import begin_writing, claim_output, end_writing, refuse_replacing
@@ -40,6 +41,7 @@ class RequestResult:
     verify_ct: int | None = None  # target verify passes (SGLang meta_info.spec_verify_ct)
     accept_length: float | None = None  # tokens per verify pass, as the server reports it
     error: str | None = None
+    recounted: str | None = None  # why the server's token count was not used (engine_api.checked_count)
 
 
 @dataclass
@@ -60,6 +62,8 @@ class LevelResult:
     # vLLM: 1 + accepted / drafts from its /metrics counters over the level
     first_error: str | None = None
     engine_per_position: list[float] | None = None  # vLLM: accepted_per_pos[k] / drafts over the level
+    recounted: int = 0  # requests whose token count the server got wrong, counted again from the answer
+    first_recount: str | None = None  # what the server said for the first of them
 
 
 # ---------------------------------------------------------------- prompts
@@ -85,6 +89,20 @@ def render_payloads(prompts: list[list[dict]], api: str, target: str | Path | No
     return [render(tok, m) for m in prompts]
 
 
+TokenCounter = Callable[[str], int] | None  # the target's tokenizer counting an answer's tokens (None: no --target)
+
+
+def token_counter(target: str | Path | None) -> TokenCounter:
+    """The target's tokenizer as a counter of answer tokens (what a server's own count is checked
+    against); None without --target."""
+    if target is None:
+        return None
+    from ..model.target import open_target
+
+    tok = open_target(target).tokenizer
+    return lambda text: len(tok(text, add_special_tokens=False).input_ids)
+
+
 # ---------------------------------------------------------------- one request
 def request_body(api: str, prompt, model: str, cfg: BenchConfig) -> tuple[str, dict]:
     """(route, body) of one greedy request; `prompt` is token ids for /generate, messages for OpenAI."""
@@ -103,7 +121,24 @@ def request_body(api: str, prompt, model: str, cfg: BenchConfig) -> tuple[str, d
     return "/v1/chat/completions", body
 
 
-async def _request(client: EngineClient, url: str, api: str, prompt, model: str, cfg: BenchConfig) -> RequestResult:
+def _count(reported, cfg: BenchConfig, ids, text, counter: TokenCounter) -> tuple[int, str | None, str | None]:
+    """(tokens, recounted-why, refused-why) of one answer: the server's count checked against the
+    request's max_tokens, else recounted from the token ids or the text that came back."""
+
+    def recount() -> int | None:
+        if isinstance(ids, list):
+            return len(ids)
+        return counter(text) if counter is not None and isinstance(text, str) else None
+
+    c = checked_count(reported, cfg.max_tokens, recount)
+    if c.source == "refused":
+        return 0, None, f"{c.why}; pass --target MODEL_DIR to count the answers with the target's tokenizer"
+    return c.n, c.why, None
+
+
+async def _request(
+    client: EngineClient, url: str, api: str, prompt, model: str, cfg: BenchConfig, counter: TokenCounter = None
+) -> RequestResult:
     """One request; `prompt` is token ids for /generate, chat messages for the OpenAI API."""
     route, body = request_body(api, prompt, model, cfg)
     t0 = time.perf_counter()
@@ -118,21 +153,39 @@ async def _request(client: EngineClient, url: str, api: str, prompt, model: str,
     except json.JSONDecodeError as e:
         return RequestResult(False, time.perf_counter() - t0, error=f"{type(e).__name__}: {e}"[:200])
     if api == "generate":
-        meta = (data[0] if isinstance(data, list) else data).get("meta_info") or {}
-        tokens = int(meta.get("completion_tokens") or 0)
-        verify = meta.get("spec_verify_ct")
-        verify = int(verify) if verify else None
+        one = (data[0] if isinstance(data, list) else data) or {}
+        meta = one.get("meta_info") or {}
+        tokens, why, refused = _count(
+            meta.get("completion_tokens"), cfg, one.get("output_ids"), one.get("text"), counter
+        )
+        if refused:
+            return RequestResult(False, latency, error=refused)
+        verify = _positive_int(meta.get("spec_verify_ct"))
         acc = meta.get("spec_accept_length")
-        if acc is None and verify:
-            acc = tokens / verify
-        return RequestResult(True, latency, tokens, verify, float(acc) if acc is not None else None)
-    tokens = int(((data.get("usage") or {}).get("completion_tokens")) or 0)
+        if acc is None or why is not None:  # a server that miscounts tokens: its own ratio is not used either
+            acc = tokens / verify if verify else None
+        return RequestResult(True, latency, tokens, verify, float(acc) if acc is not None else None, recounted=why)
+    data = data if isinstance(data, dict) else {}
+    choices = data.get("choices")
+    first = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
+    text = (first.get("message") or {}).get("content")
+    usage = data.get("usage")
+    reported = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens, why, refused = _count(reported, cfg, None, text, counter)
+    if refused:
+        return RequestResult(False, latency, error=refused)
     spec = (data.get("sglext") or {}).get("spec_tokens_details")
     spec = spec[0] if isinstance(spec, list) and spec else spec
-    if isinstance(spec, dict) and spec.get("spec_verify_ct"):
-        verify = int(spec["spec_verify_ct"])
-        return RequestResult(True, latency, tokens, verify, float(spec.get("spec_accept_length") or tokens / verify))
-    return RequestResult(True, latency, tokens)
+    verify = _positive_int(spec.get("spec_verify_ct")) if isinstance(spec, dict) else None
+    if verify and isinstance(spec, dict):
+        acc = spec.get("spec_accept_length") if why is None else None
+        return RequestResult(True, latency, tokens, verify, float(acc or tokens / verify), recounted=why)
+    return RequestResult(True, latency, tokens, recounted=why)
+
+
+def _positive_int(v) -> int | None:
+    """A count of verify passes as the server reports it, when it is one (else not used)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -156,11 +209,17 @@ async def _check_reachable(client: EngineClient, label: str, url: str) -> None:
 
 # ---------------------------------------------------------------- one level
 async def run_level(
-    label: str, url: str, prompts: list, concurrency: int, n_requests: int, cfg: BenchConfig
+    label: str,
+    url: str,
+    prompts: list,
+    concurrency: int,
+    n_requests: int,
+    cfg: BenchConfig,
+    counter: TokenCounter = None,
 ) -> LevelResult:
     async with EngineClient(timeout_s=cfg.timeout, concurrency=concurrency) as client:
         model = await client.model_name([url]) if cfg.api == "openai" else ""
-        await _request(client, url, cfg.api, prompts[0], model, cfg)  # warm-up, not counted
+        await _request(client, url, cfg.api, prompts[0], model, cfg, counter)  # warm-up, not counted
         before = await client.spec_counters(url)  # vLLM: its own counters, differenced over the level
         sem = asyncio.Semaphore(concurrency)
         results: list[RequestResult] = []
@@ -168,7 +227,7 @@ async def run_level(
 
             async def one(i: int) -> None:
                 async with sem:
-                    res = await _request(client, url, cfg.api, prompts[i % len(prompts)], model, cfg)
+                    res = await _request(client, url, cfg.api, prompts[i % len(prompts)], model, cfg, counter)
                 results.append(res)
                 bar.advance(1, tokens=res.completion_tokens)
 
@@ -203,6 +262,8 @@ async def run_level(
         server_accept_length=server_acc,
         first_error=errors[0] if errors else None,
         engine_per_position=counters.per_position() if counters is not None and counters.drafts else None,
+        recounted=sum(1 for r in good if r.recounted),
+        first_recount=next((r.recounted for r in good if r.recounted), None),
     )
 
 
@@ -266,6 +327,7 @@ def run_bench(cfg: BenchConfig) -> Path:
     refuse_replacing(Path(cfg.out), "serve-bench", config_dict(cfg), cfg.overwrite)
     remove_dead_temps(Path(cfg.out))
     prompts = render_payloads(load_prompts(cfg.prompts), cfg.api, cfg.target)
+    counter = token_counter(cfg.target)
     servers = [("speculative", cfg.spec_url.rstrip("/"))]
     if cfg.base_url:
         servers.append(("baseline", cfg.base_url.rstrip("/")))
@@ -285,7 +347,7 @@ def run_bench(cfg: BenchConfig) -> Path:
         levels = []
         for c in cfg.concurrency:
             for label, url in servers:
-                levels.append(await run_level(label, url, prompts, c, max(cfg.requests, 2 * c), cfg))
+                levels.append(await run_level(label, url, prompts, c, max(cfg.requests, 2 * c), cfg, counter))
         return levels
 
     levels = asyncio.run(main())
@@ -307,6 +369,7 @@ def run_bench(cfg: BenchConfig) -> Path:
             _fmt(r.accept_length),
             _fmt(r.server_accept_length),
             _fmt(sp.get(r.concurrency)) if r.server == "speculative" else "",
+            r.recounted,
         ]
         for r in levels
     ]
@@ -324,9 +387,14 @@ def run_bench(cfg: BenchConfig) -> Path:
             "accept len",
             "server accept",
             "speed-up",
+            "recounted",
         ],
         rows,
     )
+    recounted = sum(r.recounted for r in levels)
+    if recounted:
+        first = next(r.first_recount for r in levels if r.first_recount)
+        warn(f"{recounted} answer(s) were counted again with the target's tokenizer: {first}")
     if sp:
         verdict = (
             f"speculation stops paying at concurrency {cross}"

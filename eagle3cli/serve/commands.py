@@ -14,15 +14,18 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
+from pydantic import Field
 from rich.markup import escape
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from ..console import log, out, warn
 from ..engines import sglang, vllm
 from ..engines.serving import SpecNumbers
 from ..errors import UsageError
 from ..head.check import Problem, error, raise_if_errors
+from ..run_folder.manifest import check_schema, read_json_object
 from .engine_args import engine as serving_engine
 from .engine_args import sglang_parser_unavailable_reason
 
@@ -37,6 +40,18 @@ __all__ = ["SpecNumbers", "build_command", "format_command", "resolve_spec"]  # 
 SET_BY_USER = "--steps/--topk/--draft-tokens (flags or recipe)"
 
 
+class _Recommended(TypedDict):
+    steps: Annotated[int, Field(ge=1, le=1024)]
+    topk: Annotated[int, Field(ge=1, le=1024)]
+    num_draft_tokens: Annotated[int, Field(ge=1, le=1 << 16)]
+
+
+class EvalRecommendation(TypedDict):
+    """What serve reads of an eval report (`--from-eval`): the numbers it hands the engine."""
+
+    recommended: _Recommended
+
+
 def spec_from_eval(eval_dir: Path) -> SpecNumbers:
     """`recommended: {steps, topk, num_draft_tokens}` from `runs/NAME/eval/report.json`."""
     eval_dir = Path(eval_dir)
@@ -49,17 +64,10 @@ def spec_from_eval(eval_dir: Path) -> SpecNumbers:
             "an eval folder with report.json (runs/NAME/eval)",
             "eagle3 eval --run runs/NAME   (or give --steps --topk --draft-tokens)",
         )
-    try:
-        rec = json.loads(report.read_text()).get("recommended")
-    except (json.JSONDecodeError, AttributeError) as e:
-        raise UsageError(f"{report} is not a JSON report ({e})", "the report.json `eagle3 eval` writes") from e
-    keys = ("steps", "topk", "num_draft_tokens")
-    if not isinstance(rec, dict) or any(not isinstance(rec.get(k), int) for k in keys):
-        raise UsageError(
-            f"{report} has no usable `recommended` block (found {rec!r})",
-            "recommended: {steps: int, topk: int, num_draft_tokens: int}",
-            "re-run eagle3 eval, or give --steps --topk --draft-tokens",
-        )
+    nxt = "re-run eagle3 eval, or give --steps --topk --draft-tokens"
+    expected = "an eval report with a usable `recommended` block"
+    data = check_schema(read_json_object(report, expected, nxt), EvalRecommendation, report, expected, nxt)
+    rec = data["recommended"]
     return SpecNumbers(rec["steps"], rec["topk"], rec["num_draft_tokens"], source=f"{report} (recommended)")
 
 

@@ -24,9 +24,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import NotRequired, TypedDict  # pydantic reads TypedDicts from here before 3.12
 
 from ..errors import StageError
 from ..readers.jsonl import split_byte_lines
+from ..readers.limits import check_regular_file
 from ..run_folder.manifest import atomic_write_bytes, atomic_write_tensors
 
 CKPT_DIR = "checkpoints"
@@ -183,13 +185,19 @@ def latest(train_dir: Path) -> Path | None:
     return link.resolve() if link.is_symlink() and link.resolve().exists() else None
 
 
-def _damaged(path: Path, why: str) -> StageError:
+def damaged_next(path: Path) -> str:
     run = path.parent.parent.parent if path.parent.name == CKPT_DIR else path.parent.parent.parent.parent
+    return (
+        f"point {path.parent / 'last'} at an older step-*.safetensors (ln -sfn NAME last), "
+        f"or start over: eagle3 train --run {run} --no-resume"
+    )
+
+
+def _damaged(path: Path, why: str) -> StageError:
     return StageError(
         f"checkpoint {path} cannot be loaded: {why}",
         "a checkpoint written by `eagle3 train` (tensors + JSON state)",
-        f"point {path.parent / 'last'} at an older step-*.safetensors (ln -sfn NAME last), "
-        f"or start over: eagle3 train --run {run} --no-resume",
+        damaged_next(path),
     )
 
 
@@ -197,6 +205,7 @@ def load(path: Path) -> dict:
     """The state saved by `save`. Never unpickles code: safetensors + JSON, or (legacy .pt)
     torch's weights-only unpickler, which refuses anything but tensors and plain containers."""
     path = Path(path)
+    check_regular_file(path, "a training checkpoint", damaged_next(path))  # a FIFO: no hang
     if path.suffix == LEGACY_SUFFIX:
         try:
             return torch.load(path, map_location="cpu", weights_only=True)
@@ -217,6 +226,58 @@ def load(path: Path) -> dict:
         return unpack(skeleton, tensors)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
         raise _damaged(path, f"its JSON state is malformed ({type(e).__name__}: {e})") from e
+
+
+class _LambdaLRState(TypedDict):
+    lr_lambdas: list[Any]  # LambdaLR.load_state_dict pops it: a missing one was a KeyError
+    base_lrs: list[Any]
+    last_epoch: int
+
+
+class _PairState(TypedDict):
+    muon: _LambdaLRState
+    adamw: _LambdaLRState
+
+
+class CheckpointState(TypedDict):
+    """What a resume reads from a checkpoint's JSON state (DeepSpeed's keep model, optimizer and
+    scheduler in their own files, named by `ds_tag`)."""
+
+    step: int
+    epoch: int
+    batch_pos: int
+    tokens_seen: int
+    config: dict[str, Any]
+    model: NotRequired[dict[str, Any]]
+    optimizer: NotRequired[dict[str, Any]]
+    scheduler: NotRequired[_LambdaLRState | _PairState]
+    ds_tag: NotRequired[str]
+
+
+def restore(path: Path, state: dict, draft: torch.nn.Module, optimizer, scheduler) -> None:
+    """Load a single-process checkpoint's state into the draft, optimizer and scheduler: a tensor of
+    another shape, a missing or unknown name, or optimizer/scheduler state the loaders refuse names
+    the checkpoint (exit 2), not a RuntimeError from load_state_dict."""
+    embed = draft.state_dict()["embed_tokens.weight"]  # frozen, the target's: never in a checkpoint
+    own = {k: v for k, v in draft.state_dict().items() if k != "embed_tokens.weight"}
+    saved = state.get("model") or {}
+    bad = [f"{k}: missing" for k in own if k not in saved] + [f"{k}: not the draft's" for k in saved if k not in own]
+    bad += [
+        f"{k}: shape {list(v.shape)}, the draft's is {list(own[k].shape)}"
+        for k, v in saved.items()
+        if k in own and (not isinstance(v, torch.Tensor) or v.shape != own[k].shape)
+    ]
+    if bad:
+        raise _damaged(path, "its weights do not fit this run's draft (" + "; ".join(bad[:4]) + ")")
+    for what, load in (
+        ("model", lambda: draft.load_state_dict({**saved, "embed_tokens.weight": embed})),
+        ("optimizer", lambda: optimizer.load_state_dict(state["optimizer"])),
+        ("scheduler", lambda: scheduler.load_state_dict(dict(state["scheduler"]))),
+    ):
+        try:
+            load()
+        except (KeyError, ValueError, TypeError, RuntimeError, IndexError) as e:
+            raise _damaged(path, f"its {what} state does not load ({type(e).__name__}: {str(e)[:200]})") from e
 
 
 def load_deepspeed(engine, ds_dir: Path, tag: str) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
 from .. import console
 from ..config import config_dict
@@ -25,13 +26,16 @@ from ..errors import StageError
 from ..extras import require
 from ..head.card import CARD
 from ..head.check import nonfinite_tensors
-from ..head.write import save_head, self_check, write_card
+from ..head.write import HEAD_FILES, save_head, self_check, write_card
 from ..node.devices import check_device
+from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
+    StageManifest,
     atomic_write_json,
     read_json,
     remove_dead_temps,
+    schema_problems,
     sha256_file,
     verify_shards,
     write_manifest,
@@ -452,7 +456,7 @@ def keep_best(tr: Trainer) -> dict:
     if tr.deepspeed:
         ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:
-        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
+        ckpt.restore(link.resolve(), state, tr.draft, tr.optimizer, tr.scheduler)  # checked as a resume is
     if tr.rank == 0:
         console.log(f"exporting step {tr.loop.best_step}'s weights: held-out tau {tr.loop.best:.3f}, above the last "
                     f"step's {last_tau:.3f} (--head-from last exports the last)")  # fmt: skip
@@ -532,10 +536,20 @@ def run_train(cfg: TrainConfig) -> Path:
     # ranks started some other way (torchrun) lock from global rank 0.
     if os.environ.get("RANK", "0") != "0":
         return _run_train(cfg)
+    claim_run_folders(cfg.run_dir)
     with stage_lock(cfg.run_dir / "train", "train"):
         for d in (cfg.run_dir / "train", cfg.run_dir / "train" / ckpt.CKPT_DIR, cfg.run_dir / "head"):
             remove_dead_temps(d)  # a checkpoint or head export cut by a kill: a full-size hidden file each
         return _run_train(cfg)
+
+
+def claim_run_folders(run_dir: Path) -> None:
+    """Before anything trains: RUN/train and RUN/head are train's to write (exit 2 otherwise, files
+    kept). A head/ holding a user's config.json + model.safetensors (no manifest of ours), or a link
+    out of the run to such a folder, was overwritten at the end of a run."""
+    nxt = "move those files out of the way (or remove the link), or train in another run: --run runs/OTHER"
+    refuse_link_out(run_dir / "train", "train", nxt, resumable=(f"{ckpt.CKPT_DIR}/*",))
+    claim_output(run_dir / "head", "head", HEAD_FILES, marked=True, command="train", next_step=nxt)
 
 
 def _run_train(cfg: TrainConfig) -> Path:
@@ -576,6 +590,13 @@ def end_rank(code: int) -> None:
     os._exit(code)  # a failed rank leaves at once: the launcher stops the others
 
 
+class FinishedTrain(TypedDict):
+    """What a rerun reads of a finished train's manifest (`finished`)."""
+
+    stage: str
+    steps: int
+
+
 def finished(tr: Trainer) -> bool:
     """A rerun of a completed run: nothing to train, and the exported head is the one its manifest
     lists (so it is not rewritten, and its final metrics stay as they were)."""
@@ -585,5 +606,7 @@ def finished(tr: Trainer) -> bool:
         m, h = read_json(tr.train_dir / "manifest.json"), read_json(tr.head_dir / "manifest.json")
     except (OSError, ValueError):
         return False
+    if schema_problems(h, StageManifest) or schema_problems(m, FinishedTrain):
+        return False  # a hand-edited manifest: the head is exported again and the manifest rewritten
     shards = h.get("shards") or []
     return bool(shards) and m.get("steps") == tr.loop.step and not verify_shards(tr.head_dir, shards)

@@ -24,7 +24,7 @@ from ..config import config_dict
 from ..errors import UsageError
 from ..head.read import init_draft_from_weights
 from ..model.target import open_target, pick_device, pick_dtype
-from ..run_folder.manifest import check_matches, read_json
+from ..run_folder.manifest import check_matches, check_schema, read_json, read_manifest
 from ..speculate.aux_layers import (
     EXPECTED,
     aux_layer_problems,
@@ -209,7 +209,11 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
     """(source, identity dict, target config, {embed, lm_head, norm}, aux ids), all inputs checked."""
     if cfg.online:
         data_dir = cfg.data or run_dir / "data"
-        gm = read_json(data_dir / "manifest.json") if (data_dir / "manifest.json").exists() else {}
+        gm = (
+            read_manifest(data_dir, "gen-data", "eagle3 gen-data --target TARGET --input FILE --run runs/NAME")
+            if (data_dir / "manifest.json").exists()
+            else {}
+        )
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
@@ -544,6 +548,7 @@ def resume(tr: Trainer) -> None:
             metrics.unlink(missing_ok=True)
         return
     state = ckpt.load(path)
+    check_schema(state, ckpt.CheckpointState, path, "a checkpoint written by `eagle3 train`", ckpt.damaged_next(path))
     # a checkpoint written before a setting existed ran with that setting's default
     defaults = {f.name: f.default for f in dataclasses.fields(TrainConfig)}
     new = config_key(tr.cfg)
@@ -571,9 +576,7 @@ def resume(tr: Trainer) -> None:
     if tr.deepspeed:
         ckpt.load_deepspeed(tr.model, tr.train_dir / "deepspeed", state["ds_tag"])
     else:
-        tr.draft.load_state_dict({**state["model"], "embed_tokens.weight": tr.draft.embed_tokens.weight})
-        tr.optimizer.load_state_dict(state["optimizer"])
-        tr.scheduler.load_state_dict(state["scheduler"])
+        ckpt.restore(path, state, tr.draft, tr.optimizer, tr.scheduler)
     gpus_changed = ckpt.set_rng_state(state.get("rng"), path)
     if gpus_changed and tr.rank == 0:
         console.log(f"resume: {gpus_changed}")

@@ -77,7 +77,7 @@ def test_read_manifest_errors_name_the_command(tmp_path):
     with pytest.raises(UsageError) as e:
         read_manifest(tmp_path / "d", "cache", "eagle3 cache --run runs/x")
     assert e.value.next_step == "eagle3 cache --run runs/x"
-    write_manifest(tmp_path / "d", "gen-data", counts={})
+    write_manifest(tmp_path / "d", "gen-data", counts={}, shards=[])
     with pytest.raises(UsageError, match="written by stage 'gen-data'"):
         read_manifest(tmp_path / "d", "cache", "eagle3 cache")
     assert read_manifest(tmp_path / "d", "gen-data", "x")["versions"]["torch"]

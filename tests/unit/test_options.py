@@ -122,6 +122,8 @@ SAMPLES = {
         (0.5, 1.5),
     ),
     ("gen-data", "augment_fraction"): (["--augment-fraction", "0.25"], 0.25),
+    # K answers differ by their temperatures: --answers-per-prompt needs --answer-temperatures
+    ("gen-data", "answers_per_prompt"): (["--answers-per-prompt", "2", "--answer-temperatures", "0.7"], 2),
     ("train", "deepspeed"): (["--deepspeed", "zero2"], "zero2"),
     ("train", "nproc"): (["--deepspeed", "zero2", "--nproc", "2"], 2),
     ("train", "hostfile"): (["--deepspeed", "zero2", "--hostfile", "h"], Path("h")),
@@ -213,3 +215,46 @@ def test_every_recipe_loads_through_the_command_in_its_header(path, parse, monke
         cfg = parse(argv)
         cls, _section = options.STAGE_COMMANDS[argv[0]]
         assert isinstance(cfg, cls)
+
+
+def _numeric(tp) -> bool:
+    args = [a for a in typing.get_args(tp) if a is not type(None)] or [tp]
+    if typing.get_origin(tp) is tuple:
+        args = [typing.get_args(tp)[0]]
+    return any(a in (int, float) for a in args)
+
+
+@pytest.mark.parametrize("cmd, spec", STAGES, ids=[s[0] for s in STAGES])
+def test_every_numeric_option_has_a_bound_that_flags_and_recipes_share(cmd, spec, tmp_path):
+    """config.BOUNDS holds a row for every int/float field of every config (and none for a field that is
+    gone); each default lies inside its row; one past the top is refused, as a flag and as a recipe key,
+    naming the flag."""
+    from eagle3cli.config import BOUNDS, build_config
+    from eagle3cli.errors import UsageError
+
+    cls, section = spec
+    fields = _fields(cls)
+    numeric = {f.name for f, tp in fields if _numeric(tp)}
+    rows = BOUNDS.get(section, {})
+    assert sorted(numeric - set(rows)) == [], f"{cmd}: numeric options without a row in config.BOUNDS"
+    assert sorted(set(rows) - numeric) == [], f"{cmd}: rows of config.BOUNDS naming no option"
+    for f, tp in fields:
+        if f.name not in rows:
+            continue
+        lo, hi = rows[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else None
+        for v in default if isinstance(default, tuple) else (default,):
+            assert v is None or lo <= v <= hi, (cmd, f.name, v)
+        big = hi + 1 if isinstance(hi, int) else hi * 2
+        value = (
+            (big,) if typing.get_origin(tp) is tuple or tuple in map(typing.get_origin, typing.get_args(tp)) else big
+        )
+        flag = "--" + f.name.replace("_", "-")
+        with pytest.raises(UsageError) as e:
+            build_config(cls, None, section, **{f.name: value})
+        assert flag in str(e.value), (cmd, f.name, str(e.value)[:400])
+        recipe = tmp_path / f"{f.name}.yaml"
+        recipe.write_text(yaml.safe_dump({f.name: list(value) if isinstance(value, tuple) else value}))
+        with pytest.raises(UsageError) as e:
+            build_config(cls, recipe, section)
+        assert flag in str(e.value), (cmd, f.name, str(e.value)[:400])

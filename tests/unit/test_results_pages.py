@@ -44,7 +44,7 @@ def test_the_user_page_holds_no_work_item_tables():
 
 
 def test_a_gpu_check_section_says_it_has_not_run_until_its_key_exists():
-    assert "## On a GPU\n\nNot yet run on a GPU: `.venv/bin/python tools/gpu_check.py" in page(DATA)
+    assert "## On a GPU\n\nNot yet run on a GPU: `python tools/gpu_check.py" in page(DATA)
     assert "not yet run on a GPU" in readme_table(DATA)
     d = copy.deepcopy(DATA)
     d["gpu_check"] = {"device": "H100", "checks": [{"check": "serve sglang", "passed": True, "seconds": 12.5}]}

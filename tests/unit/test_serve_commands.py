@@ -59,7 +59,7 @@ def test_eval_report_errors(tmp_path):
     with pytest.raises(UsageError, match="does not exist"):
         spec_from_eval(tmp_path / "nope")
     ev = write_report(tmp_path / "eval", {"steps": 6})
-    with pytest.raises(UsageError, match="no usable `recommended`"):
+    with pytest.raises(UsageError, match="usable `recommended`"):
         spec_from_eval(ev)
 
 

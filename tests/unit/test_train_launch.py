@@ -183,7 +183,7 @@ def test_multi_node_refuses_a_node_without_the_venv_or_the_run_folder(tmp_path, 
 FAKE_DEEPSPEED = r"""#!/bin/sh
 # fake deepspeed launcher: exit 0; with FAKE_EXPORT=1 first write what rank 0 writes at the end
 if [ "$FAKE_EXPORT" = 1 ]; then
-  mkdir -p "$FAKE_RUN/head" && echo '{}' > "$FAKE_RUN/head/manifest.json" && echo '{}' > "$FAKE_RUN/train/manifest.json"
+  mkdir -p "$FAKE_RUN/head" && echo '{"schema_version": 1, "stage": "head"}' > "$FAKE_RUN/head/manifest.json" && echo '{}' > "$FAKE_RUN/train/manifest.json"
 fi
 exit 0
 """
@@ -197,7 +197,9 @@ def test_launch_that_exports_no_head_exits_nonzero(tmp_path, fake_cluster, monke
     _write_exe(tmp_path / "bin" / "deepspeed", FAKE_DEEPSPEED)
     monkeypatch.setenv("FAKE_RUN", str(run))
     (run / "head").mkdir()
-    (run / "head" / "manifest.json").write_text("{}")  # an older head does not count
+    (run / "head" / "manifest.json").write_text(
+        '{"schema_version": 1, "stage": "head"}'
+    )  # an older head does not count
     assert main(["train", "--run", str(run), "--deepspeed", "zero2", "--nproc", "2"]) == 2
     assert "exited 0 but no head was exported" in capsys.readouterr().err
     monkeypatch.setenv("FAKE_EXPORT", "1")
