@@ -37,6 +37,13 @@ KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB the CPU build reserves for KV (and
 HF_ROUTE = "rerun without --engine (the target in eagle3's own process)"
 
 
+def log_end(path: Path, lines: int = 8) -> str:
+    """The engine log's last lines without traceback frames: the error's own lines say what happened,
+    and the whole log is one path away."""
+    said = [ln for ln in tail(path, 200).splitlines() if ln.strip() and not ln.startswith((" ", "\t", "Traceback"))]
+    return "\n".join(said[-lines:])
+
+
 def engine_dtype(dtype: str, cpu_build: bool) -> str:
     """vLLM's --dtype for a cache `--dtype`: auto = fp32 on the CPU build, bf16 on GPUs (the hf route's rule)."""
     if dtype == "auto":
@@ -109,13 +116,23 @@ class VllmCapture:
         env.setdefault(KVCACHE_ENV, "2")
         read_fd, write_fd = os.pipe()
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "ab") as logf:
-            self._proc = subprocess.Popen(
-                [self.python, str(CHILD), json.dumps(spec), str(write_fd)],
-                stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
-                start_new_session=True, preexec_fn=_die_with_parent,
-            )  # fmt: skip
-        os.close(write_fd)
+        try:
+            with open(self.log_path, "ab") as logf:
+                self._proc = subprocess.Popen(
+                    [self.python, str(CHILD), json.dumps(spec), str(write_fd)],
+                    stdin=subprocess.PIPE, stdout=logf, stderr=subprocess.STDOUT, env=env, pass_fds=(write_fd,),
+                    start_new_session=True, preexec_fn=_die_with_parent,
+                )  # fmt: skip
+        except OSError as e:
+            os.close(read_fd)
+            self.__exit__(None, None, None)
+            raise UsageError(
+                f"--engine vllm: could not start {self.python}: {e}",
+                "a python whose environment has vLLM (--engine-python)",
+                f"make vllm-cpu, or pass --engine-python PYTHON; or {HF_ROUTE}",
+            ) from e
+        finally:
+            os.close(write_fd)
         self._fd = read_fd
         try:
             ready = self._reply(START_TIMEOUT_S, starting=True)
@@ -141,11 +158,16 @@ class VllmCapture:
             self._states = None
 
     # ------------------------------------------------------------------ protocol
-    def _died(self, what: str) -> IncompleteError:
+    def _died(self, what: str, starting: bool) -> UsageError:
+        """A start that fails is a setup to fix (exit 2); an engine lost mid-cache is work a rerun finishes (exit 3)."""
         code = self._proc.poll() if self._proc is not None else None
+        said = f"--engine vllm: the engine {what} (exit code {code}). Its log ({self.log_path}) ends:\n{log_end(self.log_path)}"
+        if starting:
+            return StageError(
+                said, "vLLM starting on the target (vllm-cpu from `make vllm-cpu`, or a CUDA vLLM)", HF_ROUTE
+            )
         return IncompleteError(
-            f"--engine vllm: the engine {what} (exit code {code}). Its log ({self.log_path}) ends:\n"
-            f"{tail(self.log_path)}",
+            said,
             "an engine that runs until the cache is done",
             f"rerun the same command: finished shards are kept and only the rest is computed; or {HF_ROUTE}",
         )
@@ -163,10 +185,10 @@ class VllmCapture:
                     continue
                 self._proc.wait(timeout=30)  # EOF: the child is gone
             if self._proc.poll() is not None:
-                raise self._died("exited before it was ready" if starting else "died while capturing")
+                raise self._died("exited before it was ready" if starting else "died while capturing", starting)
             now = time.monotonic()
             if timeout_s is not None and now - start > timeout_s:
-                raise self._died(f"was not ready after {timeout_s:.0f} s")
+                raise self._died(f"was not ready after {timeout_s:.0f} s", starting)
             if starting and self.on_wait is not None and now - said >= 15:
                 said = now
                 self.on_wait(now - start)
@@ -182,7 +204,7 @@ class VllmCapture:
             self._proc.stdin.write((json.dumps({"id": rid, "prompts": prompts}) + "\n").encode())
             self._proc.stdin.flush()
         except (BrokenPipeError, OSError) as e:
-            raise self._died("was gone when a batch was sent") from e
+            raise self._died("was gone when a batch was sent", False) from e
         reply = self._reply(None)
         paths = reply.get("paths")
         if reply.get("id") != rid or not isinstance(paths, list) or len(paths) != len(prompts):

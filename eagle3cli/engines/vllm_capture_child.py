@@ -19,6 +19,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import sys
 
 import torch
@@ -69,6 +70,9 @@ def _written(path: str) -> str:
 
 
 def main(spec: dict, proto_fd: int) -> None:
+    # SIGTERM (eagle3 stopping us, or dying: PR_SET_PDEATHSIG) unwinds, so vLLM's shutdown stops the
+    # engine-core and worker processes it started; Python's default would leave them running
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     proto = os.fdopen(proto_fd, "w", buffering=1)
 
     def send(obj: dict) -> None:

@@ -1,0 +1,130 @@
+"""`eagle3 cache` with the target in eagle3 (hf) against the target in vLLM (`--engine vllm`), on the
+same records, run side by side: both commands start together, each pinned to its own core with
+OMP_NUM_THREADS=1 (the engine's OpenMP threads bound to the same core: VLLM_CPU_OMP_THREADS_BIND),
+so load from other processes falls on both alike.
+
+    .venv/bin/python benchmarks/stages/engine_capture.py --target models/smollm2-135m \
+        --data corpora/smollm2-135m-sharegpt-vllm --max-samples 200 --work runs/bench/engine-capture \
+        --out runs/bench/engine-capture.json
+
+Prints one JSON object: each route's tokens/s (the manifest's: target forward + encode + write, model
+load and engine start excluded) and wall seconds (everything), and the engine cache against the hf
+cache per tensor: max over samples of max |engine - hf| / max |hf| (bf16 storage, so one rounding
+step of bf16 is 0.4% of a value).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from eagle3cli.engines.local_engine import _vllm_version, vllm_python  # noqa: E402
+
+
+def cache_argv(args, out: Path, *more: str) -> list[str]:
+    return [
+        sys.executable, "-m", "eagle3cli", "cache", "--data", str(args.data), "--out", str(out),
+        "--target", str(args.target), "--max-samples", str(args.max_samples), "--max-length", str(args.max_length),
+        *more,
+    ]  # fmt: skip
+
+
+def side_by_side(runs: dict[str, tuple[list[str], int, dict]], logs: Path) -> dict[str, float]:
+    """Start every command at once, each pinned to its core; wall seconds of each."""
+    procs, t0, seconds = {}, time.time(), {}
+    for name, (argv, core, env) in runs.items():
+        procs[name] = subprocess.Popen(
+            argv, cwd=REPO, env=env, stdout=(logs / f"{name}.log").open("w"), stderr=subprocess.STDOUT,
+            preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}),
+        )  # fmt: skip
+    for name, p in procs.items():
+        if p.wait() != 0:
+            raise SystemExit(f"{name} failed (exit {p.returncode}); see {logs / f'{name}.log'}")
+        seconds[name] = round(time.time() - t0, 1)
+    return seconds
+
+
+def compare(hf: Path, engine: Path) -> dict:
+    import torch
+
+    from eagle3cli.cache import CacheReader  # noqa: I001
+
+    a, b = CacheReader(hf), CacheReader(engine)
+    worst: dict[str, float] = {}
+    for i in range(len(a)):
+        x, y = a[i], b[i]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        for k in ("aux_hidden", "last_hidden"):
+            worst[k] = max(worst.get(k, 0.0), ((x[k] - y[k]).abs().max() / x[k].abs().max()).item())
+    return {
+        "max_rel_err": round(max(worst.values()), 5),
+        "max_rel_err_by_tensor": {k: round(v, 5) for k, v in worst.items()},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default="models/smollm2-135m")
+    ap.add_argument("--data", default="corpora/smollm2-135m-sharegpt-vllm")
+    ap.add_argument("--max-samples", type=int, default=200)
+    ap.add_argument("--max-length", type=int, default=2048)
+    ap.add_argument("--work", type=Path, default=Path("runs/bench/engine-capture"))
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    args = ap.parse_args()
+    if len(os.sched_getaffinity(0)) < 2:
+        raise SystemExit("needs two cores: one per route")
+    shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True)
+    base = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    cores = sorted(os.sched_getaffinity(0))[:2]
+    runs = {
+        "hf": (cache_argv(args, args.work / "hf"), cores[1], base),
+        "engine": (
+            cache_argv(args, args.work / "engine", "--engine", "vllm"),
+            cores[0],
+            {**base, "VLLM_CPU_OMP_THREADS_BIND": str(cores[0])},
+        ),
+    }
+    wall = side_by_side(runs, args.work)
+    manifests = {name: json.loads((args.work / name / "manifest.json").read_text()) for name in runs}
+    tokens = manifests["hf"]["counts"]["tokens"]
+    assert manifests["engine"]["counts"] == manifests["hf"]["counts"]
+    result = {
+        "target": str(args.target),
+        "data": str(args.data),
+        "samples": manifests["hf"]["counts"]["samples"],
+        "tokens": tokens,
+        "storage": manifests["hf"]["storage"],
+        "how": "both routes at once, one core each (sched_setaffinity), OMP_NUM_THREADS=1; "
+        "the engine's OpenMP threads bound to its core (VLLM_CPU_OMP_THREADS_BIND)",
+        "tokens_per_s_hf": manifests["hf"]["throughput"]["tokens_per_s"],
+        "tokens_per_s_engine": manifests["engine"]["throughput"]["tokens_per_s"],
+        "wall_s_hf": wall["hf"],
+        "wall_s_engine": wall["engine"],
+        "engine": _vllm_version(vllm_python() or "") or "vllm",
+        **compare(args.work / "hf", args.work / "engine"),
+        "commands": [
+            " ".join(runs[n][0])
+            .replace(sys.executable, ".venv/bin/python")
+            .replace(".venv/bin/python -m eagle3cli", "eagle3")
+            for n in runs
+        ],
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

