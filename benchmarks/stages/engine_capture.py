@@ -71,6 +71,39 @@ def compare(hf: Path, engine: Path) -> dict:
     }
 
 
+def train_both(args, runs: dict, env: dict) -> dict:
+    """A head on each cache, same seed and steps, side by side; the held-out tau each ends with (each
+    cache's own held-out samples: the same conversations, the same seeded split)."""
+    steps = args.train_steps
+    train = {
+        name: (
+            [
+                sys.executable, "-m", "eagle3cli", "train", "--run", str(args.work / f"run-{name}"),
+                "--cache", str(args.work / name), "--max-steps", str(steps), "--seed", "0",
+                "--heldout-every", str(steps), "--log-every", "10", "--save-every", str(10 * (steps // 10 or 1)),
+            ],
+            runs[name][1],
+            env,
+        )
+        for name in runs
+    }  # fmt: skip
+    side_by_side(train, args.work)
+    out: dict = {"train_steps": steps}
+    for name in train:
+        rows = [json.loads(x) for x in (args.work / f"run-{name}" / "train" / "metrics.jsonl").read_text().splitlines()]
+        last = [r for r in rows if "heldout_tau" in r][-1]
+        out[f"heldout_tau_{name}"] = round(last["heldout_tau"], 4)
+        out.setdefault("heldout_samples", last.get("heldout_samples"))
+    out["heldout_tau_diff"] = round(out["heldout_tau_engine"] - out["heldout_tau_hf"], 4)
+    out["commands"] = [
+        " ".join(train[n][0])
+        .replace(sys.executable, ".venv/bin/python")
+        .replace(".venv/bin/python -m eagle3cli", "eagle3")
+        for n in train
+    ]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="models/smollm2-135m")
@@ -79,11 +112,15 @@ def main() -> None:
     ap.add_argument("--max-length", type=int, default=2048)
     ap.add_argument("--work", type=Path, default=Path("runs/bench/engine-capture"))
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
+    ap.add_argument("--train-steps", type=int, default=0, help="then train a head on each cache (same seed, steps)")
+    ap.add_argument("--keep", action="store_true", help="reuse the caches a previous run left in --work")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("needs two cores: one per route")
-    shutil.rmtree(args.work, ignore_errors=True)
-    args.work.mkdir(parents=True)
+    done = all((args.work / n / "manifest.json").exists() for n in ("hf", "engine"))
+    if not (args.keep and done):
+        shutil.rmtree(args.work, ignore_errors=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     base = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     cores = sorted(os.sched_getaffinity(0))[:2]
     runs = {
@@ -94,7 +131,9 @@ def main() -> None:
             {**base, "VLLM_CPU_OMP_THREADS_BIND": str(cores[0])},
         ),
     }
-    wall = side_by_side(runs, args.work)
+    previous = json.loads((args.work / "result.json").read_text()) if args.keep and done else None
+    wall = previous["wall"] if previous else side_by_side(runs, args.work)
+    (args.work / "result.json").write_text(json.dumps({"wall": wall}))
     manifests = {name: json.loads((args.work / name / "manifest.json").read_text()) for name in runs}
     tokens = manifests["hf"]["counts"]["tokens"]
     assert manifests["engine"]["counts"] == manifests["hf"]["counts"]
@@ -119,6 +158,10 @@ def main() -> None:
             for n in runs
         ],
     }
+    if args.train_steps:
+        trained = train_both(args, runs, base)
+        result["commands"] += trained.pop("commands")
+        result.update(trained)
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -192,11 +192,12 @@ def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan,
         python=cfg.engine_python,
         on_wait=lambda s: log(f"cache: waiting for vLLM to load the target ({s:.0f} s)"),
     )
+    # the engine returns the last layer's output before the final norm: the target's own norm finishes it
+    # (read first: a target without one is refused before minutes of engine start)
+    tail = load_tail(target_path, engine.torch_dtype, lm_head=cfg.storage == "compact")
     log(f"cache: starting {engine.version} ({engine.dtype}) on {target_path}; its log: {log_path}")
     stack.enter_context(engine)
     log(f"cache: vLLM is capturing layers {engine.layer_ids} on {engine.platform}")
-    # the engine returns the last layer's output before the final norm: the target's own norm finishes it
-    tail = load_tail(target_path, engine.torch_dtype, lm_head=cfg.storage == "compact")
     return EngineFeatures(engine, tail)
 
 

