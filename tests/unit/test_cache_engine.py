@@ -100,6 +100,31 @@ def fake_engine(monkeypatch):
     monkeypatch.delenv("FAKE_ENGINE_FAULT", raising=False)
 
 
+def test_capture_returns_aux_and_the_pre_norm_state_per_sequence(tmp_path, deep_target_dir, fake_engine):
+    """The interface the engine adapters build on: per sequence, aux [T, n_aux, H] and the last layer's
+    output before the final norm [T, H]; the target's own norm (from its tensors) finishes it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(deep_target_dir), dtype=torch.float32).eval()
+    batches = [[[1, 5, 9, 13, 2], [7, 7, 8]], [[3, 4]]]
+    got = list(
+        vllm_capture.capture(
+            deep_target_dir, batches, (2, 4, 5), 8, 64, log_path=tmp_path / "engine.log", dtype="fp32",
+            python=sys.executable,
+        )
+    )  # fmt: skip
+    assert [len(b) for b in got] == [2, 1]
+    tail = load_tail(deep_target_dir, torch.float32, lm_head=False)
+    for batch, answers in zip(batches, got, strict=True):
+        for ids, (aux, pre) in zip(batch, answers, strict=True):
+            assert aux.shape == (len(ids), 3, 64) and pre.shape == (len(ids), 64)
+            with torch.no_grad():
+                out = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+            assert torch.allclose(aux[:, 1], out.hidden_states[4][0], atol=1e-5)
+            assert not torch.allclose(pre, out.last_hidden_state[0], atol=1e-3)  # not normed yet
+            assert torch.allclose(final_norm(tail)(pre), out.last_hidden_state[0], atol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, deep_target_dir):
     return write_data_folder(tmp_path_factory.mktemp("engine") / "data", deep_target_dir, conversations(10))
