@@ -34,7 +34,20 @@ from .local_engine import _die_with_parent, _vllm_version, stop, tail, vllm_load
 CHILD = Path(__file__).with_name("vllm_capture_child.py")
 START_TIMEOUT_S = 900.0  # vLLM's CPU build loads in ~1 min alone, several on 2 busy cores
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB the CPU build reserves for KV (and, here, hidden states)
+STATES_PREFIX = "eagle3-engine-states-"  # + pid: a killed run's folder is found and removed by the next
 HF_ROUTE = "rerun without --engine (the target in eagle3's own process)"
+
+
+def _remove_dead_states() -> None:
+    """States folders of eagle3 processes that were killed (SIGKILL skips our cleanup): at most one
+    batch's files each, removed by the next capture on this machine."""
+    for d in Path(tempfile.gettempdir()).glob(f"{STATES_PREFIX}*-*"):
+        try:
+            os.kill(int(d.name[len(STATES_PREFIX) :].split("-")[0]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
 
 
 def log_end(path: Path, lines: int = 8) -> str:
@@ -97,7 +110,8 @@ class VllmCapture:
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> VllmCapture:
-        self._states = Path(tempfile.mkdtemp(prefix="eagle3-engine-states-"))
+        _remove_dead_states()
+        self._states = Path(tempfile.mkdtemp(prefix=f"{STATES_PREFIX}{os.getpid()}-"))
         spec = {
             "model": str(vllm_loadable(self.target)),
             "dtype": self.dtype,

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -91,10 +92,13 @@ def test_engine_cache_survives_two_kills_and_equals_the_hf_cache(run, tmp_path):
     _wait_for(out / ".shard-00000.json", proc, tmp_path / "1.log")
     child = _engine_child(proc)
     family = [child, *child.children(recursive=True)]
+    proc_1 = proc.pid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     gone, alive = psutil.wait_procs(family, timeout=120)
     assert not alive, f"engine processes outlived eagle3: {alive}"
+    states = list(Path(tempfile.gettempdir()).glob(f"eagle3-engine-states-{proc_1}-*"))
+    assert states  # SIGKILL skips eagle3's cleanup: the next capture removes it
     assert not (out / "manifest.json").exists()
     kept = {p.name: p.read_bytes() for p in out.glob("shard-*.safetensors") if (out / f".{p.stem}.json").exists()}
     assert kept
@@ -108,6 +112,7 @@ def test_engine_cache_survives_two_kills_and_equals_the_hf_cache(run, tmp_path):
     said = " ".join((tmp_path / "2.log").read_text().split())
     assert "the engine died while capturing" in said and "rerun the same command" in said
     assert all((out / name).read_bytes() == data for name, data in kept.items())
+    assert not any(d.exists() for d in states), "the killed run's states folder was not removed"
 
     # 3. and finishes
     r = subprocess.run(

@@ -7,6 +7,7 @@ the slow tier's (tests/integration/test_cache_vllm.py)."""
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from pathlib import Path
@@ -242,3 +243,18 @@ def test_an_engine_that_cannot_start_exits_2_with_its_log(tmp_path, data, deep_t
     assert cache(data, tmp_path / "c", deep_target_dir, *engine_flags()) == 2
     text = err(capsys)
     assert "exited before it was ready" in text and "ModuleNotFoundError" in text and "without --engine" in text
+
+
+def test_a_killed_runs_states_folder_is_removed_by_the_next_capture(tmp_path, monkeypatch):
+    import subprocess
+
+    monkeypatch.setattr(vllm_capture.tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    gone = tmp_path / f"{vllm_capture.STATES_PREFIX}{int(dead.stdout)}-abc"
+    live = tmp_path / f"{vllm_capture.STATES_PREFIX}{os.getpid()}-def"
+    other = tmp_path / "eagle3-engine-states-notapid-x"
+    for d in (gone, live, other):
+        d.mkdir()
+        (d / "0-1.safetensors").write_bytes(b"x")
+    vllm_capture._remove_dead_states()
+    assert not gone.exists() and live.exists() and other.exists()
