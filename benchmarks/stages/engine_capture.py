@@ -46,54 +46,79 @@ def side_by_side(runs: dict[str, tuple[list[str], int, dict]], logs: Path) -> di
             argv, cwd=REPO, env=env, stdout=(logs / f"{name}.log").open("w"), stderr=subprocess.STDOUT,
             preexec_fn=lambda core=core: os.sched_setaffinity(0, {core}),
         )  # fmt: skip
-    for name, p in procs.items():
-        if p.wait() != 0:
-            raise SystemExit(f"{name} failed (exit {p.returncode}); see {logs / f'{name}.log'}")
-        seconds[name] = round(time.time() - t0, 1)
+    while len(seconds) < len(procs):  # each one's own finish time, whichever ends first
+        for name, p in procs.items():
+            if name not in seconds and p.poll() is not None:
+                if p.returncode != 0:
+                    raise SystemExit(f"{name} failed (exit {p.returncode}); see {logs / f'{name}.log'}")
+                seconds[name] = round(time.time() - t0, 1)
+        time.sleep(0.5)
     return seconds
 
 
 def compare(hf: Path, engine: Path) -> dict:
+    """Every tensor the reader gives: float ones as max over samples of max |engine - hf| / max |hf| (the
+    issue's per-tensor measure) and of the per-token relative error ||engine - hf|| / ||hf|| (which a
+    large outlier cannot hide); the stored argmax teacher as the share of tokens that differ."""
     import torch
 
     from eagle3cli.cache import CacheReader  # noqa: I001
 
     a, b = CacheReader(hf), CacheReader(engine)
-    worst: dict[str, float] = {}
+    per_tensor: dict[str, float] = {}
+    per_token: dict[str, float] = {}
+    differ: dict[str, float] = {}
     for i in range(len(a)):
         x, y = a[i], b[i]
+        assert x.keys() == y.keys()
         assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
-        for k in ("aux_hidden", "last_hidden"):
-            worst[k] = max(worst.get(k, 0.0), ((x[k] - y[k]).abs().max() / x[k].abs().max()).item())
+        for k in x.keys() - {"input_ids", "loss_mask"}:
+            if x[k].is_floating_point():
+                t = ((x[k] - y[k]).abs().max() / x[k].abs().max()).nan_to_num(float("inf")).item()
+                r = ((x[k] - y[k]).norm(dim=-1) / x[k].norm(dim=-1).clamp_min(1e-30)).nan_to_num(float("inf"))
+                per_tensor[k] = max(per_tensor.get(k, 0.0), t)
+                per_token[k] = max(per_token.get(k, 0.0), r.max().item())
+            else:
+                differ[k] = max(differ.get(k, 0.0), (x[k] != y[k]).float().mean().item())
     return {
-        "max_rel_err": round(max(worst.values()), 5),
-        "max_rel_err_by_tensor": {k: round(v, 5) for k, v in worst.items()},
+        "max_rel_err": round(max(per_tensor.values()), 5),
+        "max_rel_err_by_tensor": {k: round(v, 5) for k, v in per_tensor.items()},
+        "max_token_rel_err_by_tensor": {k: round(v, 5) for k, v in per_token.items()},
+        "max_share_differing_by_tensor": {k: round(v, 5) for k, v in differ.items()},
     }
 
 
 def train_both(args, runs: dict, env: dict) -> dict:
     """A head on each cache, same seed and steps, side by side; the held-out tau each ends with (each
-    cache's own held-out samples: the same conversations, the same seeded split)."""
+    cache's own held-out samples: the same conversations, the same seeded split). With --init-head,
+    also that head's held-out tau on each cache before any step."""
     steps = args.train_steps
     train = {
         name: (
             [
                 sys.executable, "-m", "eagle3cli", "train", "--run", str(args.work / f"run-{name}"),
                 "--cache", str(args.work / name), "--max-steps", str(steps), "--seed", "0",
-                "--heldout-every", str(steps), "--log-every", "10", "--save-every", str(10 * (steps // 10 or 1)),
+                "--heldout-every", str(steps), "--log-every", str(min(10, steps)),
+                "--save-every", str(min(10, steps) * max(1, steps // min(10, steps))),
+                "--token-budget", str(args.train_token_budget),
+                *(["--init-head", args.init_head] if args.init_head else []),
             ],
             runs[name][1],
             env,
         )
         for name in runs
     }  # fmt: skip
-    side_by_side(train, args.work)
-    out: dict = {"train_steps": steps}
+    trained = all((args.work / f"run-{n}" / "head" / "config.json").exists() for n in train)
+    if not (args.keep and trained):
+        side_by_side(train, args.work)
+    out: dict = {"train_steps": steps, "init_head": args.init_head, "train_token_budget": args.train_token_budget}
     for name in train:
         rows = [json.loads(x) for x in (args.work / f"run-{name}" / "train" / "metrics.jsonl").read_text().splitlines()]
-        last = [r for r in rows if "heldout_tau" in r][-1]
-        out[f"heldout_tau_{name}"] = round(last["heldout_tau"], 4)
-        out.setdefault("heldout_samples", last.get("heldout_samples"))
+        points = [r for r in rows if "heldout_tau" in r]
+        out[f"heldout_tau_{name}"] = round(points[-1]["heldout_tau"], 4)
+        if args.init_head:  # the same head, before a step: what the features alone change
+            out[f"heldout_tau_init_{name}"] = round(points[0]["heldout_tau"], 4)
+        out.setdefault("heldout_samples", points[-1].get("heldout_samples"))
     out["heldout_tau_diff"] = round(out["heldout_tau_engine"] - out["heldout_tau_hf"], 4)
     out["commands"] = [
         " ".join(train[n][0])
@@ -113,6 +138,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("runs/bench/engine-capture"))
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON here")
     ap.add_argument("--train-steps", type=int, default=0, help="then train a head on each cache (same seed, steps)")
+    ap.add_argument("--init-head", default=None, help="train from this head (its held-out tau on each cache at step 0)")
+    ap.add_argument("--train-token-budget", type=int, default=4096)
     ap.add_argument("--keep", action="store_true", help="reuse the caches a previous run left in --work")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:

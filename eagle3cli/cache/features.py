@@ -55,6 +55,9 @@ class EngineFeatures:
 
         self.engine, self.tail, self.norm = engine, tail, final_norm(tail)
         self.dtype = next(self.norm.parameters()).dtype
+        # a meta lm_head computes nothing and raises nothing on every path (a stored argmax came out all 0)
+        if tail.get_output_embeddings().weight.is_meta:
+            raise ValueError("EngineFeatures needs the tail's lm_head: load_tail(..., lm_head=True)")
 
     @torch.no_grad()
     def rows(self, seqs: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:

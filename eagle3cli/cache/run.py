@@ -192,9 +192,10 @@ def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan,
         python=cfg.engine_python,
         on_wait=lambda s: log(f"cache: waiting for vLLM to load the target ({s:.0f} s)"),
     )
-    # the engine returns the last layer's output before the final norm: the target's own norm finishes it
-    # (read first: a target without one is refused before minutes of engine start)
-    tail = load_tail(target_path, engine.torch_dtype, lm_head=cfg.storage == "compact")
+    # the engine returns the last layer's output before the final norm: the target's own norm finishes it,
+    # and its lm_head gives the teacher every storage keeps (compact's top-k, bf16/fp8's target_argmax).
+    # Read first: a target without them is refused before minutes of engine start.
+    tail = load_tail(target_path, engine.torch_dtype, lm_head=True)
     log(f"cache: starting {engine.version} ({engine.dtype}) on {target_path}; its log: {log_path}")
     stack.enter_context(engine)
     log(f"cache: vLLM is capturing layers {engine.layer_ids} on {engine.platform}")

@@ -7,7 +7,7 @@ applied by the target's own module: the model class is built from its config on 
 (no memory, no weights), and only the norm's (and lm_head's) parameters are made real and filled
 with `safe_open` reads of exactly those tensors. So a Gemma's (1 + w) norm or a family's logit
 processing (`speculate.target.target_logits`, which reads `lm_head` and `config`) is the family's
-own code, and a 70B target costs its norm's few kilobytes (its lm_head's for a top-k teacher).
+own code, and a 70B target costs its norm's and its lm_head's bytes, never its layers'.
 """
 
 from __future__ import annotations

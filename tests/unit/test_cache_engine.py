@@ -146,16 +146,24 @@ def hf_cache(tmp_path_factory, data, deep_target_dir):
     return out
 
 
-def max_rel_err(a: Path, b: Path) -> dict[str, float]:
+def differences(a: Path, b: Path) -> dict[str, float]:
+    """Every tensor the reader gives, cache b against cache a: float ones as the largest per-token
+    relative error (a NaN counts as inf), integer ones as the share of tokens that differ. Token ids and
+    masks must be equal."""
     ra, rb = CacheReader(a), CacheReader(b)
     assert len(ra) == len(rb)
     worst: dict[str, float] = {}
     for i in range(len(ra)):
         x, y = ra[i], rb[i]
+        assert x.keys() == y.keys()
         assert torch.equal(x["input_ids"], y["input_ids"]) and torch.equal(x["loss_mask"], y["loss_mask"])
-        for k in ("aux_hidden", "last_hidden"):
-            if k in x:
-                worst[k] = max(worst.get(k, 0.0), ((x[k] - y[k]).abs().max() / x[k].abs().max()).item())
+        for k in x.keys() - {"input_ids", "loss_mask"}:
+            if x[k].is_floating_point():
+                rel = ((x[k] - y[k]).norm(dim=-1) / x[k].norm(dim=-1).clamp_min(1e-30)).nan_to_num(float("inf"))
+                d = rel.max().item()
+            else:
+                d = (x[k] != y[k]).float().mean().item()
+            worst[k] = max(worst.get(k, 0.0), d)
     return worst
 
 
@@ -166,8 +174,10 @@ def test_the_engine_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_ca
     for key in ("settings_hash", "counts", "aux_layer_ids", "coverage", "storage", "target"):
         assert a[key] == b[key], key
     assert b["config"]["engine"] == "vllm"
-    worst = max_rel_err(hf_cache, out)
-    assert set(worst) == {"aux_hidden", "last_hidden"} and max(worst.values()) <= 0.01, worst  # bf16 rounding
+    worst = differences(hf_cache, out)
+    assert set(worst) == {"aux_hidden", "last_hidden", "target_argmax"}, worst
+    # bf16 rounding of values; an argmax may flip at a near-tie of two logits
+    assert worst["aux_hidden"] <= 0.01 and worst["last_hidden"] <= 0.01 and worst["target_argmax"] <= 0.01, worst
     assert main(["cache", "--verify", str(out)]) == 0
     assert not list(Path(vllm_capture.tempfile.gettempdir()).glob("eagle3-engine-states-*")), "states left behind"
 
@@ -177,9 +187,9 @@ def test_the_topk_teacher_comes_from_the_tails_lm_head(tmp_path, data, deep_targ
     flags = ["--storage", "compact", "--topk", "4"]
     assert cache(data, tmp_path / "hf", deep_target_dir, *flags) == 0
     assert cache(data, tmp_path / "engine", deep_target_dir, *flags, *engine_flags()) == 0
-    ra, rb = CacheReader(tmp_path / "hf"), CacheReader(tmp_path / "engine")
-    agree = [(ra[i]["topk_ids"][:, 0] == rb[i]["topk_ids"][:, 0]).float().mean().item() for i in range(len(ra))]
-    assert min(agree) >= 0.98, agree
+    worst = differences(tmp_path / "hf", tmp_path / "engine")
+    assert set(worst) == {"aux_hidden", "topk_ids", "topk_logprobs"}, worst
+    assert worst["topk_ids"] <= 0.02 and worst["topk_logprobs"] <= 0.02 and worst["aux_hidden"] <= 0.1, worst  # fp8
 
 
 @pytest.mark.parametrize(
@@ -224,7 +234,7 @@ def test_an_engine_that_dies_mid_cache_exits_3_and_the_rerun_resumes(
     assert kept == [".shard-00000.json", ".shard-00001.json"]
     monkeypatch.delenv("FAKE_ENGINE_FAULT")
     assert cache(data, out, deep_target_dir, *engine_flags()) == 0
-    assert max(max_rel_err(hf_cache, out).values()) <= 0.01
+    assert max(differences(hf_cache, out).values()) <= 0.01
 
 
 def test_engine_flags_are_checked_before_anything_runs(tmp_path, data, deep_target_dir, capsys):
