@@ -50,7 +50,7 @@ class EngineFeatures:
     """An engine's capture (`engines/vllm_capture.py`): aux states as returned, the last layer's output
     finished with the target's own final norm (`model/target_tail.py`: vLLM returns it before the norm)."""
 
-    def __init__(self, engine, tail: torch.nn.Module):
+    def __init__(self, engine, tail):
         from ..model.target_tail import final_norm
 
         self.engine, self.tail, self.norm = engine, tail, final_norm(tail)
