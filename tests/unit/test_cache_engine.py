@@ -182,6 +182,19 @@ def test_the_engine_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_ca
     assert not list(Path(vllm_capture.tempfile.gettempdir()).glob("eagle3-engine-states-*")), "states left behind"
 
 
+def test_shard_processes_each_start_an_engine_and_the_last_writes_the_manifest(
+    tmp_path, data, deep_target_dir, hf_cache, fake_engine
+):
+    out = tmp_path / "c"
+    assert cache(data, out, deep_target_dir, *engine_flags("--shard", "0/2")) == 0
+    assert not (out / "manifest.json").exists() and (out / "engine.shard-0-of-2.log").exists()
+    assert cache(data, out, deep_target_dir, *engine_flags("--shard", "1/2")) == 0
+    assert (out / "engine.shard-1-of-2.log").exists()
+    assert read_json(out / "manifest.json")["settings_hash"] == read_json(hf_cache / "manifest.json")["settings_hash"]
+    assert max(differences(hf_cache, out).values()) <= 0.01
+    assert main(["cache", "--verify", str(out)]) == 0
+
+
 @pytest.mark.slow
 def test_the_topk_teacher_comes_from_the_tails_lm_head(tmp_path, data, deep_target_dir, fake_engine):
     flags = ["--storage", "compact", "--topk", "4"]
