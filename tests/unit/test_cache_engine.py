@@ -23,7 +23,13 @@ from eagle3cli.cli import main
 from eagle3cli.engines import vllm_capture
 from eagle3cli.model.target_tail import final_norm, load_tail
 from eagle3cli.run_folder.manifest import read_json
-from eagle3cli.speculate.aux_layers import default_aux_layer_ids, vllm_capture_ids, vllm_ids
+from eagle3cli.speculate.aux_layers import (
+    default_aux_layer_ids,
+    from_sglang_ids,
+    sglang_ids,
+    vllm_capture_ids,
+    vllm_ids,
+)
 from eagle3cli.speculate.target import target_logits
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,6 +58,21 @@ def test_the_convention_is_vllms_own_code():
     loop = llama.index("self._maybe_add_hidden_state( aux_hidden_states, idx + 1, hidden_states, residual )")
     assert llama.index("hidden_states, _ = self.norm(hidden_states, residual)", loop) > loop
     assert re.search(r"if layer_idx in self\.aux_hidden_state_layers: value = hidden_states \+ residual", helper)
+
+
+SGLANG_MODELS = next(iter(sorted((REPO / ".venv").glob("lib/python3*/site-packages/sglang/srt/models"))), None)
+
+
+@pytest.mark.skipif(SGLANG_MODELS is None, reason="sglang is not installed in .venv (make sglang-cpu)")
+@pytest.mark.parametrize("family", ["llama.py", "qwen2.py", "qwen3.py"])
+def test_sglangs_plus_one_is_read_from_its_own_code(family):
+    """SGLang 0.5.23 captures `layers_to_capture = [id + 1 ...]` of its config ids, each the input of
+    that layer: eagle3 writes k - 1 (`sglang_ids`), so SGLang captures eagle3's own k."""
+    assert SGLANG_MODELS is not None
+    source = " ".join((SGLANG_MODELS / family).read_text().split())
+    assert "self.model.layers_to_capture = [val + 1 for val in layer_ids]" in source
+    for ids in ((2, 6, 9), (1, 2, 2), (2, 15, 27)):
+        assert [k + 1 for k in sglang_ids(ids)] == list(ids) == from_sglang_ids(sglang_ids(ids))
 
 
 # ---------------------------------------------------------------- the pre-norm convention
