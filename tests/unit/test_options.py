@@ -136,6 +136,8 @@ SAMPLES = {
     ("train", "extra_data"): (["--online", "--extra-data", "a", "--extra-data", "b"], ("a", "b")),
     ("train", "extra_data_from"): (["--skip-samples", "5", "--extra-data-from", "3"], 3),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
+    ("cache", "tensor_parallel_size"): (["--engine", "vllm", "--tensor-parallel-size", "3"], 3),
+    ("cache", "engine_python"): (["--engine", "vllm", "--engine-python", "py"], "py"),
     ("export", "target"): (["--format", "gguf", "--target", "t"], Path("t")),
     ("gen-data", "shard"): (["--shard", "1/2"], "1/2"),
     ("eval", "endpoint"): (["--endpoint", "http://e:1"], "http://e:1"),
