@@ -364,10 +364,11 @@ def epoch_feed(tr: Trainer, plan: list[list[int]]) -> Prefetch:
     """The rest of this epoch's micro-batches for this rank, read ahead (`--prefetch`)."""
 
     def order():
-        pos = tr.loop.batch_pos
-        while (mine := next_step_batches(tr, plan, pos)) is not None:
+        # no batch past the run's last step: an --online batch is a target forward, wasted if never trained on
+        pos, steps = tr.loop.batch_pos, tr.loop.step
+        while steps < tr.total_steps and (mine := next_step_batches(tr, plan, pos)) is not None:
             yield from mine
-            pos += tr.world * tr.cfg.grad_accum
+            pos, steps = pos + tr.world * tr.cfg.grad_accum, steps + 1
 
     pin = tr.device.type == "cuda"  # pinned host memory: the copy to the GPU runs asynchronously
     return Prefetch(lambda indices: prepare(tr.source, indices, tr.cfg.max_length, pin), order(), tr.cfg.prefetch)

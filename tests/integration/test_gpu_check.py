@@ -29,6 +29,14 @@ GPU_STEPS = [
 ]  # fmt: skip
 
 
+def with_engine(steps: list[str]) -> list[str]:
+    """`steps` with the engine route's step after the caches where a vLLM is found (the script adds it there)."""
+    from eagle3cli.engines.local_engine import vllm_python
+
+    i = steps.index("train-kill-9")
+    return [*steps[:i], "cache-engine-vllm", *steps[i:]] if vllm_python() else list(steps)
+
+
 def gpu_check(*args, timeout=1500) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, timeout=timeout, cwd=REPO
@@ -41,10 +49,10 @@ def test_steps_listed_and_extra_steps_appended(tmp_path):
     )
     assert r.returncode == 0, r.stderr
     names = [line[:-1] for line in r.stdout.splitlines() if not line.startswith(" ")]
-    assert names == [*CPU_STEPS, "capture"]
+    assert names == [*with_engine(CPU_STEPS), "capture"]
     assert f"{sys.executable} -c pass --device cpu" in r.stdout
     full = gpu_check("--device", "cpu", "--work", tmp_path, "--list", "--full")
-    assert [line[:-1] for line in full.stdout.splitlines() if not line.startswith(" ")] == GPU_STEPS
+    assert [line[:-1] for line in full.stdout.splitlines() if not line.startswith(" ")] == with_engine(GPU_STEPS)
 
 
 @pytest.mark.parametrize(
@@ -69,10 +77,11 @@ def test_cpu_subset_passes(tmp_path):
     r = gpu_check("--device", "cpu", "--work", tmp_path / "work", "--out", out)
     report = json.loads(out.read_text())
     assert r.returncode == 0 and report["passed"], [s for s in report["steps"] if not s["passed"]]
-    assert [s["name"] for s in report["steps"]] == CPU_STEPS
+    assert [s["name"] for s in report["steps"]] == with_engine(CPU_STEPS)
     for s in report["steps"]:
         assert set(s) >= {"name", "command", "rc", "seconds", "passed"} and s["seconds"] > 0
-    kill, resume = report["steps"][3:5]
+    (kill,) = [s for s in report["steps"] if s["name"] == "train-kill-9"]
+    (resume,) = [s for s in report["steps"] if s["name"] == "train-resume-fewer-gpus"]
     assert kill["rc"] == [-9] and resume["rc"] == [0]
     assert report["device"] == "cpu" and report["subset"] == "cpu"
 
