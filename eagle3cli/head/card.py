@@ -107,7 +107,11 @@ def base_model(target: dict) -> str:
     if ref and not local.exists() and ref.count("/") == 1:
         return ref
     named = str(read_object(local / "config.json").get("_name_or_path") or "")
-    return named if named.count("/") == 1 and not Path(named).exists() else ref or "unknown"
+    if named.count("/") == 1 and not Path(named).exists():
+        return named
+    from ..model.target import repo_relative  # a local target: no path of the machine that wrote the card
+
+    return repo_relative(ref) if ref else "unknown"
 
 
 def eval_rows(report: dict, head_path: Path, command: str) -> list[dict]:
@@ -314,7 +318,7 @@ def render(
         "base_model": base or base_model(target),
         "library_name": LIBRARY.get(layout, "sglang"),
         "license": license or "other",
-        "tags": ["eagle3", "speculative-decoding", "draft-model", "eagle3cli", layout],
+        "tags": list(dict.fromkeys(["eagle3", "speculative-decoding", "draft-model", "eagle3cli", layout])),
         "datasets": hub_datasets(source_names(trail["data"])),
         **_eval_metadata(name, evals),
     }

@@ -46,6 +46,7 @@ def test_trains_head_has_a_card_with_its_data_and_recipe(trained, tiny_target_di
     meta = metadata(trained)
     assert meta["base_model"] == str(tiny_target_dir)  # a local folder with no hub id: its path
     assert meta["library_name"] == "sglang" and "eagle3" in meta["tags"] and "speculative-decoding" in meta["tags"]
+    assert len(meta["tags"]) == len(set(meta["tags"]))  # the eagle3 layout's tag is not said twice
     assert meta["datasets"] == ["openai/gsm8k"]  # the gen-data folder's source, as a hub id
     assert "eagle3_eval" not in meta  # not evaluated yet
     text = (trained / CARD).read_text()
