@@ -106,7 +106,9 @@ def arm_facts(run: Path) -> dict:
     carry = run / f"eval-{CARRY}" / "report.json"
     if carry.is_file():
         reports[CARRY] = json.loads(carry.read_text())
-    return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "epochs": _epochs(run), "reports": reports}
+    cpu = ((m.get("final_metrics") or {}).get("train_cpu_seconds")) or None  # the training's core-seconds
+    return {"run": run, "config": cfg, "tokens": _tokens_seen(run), "epochs": _epochs(run), "reports": reports,
+            "cpu_seconds": round(cpu) if cpu else None}  # fmt: skip
 
 
 def _in_repo(folder: str | None) -> str:
@@ -135,6 +137,8 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
         "run": str(run),
         "data": " + ".join(_in_repo(d) for d in [f["config"].get("data"), *(f["config"].get("extra_data") or ())]),
         "loss": f["config"].get("loss"),
+        "ttt_steps": f["config"].get("ttt_steps"),
+        "cpu_seconds": f["cpu_seconds"],
         "new_tokens": f["tokens"],
         "epochs": f["epochs"],
         "steps": f["config"].get("max_steps"),
@@ -200,6 +204,15 @@ def levers_json(
     return out
 
 
+def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dict]:
+    """The rows of `table` (data_levers, recipe_levers) with `arms` read or kept. The recipe table's
+    baseline is the data table's: another pass over the same data at the same budget, TTT K=3."""
+    stored = data.get(table) or []
+    if table == "recipe_levers" and not any(r["arm"] == ARMS[0] for r in stored):
+        stored = [*stored, *(r for r in data.get("data_levers") or [] if r["arm"] == ARMS[0])]
+    return levers_json(arms, ARMS[0], (data.get("published") or {}).get("mt_bench_tau"), stored)
+
+
 def _counts(row: dict, bench: str = "mt_bench") -> tuple[list[float], list[float]]:
     pp = row[f"{bench}_per_prompt"]
     return pp["emitted"], pp["rounds"]
@@ -212,6 +225,11 @@ def main() -> None:
         help="NAME=RUN_DIR (repeat): read this arm from its run folder; NAME alone or not named: its stored row",
     )  # fmt: skip
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    ap.add_argument(
+        "--table", choices=("data_levers", "recipe_levers"), default="data_levers",
+        help="recipe_levers (issue 62): arms that change a training setting on the baseline's data, paired "
+        "with the data table's baseline (another pass at TTT K=3)",
+    )  # fmt: skip
     a = ap.parse_args()
     arms = {}
     for spec in a.arm:
@@ -221,16 +239,15 @@ def main() -> None:
         arms[name] = Path(run) if run else None
     json_path = a.results_md.with_suffix(".json")
     data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    start = (data.get("published") or {}).get("mt_bench_tau")
     try:
-        rows = levers_json(arms, ARMS[0], start, data.get("data_levers") or [])
+        rows = table_rows(data, a.table, arms)
     except (ValueError, KeyError, FileNotFoundError) as e:
         print(f"error: {e}; nothing was written", file=sys.stderr)
         raise SystemExit(2) from None
-    data["data_levers"] = rows
+    data[a.table] = rows
     json_path.write_text(json.dumps(data, indent=2) + "\n")
     write_page(a.results_md)
-    print(f"wrote data_levers ({len(rows)} arm(s)) into {json_path}")
+    print(f"wrote {a.table} ({len(rows)} arm(s)) into {json_path}")
 
 
 if __name__ == "__main__":

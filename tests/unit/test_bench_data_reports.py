@@ -599,3 +599,25 @@ def test_data_levers_carry_over_column_pairs_humaneval_only_where_both_sides_mea
         {"baseline": _lever_arm(tmp_path / "b", "baseline", 100, [(4, 4)] * 4), "s": synth}, "baseline", None
     )
     assert rows[1]["humaneval_tau"] == 2.5 and "humaneval_delta" not in rows[1]
+
+
+def test_recipe_levers_pair_an_arm_with_the_data_tables_baseline_and_record_its_k_and_cpu(tmp_path):
+    """`report_levers.py --table recipe_levers`: an arm that changes a training setting (TTT K=5) on the
+    baseline's data is paired with the data table's stored baseline (its run folder gone), and its row
+    says the K it trained and the core-seconds its training took."""
+    from benchmarks.smollm2.report_levers import levers_json, table_rows
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
+    data = {"data_levers": levers_json({"baseline": base}, "baseline", start_tau=None)}
+    k5 = _lever_arm(tmp_path, "ttt5", 100, [(8, 4), (4, 4), (4, 4), (4, 4)])
+    manifest = k5 / "train" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["config"]["ttt_steps"], m["final_metrics"] = 5, {"train_cpu_seconds": 2586.11}
+    manifest.write_text(json.dumps(m))
+    rows = table_rows(data, "recipe_levers", {"ttt5": k5})
+    by = {r["arm"]: r for r in rows}
+    assert [r["arm"] for r in rows] == ["baseline", "ttt5"] and by["ttt5"]["delta_vs_baseline"] == 0.25
+    assert (by["ttt5"]["ttt_steps"], by["ttt5"]["cpu_seconds"]) == (5, 2586)
+    data["recipe_levers"] = rows
+    again = table_rows(data, "recipe_levers", {"ttt5": None})  # a later report keeps the stored rows
+    assert again == rows and table_rows(data, "data_levers", {}) == data["data_levers"]
