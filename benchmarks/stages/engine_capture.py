@@ -102,6 +102,7 @@ def train_both(args, runs: dict, env: dict) -> dict:
                 "--save-every", str(min(10, steps) * max(1, steps // min(10, steps))),
                 "--token-budget", str(args.train_token_budget),
                 *(["--init-head", args.init_head] if args.init_head else []),
+                *(["--recipe", args.train_recipe, "--no-compile"] if args.train_recipe else []),
             ],
             runs[name][1],
             env,
@@ -111,7 +112,8 @@ def train_both(args, runs: dict, env: dict) -> dict:
     trained = all((args.work / f"run-{n}" / "head" / "config.json").exists() for n in train)
     if not (args.keep and trained):
         side_by_side(train, args.work)
-    out: dict = {"train_steps": steps, "init_head": args.init_head, "train_token_budget": args.train_token_budget}
+    out: dict = {"train_steps": steps, "init_head": args.init_head, "train_token_budget": args.train_token_budget,
+                 "train_recipe": args.train_recipe}  # fmt: skip
     for name in train:
         rows = [json.loads(x) for x in (args.work / f"run-{name}" / "train" / "metrics.jsonl").read_text().splitlines()]
         points = [r for r in rows if "heldout_tau" in r]
@@ -120,6 +122,8 @@ def train_both(args, runs: dict, env: dict) -> dict:
             out[f"heldout_tau_init_{name}"] = round(points[0]["heldout_tau"], 4)
         out.setdefault("heldout_samples", points[-1].get("heldout_samples"))
     out["heldout_tau_diff"] = round(out["heldout_tau_engine"] - out["heldout_tau_hf"], 4)
+    if args.eval_prompts:
+        out.update(eval_both(args, train, env))
     out["commands"] = [
         " ".join(train[n][0])
         .replace(sys.executable, ".venv/bin/python")
@@ -127,6 +131,40 @@ def train_both(args, runs: dict, env: dict) -> dict:
         for n in train
     ]
     return out
+
+
+def eval_both(args, train: dict, env: dict) -> dict:
+    """Each head on the same held-out ShareGPT prompts (eval's sharegpt bench: the corpus's held-out
+    split), chain d8, fp32, greedy: tau per route and engine - hf paired by prompt (90% interval)."""
+    from benchmarks.smollm2.report_levers import _per_prompt, paired_delta
+
+    evals = {
+        name: (
+            [
+                sys.executable, "-m", "eagle3cli", "eval", "--head", str(args.work / f"run-{name}" / "head"),
+                "--target", str(args.target), "--bench", "sharegpt", "--num-prompts", str(args.eval_prompts),
+                "--max-new-tokens", "64", "--depth", "8", "--dtype", "fp32", "--mode", "chain",
+                "--no-generate-baseline", "--threads", "1", "--max-prompt-tokens", "2048",
+                "--out", str(args.work / f"eval-{name}"),
+            ],
+            core,
+            env,
+        )
+        for name, (_, core, _) in train.items()
+    }  # fmt: skip
+    if not all((args.work / f"eval-{n}" / "report.json").exists() for n in evals):
+        side_by_side(evals, args.work)
+    counts = {n: _per_prompt(json.loads((args.work / f"eval-{n}" / "report.json").read_text())) for n in evals}
+    tau = {n: sum(e) / sum(r) for n, (e, r) in counts.items()}
+    d = paired_delta(counts["engine"], counts["hf"])
+    return {
+        "eval_tau_hf": round(tau["hf"], 4),
+        "eval_tau_engine": round(tau["engine"], 4),
+        "eval_tau_diff": round(d["value"], 4),
+        "eval_tau_diff_interval": [round(d["low"], 4), round(d["high"], 4)],
+        "eval_prompts": args.eval_prompts,
+        "eval_commands": [" ".join(evals[n][0]).replace(sys.executable + " -m eagle3cli", "eagle3") for n in evals],
+    }
 
 
 def main() -> None:
@@ -140,6 +178,8 @@ def main() -> None:
     ap.add_argument("--train-steps", type=int, default=0, help="then train a head on each cache (same seed, steps)")
     ap.add_argument("--init-head", default=None, help="train from this head (its held-out tau on each cache at step 0)")
     ap.add_argument("--train-token-budget", type=int, default=4096)
+    ap.add_argument("--train-recipe", default=None, help="train with this recipe (eager: no compile)")
+    ap.add_argument("--eval-prompts", type=int, default=0, help="then eval each head on N held-out ShareGPT prompts")
     ap.add_argument("--keep", action="store_true", help="reuse the caches a previous run left in --work")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:

@@ -1,0 +1,108 @@
+"""The epoch curve (issue 62): does acceptance keep rising with more passes over one corpus, or peak
+and fall while the loss keeps falling (as a peer's users measured for EAGLE-3 on Qwen3-4B)?
+
+One head from scratch on the first --samples conversations of one corpus, the online recipe at a
+constant learning rate (no warmup, no decay: pass p's weights are the same run's whatever number of
+passes is asked, so the run grows one pass at a time by resuming with --epochs p+1). After each pass:
+the train's held-out walk (depth 8) and eval on MT-bench's 80 first turns (chain d8, fp32, greedy, 64
+tokens), as the levers are scored. Resumable: rerun the same command after a kill.
+
+    .venv/bin/python benchmarks/smollm2/epoch_curve.py --passes 5 --samples 360 --core 0 \
+        --out runs/bench/epoch-curve.json
+
+Then `--record docs/results-smollm2.json` writes the key `epoch_curve` there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.common import E3, Recorder  # noqa: E402
+
+TARGET = "models/smollm2-135m"
+RECIPE = "recipes/smollm2-135m/train-online.yaml"
+
+
+def heldout_points(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines() if x.strip()]
+    return [r for r in rows if "heldout_tau" in r]
+
+
+def mt_bench(report: Path) -> dict:
+    """The chain decoder's tau over the 80 prompts (eval's report.json: heads.NAME.chain) and its
+    per-prompt counts, so passes can be paired by prompt."""
+    rep = json.loads(report.read_text())
+    (head,) = rep["heads"].values()
+    rows = head["chain"]["per_prompt"]
+    emitted, rounds = [r["accepted"] + r["rounds"] for r in rows], [r["rounds"] for r in rows]
+    return {"mt_bench_tau": round(sum(emitted) / sum(rounds), 4), "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="corpora/smollm2-135m-sharegpt-vllm")
+    ap.add_argument("--samples", type=int, default=360, help="conversations in the corpus passed over")
+    ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--lr", default="5e-4", help="the constant learning rate (the recipe's peak)")
+    ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
+    ap.add_argument("--run", type=Path, default=REPO / "runs" / "epoch-curve")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--record", type=Path, default=None, help="results JSON to write `epoch_curve` into")
+    a = ap.parse_args()
+    pin = ["taskset", "-c", str(a.core)] if a.core is not None else []
+    env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    rec = Recorder()
+    points = []
+    for p in range(1, a.passes + 1):
+        done = a.run / f"pass-{p}.json"
+        if done.is_file():
+            points.append(json.loads(done.read_text()))
+            continue
+        rec.sh([*pin, *E3, "train", "--recipe", RECIPE, "--run", a.run, "--data", a.data, "--target", TARGET,
+                "--train-samples", a.samples, "--epochs", p, "--lr", a.lr, "--warmup-ratio", 0, "--min-lr-ratio", 1,
+                "--heldout-every", 100000, "--save-every", 100, "--head-from", "last"], env=env)  # fmt: skip
+        ev = a.run / f"eval-pass-{p}"
+        rec.sh([*pin, *E3, "eval", "--head", a.run / "head", "--target", TARGET, "--bench", "mt_bench",
+                "--num-prompts", 80, "--max-new-tokens", 64, "--depth", 8, "--dtype", "fp32", "--mode", "chain",
+                "--no-generate-baseline", "--threads", 1, "--out", ev], env=env)  # fmt: skip
+        last = heldout_points(a.run)[-1]
+        manifest = json.loads((a.run / "train" / "manifest.json").read_text())
+        point = {
+            "pass": p,
+            "steps": last["step"],
+            "loss": round(last["loss"], 4) if "loss" in last else None,
+            "heldout_tau": round(last["heldout_tau"], 4),
+            **mt_bench(ev / "report.json"),
+            "tokens_seen": last.get("tokens_seen"),
+            "train_cpu_seconds": round((manifest.get("final_metrics") or {}).get("train_cpu_seconds") or 0),
+        }
+        done.write_text(json.dumps(point) + "\n")
+        points.append(point)
+    result = {
+        "points": points,
+        "samples": a.samples,
+        "data": a.data,
+        "recipe": f"{RECIPE} from scratch, constant lr {a.lr} (no warmup, no decay), one core, one thread",
+        "eval": "MT-bench 80 first turns, chain d8, fp32, greedy, 64 tokens; held-out: the train's walk (depth 8)",
+        "command": " ".join(sys.argv).replace(sys.executable, ".venv/bin/python"),
+    }
+    text = json.dumps(result, indent=2) + "\n"
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text)
+    if a.record:
+        data = json.loads(a.record.read_text())
+        data["epoch_curve"] = result
+        a.record.write_text(json.dumps(data, indent=2) + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
