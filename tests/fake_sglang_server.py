@@ -9,7 +9,7 @@ sglang_capture.py` cites the code), the states computed by transformers in SGLan
 
 `FAKE_SGLANG_FAULT=KIND` from request `FAKE_SGLANG_FAULT_AT` (default 0) on answers as a broken
 server would: `layers` (a layer short), `positions` (a row short), `garbled` (a cut JSON body),
-`prenorm` (final states before the norm), `die` (the process exits mid-request); with
+`prenorm` (final states before the norm), `shifted` (each row one position late), `die` (the process exits mid-request); with
 `FAKE_SGLANG_FAULT_PASS=final|aux` only the server of that pass is broken."""
 
 from __future__ import annotations
@@ -44,6 +44,8 @@ def answer(model, ids: list[int], layers: list[int] | None, fault: str) -> dict:
             rows = rows[:, : -model.config.hidden_size]
     if fault == "positions":
         rows = rows[:-1]
+    elif fault == "shifted":  # each row one position late
+        rows = torch.cat([rows[:1], rows[:-1]])
     meta = {"id": "x", "prompt_tokens": len(ids), "completion_tokens": 1, "hidden_states": [rows.float().tolist()]}
     return {"text": "", "output_ids": [int(out.logits[0, -1].argmax())], "meta_info": meta}
 

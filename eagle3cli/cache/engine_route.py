@@ -23,6 +23,7 @@ import torch
 
 from ..config import parse_shard
 from ..console import log
+from ..model.target_tail import load_tail, normed_rms
 from ..speculate.target import target_logits
 from .features import EngineFeatures
 from .plan import shard_done
@@ -42,8 +43,6 @@ def remove_stash(out: Path, j: int) -> None:
 
 def engine_features(cfg, target_path: Path, ident, aux_ids, cp, todo, stack: contextlib.ExitStack) -> EngineFeatures:
     """The features of `cfg.engine`, its server(s) living as long as `stack`."""
-    from ..model.target_tail import load_tail
-
     i, n = parse_shard(cfg.shard)  # one engine per `--shard i/N` process, each with its own log
     log_path = cfg.out_dir / ("engine.log" if n == 1 else f"engine.shard-{i}-of-{n}.log")
     common = {"log_path": log_path, "dtype": cfg.dtype, "tensor_parallel_size": cfg.tensor_parallel_size}
@@ -69,7 +68,6 @@ def engine_features(cfg, target_path: Path, ident, aux_ids, cp, todo, stack: con
 
 def _sglang(cfg, target_path: Path, ident, aux_ids, cp, todo, stack, common) -> EngineFeatures:
     from ..engines.sglang_capture import SglangCapture
-    from ..model.target_tail import load_tail
 
     archs = json.loads((Path(target_path) / "config.json").read_text(encoding="utf-8")).get("architectures")
     kw = {**common, "architectures": archs, "python": cfg.engine_python}
@@ -110,11 +108,18 @@ def stash_finals(engine, tail, cp, j: int, out: Path, token_budget: int) -> None
         for i, (states, nxt) in zip(group, got, strict=True):
             finals[i] = states.to(engine.torch_dtype)
             agree += int(target_logits(tail, finals[i][-1:]).argmax(-1).item() == nxt)
-    # a state before the norm, or one position off, rarely gives SGLang's own greedy token (a near-tie may)
+    # SGLang's code leaves the norm to each model (engines/sglang_capture.py): the rows must be the norm's
+    # output, and the last one must give SGLang's own greedy token (a shifted row rarely does; a near-tie may)
+    rms = normed_rms(tail, torch.cat(finals)).median().item()
+    if abs(rms - 1) > 0.02:
+        raise engine._bad(
+            f"returned final states of RMS {rms:.3g} over the final norm's gain (1 after the norm) in shard {j}: "
+            "not the states after the final norm"
+        )
     if 2 * agree < len(samples):
         raise engine._bad(
             f"returned final states whose next token (the target's lm_head) is SGLang's own greedy token for "
-            f"{agree} of {len(samples)} prompts of shard {j}: not the states after the final norm"
+            f"{agree} of {len(samples)} prompts of shard {j}: not the last positions' states"
         )
     ids = np.concatenate([s.input_ids for s in samples]).astype(np.int64)
     tensors = {

@@ -33,8 +33,10 @@ mid-cache exits 3 (the same command resumes).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import subprocess
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -192,7 +194,11 @@ class SglangCapture:
             ctx.__exit__(None, None, None)  # stops the server's process group
 
     def _lost(self, e: Exception) -> StageError:
-        code = self._proc.poll() if self._proc is not None else None
+        code = None
+        if self._proc is not None:  # a dying server drops its connections before it is reaped
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(timeout=10)
+            code = self._proc.poll()
         if code is None:  # alive: it answered with something that is not an answer
             return self._bad(f"broke off its answer ({type(e).__name__}: {str(e)[:200]})")
         return died("sglang", "died while capturing", code, self.log_path, False, "")

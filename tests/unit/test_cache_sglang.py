@@ -140,7 +140,8 @@ def test_shard_processes_each_run_both_passes(tmp_path, data, deep_target_dir, h
         ("layers", "aux", r"hidden states of shape \[\d+, 128\] for a \d+-token prompt"),
         ("positions", "final", r"hidden states of shape \[\d+, 64\] for a \d+-token prompt"),
         ("garbled", "aux", "broke off its answer"),
-        ("prenorm", "final", "not the states after the final norm"),
+        ("prenorm", "final", r"final states of RMS \d.* not the states after the final norm"),
+        ("shifted", "final", r"greedy token for \d of \d prompts of shard 0: not the last positions' states"),
     ],
 )
 def test_a_wrong_answer_exits_2_and_loses_nothing(
@@ -149,7 +150,7 @@ def test_a_wrong_answer_exits_2_and_loses_nothing(
     out = tmp_path / "c"
     monkeypatch.setenv("FAKE_SGLANG_FAULT", fault)
     monkeypatch.setenv("FAKE_SGLANG_FAULT_PASS", where)
-    monkeypatch.setenv("FAKE_SGLANG_FAULT_AT", "0" if fault == "prenorm" else "1")
+    monkeypatch.setenv("FAKE_SGLANG_FAULT_AT", "0" if fault in ("prenorm", "shifted") else "1")
     assert cache(data, out, deep_target_dir, *ENGINE) == 2
     text = err(capsys)
     assert re.search(said, text) and "no shard was written from it" in text and "without --engine" in text, text
@@ -157,7 +158,7 @@ def test_a_wrong_answer_exits_2_and_loses_nothing(
     if where == "aux":  # the first shard's answer was good: it is kept
         assert (out / ".shard-00000.json").exists() and not (out / "shard-00001.safetensors").exists()
     else:
-        assert not list(out.glob("shard-*")) and len(list(out.glob(".final-*"))) == (fault != "prenorm")
+        assert not list(out.glob("shard-*")) and len(list(out.glob(".final-*"))) == (fault == "positions")
 
 
 @pytest.mark.parametrize("where", ["final", "aux"])
