@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import IncompleteError, StageError
+from ..errors import IncompleteError, StageError, UsageError
 from .local_engine import tail
 
 HF_ROUTE = "rerun without --engine (the target in eagle3's own process)"
@@ -19,7 +19,7 @@ def log_end(path: Path, lines: int = 8) -> str:
     return "\n".join(said[-lines:])
 
 
-def died(engine: str, what: str, code: int | None, log_path: Path, starting: bool, needs: str) -> StageError:
+def died(engine: str, what: str, code: int | None, log_path: Path, starting: bool, needs: str) -> UsageError:
     """The engine process `what` (exited, was never ready, died mid-cache), with its log's end."""
     said = f"--engine {engine}: the engine {what} (exit code {code}). Its log ({log_path}) ends:\n{log_end(log_path)}"
     if starting:

@@ -164,8 +164,8 @@ class SglangCapture:
                 f"arguments SGLang takes: {' '.join(self.args)}",
                 f"report it with the SGLang version; or {HF_ROUTE}",
             )
-        self._ctx = None
-        self._proc = None
+        self._ctx: contextlib.AbstractContextManager[subprocess.Popen] | None = None
+        self._proc: subprocess.Popen | None = None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -177,7 +177,9 @@ class SglangCapture:
 
     def __enter__(self) -> SglangCapture:
         self.port = free_port()  # free now (the other pass's server may have run since __init__)
-        self.args = server_args(self.target, self.mode, self.layer_ids, self.dtype, self.tensor_parallel_size, self.port)
+        self.args = server_args(
+            self.target, self.mode, self.layer_ids, self.dtype, self.tensor_parallel_size, self.port
+        )
         argv = [self.python, *LAUNCH, *self.args]
         self._ctx = running(argv, dict(os.environ), self.log_path, f"{self.url}/health", START_TIMEOUT_S, self.on_wait)
         try:
@@ -193,7 +195,7 @@ class SglangCapture:
             ctx, self._ctx, self._proc = self._ctx, None, None
             ctx.__exit__(None, None, None)  # stops the server's process group
 
-    def _lost(self, e: Exception) -> StageError:
+    def _lost(self, e: Exception) -> UsageError:
         code = None
         if self._proc is not None:  # a dying server drops its connections before it is reaped
             with contextlib.suppress(subprocess.TimeoutExpired):

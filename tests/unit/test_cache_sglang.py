@@ -194,4 +194,3 @@ def test_a_server_that_cannot_start_exits_2_with_its_log(tmp_path, data, deep_ta
     text = err(capsys)
     assert "did not start" in text and "ModuleNotFoundError" in text and "without --engine" in text, text
     assert not list((tmp_path / "c").glob("shard-*"))
-
