@@ -13,19 +13,17 @@ from pathlib import Path
 import pytest
 from cache_fixtures import conversations, write_data_folder
 from cli_helpers import err, wide_console  # noqa: F401
-from test_cache_engine import differences
+from test_cache_engine import assert_same_cache, cache, differences
 
 from eagle3cli.cli import main
 from eagle3cli.engines import sglang_capture
 from eagle3cli.engines.sglang_capture import capture_ids, parser_problem, server_args
 from eagle3cli.errors import UsageError
-from eagle3cli.run_folder.manifest import read_json
 from eagle3cli.speculate.aux_layers import from_sglang_ids
 
 REPO = Path(__file__).resolve().parents[2]
 SGLANG = next(iter(sorted((REPO / ".venv").glob("lib/python3*/site-packages/sglang/srt"))), None)
 needs_sglang = pytest.mark.skipif(SGLANG is None, reason="sglang is not installed in .venv (make sglang-cpu)")
-FLAGS = ["--shard-tokens", "700", "--token-budget", "4096", "--max-length", "256", "--dtype", "fp32"]
 LLAMA, DEEPSEEK = ["LlamaForCausalLM"], ["DeepseekV3ForCausalLM"]
 
 
@@ -92,16 +90,12 @@ def fake_server(monkeypatch):
         monkeypatch.delenv(name, raising=False)
 
 
+ENGINE = ["--engine", "sglang", "--engine-python", sys.executable]
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory, deep_target_dir):
     return write_data_folder(tmp_path_factory.mktemp("sglang") / "data", deep_target_dir, conversations(10))
-
-
-def cache(data, out, target, *flags) -> int:
-    return main(["cache", "--data", str(data), "--out", str(out), "--target", str(target), *FLAGS, *flags])
-
-
-ENGINE = ["--engine", "sglang", "--engine-python", sys.executable]
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +108,8 @@ def hf_cache(tmp_path_factory, data, deep_target_dir):
 def test_the_sglang_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_cache, fake_server):
     out = tmp_path / "engine"
     assert cache(data, out, deep_target_dir, *ENGINE) == 0
-    a, b = read_json(hf_cache / "manifest.json"), read_json(out / "manifest.json")
-    for key in ("settings_hash", "counts", "aux_layer_ids", "coverage", "storage", "target"):
-        assert a[key] == b[key], key
-    assert b["config"]["engine"] == "sglang"
-    worst = differences(hf_cache, out)
-    assert set(worst) == {"aux_hidden", "last_hidden", "target_argmax"}, worst
-    assert worst["aux_hidden"] <= 0.01 and worst["last_hidden"] <= 0.01 and worst["target_argmax"] <= 0.01, worst
+    assert_same_cache(hf_cache, out, "sglang")
     assert not list(out.glob(".final-*")), "stashed final states left behind"
-    assert main(["cache", "--verify", str(out)]) == 0
 
 
 def test_shard_processes_each_run_both_passes(tmp_path, data, deep_target_dir, hf_cache, fake_server):
