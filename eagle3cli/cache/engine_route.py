@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -131,22 +132,31 @@ def stash_finals(engine, tail, cp, j: int, out: Path, token_budget: int) -> None
 
 
 class Stashed:
-    """The aux server's capture joined with the stashed final states of the same token ids."""
+    """The aux server's capture joined with the stashed final states of the same token ids (one stash
+    file open at a time: a 70B corpus has thousands of shards)."""
 
     def __init__(self, engine, out: Path, shards: Sequence[int]):
         from safetensors import safe_open
 
-        self.engine, self.where = engine, {}
-        self.files = {j: safe_open(str(stash_path(out, j)), "pt") for j in shards}
-        for j, f in self.files.items():
-            ids, offsets = f.get_tensor("input_ids").numpy(), f.get_tensor("offsets").tolist()
+        self.engine, self.out, self.where = engine, Path(out), {}
+        self._open: tuple[int, Any] | None = None
+        for j in shards:
+            with safe_open(str(stash_path(out, j)), "pt") as f:
+                ids, offsets = f.get_tensor("input_ids").numpy(), f.get_tensor("offsets").tolist()
             for s, e in zip(offsets[:-1], offsets[1:], strict=True):
                 self.where[_key(ids[s:e])] = (j, s, e)
+
+    def _final(self, j: int, s: int, e: int) -> torch.Tensor:
+        from safetensors import safe_open
+
+        if self._open is None or self._open[0] != j:
+            self._open = (j, safe_open(str(stash_path(self.out, j)), "pt"))
+        return self._open[1].get_slice("final")[s:e]
 
     def capture(self, token_ids: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per sequence: (aux [T, n_aux, H], final [T, H] after the norm)."""
         out = []
         for ids, (aux, _next) in zip(token_ids, self.engine.capture(token_ids), strict=True):
-            j, s, e = self.where[_key(ids)]  # every sample of a shard left was stashed in pass 1
-            out.append((aux, self.files[j].get_slice("final")[s:e]))
+            # every sample of the shards left was stashed by pass 1 (the plan fixes them)
+            out.append((aux, self._final(*self.where[_key(ids)])))
         return out

@@ -7,7 +7,8 @@
   `arg_groups/serving_hook.py:712-730`). Prefill appends the prompt's rows as ONE element, a [T][W]
   list (`managers/scheduler_components/batch_result_processor.py:658-659`); each decode step would
   extend the list by single rows (`:699-701`); `max_new_tokens=1` ends the request at its prefill, so
-  the answer is `[[T rows]]`, prompt positions only. Radix (prefix) caching would prefill only a
+  the answer is `[[T rows]]`, prompt positions only. `/health` answers 503 until the server is up
+  (`entrypoints/http_server.py:735-736`). Radix (prefix) caching would prefill only a
   prompt's uncached suffix, and chunked prefill splits it: both are switched off.
 - Without aux capture a row is the last decoder layer's output AFTER the final norm: Llama, Qwen and
   DeepSeek-V2 models apply the norm before the logits processor (`models/llama.py:498-500`), which
@@ -113,6 +114,16 @@ def parser_problem(args: list[str]) -> str | None:
     if view.return_hidden_states_mode != "full":
         return f"return_hidden_states_mode resolved to {view.return_hidden_states_mode!r}, not 'full'"
     return None
+
+
+def _loads(body: bytes):
+    """SGLang's states come as JSON numbers (T x layers x H of them a prompt): orjson, which SGLang itself
+    depends on, parses them several times faster than json where it is installed."""
+    try:
+        import orjson
+    except ImportError:
+        return json.loads(body)
+    return orjson.loads(body)  # its JSONDecodeError is a ValueError, as json's is
 
 
 def _version(python: str) -> str:
@@ -228,7 +239,7 @@ class SglangCapture:
             r = httpx.post(f"{self.url}/generate", json=body, timeout=REQUEST_TIMEOUT_S)
             if r.status_code != 200:
                 raise self._bad(f"answered HTTP {r.status_code}: {r.text[:300]}")
-            answers = json.loads(r.content)
+            answers = _loads(r.content)
         except (httpx.TransportError, ValueError) as e:
             raise self._lost(e) from e
         if not isinstance(answers, list) or len(answers) != len(prompts):
