@@ -112,6 +112,7 @@ def test_the_sglang_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_ca
     assert not list(out.glob(".final-*")), "stashed final states left behind"
 
 
+@pytest.mark.slow  # four server starts
 def test_shard_processes_each_run_both_passes(tmp_path, data, deep_target_dir, hf_cache, fake_server):
     out = tmp_path / "c"
     assert cache(data, out, deep_target_dir, *ENGINE, "--shard", "0/2") == 0
@@ -126,9 +127,14 @@ def test_shard_processes_each_run_both_passes(tmp_path, data, deep_target_dir, h
     [
         ("layers", "aux", r"hidden states of shape \[\d+, 128\] for a \d+-token prompt"),
         ("positions", "final", r"hidden states of shape \[\d+, 64\] for a \d+-token prompt"),
-        ("garbled", "aux", "broke off its answer"),
+        pytest.param("garbled", "aux", "broke off its answer", marks=pytest.mark.slow),  # two server starts each
         ("prenorm", "final", r"final states of RMS \d.* not the states after the final norm"),
-        ("shifted", "final", r"greedy token for \d of \d prompts of shard 0: not the last positions' states"),
+        pytest.param(
+            "shifted",
+            "final",
+            r"greedy token for \d of \d prompts of shard 0: not the last positions' states",
+            marks=pytest.mark.slow,
+        ),
     ],
 )
 def test_a_wrong_answer_exits_2_and_loses_nothing(
@@ -148,7 +154,7 @@ def test_a_wrong_answer_exits_2_and_loses_nothing(
         assert not list(out.glob("shard-*")) and len(list(out.glob(".final-*"))) == (fault == "positions")
 
 
-@pytest.mark.parametrize("where", ["final", "aux"])
+@pytest.mark.parametrize("where", [pytest.param("final", marks=pytest.mark.slow), "aux"])
 def test_a_server_that_dies_exits_3_and_the_rerun_resumes(
     tmp_path, data, deep_target_dir, hf_cache, fake_server, monkeypatch, capsys, where
 ):
