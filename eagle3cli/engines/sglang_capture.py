@@ -47,6 +47,7 @@ from ..errors import StageError, UsageError
 from ..head.engines import sglang_first_id_rule
 from ..speculate.aux_layers import sglang_id_problems, sglang_ids
 from .capture_common import HF_ROUTE, bad_answer, died
+from .engine_api import Unreachable, hidden_states_body, run_sync
 from .local_engine import EngineStartError, free_port, running
 
 MODULE = "sglang.launch_server"
@@ -116,7 +117,7 @@ def parser_problem(args: list[str]) -> str | None:
     return None
 
 
-def _loads(body: bytes):
+def _loads(body: str):
     """SGLang's states come as JSON numbers (T x layers x H of them a prompt): orjson, which SGLang itself
     depends on, parses them several times faster than json where it is installed."""
     try:
@@ -226,21 +227,18 @@ class SglangCapture:
 
     def capture(self, token_ids: Sequence[Sequence[int]]) -> list[tuple[torch.Tensor, int]]:
         """Per prompt: (states [T, H] or [T, n_aux, H] as float32, SGLang's greedy next token)."""
-        import httpx
-
         assert self._proc is not None, "use SglangCapture as a context manager"
         prompts = [[int(t) for t in ids] for ids in token_ids]
-        body = {
-            "input_ids": prompts,
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "return_hidden_states": True,
-        }
+        # the states come as JSON numbers (at most ~25 characters each), far above a chat reply's limit
+        limit = (64 << 20) + 32 * self.width * sum(map(len, prompts))
         try:
-            r = httpx.post(f"{self.url}/generate", json=body, timeout=REQUEST_TIMEOUT_S)
-            if r.status_code != 200:
-                raise self._bad(f"answered HTTP {r.status_code}: {r.text[:300]}")
-            answers = _loads(r.content)
-        except (httpx.TransportError, ValueError) as e:
+            reply = run_sync(
+                lambda c: c.post(self.url, "/generate", hidden_states_body(prompts)), REQUEST_TIMEOUT_S, limit
+            )
+            if reply.status != 200:
+                raise self._bad(f"answered HTTP {reply.status}: {reply.text[:300]}")
+            answers = _loads(reply.text)
+        except (Unreachable, ValueError) as e:
             raise self._lost(e) from e
         if not isinstance(answers, list) or len(answers) != len(prompts):
             raise self._bad(f"answered {len(prompts)} prompts with {type(answers).__name__} {str(answers)[:120]}")
