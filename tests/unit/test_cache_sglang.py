@@ -7,13 +7,15 @@ layout with states computed by transformers in SGLang's conventions, and a broke
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from cache_fixtures import conversations, write_data_folder
 from cli_helpers import err, wide_console  # noqa: F401
-from test_cache_engine import assert_same_cache, cache, differences
+from test_cache_engine import FLAGS, assert_same_cache, cache, differences
 
 from eagle3cli.cli import main
 from eagle3cli.engines import sglang_capture
@@ -187,3 +189,33 @@ def test_a_server_that_cannot_start_exits_2_with_its_log(tmp_path, data, deep_ta
     text = err(capsys)
     assert "did not start" in text and "ModuleNotFoundError" in text and "without --engine" in text, text
     assert not list((tmp_path / "c").glob("shard-*"))
+
+
+@pytest.mark.slow  # a process of its own, and three server starts
+def test_killed_by_sigkill_in_the_second_pass_the_rerun_resumes(
+    tmp_path, data, deep_target_dir, hf_cache, fake_server, capsys
+):
+    """eagle3 killed with SIGKILL once its first shard is written: the rerun starts no first pass (every
+    shard left was stashed), finishes the cache equal to the hf route's and leaves no stash."""
+    out = tmp_path / "c"
+    argv = ["cache", "--data", str(data), "--out", str(out), "--target", str(deep_target_dir), *FLAGS, *ENGINE]
+    fake = str(REPO / "tests" / "fake_sglang_server.py")
+    code = (
+        f"import sys; from eagle3cli.engines import sglang_capture as s; s.LAUNCH = [{fake!r}]; "
+        f"from eagle3cli.cli import main; sys.exit(main({argv!r}))"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    deadline = time.monotonic() + 600
+    while not (out / ".shard-00000.json").exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.kill()
+    proc.wait()
+    stashed = sorted(p.name for p in out.glob(".final-*"))
+    assert stashed and ".final-00000.safetensors" not in stashed[1:], stashed
+    assert not (out / "manifest.json").exists()
+    assert cache(data, out, deep_target_dir, *ENGINE) == 0  # in this process: the fake_server fixture's launch
+    assert "pass 1 of 2" not in err(capsys)
+    assert max(differences(hf_cache, out).values()) <= 0.01
+    assert not list(out.glob(".final-*"))
