@@ -68,14 +68,17 @@ def engine_features(cfg, target_path: Path, ident, aux_ids, cp, todo, stack: con
 
 
 def _sglang(cfg, target_path: Path, ident, aux_ids, cp, todo, stack, common) -> EngineFeatures:
+    from ..engines.local_engine import vllm_loadable
     from ..engines.sglang_capture import SglangCapture
 
-    archs = json.loads((Path(target_path) / "config.json").read_text(encoding="utf-8")).get("architectures")
+    # a config naming no architecture (SmolLM2 from GGUF) is served from a copy that names one, as for vLLM
+    served = vllm_loadable(Path(target_path))
+    archs = json.loads((served / "config.json").read_text(encoding="utf-8")).get("architectures")
     kw = {**common, "architectures": archs, "python": cfg.engine_python}
     wait = lambda s: log(f"cache: waiting for SGLang to load the target ({s:.0f} s)")  # noqa: E731
     # both servers' arguments are checked (SGLang's parser) before either starts
-    final = SglangCapture(target_path, aux_ids, ident.hidden_size, "final", on_wait=wait, **kw)
-    aux = SglangCapture(target_path, aux_ids, ident.hidden_size, "aux", on_wait=wait, **kw)
+    final = SglangCapture(served, aux_ids, ident.hidden_size, "final", on_wait=wait, **kw)
+    aux = SglangCapture(served, aux_ids, ident.hidden_size, "aux", on_wait=wait, **kw)
     # SGLang's final states are after the norm; the tail's lm_head gives the teacher and checks them
     tail = load_tail(target_path, final.torch_dtype, lm_head=True)
     for j in range(len(cp.ranges)):  # a run killed between a shard's record and its stash's removal

@@ -38,6 +38,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -128,7 +129,6 @@ def _loads(body: str):
 
 
 def _version(python: str) -> str:
-    import sys
     from importlib import metadata
 
     if python != sys.executable:
@@ -157,8 +157,6 @@ class SglangCapture:
         python: str | None = None,
         on_wait: Callable[[float], None] | None = None,
     ):
-        import sys
-
         self.target, self.mode, self.hidden_size = Path(target), mode, hidden_size
         self.log_path, self.on_wait = Path(log_path), on_wait
         self.layer_ids, self.columns = capture_ids(aux_layer_ids, architectures)
@@ -167,9 +165,10 @@ class SglangCapture:
         self.python = python or sys.executable
         self.version = _version(self.python)
         self.tensor_parallel_size = tensor_parallel_size
-        self.port = free_port()
+        self.port = 0  # chosen at start
         self.args = server_args(self.target, mode, self.layer_ids, self.dtype, tensor_parallel_size, self.port)
-        problem = parser_problem(self.args)  # before minutes of start, and before the other pass's
+        # before minutes of start (and before the other pass's); another python's SGLang checks them itself
+        problem = parser_problem(self.args) if self.python == sys.executable else None
         if problem is not None:
             raise UsageError(
                 f"--engine sglang: SGLang's own parser rejects the server's arguments: {problem}",
@@ -188,7 +187,7 @@ class SglangCapture:
         return f"http://127.0.0.1:{self.port}"
 
     def __enter__(self) -> SglangCapture:
-        self.port = free_port()  # free now (the other pass's server may have run since __init__)
+        self.port = free_port()  # free now, not when the other pass's server was built
         self.args = server_args(
             self.target, self.mode, self.layer_ids, self.dtype, self.tensor_parallel_size, self.port
         )
