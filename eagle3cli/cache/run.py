@@ -33,7 +33,8 @@ from ..run_folder.lock import LOCK_NAME, locked_stage
 from ..run_folder.manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
 from .config import STORAGES, CacheConfig
-from .features import EngineFeatures, Features, ModelFeatures
+from .engine_route import remove_stash
+from .features import Features, ModelFeatures
 from .masks import check_template
 from .plan import (
     PLAN_FILE,
@@ -59,7 +60,8 @@ CACHE_FILES = (
     "shard-*.safetensors",
     ".shard-*.json",
     ".verified.json",
-    "engine*.log",  # --engine vllm: the engine's own log
+    "engine*.log",  # --engine vllm|sglang: the engine's own log
+    ".final-*.safetensors",  # --engine sglang: a shard's final states between its two passes
 )
 
 
@@ -144,6 +146,8 @@ def _aux_ids(cfg: CacheConfig, n_layers: int) -> tuple[int, ...]:
 def _check_disk(cfg: CacheConfig, out: Path, ident, n_aux: int, todo_tokens: int, n_todo: int, n_mine: int) -> None:
     """Refuse to start what cannot finish: the shards left need about tokens x bytes/token."""
     bpt = bytes_per_token(cfg.storage, ident.hidden_size, n_aux, ident.vocab_size, cfg.topk)
+    # --engine sglang also holds each shard's final states between its two passes (engine_route.py)
+    bpt += ident.hidden_size * (4 if cfg.dtype == "fp32" else 2) if cfg.engine == "sglang" else 0
     need = todo_tokens * bpt + 4096 * n_todo
     free = shutil.disk_usage(out).free
     log(
@@ -169,7 +173,7 @@ def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: Cach
 
 
 def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, todo, stack) -> Features:
-    """The target in this process (hf), or in an engine that lives as long as `stack`."""
+    """The target in this process (hf), or in an engine that lives as long as `stack` (`engine_route.py`)."""
     if cfg.engine == "hf":
         rank, world = parse_shard(cfg.shard)
         device = shard_device(cfg.device, rank) if world > 1 else cfg.device
@@ -178,32 +182,9 @@ def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan,
         model = open_target(target_path, load=True, device=device, dtype=cfg.dtype).model
         log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
         return ModelFeatures(model, aux_ids, tok.pad_token_id if tok.pad_token_id is not None else 0)
-    from ..engines.vllm_capture import VllmCapture
-    from ..model.target_tail import load_tail
+    from .engine_route import engine_features
 
-    i, n = parse_shard(cfg.shard)  # one engine per `--shard i/N` process, each with its own log
-    log_path = cfg.out_dir / ("engine.log" if n == 1 else f"engine.shard-{i}-of-{n}.log")
-    engine = VllmCapture(
-        target_path,
-        aux_ids,
-        ident.num_hidden_layers,
-        ident.hidden_size,
-        log_path=log_path,
-        dtype=cfg.dtype,
-        tensor_parallel_size=cfg.tensor_parallel_size,
-        max_model_len=max(cp.lengths[k] for j in todo for k in range(*cp.ranges[j])),
-        token_budget=cfg.token_budget,
-        python=cfg.engine_python,
-        on_wait=lambda s: log(f"cache: waiting for vLLM to load the target ({s:.0f} s)"),
-    )
-    # the engine returns the last layer's output before the final norm: the target's own norm finishes it,
-    # and its lm_head gives the teacher every storage keeps (compact's top-k, bf16/fp8's target_argmax).
-    # Read first: a target without them is refused before minutes of engine start.
-    tail = load_tail(target_path, engine.torch_dtype, lm_head=True)
-    log(f"cache: starting {engine.version} ({engine.dtype}) on {target_path}; its log: {log_path}")
-    stack.enter_context(engine)
-    log(f"cache: vLLM is capturing layers {engine.layer_ids} on {engine.platform}")
-    return EngineFeatures(engine, tail)
+    return engine_features(cfg, target_path, ident, aux_ids, cp, todo, stack)
 
 
 def _write_shards(cfg: CacheConfig, features: Features, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
@@ -234,6 +215,7 @@ def _write_shards(cfg: CacheConfig, features: Features, ident, aux_ids, cp: Cach
                 seconds=round(time.time() - ts, 4),
             )
             atomic_write_json(done_file(out, j), rec)
+            remove_stash(out, j)  # --engine sglang's first pass, now in the shard
             bar.advance(b - a, tokens=tokens)
 
 

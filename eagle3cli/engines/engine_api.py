@@ -105,6 +105,16 @@ def generate_body(prompt_ids: list[int], sampling_params: dict) -> dict:
     return {"input_ids": list(prompt_ids), "sampling_params": sampling_params}
 
 
+def hidden_states_body(prompts: list[list[int]]) -> dict:
+    """SGLang's `POST /generate` for a batch of prompts' hidden states (`cache --engine sglang`): one
+    greedy token each, so the answer holds every prompt position's states and nothing after them."""
+    return {
+        "input_ids": [list(p) for p in prompts],
+        "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+        "return_hidden_states": True,
+    }
+
+
 def completion_body(
     model: str | None,
     prompt_ids: list[int],
@@ -162,8 +172,11 @@ class Reply:
 class EngineClient:
     """An async HTTP client for one or more engines (`async with EngineClient(...) as c`)."""
 
-    def __init__(self, timeout_s: float = 600.0, concurrency: int = 16, api_key: str | None = None):
+    def __init__(
+        self, timeout_s: float = 600.0, concurrency: int = 16, api_key: str | None = None, body_limit: int | None = None
+    ):
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.body_limit = body_limit  # bytes a reply may have (default: max_body_bytes(), chat-sized)
         limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
         self.timeout_s = timeout_s
         self._http = httpx.AsyncClient(timeout=timeout_s, headers=headers, limits=limits)
@@ -182,7 +195,7 @@ class EngineClient:
         url = endpoint_url(base, route)
         shown = redact_text(url)
         budget = timeout or self.timeout_s
-        limit = max_body_bytes()
+        limit = self.body_limit or max_body_bytes()
         t0 = time.perf_counter()
         kw: dict[str, Any] = {} if timeout is None else {"timeout": timeout}
         if method == "POST":
@@ -438,11 +451,13 @@ class Failover:
         raise EndpointError("endpoint_error", f"{attempt + 1} attempt(s) failed; last: {last}")
 
 
-def run_sync(make: Callable[[EngineClient], Awaitable[T]], timeout_s: float = 600.0) -> T:
+def run_sync(
+    make: Callable[[EngineClient], Awaitable[T]], timeout_s: float = 600.0, body_limit: int | None = None
+) -> T:
     """`make(client)` on a fresh client, from synchronous code (eval's sequential requests)."""
 
     async def main() -> T:
-        async with EngineClient(timeout_s=timeout_s, concurrency=1) as c:
+        async with EngineClient(timeout_s=timeout_s, concurrency=1, body_limit=body_limit) as c:
             return await make(c)
 
     return asyncio.run(main())

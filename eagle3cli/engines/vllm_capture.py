@@ -27,15 +27,15 @@ from pathlib import Path
 
 import torch
 
-from ..errors import IncompleteError, StageError, UsageError
+from ..errors import StageError, UsageError
 from ..speculate.aux_layers import vllm_capture_ids
-from .local_engine import _die_with_parent, _vllm_version, stop, tail, vllm_loadable, vllm_python
+from .capture_common import HF_ROUTE, bad_answer, died
+from .local_engine import _die_with_parent, _vllm_version, stop, vllm_loadable, vllm_python
 
 CHILD = Path(__file__).with_name("vllm_capture_child.py")
 START_TIMEOUT_S = 900.0  # vLLM's CPU build loads in ~1 min alone, several on 2 busy cores
 KVCACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # GiB the CPU build reserves for KV (and, here, hidden states)
 STATES_PREFIX = "eagle3-engine-states-"  # + pid: a killed run's folder is found and removed by the next
-HF_ROUTE = "rerun without --engine (the target in eagle3's own process)"
 
 
 def _remove_dead_states() -> None:
@@ -48,13 +48,6 @@ def _remove_dead_states() -> None:
             shutil.rmtree(d, ignore_errors=True)
         except (ValueError, PermissionError):
             continue
-
-
-def log_end(path: Path, lines: int = 8) -> str:
-    """The engine log's last lines without traceback frames: the error's own lines say what happened,
-    and the whole log is one path away."""
-    said = [ln for ln in tail(path, 200).splitlines() if ln.strip() and not ln.startswith((" ", "\t", "Traceback"))]
-    return "\n".join(said[-lines:])
 
 
 def engine_dtype(dtype: str, cpu_build: bool) -> str:
@@ -184,18 +177,9 @@ class VllmCapture:
 
     # ------------------------------------------------------------------ protocol
     def _died(self, what: str, starting: bool) -> UsageError:
-        """A start that fails is a setup to fix (exit 2); an engine lost mid-cache is work a rerun finishes (exit 3)."""
         code = self._proc.poll() if self._proc is not None else None
-        said = f"--engine vllm: the engine {what} (exit code {code}). Its log ({self.log_path}) ends:\n{log_end(self.log_path)}"
-        if starting:
-            return StageError(
-                said, "vLLM starting on the target (vllm-cpu from `make vllm-cpu`, or a CUDA vLLM)", HF_ROUTE
-            )
-        return IncompleteError(
-            said,
-            "an engine that runs until the cache is done",
-            f"rerun the same command: finished shards are kept and only the rest is computed; or {HF_ROUTE}",
-        )
+        needs = "vLLM starting on the target (vllm-cpu from `make vllm-cpu`, or a CUDA vLLM)"
+        return died("vllm", what, code, self.log_path, starting, needs)
 
     def _reply(self, timeout_s: float | None, starting: bool = False) -> dict:
         """The child's next protocol line; its death (or a start that never ends) is an error."""
@@ -240,12 +224,11 @@ class VllmCapture:
         return out
 
     def _bad(self, what: str) -> StageError:
-        return StageError(
-            f"--engine vllm: the engine {what}; no shard was written from it. Its log: {self.log_path}",
+        expected = (
             f"per sequence, a safetensors file with hidden_states [T, {len(self.layer_ids)}, {self.hidden_size}] "
-            f"(layers {self.layer_ids}) and token_ids [T] equal to the sequence sent",
-            f"{HF_ROUTE}; or report the vLLM version ({self.version}) with the log",
+            f"(layers {self.layer_ids}) and token_ids [T] equal to the sequence sent"
         )
+        return bad_answer("vllm", what, self.log_path, expected, self.version)
 
     def _read_states(self, path: Path, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """One request's file, checked (layers, positions, tokens, a whole file), then removed."""

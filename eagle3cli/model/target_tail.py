@@ -93,3 +93,15 @@ def final_norm(tail) -> torch.nn.Module:
     norm = tail.get_decoder().norm
     assert isinstance(norm, torch.nn.Module)
     return norm
+
+
+@torch.no_grad()
+def normed_rms(tail, states: torch.Tensor) -> torch.Tensor:
+    """Per row of `states` [N, H]: the RMS of the row divided by the final norm's per-channel gain
+    (`norm(ones)`: w, or Gemma's 1 + w). A row an RMS norm put out is x / rms(x) times the gain, so
+    this is 1 up to rounding and eps; a row before the norm has the residual stream's own scale (2-4
+    on the tiny target, 13-233 on SmolLM2-135M)."""
+    dtype = next(final_norm(tail).parameters()).dtype
+    gain = final_norm(tail)(torch.ones(1, states.shape[-1], dtype=dtype)).float()[0]
+    keep = gain != 0
+    return (states.float()[:, keep] / gain[keep]).pow(2).mean(-1).sqrt()

@@ -188,18 +188,24 @@ def differences(a: Path, b: Path) -> dict[str, float]:
     return worst
 
 
-def test_the_engine_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_cache, fake_engine):
-    out = tmp_path / "engine"
-    assert cache(data, out, deep_target_dir, *engine_flags()) == 0
-    a, b = read_json(hf_cache / "manifest.json"), read_json(out / "manifest.json")
+def assert_same_cache(hf: Path, out: Path, engine: str) -> None:
+    """`out`, written by `engine`, is the hf route's cache: the same plan and counts, every tensor within
+    bf16 rounding, and it verifies."""
+    a, b = read_json(hf / "manifest.json"), read_json(out / "manifest.json")
     for key in ("settings_hash", "counts", "aux_layer_ids", "coverage", "storage", "target"):
         assert a[key] == b[key], key
-    assert b["config"]["engine"] == "vllm"
-    worst = differences(hf_cache, out)
+    assert b["config"]["engine"] == engine
+    worst = differences(hf, out)
     assert set(worst) == {"aux_hidden", "last_hidden", "target_argmax"}, worst
     # bf16 rounding of values; an argmax may flip at a near-tie of two logits
     assert worst["aux_hidden"] <= 0.01 and worst["last_hidden"] <= 0.01 and worst["target_argmax"] <= 0.01, worst
     assert main(["cache", "--verify", str(out)]) == 0
+
+
+def test_the_engine_cache_is_the_hf_cache(tmp_path, data, deep_target_dir, hf_cache, fake_engine):
+    out = tmp_path / "engine"
+    assert cache(data, out, deep_target_dir, *engine_flags()) == 0
+    assert_same_cache(hf_cache, out, "vllm")
     assert not list(Path(vllm_capture.tempfile.gettempdir()).glob("eagle3-engine-states-*")), "states left behind"
 
 
