@@ -5,21 +5,15 @@ published head, write the page's published-head keys, and export it.
     .venv/bin/python benchmarks/smollm2/publish.py --continue --sessions runs/long-s4   # s1-s3 from the page
 
 A long run that spans sessions is several run folders, each started from the last one's head
-(`eagle3 train --init-head ... --skip-samples ...`, docs/train.md). The last session's head is the
-one published. Run folders do not outlive a machine: `--continue` keeps the sessions an earlier
-publish wrote on the page and adds the ones named, which must carry on where the page's last stops
-(checked before any eval runs). Steps, each skipped when its output exists, so an interrupted
-publish resumes:
-
-1. the page's evals of the published head (run_bench.eval_plan, less the equal-compute pair that
-   stays as it was) into LAST/eval-NAME, one at a time on one thread (`--jobs 2` on an idle machine);
-2. docs/results-smollm2.json: the per-bench rows, the sweeps, the learning curve (the head before
-   the sessions, then each session's held-out points, tokens counted on from it), the evals' costs
-   and commands (report_publish.publish_report); then the page and its figures rendered from it;
-3. with `--export`: the head into models/smollm2-135m-eagle3 (bf16, SGLang layout), replacing it.
-
-The eval sizes default to the ones the page was written with (`--max-new-tokens 64`); pass the
-same flags as run_bench.py to change them.
+(`eagle3 train --init-head ... --skip-samples ...`, docs/train.md); the last session's head is the one
+published. Run folders do not outlive a machine: `--continue` keeps the sessions an earlier publish wrote
+on the page and adds the ones named, which must carry on where the page's last stops. Steps, each skipped
+when its output exists, so an interrupted publish resumes: (1) the page's evals of the published head
+(run_bench.eval_plan, less the equal-compute pair) into LAST/eval-NAME; (2) docs/results-smollm2.json's
+per-bench rows, sweeps, learning curve (the head before the sessions, then each session's held-out points,
+tokens counted on from it), the evals' costs and commands, then the page; (3) with `--export`, the head
+into models/smollm2-135m-eagle3 (bf16, SGLang layout). Eval sizes default to the page's; pass the same
+flags as run_bench.py to change them.
 """
 
 from __future__ import annotations
@@ -33,30 +27,148 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from benchmarks.smollm2.report import PAIR_EVALS  # noqa: E402
-from benchmarks.smollm2.report_publish import PublishError, page_sessions, publish_report  # noqa: E402
+from benchmarks.smollm2.report import PAIR_EVALS, cost_row, eval_rows, sampling_check  # noqa: E402
+from benchmarks.smollm2.report_compute import curve_keys, heldout_curve  # noqa: E402
+from benchmarks.smollm2.report_page import read_json, rel, save  # noqa: E402
 from benchmarks.smollm2.run_bench import eval_cmd, eval_plan  # noqa: E402
 
 PUBLISHED_HEAD = REPO / "models" / "smollm2-135m-eagle3"
+POINT = ("tokens", "cpu_seconds", "heldout_tau")  # what an MT-bench point of the projection keeps of the curve
 
 
 def published_evals(last: Path, args) -> dict:
     """The page's evals of the published head, all in LAST (the pair's runs are not needed)."""
-    plan = eval_plan(last, last, last, args)
-    return {k: v for k, v in plan.items() if k not in PAIR_EVALS}
+    return {k: v for k, v in eval_plan(last, last, last, args).items() if k not in PAIR_EVALS}
+
+
+class PublishError(ValueError):
+    """What is missing for a publish report, said so that the caller can exit 2."""
+
+
+def _config(run: Path) -> dict:
+    return ((read_json(run / "train" / "manifest.json") or {}).get("config")) or {}
+
+
+def session_rows(sessions: list[Path]) -> list[dict]:
+    """One row per session: what it trained on and its held-out curve's ends."""
+    rows = []
+    for run in sessions:
+        m, curve = read_json(run / "train" / "manifest.json") or {}, heldout_curve(run)
+        cfg, by_folder = m.get("config") or {}, m.get("trained_by_folder") or []
+        skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
+        if n is None:  # no --train-samples: all the rest, as many as the manifest says --data gave
+            n = by_folder[0]["samples"] if by_folder else m.get("trained_samples")
+        rows.append({"run": rel(run), "init_head": cfg.get("init_head"), "data": cfg.get("data"),
+                     "samples": None if n is None else [skip, skip + n - 1],
+                     # --extra-data: what each other source gave (train's manifest, trained_by_folder)
+                     "extra": [{"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]],
+                     "steps": m.get("steps"), "tokens": m.get("tokens_seen"),
+                     "heldout_start": curve[0]["heldout_tau"] if curve else None,
+                     "heldout_end": curve[-1]["heldout_tau"] if curve else None, "stopped": m.get("stopped")})  # fmt: skip
+    return rows
+
+
+def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) -> list[dict]:
+    """The sessions' held-out points on one axis: tokens, seconds and CPU seconds counted on from BEFORE (the
+    last point of the head the first session started from). A later session's step 0 re-measures the previous
+    session's end and is left out (the first's too when it CARRIES_ON from a session the page keeps)."""
+    out: list[dict] = []
+    base = {
+        "tokens": before["tokens"],
+        "seconds": before.get("seconds") or 0.0,
+        "cpu_seconds": before.get("cpu_seconds") or 0.0,
+    }
+    for i, run in enumerate(sessions):
+        if not (curve := heldout_curve(run)):
+            raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
+        out += [{"tokens": base["tokens"] + p["tokens"], "steps": p["steps"],
+                 **{k: round(base[k] + (p[k] or 0.0), 2) for k in ("seconds", "cpu_seconds")},
+                 "heldout_tau": p["heldout_tau"], "session": run.name, "heldout_set": _config(run).get("data")}
+                for p in curve if not ((i or carries_on) and p["steps"] == 0)]  # fmt: skip
+        base = {k: base[k] + (curve[-1][k] or 0) for k in base}
+    return out
+
+
+def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[dict]]:
+    """The sessions the page already publishes, kept by `--continue` when their run folders are gone (a new
+    machine has no runs/): their rows and held-out points, less any of SESSIONS (so a publish run twice writes
+    the same page). SESSIONS must carry on where they stop: the first one's samples start after the last kept
+    session's, on the same corpus, else PublishError."""
+    new = {run.name for run in sessions}
+    rows = [r for r in (data.get("published") or {}).get("sessions") or [] if Path(r["run"]).name not in new]
+    if not rows:
+        raise PublishError("--continue keeps the sessions the page publishes, and it publishes none besides "
+                           f"{', '.join(sorted(new))}; publish without --continue, naming every session's run folder")  # fmt: skip
+    curve = [p for p in data.get("learning_curve", []) if "session" in p and p["session"] not in new]
+    cfg, last = _config(sessions[0]), rows[-1]
+    if last["samples"] and cfg.get("data") == last["data"] and (cfg.get("skip_samples") or 0) != last["samples"][1] + 1:
+        raise PublishError(
+            f"{rel(sessions[0])} trained from sample {cfg.get('skip_samples') or 0} of {cfg['data']}, expected "
+            f"{last['samples'][1] + 1}: the page's last session `{last['run']}` ended at sample {last['samples'][1]}, "
+            "so the curve would skip or repeat data; name the session that carries on from it"
+        )
+    return rows, curve
+
+
+def _mt_chain(rows: list[dict]) -> dict | None:
+    return next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
+
+
+def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict, keep: bool = False) -> dict:
+    """The page's published-head keys for the head of SESSIONS[-1], written into MD_PATH's JSON, then
+    the page rendered from it. KEEP (`--continue`): the sessions the page already publishes come first."""
+    json_path, last = md_path.with_suffix(".json"), sessions[-1]
+    if (data := read_json(json_path)) is None:
+        raise PublishError(f"no {json_path} to update (make bench-smollm2 writes it)")
+    rows, reports = eval_rows(last, evals, last)
+    if (mt := _mt_chain(rows)) is None:
+        raise PublishError(f"no MT-bench eval in {last}/eval-mt_bench (run publish.py without --report-only)")
+    # what the head published before the sessions was, kept once so a later publish counts from it
+    if (old := data.get("published_before_sessions")) is None:
+        prev = _mt_chain(data.get("rows", [])) or {}
+        old = data["published_before_sessions"] = {
+            "head": prev.get("head"), "mt_bench_tau": prev.get("tau"),
+            "learning_curve": [p for p in data.get("learning_curve", []) if "session" not in p]}  # fmt: skip
+    if not (before := old["learning_curve"]):
+        raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
+    kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
+    curve = kept_curve + session_curve(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
+    points = [{"run": old["head"], **{k: before[-1][k] for k in POINT}, "tau": old["mt_bench_tau"]},
+              {"run": last.name, **{k: curve[-1][k] for k in POINT}, "tau": mt["tau"]}]  # fmt: skip
+    data["rows"] = rows + [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
+    data.update(curve_keys(before + curve, points, reports, fit=curve))
+    rep, cfg = read_json(last / "eval-mt_bench" / "report.json") or {}, (read_json(last / "eval-mt_bench" / "manifest.json") or {}).get("config") or {}  # fmt: skip
+    data["published"] = {"head": "models/smollm2-135m-eagle3", "run": rel(last), "sessions": kept_rows + session_rows(sessions),
+                         "mt_bench_tau": mt["tau"],
+                         "mt_bench_eval": f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} "
+                         f"d{rep['depth']}, {cfg.get('dtype', '?')}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens",
+                         "mt_bench_tau_before": old["mt_bench_tau"], "trained_tokens": curve[-1]["tokens"]}  # fmt: skip
+    if (sc := sampling_check(reports)) is not None:
+        data["sampling_check"] = sc
+    costs = {c["stage"]: c for c in data.get("costs", [])}  # the evals' rows: this publish's time and memory
+    for stage, st in ((name.replace("_", " ", 1), st) for name, st in steps.items()):
+        costs[stage] = cost_row(stage, "-", st["seconds"], "-", peak=round(st["peak_rss_mib"]))
+    data["costs"] = list(costs.values())
+    cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{' --continue' if kept_rows else ''} --sessions "
+            + " ".join(rel(s) for s in sessions)]  # fmt: skip
+    # each eval as publish.py ran it (check_done_evals refuses an eval folder it did not run)
+    cmds += [steps[f"eval_{name}"]["command"] for name in evals if f"eval_{name}" in steps]
+    note = "The sessions' train commands are in docs/train.md."
+    if kept := [r["run"] for r in kept_rows]:
+        note += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
+                 "page (their run folders did not outlive their machine).")  # fmt: skip
+    data.setdefault("commands", {}).update({"published": cmds, "published_note": note})
+    save(md_path, data)
+    return data
 
 
 def check_sessions(sessions: list[Path]) -> None:
     """Each session a finished training run with a head, or exit 2 saying which is not."""
     for run in sessions:
-        missing = [p for p in (run / "head", run / "train" / "metrics.jsonl") if not p.exists()]
-        if missing:
-            print(
-                f"error: {run} is not a finished training run (no {', '.join(str(p) for p in missing)}); "
-                "expected the run folders of the long run's sessions, oldest first, e.g. --sessions "
-                "runs/long-s1 runs/long-s2. Finish the session with its `eagle3 train` command first.",
-                file=sys.stderr,
-            )
+        if missing := [p for p in (run / "head", run / "train" / "metrics.jsonl") if not p.exists()]:
+            print(f"error: {run} is not a finished training run (no {', '.join(str(p) for p in missing)}); expected "
+                  "the run folders of the long run's sessions, oldest first, e.g. --sessions runs/long-s1 "
+                  "runs/long-s2. Finish the session with its `eagle3 train` command first.", file=sys.stderr)  # fmt: skip
             raise SystemExit(2)
 
 
@@ -66,28 +178,21 @@ def check_done_evals(last: Path, evals: dict, steps: dict, args, rec: Recorder) 
     settings would be published silently in its place, so exit 2 naming it."""
     for name, (run, bench, prompts, extra) in evals.items():
         dest = last / f"eval-{name}"
-        if not (dest / "report.json").exists():
-            continue
         planned = rec.show(eval_cmd(run, dest, bench, prompts, args, *extra))
         recorded = steps.get(f"eval_{name}", {}).get("command")
-        if recorded != planned:
+        if (dest / "report.json").exists() and recorded != planned:
             why = "was not written by publish.py" if recorded is None else f"was run as `{recorded}`"
-            print(
-                f"error: {dest} {why}; expected `{planned}`. Move that folder aside (or delete it) and "
-                "rerun publish.py: it runs the page's eval there.",
-                file=sys.stderr,
-            )
+            print(f"error: {dest} {why}; expected `{planned}`. Move that folder aside (or delete it) and "
+                  "rerun publish.py: it runs the page's eval there.", file=sys.stderr)  # fmt: skip
             raise SystemExit(2)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sessions", type=Path, nargs="+", required=True, help="the sessions' run folders, oldest first")
-    ap.add_argument("--mt-bench-prompts", type=int, default=80)
-    ap.add_argument("--eval-prompts", type=int, default=40)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--sampling-prompts", type=int, default=20)
-    ap.add_argument("--sweep-prompts", type=int, default=8)
+    for flag, default in (("--mt-bench-prompts", 80), ("--eval-prompts", 40), ("--max-new-tokens", 64),
+                          ("--sampling-prompts", 20), ("--sweep-prompts", 8)):  # fmt: skip
+        ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per eval")
     ap.add_argument("--jobs", type=int, default=1, help="evals run this many at a time")
     ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
@@ -101,14 +206,12 @@ def main() -> None:
     check_sessions(sessions)
     last = sessions[-1]
     evals = published_evals(last, args)
-    rec, lock = Recorder(), threading.Lock()
-    steps_file = last / "publish-steps.json"
-    steps = json.loads(steps_file.read_text()) if steps_file.exists() else {}
+    rec, lock, steps_file = Recorder(), threading.Lock(), last / "publish-steps.json"
+    steps = read_json(steps_file) or {}
 
     def run_eval(name: str) -> None:
         run, bench, prompts, extra = evals[name]
-        dest = last / f"eval-{name}"
-        if (dest / "report.json").exists():
+        if (dest := last / f"eval-{name}").joinpath("report.json").exists():
             return
         cmd = eval_cmd(run, dest, bench, prompts, args, *extra)
         rec.sh(cmd, env={"OMP_NUM_THREADS": str(args.threads)})
@@ -122,12 +225,12 @@ def main() -> None:
             steps_file.write_text(json.dumps(steps, indent=2) + "\n")
 
     check_done_evals(last, evals, steps, args, rec)
-    if args.keep:  # refused before an hour of evals, not after them
-        try:
+    try:
+        if args.keep:  # refused before an hour of evals, not after them
             page_sessions(json.loads(args.results_md.with_suffix(".json").read_text()), sessions)
-        except (PublishError, OSError) as e:
-            print(f"error: {e}; nothing was run or written", file=sys.stderr)
-            raise SystemExit(2) from e
+    except (PublishError, OSError) as e:
+        print(f"error: {e}; nothing was run or written", file=sys.stderr)
+        raise SystemExit(2) from e
     if not args.report_only:
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:
             for f in [pool.submit(run_eval, name) for name in evals]:

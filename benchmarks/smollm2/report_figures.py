@@ -1,47 +1,30 @@
-"""The results page's figures, drawn from the keys of docs/results-smollm2.json that the page's own
-tables are written from, so a picture cannot disagree with its page:
-
-- `learning_curve` -> results-smollm2-learning-curve.png (held-out tau against trained tokens and CPU s);
-- `sweep`          -> results-smollm2-sweep.png (tau and measured speedup of every configuration, per dtype);
-- `data_scaling`   -> results-data-scaling.png (tau against distinct training tokens, with the fits the
-                      page states; drawn by benchmarks/stages/data_scaling.py's own `plot`);
-- `data_levers`    -> results-data-levers.png (each arm's MT-bench tau and its paired gain over the baseline).
-
-report_page.py links each under its section (`figure_line`) and draws them with the page. Nothing here measures.
-"""
+"""The results page's figures, drawn from the keys of docs/results-smollm2.json that its tables are
+written from, so a picture cannot disagree with its page; report_page.py links each under its section
+(`figure_line`) and draws them with the page. data_scaling's is drawn by benchmarks/stages/data_scaling.py."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-LEARNING_CURVE = "results-smollm2-learning-curve.png"
-SWEEP = "results-smollm2-sweep.png"
-DATA_SCALING = "results-data-scaling.png"
-LEVERS = "results-data-levers.png"
+from benchmarks.render import pyplot, save
+
 CARRY = "humaneval"  # the levers' carry-over bench: a public one no corpus here holds
-ALT = {
-    LEARNING_CURVE: "held-out tau against trained tokens and CPU seconds",
-    SWEEP: "tau and measured speedup of each sweep configuration, fp32 and bf16",
-    DATA_SCALING: "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law",
-    LEVERS: "MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline",
-}
+FIGURES = {  # the page's name for a figure: its file, its alt text
+    "learning_curve": ("results-smollm2-learning-curve.png", "held-out tau against trained tokens and CPU seconds"),
+    "sweep": ("results-smollm2-sweep.png", "tau and measured speedup of each sweep configuration, fp32 and bf16"),
+    "data_scaling": ("results-data-scaling.png",
+                     "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law"),
+    "levers": ("results-data-levers.png",
+               "MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline"),
+}  # fmt: skip
 
 
 def figure_line(name: str) -> str:
-    return f"![{ALT[name]}]({name})"
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+    return f"![{FIGURES[name][1]}]({FIGURES[name][0]})"
 
 
 def learning_curve_png(curve: list[dict], out: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, (by_tokens, by_cpu) = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     # a head trained on across sessions is held out on its sessions' corpus: a second series
     series = {}
@@ -62,13 +45,11 @@ def learning_curve_png(curve: list[dict], out: Path) -> None:
         ax.grid(alpha=0.3)
     last = curve[-1]
     fig.suptitle(f"learning curve: {last['tokens']:,} tokens, held-out tau {last['heldout_tau']:.3f} at the end")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def sweep_png(sweep: dict, out: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     runs = {dt: s for dt, s in sweep.items() if s}
     names = list(next(iter(runs.values()))["configurations"])
     fig, (ax_tau, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
@@ -101,16 +82,14 @@ def sweep_png(sweep: dict, out: Path) -> None:
         f"eval --sweep, MT-bench, {first.get('prompts')} prompts x {first.get('max_new_tokens')} tokens "
         "(outlined: the measured best, with its 90% interval)"
     )
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    save(fig, out)
 
 
 def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
     """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
     baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
     measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
     ys = list(range(len(rows)))
     for y, r in zip(ys, rows):
@@ -138,32 +117,30 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
     dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     dx.legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save(fig, path)
 
 
 def draw_figures(data: dict, docs: Path) -> list[str]:
-    """Draw every figure whose key is in `data` into `docs`; the names drawn."""
-    drawn = []
+    """Draw every figure whose key is in `data` into `docs`; the files drawn."""
+    drawn: list[str] = []
+
+    def out(name: str) -> Path:
+        drawn.append(FIGURES[name][0])
+        return docs / FIGURES[name][0]
+
     if data.get("learning_curve"):
-        learning_curve_png(data["learning_curve"], docs / LEARNING_CURVE)
-        drawn.append(LEARNING_CURVE)
+        learning_curve_png(data["learning_curve"], out("learning_curve"))
     if any((data.get("sweep") or {}).values()):
-        sweep_png(data["sweep"], docs / SWEEP)
-        drawn.append(SWEEP)
+        sweep_png(data["sweep"], out("sweep"))
     if data.get("data_scaling"):
         from benchmarks.stages.data_scaling import plot
 
-        fit = data.get("data_scaling_fit") or {}
+        fit, equal = data.get("data_scaling_fit") or {}, data.get("data_scaling_equal_compute")
         fits = {"mt_bench_tau": {k: v for k, v in fit.items() if k != "heldout"}, "heldout_tau": fit.get("heldout")}
-        corpus = (data.get("data_scaling_settings") or {}).get("corpus") or {}
-        equal = data.get("data_scaling_equal_compute")
-        plot(data["data_scaling"], {k: v for k, v in fits.items() if v and "a" in v}, docs / DATA_SCALING,
-             corpus.get("tokens"), data.get("data_scaling_whole_corpus"),
+        plot(data["data_scaling"], {k: v for k, v in fits.items() if v and "a" in v}, out("data_scaling"),
+             ((data.get("data_scaling_settings") or {}).get("corpus") or {}).get("tokens"),
+             data.get("data_scaling_whole_corpus"),
              (equal, data["data_scaling_equal_compute_settings"]) if equal else None)  # fmt: skip
-        drawn.append(DATA_SCALING)
     if data.get("data_levers"):
-        levers_png(data["data_levers"], docs / LEVERS, (data.get("published") or {}).get("mt_bench_tau"))
-        drawn.append(LEVERS)
+        levers_png(data["data_levers"], out("levers"), (data.get("published") or {}).get("mt_bench_tau"))
     return drawn

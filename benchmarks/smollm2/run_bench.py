@@ -97,22 +97,6 @@ def ttt1_train_cmd(out: Path, ttt1: Path, budget_s: float) -> list:
     return train_cmd(out, ttt1, budget_s, "--ttt-steps", 1)
 
 
-def before_cmd(out: Path, hour: Path, budget_s: float) -> list:
-    """The recipe as it was before issue 22 (recipes.py's baseline row), same cache and budget."""
-    return [
-        sys.executable,
-        HERE / "recipes.py",
-        "--cache",
-        out / "cache",
-        "--budget-s",
-        budget_s,
-        "--only",
-        "baseline",
-        "--out",
-        hour,
-    ]
-
-
 def eval_plan(pub: Path, out: Path, ttt1: Path, args) -> dict:
     """Every eval of the page: {name: (run, bench, prompts, extra flags)}. PUB is the run whose head
     is published; OUT and TTT1 hold the equal-compute pair (report.PAIR_EVALS). ARGS: the sizes
@@ -245,16 +229,10 @@ def main() -> None:
         if done(path):
             speed[name] = json.loads(path.read_text())
 
-    # ---- heads: the recipe for --train-budget-s CPU seconds on one thread, and beside it (the other
-    # core) the recipe as it was before issue 22 for the same budget on the same cache: one row each
-    # of the one-core-hour comparison. The TTT K=1 ablation gets the same budget (equal compute).
-    hour = out.with_name(out.name + "-hour")
-    jobs = []
+    # ---- heads: the recipe for --train-budget-s CPU seconds on one thread; the TTT K=1 ablation gets the
+    # same budget (equal compute)
     if not done(out / "train" / "manifest.json"):
-        jobs.append(("train", train_cmd(out, out, args.train_budget_s)))
-    if not done(hour / "recipes.json"):
-        jobs.append(("train_before_issue22", before_cmd(out, hour, args.train_budget_s)))
-    both_cores(jobs)
+        step("train", train_cmd(out, out, args.train_budget_s), env=one_thread)
     ttt1 = out.with_name(out.name + "-ttt1")
     # ---- the long run: the recipe for --long-budget-s CPU seconds on both cores (two threads in one
     # process: 2.3x one thread, where DeepSpeed's two processes made 0.86x; benchmarks/stages/both_cores.py)
@@ -295,17 +273,15 @@ def main() -> None:
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     planned = [
-        REC.show(c) for c in (train_cmd(out, out, args.train_budget_s), before_cmd(out, hour, args.train_budget_s))
+        REC.show(train_cmd(out, out, args.train_budget_s)),
+        REC.show(ttt1_train_cmd(out, ttt1, args.train_budget_s)),
     ]
-    planned.append(
-        REC.show(ttt1_train_cmd(out, ttt1, args.train_budget_s))
-    )  # every command of the figures, run now or earlier
     if args.long_budget_s > 0:
         planned.insert(1, REC.show(train_cmd(out, long, args.long_budget_s)))
     planned += [
         REC.show(eval_cmd(run, eval_dir(out, published, k), b, p, args, *x)) for k, (run, b, p, x) in evals.items()
     ]
-    write_report(out, ttt1, evals, results, planned, args.results_md, hour, published)
+    write_report(out, ttt1, evals, results, planned, args.results_md, published)
 
 
 if __name__ == "__main__":

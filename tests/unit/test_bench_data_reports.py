@@ -183,7 +183,7 @@ def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict
 def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_storages(tmp_path):
     """Held-out tau is scored on each cache's own features, so it is divided only within one
     storage; storages are judged on eval tau against bf16, at the 2% bar."""
-    from benchmarks.smollm2.report_rows import equal_budget_json
+    from benchmarks.smollm2.report_data import equal_budget_json
 
     bf16 = _recipes_out(tmp_path, "bf16", "bf16", 4600, {"chosen": (2.0, 1.5), "chosen_norm_fc": (2.2, None)})
     fp8 = _recipes_out(tmp_path, "fp8", "fp8", 2350, {"chosen": (2.5, 1.485)})
@@ -200,7 +200,7 @@ def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_stora
 
 
 def test_equal_budget_refuses_rows_at_other_budgets_or_without_a_bf16_base(tmp_path):
-    from benchmarks.smollm2.report_rows import equal_budget_json
+    from benchmarks.smollm2.report_data import equal_budget_json
 
     a = _recipes_out(tmp_path, "a", "bf16", 4600, {"chosen": (2.0, 1.5)})
     b = _recipes_out(tmp_path, "b", "fp8", 2350, {"chosen": (2.0, 1.5)}, budget=600.0)
@@ -271,7 +271,9 @@ def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
 
 
 def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tmp_path):
-    from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line
+    from benchmarks.smollm2.report_figures import FIGURES, draw_figures, figure_line
+
+    (LEARNING_CURVE, _), (SWEEP, _) = FIGURES["learning_curve"], FIGURES["sweep"]
 
     conf = {"chain d=1": {"tau": 1.3, "speedup": 1.1}, "chain d=2": {"tau": 1.5, "speedup": 0.9}}
     data = {
@@ -289,7 +291,7 @@ def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tm
     for p in data["learning_curve"]:
         p["steps"] = 100
     curve = page({"learning_curve": data["learning_curve"]})
-    assert f"## Learning curve of the published head\n\n{figure_line(LEARNING_CURVE)}\n" in curve
+    assert f"## Learning curve of the published head\n\n{figure_line('learning_curve')}\n" in curve
     assert "eval --sweep" not in page({"sweep": {"fp32": None}})  # no sweep measured: no section
 
 
@@ -527,7 +529,8 @@ def test_data_levers_rows_pair_each_arm_with_the_baseline_and_refuse_other_budge
     assert by["synthetic"]["tau_gain_per_million_tokens"] == 1.0  # (2.5 - 1.5) over 1M tokens
     assert by["synthetic"]["data"] == "corpora/synthetic"
     # an arm over two folders (levers.py --extra-data) names both, inside the repository as relative paths
-    from benchmarks.smollm2.report_levers import REPO, arm_row
+    from benchmarks.smollm2.report_levers import arm_row
+    from benchmarks.smollm2.report_page import REPO
 
     manifest = better / "train" / "manifest.json"
     m = json.loads(manifest.read_text())

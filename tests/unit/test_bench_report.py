@@ -1,5 +1,5 @@
 """The bench report's keys (benchmarks/smollm2/report*.py) on hand-made run folders: the learning-curve
-projection, the one-core-hour ratio, the sweep's best configuration, the published head's keys; and the
+projection, the sweep's best configuration, the published head's keys; and the
 page rendered from them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, one_core_hour, projection, sweep_summary
+from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -31,7 +31,7 @@ def test_curve_keeps_only_heldout_points_and_projection_follows_the_line(tmp_pat
     run = _run(tmp_path, "r", [1.0 + 0.1 * i for i in range(1, 9)])  # +0.1 per doubling of tokens
     curve = heldout_curve(run)
     assert [p["steps"] for p in curve] == [200 * i for i in range(1, 9)]
-    proj = projection(curve, goal=2.5)
+    proj = projection(curve)
     assert proj["tau_per_doubling_of_tokens"] == pytest.approx(0.1)
     # tau = 1 + 0.1 * log2(tokens / 1000): 2.5 at 2**15 * 1000 tokens
     assert proj["tokens_for_goal"] == pytest.approx(1000 * 2**15, rel=1e-6)
@@ -41,20 +41,8 @@ def test_curve_keeps_only_heldout_points_and_projection_follows_the_line(tmp_pat
 
 def test_a_flat_or_short_curve_projects_nothing(tmp_path):
     flat = heldout_curve(_run(tmp_path, "flat", [1.2] * 6))
-    assert "tokens_for_goal" not in projection(flat, 2.5)
-    assert projection(heldout_curve(_run(tmp_path, "short", [1.1, 1.2])), 2.5) is None
-
-
-def test_one_core_hour_ratio_is_chosen_over_before(tmp_path):
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    hour = tmp_path / "smollm2-hour"
-    hour.mkdir()
-    before = {"what": "old", "heldout_tau": 1.25, "steps": 180, "tokens": 1_400_000}
-    (hour / "recipes.json").write_text(json.dumps({"rows": {"baseline": before}}))
-    row = one_core_hour(out, hour)
-    assert row["ratio"] == pytest.approx(1.6 / 1.25, abs=1e-3)
-    assert row["budget_cpu_s"] == 3600.0
-    assert one_core_hour(out, tmp_path / "missing") is None
+    assert "tokens_for_goal" not in projection(flat)
+    assert projection(heldout_curve(_run(tmp_path, "short", [1.1, 1.2]))) is None
 
 
 def test_sweep_summary_names_the_fastest_configuration(tmp_path):
@@ -70,10 +58,9 @@ def test_sweep_summary_names_the_fastest_configuration(tmp_path):
     assert (s["best"], s["speedup_vs_plain"], s["prompts"]) == ("chain d=2", 1.18, 2)
     assert sweep_summary({"heads": {}}) is None
     out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    rows = [{"eval": "mt_bench", "decoder": "chain", "tau": 2.6, "prompts": 80, "greedy_mismatches": 0}]
-    data = compute_keys(out, tmp_path / "no-hour", {"mt_bench": report}, rows)
+    data = compute_keys(out, {"mt_bench": report})
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
-    assert data["one_core_hour"] is None and "bar_issue22" not in data  # no work-item bars in the data
+    assert "one_core_hour" not in data and "bar_issue22" not in data  # no work-item tables in the data
 
 
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
@@ -110,11 +97,11 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
     rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
-    data = compute_keys(out, tmp_path / "no-hour", {}, rows, long)
+    data = compute_keys(out, {}, long)
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
     # the MT-bench projection runs through both heads' eval tau: OUT (8k tokens) 1.5, long (16k) 1.7
     _, reports = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    data = compute_keys(out, tmp_path / "no-hour", reports, rows, long)
+    data = compute_keys(out, reports, long)
     proj = data["mt_bench_projection"]
     assert [(p["run"], p["tokens"], p["tau"]) for p in proj["points"]] == [
         ("smollm2", 8000, 1.5),
@@ -208,7 +195,7 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     """publish.py's report: the last session's evals replace the published head's rows, sweeps and
     keys; the learning curve runs on from the head before (a later session's step 0 dropped); the
     equal-compute pair's rows stay; the page is rendered from the JSON; publishing twice changes nothing."""
-    from benchmarks.smollm2.report_publish import PublishError, publish_report
+    from benchmarks.smollm2.publish import PublishError, publish_report
 
     md = _page(tmp_path)
     s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
@@ -302,7 +289,7 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
     when run twice, and refuses a session that would skip or repeat the corpus's samples."""
     import shutil
 
-    from benchmarks.smollm2.report_publish import PublishError, publish_report
+    from benchmarks.smollm2.publish import PublishError, publish_report
 
     md = _page(tmp_path)
     evals = {"mt_bench": None}
@@ -338,7 +325,7 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
 def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkeypatch, capsys):
     """`publish.py --continue` with a session that skips samples exits 2 before its hour of evals."""
     from benchmarks.smollm2 import publish
-    from benchmarks.smollm2.report_publish import publish_report
+    from benchmarks.smollm2.publish import publish_report
 
     md = _page(tmp_path)
     s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
