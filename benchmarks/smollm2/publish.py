@@ -1,19 +1,13 @@
-"""Publish a head trained across working sessions: measure it as the results page measures its
-published head, write the page's published-head keys, and export it.
+"""Publish a head trained across working sessions (run folders each started from the last one's head,
+`eagle3 train --init-head ... --skip-samples ...`, docs/train.md): run the page's evals of the last session's
+head (run_bench.eval_plan less the equal-compute pair) into LAST/eval-NAME, write the page's published-head
+keys (rows, sweeps, the learning curve from the head before the sessions on, the sessions, the evals' costs
+and commands) and render the page; `--export` then exports the head into models/smollm2-135m-eagle3. Each step
+is skipped when its output exists, so an interrupted publish resumes. Run folders do not outlive a machine:
+`--continue` keeps the sessions an earlier publish wrote on the page, and the ones named must carry on there.
 
     .venv/bin/python benchmarks/smollm2/publish.py --sessions runs/long-s1 runs/long-s2 runs/long-s3
     .venv/bin/python benchmarks/smollm2/publish.py --continue --sessions runs/long-s4   # s1-s3 from the page
-
-A long run that spans sessions is several run folders, each started from the last one's head
-(`eagle3 train --init-head ... --skip-samples ...`, docs/train.md); the last session's head is the one
-published. Run folders do not outlive a machine: `--continue` keeps the sessions an earlier publish wrote
-on the page and adds the ones named, which must carry on where the page's last stops. Steps, each skipped
-when its output exists, so an interrupted publish resumes: (1) the page's evals of the published head
-(run_bench.eval_plan, less the equal-compute pair) into LAST/eval-NAME; (2) docs/results-smollm2.json's
-per-bench rows, sweeps, learning curve (the head before the sessions, then each session's held-out points,
-tokens counted on from it), the evals' costs and commands, then the page; (3) with `--export`, the head
-into models/smollm2-135m-eagle3 (bf16, SGLang layout). Eval sizes default to the page's; pass the same
-flags as run_bench.py to change them.
 """
 
 from __future__ import annotations
@@ -27,9 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from benchmarks.smollm2.report import PAIR_EVALS, cost_row, eval_rows, sampling_check  # noqa: E402
-from benchmarks.smollm2.report_compute import curve_keys, heldout_curve  # noqa: E402
-from benchmarks.smollm2.report_page import read_json, rel, save  # noqa: E402
+from benchmarks.smollm2.report import PAIR_EVALS, cost_row, curve_keys, eval_rows, heldout_curve, sampling_check  # noqa: E402,E501
+from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, save  # noqa: E402
 from benchmarks.smollm2.run_bench import eval_cmd, eval_plan  # noqa: E402
 
 PUBLISHED_HEAD = REPO / "models" / "smollm2-135m-eagle3"
@@ -64,7 +57,8 @@ def session_rows(sessions: list[Path]) -> list[dict]:
                      "extra": [{"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]],
                      "steps": m.get("steps"), "tokens": m.get("tokens_seen"),
                      "heldout_start": curve[0]["heldout_tau"] if curve else None,
-                     "heldout_end": curve[-1]["heldout_tau"] if curve else None, "stopped": m.get("stopped")})  # fmt: skip
+                     "heldout_end": curve[-1]["heldout_tau"] if curve else None,
+                     "stopped": m.get("stopped")})  # fmt: skip
     return rows
 
 
@@ -73,11 +67,7 @@ def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) 
     last point of the head the first session started from). A later session's step 0 re-measures the previous
     session's end and is left out (the first's too when it CARRIES_ON from a session the page keeps)."""
     out: list[dict] = []
-    base = {
-        "tokens": before["tokens"],
-        "seconds": before.get("seconds") or 0.0,
-        "cpu_seconds": before.get("cpu_seconds") or 0.0,
-    }
+    base = {"tokens": before["tokens"], **{k: before.get(k) or 0.0 for k in ("seconds", "cpu_seconds")}}
     for i, run in enumerate(sessions):
         if not (curve := heldout_curve(run)):
             raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
@@ -98,7 +88,8 @@ def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[di
     rows = [r for r in (data.get("published") or {}).get("sessions") or [] if Path(r["run"]).name not in new]
     if not rows:
         raise PublishError("--continue keeps the sessions the page publishes, and it publishes none besides "
-                           f"{', '.join(sorted(new))}; publish without --continue, naming every session's run folder")  # fmt: skip
+                           f"{', '.join(sorted(new))}; publish without --continue, naming every session's run "
+                           "folder")  # fmt: skip
     curve = [p for p in data.get("learning_curve", []) if "session" in p and p["session"] not in new]
     cfg, last = _config(sessions[0]), rows[-1]
     if last["samples"] and cfg.get("data") == last["data"] and (cfg.get("skip_samples") or 0) != last["samples"][1] + 1:
@@ -137,11 +128,12 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
               {"run": last.name, **{k: curve[-1][k] for k in POINT}, "tau": mt["tau"]}]  # fmt: skip
     data["rows"] = rows + [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
     data.update(curve_keys(before + curve, points, reports, fit=curve))
-    rep, cfg = read_json(last / "eval-mt_bench" / "report.json") or {}, (read_json(last / "eval-mt_bench" / "manifest.json") or {}).get("config") or {}  # fmt: skip
-    data["published"] = {"head": "models/smollm2-135m-eagle3", "run": rel(last), "sessions": kept_rows + session_rows(sessions),
-                         "mt_bench_tau": mt["tau"],
-                         "mt_bench_eval": f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} "
-                         f"d{rep['depth']}, {cfg.get('dtype', '?')}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens",
+    rep = read_json(last / "eval-mt_bench" / "report.json") or {}
+    dtype = ((read_json(last / "eval-mt_bench" / "manifest.json") or {}).get("config") or {}).get("dtype", "?")
+    how = (f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "
+           f"{dtype}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens")  # fmt: skip
+    data["published"] = {"head": "models/smollm2-135m-eagle3", "run": rel(last), "mt_bench_eval": how,
+                         "sessions": kept_rows + session_rows(sessions), "mt_bench_tau": mt["tau"],
                          "mt_bench_tau_before": old["mt_bench_tau"], "trained_tokens": curve[-1]["tokens"]}  # fmt: skip
     if (sc := sampling_check(reports)) is not None:
         data["sampling_check"] = sc
@@ -165,26 +157,23 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
 def check_sessions(sessions: list[Path]) -> None:
     """Each session a finished training run with a head, or exit 2 saying which is not."""
     for run in sessions:
-        if missing := [p for p in (run / "head", run / "train" / "metrics.jsonl") if not p.exists()]:
-            print(f"error: {run} is not a finished training run (no {', '.join(str(p) for p in missing)}); expected "
-                  "the run folders of the long run's sessions, oldest first, e.g. --sessions runs/long-s1 "
-                  "runs/long-s2. Finish the session with its `eagle3 train` command first.", file=sys.stderr)  # fmt: skip
-            raise SystemExit(2)
+        if missing := [str(p) for p in (run / "head", run / "train" / "metrics.jsonl") if not p.exists()]:
+            fail(f"{run} is not a finished training run (no {', '.join(missing)}); expected the run folders of the "
+                 "long run's sessions, oldest first, e.g. --sessions runs/long-s1 runs/long-s2. Finish the session "
+                 "with its `eagle3 train` command first")  # fmt: skip
 
 
 def check_done_evals(last: Path, evals: dict, steps: dict, args, rec: Recorder) -> None:
-    """An eval folder publish would skip must hold this plan's eval: one it did not run (no entry
-    in publish-steps.json, e.g. a hand-run `eagle3 eval --out LAST/eval-gsm8k`) or ran with other
-    settings would be published silently in its place, so exit 2 naming it."""
+    """An eval folder publish would skip must hold this plan's eval: one it did not run (no entry in
+    publish-steps.json, e.g. a hand-run `eagle3 eval --out LAST/eval-gsm8k`) or ran with other settings would
+    be published silently in its place, so exit 2 naming it."""
     for name, (run, bench, prompts, extra) in evals.items():
-        dest = last / f"eval-{name}"
+        dest, recorded = last / f"eval-{name}", steps.get(f"eval_{name}", {}).get("command")
         planned = rec.show(eval_cmd(run, dest, bench, prompts, args, *extra))
-        recorded = steps.get(f"eval_{name}", {}).get("command")
         if (dest / "report.json").exists() and recorded != planned:
             why = "was not written by publish.py" if recorded is None else f"was run as `{recorded}`"
-            print(f"error: {dest} {why}; expected `{planned}`. Move that folder aside (or delete it) and "
-                  "rerun publish.py: it runs the page's eval there.", file=sys.stderr)  # fmt: skip
-            raise SystemExit(2)
+            fail(f"{dest} {why}; expected `{planned}`. Move that folder aside (or delete it) and rerun publish.py: "
+                 "it runs the page's eval there")  # fmt: skip
 
 
 def main() -> None:
@@ -195,7 +184,7 @@ def main() -> None:
         ap.add_argument(flag, type=int, default=default)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per eval")
     ap.add_argument("--jobs", type=int, default=1, help="evals run this many at a time")
-    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    ap.add_argument("--results-md", type=Path, default=PAGE)
     ap.add_argument("--report-only", action="store_true", help="no eval runs: write the page from the evals done")
     ap.add_argument("--continue", dest="keep", action="store_true",
                     help="keep the sessions the page already publishes (their run folders may be gone); "
@@ -217,29 +206,21 @@ def main() -> None:
         rec.sh(cmd, env={"OMP_NUM_THREADS": str(args.threads)})
         shown = rec.show(cmd)
         with lock:  # the page's Costs table reads eval times and peak memory from here
-            steps[f"eval_{name}"] = {
-                "command": shown,
-                "seconds": rec.seconds[shown],
-                "peak_rss_mib": rec.peak_rss_mib[shown],
-            }
+            steps[f"eval_{name}"] = {"command": shown, "seconds": rec.seconds[shown],
+                                     "peak_rss_mib": rec.peak_rss_mib[shown]}  # fmt: skip
             steps_file.write_text(json.dumps(steps, indent=2) + "\n")
 
     check_done_evals(last, evals, steps, args, rec)
     try:
         if args.keep:  # refused before an hour of evals, not after them
-            page_sessions(json.loads(args.results_md.with_suffix(".json").read_text()), sessions)
-    except (PublishError, OSError) as e:
-        print(f"error: {e}; nothing was run or written", file=sys.stderr)
-        raise SystemExit(2) from e
-    if not args.report_only:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            for f in [pool.submit(run_eval, name) for name in evals]:
-                f.result()
-    try:
+            page_sessions(read_json(args.results_md.with_suffix(".json")) or {}, sessions)
+        if not args.report_only:
+            with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                for f in [pool.submit(run_eval, name) for name in evals]:
+                    f.result()
         data = publish_report(args.results_md, sessions, evals, steps, keep=args.keep)
-    except PublishError as e:
-        print(f"error: {e}; nothing was written", file=sys.stderr)
-        raise SystemExit(2) from e
+    except PublishError as e:  # before any eval ran, or after them before the page was written
+        fail(str(e))
     print(f"published {last.name}: MT-bench tau {data['published']['mt_bench_tau']:.3f} "
           f"(before {data['published']['mt_bench_tau_before']}) into {args.results_md}")  # fmt: skip
     if args.export:

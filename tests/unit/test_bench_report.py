@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, projection, sweep_summary
+from benchmarks.smollm2.report import compute_keys, heldout_curve, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
