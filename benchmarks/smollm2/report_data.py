@@ -40,15 +40,13 @@ def corpus_json(folder: Path) -> dict:
     # a finished folder's sessions are gone (progress/ is cleared): its manifest keeps their rate
     rate = (manifest or {}).get("throughput") or throughput(folder, 0.0, 0, len(records)) or {}
     state = manifest or read_json(folder / PROGRESS / STATE) or {}
-    engine, planned = (
-        state.get("engine"),
-        (state.get("counts") or {}).get("planned") if manifest else state.get("planned"),
-    )
+    engine = state.get("engine")
+    planned = (state.get("counts") or {}).get("planned") if manifest else state.get("planned")
+    backend = f" -> {engine.get('engine')} {engine.get('version') or ''}".rstrip() if engine else ""
     return {"folder": str(folder), "conversations": len(records), "assistant_turns": len(turns),
             "completion_tokens": sum(t.get("completion_tokens", 0) for t in turns), "planned": planned,
-            "complete": manifest is not None,
-            "backend": "openai" + (f" -> {engine.get('engine')} {engine.get('version') or ''}".rstrip() if engine else ""),
-            "engine": engine, "gen_tok_s": rate.get("completion_tok_s"), "conversations_per_s": rate.get("conversations_per_s"),
+            "complete": manifest is not None, "backend": "openai" + backend, "engine": engine,
+            "gen_tok_s": rate.get("completion_tok_s"), "conversations_per_s": rate.get("conversations_per_s"),
             "generation_seconds": rate.get("seconds"),  # clock time; side-by-side `--shard` processes count once
             "process_seconds": rate.get("process_seconds"), "sessions": rate.get("sessions")}  # fmt: skip
 
@@ -65,7 +63,8 @@ def corpus_sources_json(folders: list[Path]) -> dict:
             "backend": " / ".join(backends),  # one per source: a source never mixes backends within itself
             "engine": parts[0]["engine"] if len(backends) == 1 else None,
             "gen_tok_s": round(total["completion_tokens"] / seconds, 1) if seconds else None,
-            "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None, "sources": parts}  # fmt: skip
+            "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None,
+            "sources": parts}  # fmt: skip
 
 
 def gen_data_throughput_json(bench: Path) -> tuple[list[dict], dict]:
@@ -94,9 +93,12 @@ def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
     r = json.loads(bench.read_text(encoding="utf-8"))
     # same_run_as: a size an equal-compute curve shares with the one-epoch curve (data_scaling.py --reuse);
     # a curve run from another checkout names its runs by absolute path: made relative (no machine path)
-    rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row},
-             "commands": [re.sub(r"(?<![^\s=])/[^\s'\"]+", lambda m: rel(m.group(0)), c) for c in row.get("commands") or []]}
+    rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
             for row in r["rows"]]  # fmt: skip
+    for row in rows:
+        row["commands"] = [
+            re.sub(r"(?<![^\s=])/[^\s'\"]+", lambda m: rel(m.group(0)), c) for c in row["commands"] or []
+        ]
     fits = r.get("fits") or {}
     fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau",
            **(fits.get("mt_bench_tau") or fits.get("heldout_tau") or {})}  # fmt: skip
@@ -145,12 +147,13 @@ def vllm_engine_json(results: Path) -> dict:
     for key, runs in engine.items():
         dtype, k = key.split("-k")
         speedups = [x["tok_s"] / x["plain_tok_s"] for x in runs]
-        rows.append({"dtype": dtype, "k": int(k), "tau": runs[0]["tau"], "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
+        rows.append({"dtype": dtype, "k": int(k), "tau": runs[0]["tau"],
+                     "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
                      "speedup_runs": [round(x, 4) for x in speedups],
                      "speedup_intervals": [x.get("speedup_interval") for x in runs],
                      "order": runs[0].get("order") or BLOCKS_ORDER,
                      "speedup_vs_plain": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 4),
-                     "tok_s": [round(x["tok_s"], 2) for x in runs], "plain_tok_s": [round(x["plain_tok_s"], 2) for x in runs],
+                     **{f: [round(x[f], 2) for x in runs] for f in ("tok_s", "plain_tok_s")},
                      "identical": all(x["outputs_differ"] == 0 for x in runs),
                      "outputs_differ": [x["outputs_differ"] for x in runs]})  # fmt: skip
     best = max(rows, key=lambda x: x["speedup_vs_plain"])
@@ -170,7 +173,8 @@ def llama_cpp_json(bench: Path) -> dict | None:
     keys = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
     if missing := [k for k in keys if k not in section]:
         raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
-    return {**summarise(section["rows"]), "round_cost": section.get("round_cost"), "measured_at": _measured_at(r, bench),
+    return {**summarise(section["rows"]), "round_cost": section.get("round_cost"),
+            "measured_at": _measured_at(r, bench),
             **{k: r.get(k) for k in ("machine", "settings", "commands")}}  # fmt: skip
 
 
@@ -200,6 +204,7 @@ def equal_budget_json(folders: list[Path], base: str = "chosen") -> dict:
         if x["eval_tau"] and ref["eval_tau"]:
             x["eval_vs_base"] = round(x["eval_tau"] / ref["eval_tau"], 4)
     storage = {x["storage"]: {"eval_tau": x["eval_tau"], "eval_vs_bf16": x["eval_vs_base"],
-                              "within_bar": 1 - x["eval_vs_base"] <= STORAGE_BAR, "bytes_per_token": x["cache"]["bytes_per_token"]}
+                              "within_bar": 1 - x["eval_vs_base"] <= STORAGE_BAR,
+                              "bytes_per_token": x["cache"]["bytes_per_token"]}
                for x in rows if x["row"] == base and x["storage"] != "bf16" and "eval_vs_base" in x}  # fmt: skip
     return {"budget_cpu_s": budgets.pop(), "base": base, "rows": rows, "storage_vs_bf16": storage}

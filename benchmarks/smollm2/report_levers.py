@@ -71,26 +71,36 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
                                     "(benchmarks/smollm2/levers.py)")  # fmt: skip
     chain = {k: _chain(r) for k, r in reports.items()}
     tau = chain["mt_bench"]["acceptance"]["tau"]
-    tokens = next((int(w["tokens_seen"]) for w in (m, m.get("summary") or {}, m.get("counts") or {}) if "tokens_seen" in w),
-                  None)  # fmt: skip
+    tokens = next(
+        (w["tokens_seen"] for w in (m, m.get("summary") or {}, m.get("counts") or {}) if "tokens_seen" in w), None
+    )
     if tokens is None:
         raise KeyError(f"{run}/train/manifest.json records no tokens_seen")
     cpu = (m.get("final_metrics") or {}).get("train_cpu_seconds")  # the training's core-seconds
     # epochs begun: more than 1 when its corpus was smaller than the budget, so not every token was new
     epochs = 1 + int((metrics(run) or [{}])[-1].get("epoch", 0))
-    per_prompt = {k: {"emitted": [r["accepted"] + r["rounds"] for r in c["per_prompt"]],
-                      "rounds": [r["rounds"] for r in c["per_prompt"]]} for k, c in chain.items() if k in DELTAS}  # fmt: skip
-    return {"arm": name, "run": str(run), "data": " + ".join(rel(d or "?") for d in [cfg.get("data"), *(cfg.get("extra_data") or ())]),
+    per_prompt = {
+        k: {
+            "emitted": [r["accepted"] + r["rounds"] for r in c["per_prompt"]],
+            "rounds": [r["rounds"] for r in c["per_prompt"]],
+        }
+        for k, c in chain.items()
+        if k in DELTAS
+    }
+    taus = {k: round(c["acceptance"]["tau"], 4) for k, c in chain.items()}
+    return {"arm": name, "run": str(run),
+            "data": " + ".join(rel(d or "?") for d in [cfg.get("data"), *(cfg.get("extra_data") or ())]),
             "loss": cfg.get("loss"), "ttt_steps": cfg.get("ttt_steps"), "cpu_seconds": round(cpu) if cpu else None,
-            "new_tokens": tokens, "epochs": epochs, "steps": cfg.get("max_steps"), "mt_bench_tau": round(tau, 4),
+            "new_tokens": int(tokens), "epochs": epochs, "steps": cfg.get("max_steps"),
+            "mt_bench_tau": taus["mt_bench"],
             "mt_bench_tau_interval": [round(x, 4) for x in chain["mt_bench"]["acceptance"]["tau_interval"]],
-            "tau_gain_per_million_tokens": round((tau - start_tau) / (tokens / 1e6), 4) if start_tau is not None else None,
-            "heldout_tau": round(chain["heldout"]["acceptance"]["tau"], 4), "gsm8k_tau": round(chain["gsm8k"]["acceptance"]["tau"], 4),
+            "tau_gain_per_million_tokens": None if start_tau is None else round((tau - start_tau) / (tokens / 1e6), 4),
+            "heldout_tau": taus["heldout"], "gsm8k_tau": taus["gsm8k"],
             "mismatches": sum(c.get("lossless", {}).get("mismatches", 0) for c in chain.values()),
             "eval_settings": {k: {s: r.get(s) for s in SAME_EVAL} for k, r in reports.items()},
             "mt_bench_per_prompt": per_prompt["mt_bench"],
-            **({f"{CARRY}_tau": round(chain[CARRY]["acceptance"]["tau"], 4), f"{CARRY}_per_prompt": per_prompt[CARRY]}
-               if CARRY in chain else {})}  # fmt: skip
+            **({f"{CARRY}_tau": taus[CARRY], f"{CARRY}_per_prompt": per_prompt[CARRY]} if CARRY in chain
+               else {})}  # fmt: skip
 
 
 def levers_json(arms: dict[str, Path | None], baseline: str, start_tau: float | None, stored=()) -> list[dict]:
@@ -138,7 +148,8 @@ def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dic
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arm", action="append", default=[],
-                    help="NAME=RUN_DIR (repeat): read this arm from its run folder; NAME alone or not named: its stored row")  # fmt: skip
+                    help="NAME=RUN_DIR (repeat): read this arm from its run folder; NAME alone or not named: its "
+                    "stored row")  # fmt: skip
     ap.add_argument("--results-md", type=Path, default=PAGE)
     ap.add_argument("--table", choices=("data_levers", "recipe_levers"), default="data_levers",
                     help="recipe_levers: arms that change a training setting on the baseline's data, paired with the "
