@@ -78,7 +78,7 @@ def pyplot():
     return plt
 
 
-def save(fig, path: Path, dpi: int = 110) -> None:
+def save_figure(fig, path: Path, dpi: int = 110) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=dpi)
     pyplot().close(fig)

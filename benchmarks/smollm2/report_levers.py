@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.smollm2.report import metrics  # noqa: E402
-from benchmarks.smollm2.report_figures import CARRY  # noqa: E402
-from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, save  # noqa: E402
+from benchmarks.smollm2.report_page import CARRY, PAGE, fail, read_json, rel, save  # noqa: E402
 
 ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")  # the page's order
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt", CARRY: CARRY}  # key: eval folder

@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.render import check_or_write, pyplot, render_template, save  # noqa: E402
+from benchmarks.render import check_or_write, pyplot, render_template, save_figure  # noqa: E402
 
 PAGE = REPO / "docs" / "results.md"
 KEPT = ("machine", "evals", "speed", "toolkit", "commands", "minutes", "work_minutes")
@@ -59,7 +59,7 @@ def plot_alpha(evals: dict, groups: dict[str, str], path: Path, title: str) -> N
     ax.set(xlabel="draft depth k", ylabel="α_k (conditional acceptance)", title=title, ylim=(0, 1.02))
     ax.grid(alpha=0.3)
     ax.legend()
-    save(fig, path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_data(evals: dict, sizes: dict[str, int], path: Path) -> None:
@@ -73,7 +73,7 @@ def plot_data(evals: dict, sizes: dict[str, int], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend()
-    save(fig, path, dpi=120)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:

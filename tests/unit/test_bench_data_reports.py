@@ -271,7 +271,7 @@ def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
 
 
 def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tmp_path):
-    from benchmarks.smollm2.report_figures import FIGURES, draw_figures, figure_line
+    from benchmarks.smollm2.report_page import FIGURES, draw_figures, figure_line
 
     (LEARNING_CURVE, _), (SWEEP, _) = FIGURES["learning_curve"], FIGURES["sweep"]
 
