@@ -127,7 +127,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     points = [{"run": old["head"], **{k: before[-1][k] for k in POINT}, "tau": old["mt_bench_tau"]},
               {"run": last.name, **{k: curve[-1][k] for k in POINT}, "tau": mt["tau"]}]  # fmt: skip
     data["rows"] = rows + [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
-    data.update(curve_keys(before + curve, points, reports, fit=curve))
+    data.update(curve_keys(before + curve, reports, points, fit=curve))
     rep = read_json(last / "eval-mt_bench" / "report.json") or {}
     dtype = ((read_json(last / "eval-mt_bench" / "manifest.json") or {}).get("config") or {}).get("dtype", "?")
     how = (f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "

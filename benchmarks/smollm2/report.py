@@ -101,28 +101,16 @@ def sweep_summary(report: dict | None) -> dict | None:
             "plain_tokens_per_s": sw.get("plain_tokens_per_s")}  # fmt: skip
 
 
-def curve_keys(curve: list[dict], points: list[dict], reports: dict, fit: list[dict] | None = None) -> dict:
-    """The keys of a learning CURVE (projected through FIT, default all of it), of MT-bench eval tau of heads
-    trained on different numbers of tokens (POINTS: [{run, tokens, cpu_seconds, tau}]: what a goal is set on,
-    where held-out tau runs ahead of it) and of REPORTS' sweeps."""
+def curve_keys(curve: list[dict], reports: dict, points: list[dict] = (), fit: list[dict] | None = None) -> dict:
+    """The keys of a learning CURVE (projected through FIT, default all of it), of REPORTS' sweeps and of the
+    MT-bench eval tau of heads trained on different numbers of tokens (POINTS: [{run, tokens, cpu_seconds, tau}],
+    publish.py's head before the sessions and after them: what a goal is set on, where held-out tau runs ahead)."""
     pts = sorted((p for p in points if p.get("tokens") and p.get("tau")), key=lambda p: p["tokens"])
     line = log_line(pts, "tau")
     return {"learning_curve": [{k: p[k] for k in CURVE_KEYS if k in p} for p in curve],
             "learning_curve_projection": projection(curve if fit is None else fit),
             "mt_bench_projection": line and {"points": pts, **line},
-            "sweep": {"fp32": sweep_summary(reports.get("mt_bench")), "bf16": sweep_summary(reports.get("mt_bench_bf16"))}}  # fmt: skip
-
-
-def compute_keys(out: Path, reports: dict, published: Path | None = None) -> dict:
-    """curve_keys of PUBLISHED (the run whose head the evals measure; default OUT), with the MT-bench tau of
-    OUT's and PUBLISHED's heads as the points."""
-    published, points = published or out, []
-    for name, run in {"mt_bench": published, **({"ttt_k_mt_bench": out} if published != out else {})}.items():
-        head = next(iter(((reports.get(name) or {}).get("heads") or {}).values()), {})
-        if (curve := heldout_curve(run)) and "chain" in head:
-            point = {k: curve[-1][k] for k in ("tokens", "cpu_seconds", "heldout_tau")}
-            points.append({"run": run.name, **point, "tau": round(head["chain"]["acceptance"]["tau"], 4)})
-    return curve_keys(heldout_curve(published), points, reports)
+            "sweep": {dt: sweep_summary(reports.get(name)) for dt, name in (("fp32", "mt_bench"), ("bf16", "mt_bench_bf16"))}}  # fmt: skip
 
 
 def _r3(x):
@@ -234,7 +222,7 @@ def write_report(out: Path, ttt1: Path, evals, results: dict, commands: list[str
     rows, reports = eval_rows(out, evals, published)
     data, k, steps = read_json(md_path.with_suffix(".json")) or {}, _ttt_k(out), results.get("steps", {})
     data["rows"] = rows
-    data.update(compute_keys(out, reports, published))
+    data.update(curve_keys(heldout_curve(published), reports))
     data.update({"train": train_figures(out), "train_ttt1": train_figures(ttt1), "ttt_k": k})
     data["costs"] = costs(out, published, data, steps)
     if (m := read_json(out / "data" / "manifest.json")) is not None:
@@ -252,8 +240,6 @@ def write_report(out: Path, ttt1: Path, evals, results: dict, commands: list[str
         k_sweeps = [read_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16")]
         data["ttt_serving"] = [_served(f"TTT K={k}", out, tk, *k_sweeps),
                                _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16"))]  # fmt: skip
-    if (llama_cpp := rd.llama_cpp_json(rd.LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
-        data["llama_cpp"] = llama_cpp
     # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
     ran = [st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")]
     chain = list(dict.fromkeys([*CHAIN, *ran, *commands]))

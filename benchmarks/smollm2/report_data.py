@@ -11,13 +11,12 @@ import re
 import time
 from pathlib import Path
 
-from benchmarks.smollm2.report_page import REPO, read_json, rel
+from benchmarks.smollm2.report_page import read_json, rel
 from eagle3cli.data.finish import throughput
 from eagle3cli.data.journal import PROGRESS, STATE
 from eagle3cli.eval.paired import BLOCKS_ORDER
 from eagle3cli.readers.jsonl import read_records
 
-LLAMA_CPP_RESULTS = REPO / "runs" / "llama-cpp-bench" / "results.json"  # benchmarks/llama_cpp/run_bench.py's
 STORAGE_BAR = 0.02  # the most eval tau a cheaper cache storage may lose against bf16 (issue 31's bar)
 SUMMED = ("conversations", "assistant_turns", "completion_tokens", "planned", "generation_seconds",
           "process_seconds", "sessions")  # fmt: skip

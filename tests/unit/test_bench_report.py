@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import compute_keys, heldout_curve, projection, sweep_summary
+from benchmarks.smollm2.report import curve_keys, heldout_curve, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -57,8 +57,7 @@ def test_sweep_summary_names_the_fastest_configuration(tmp_path):
     s = sweep_summary(report)
     assert (s["best"], s["speedup_vs_plain"], s["prompts"]) == ("chain d=2", 1.18, 2)
     assert sweep_summary({"heads": {}}) is None
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    data = compute_keys(out, {"mt_bench": report})
+    data = curve_keys(heldout_curve(_run(tmp_path, "smollm2", [1.2, 1.5, 1.6])), {"mt_bench": report})
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
     assert "one_core_hour" not in data and "bar_issue22" not in data  # no work-item tables in the data
 
@@ -97,12 +96,11 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
     rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
     assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
-    data = compute_keys(out, {}, long)
+    data = curve_keys(heldout_curve(long), {})
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
-    # the MT-bench projection runs through both heads' eval tau: OUT (8k tokens) 1.5, long (16k) 1.7
-    _, reports = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    data = compute_keys(out, reports, long)
-    proj = data["mt_bench_projection"]
+    # the MT-bench projection runs through two heads' eval tau: 8k tokens 1.5, 16k 1.7
+    points = [{"run": "smollm2", "tokens": 8000, "tau": 1.5}, {"run": "smollm2-long", "tokens": 16000, "tau": 1.7}]
+    proj = curve_keys([], {}, points[::-1])["mt_bench_projection"]
     assert [(p["run"], p["tokens"], p["tau"]) for p in proj["points"]] == [
         ("smollm2", 8000, 1.5),
         ("smollm2-long", 16000, 1.7),
