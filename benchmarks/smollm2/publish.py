@@ -145,11 +145,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
             + " ".join(rel(s) for s in sessions)]  # fmt: skip
     # each eval as publish.py ran it (check_done_evals refuses an eval folder it did not run)
     cmds += [steps[f"eval_{name}"]["command"] for name in evals if f"eval_{name}" in steps]
-    note = "The sessions' train commands are in docs/train.md."
-    if kept := [r["run"] for r in kept_rows]:
-        note += (f" `--continue` kept {', '.join(f'`{r}`' for r in kept)} as an earlier publish wrote them on this "
-                 "page (their run folders did not outlive their machine).")  # fmt: skip
-    data.setdefault("commands", {}).update({"published": cmds, "published_note": note})
+    kept = [r["run"] for r in kept_rows]  # the page says they were kept, not run here
+    data.setdefault("commands", {}).update({"published": cmds, "published_kept": kept})
     save(md_path, data)
     return data
 
