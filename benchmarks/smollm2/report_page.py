@@ -138,9 +138,8 @@ def learning_curve_png(curve: list[dict], out: Path) -> None:
     if len(series) > 1:
         by_tokens.legend(fontsize=8)
     by_tokens.set_xscale("log", base=2)
-    by_tokens.set_xlabel("trained tokens (log2)")
-    by_tokens.set_ylabel("held-out chain tau, depth 8")
-    by_cpu.set_xlabel("CPU hours (core-hours)")
+    by_tokens.set(xlabel="trained tokens (log2)", ylabel="held-out chain tau, depth 8")
+    by_cpu.set(xlabel="CPU hours (core-hours)")
     for ax in (by_tokens, by_cpu):
         ax.grid(alpha=0.3)
     last = curve[-1]
@@ -169,12 +168,10 @@ def sweep_png(sweep: dict, out: Path) -> None:
             bars[i].set_edgecolor("black")
             bars[i].set_linewidth(1.5)
     ax_speed.axhline(1.0, color="grey", lw=1, ls=":")
-    ax_tau.set_ylim(bottom=1.0)  # tau counts the bonus token: 1 is no speculation
-    ax_tau.set_ylabel("tau (tokens per target pass)")
-    ax_speed.set_ylabel("speedup vs plain decoding")
+    ax_tau.set(ylim=(1.0, None), ylabel="tau (tokens per target pass)")  # tau counts the bonus token: 1 is none
+    ax_speed.set(ylabel="speedup vs plain decoding")
     for ax in (ax_tau, ax_speed):
-        ax.set_xticks(range(len(names)))
-        ax.set_xticklabels(names, rotation=40, ha="right", fontsize=8)
+        ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
     first = next(iter(runs.values()))
@@ -191,8 +188,7 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
     measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
     plt = pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
-    ys = list(range(len(rows)))
-    for y, r in zip(ys, rows):
+    for y, r in enumerate(rows):
         lo, hi = r["mt_bench_tau_interval"]
         ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
         ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
@@ -205,14 +201,13 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
             dx.plot([r[f"{CARRY}_delta"]], [y + 0.1], "s", color="#dd8452", label=CARRY if y == 0 else None)
     if start_tau is not None:
         ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
-    ax.axvline(
-        rows[0]["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{rows[0]['arm']} ({rows[0]['mt_bench_tau']:.3f})"
-    )
+    base = rows[0]
+    ax.axvline(base["mt_bench_tau"], color="#c44e52", lw=0.8, label=f"{base['arm']} ({base['mt_bench_tau']:.3f})")
     dx.axvline(0, color="#c44e52", lw=0.8)
-    ax.set_yticks(ys, [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
+    ax.set_yticks(range(len(rows)), [f"{r['arm']} ({r['mt_bench_tau']:.3f})" for r in rows])
     ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
     ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
-    dx.set_xlabel(f"tau gain over {rows[0]['arm']}, paired by prompt, 90% interval")
+    dx.set_xlabel(f"tau gain over {base['arm']}, paired by prompt, 90% interval")
     ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
     dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
