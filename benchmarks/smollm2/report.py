@@ -249,22 +249,25 @@ def write_report(out: Path, ttt1: Path, evals, results: dict, commands: list[str
 
 FLAGS = {  # flag: (nargs, metavar, help, the keys it writes from the path(s) given)
     "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)",
-                 lambda p: {"corpus": rd.corpus_sources_json(p)}),
+                 lambda p, d: {"corpus": rd.corpus_sources_json(p)}),
     "--gen-data-engine": (None, "BENCH_JSON", "`gen_data_throughput` from benchmarks/stages/gen_data_engine.py's JSON",
-                          lambda p: dict(zip(("gen_data_throughput", "gen_data_throughput_settings"),
+                          lambda p, d: dict(zip(("gen_data_throughput", "gen_data_throughput_settings"),
                                              rd.gen_data_throughput_json(p)))),
     "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON",
-                       lambda p: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
+                       lambda p, d: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
                                           rd.data_scaling_json(p)))),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
                                      "of a --steps-per-run curve; more JSONs: other corpora at that budget",
-                                     lambda p: rd.equal_compute_json(p[0], p[1:])),
+                                     lambda p, d: rd.equal_compute_json(p[0], p[1:])),
     "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results",
-                   lambda p: {"engine_speedup.vllm_cpu": rd.vllm_engine_json(p)}),
+                   lambda p, d: {"engine_speedup.vllm_cpu": rd.vllm_engine_json(p)}),
     "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders",
-                       lambda p: {"equal_budget": rd.equal_budget_json(p)}),
+                       lambda p, d: {"equal_budget": rd.equal_budget_json(p)}),
     "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json",
-                    lambda p: {"llama_cpp": rd.llama_cpp_json(p)}),
+                    lambda p, d: {"llama_cpp": rd.llama_cpp_json(p)}),
+    "--decoder-rounds": (None, "ROUND_COST_JSON", "llama_cpp.round_cost.eagle3_decoder from benchmarks/stages/"
+                         "round_cost.py --out (the decoder's rounds beside llama.cpp's)",
+                         lambda p, d: {"llama_cpp.round_cost.eagle3_decoder": rd.decoder_rounds_json(p, d)}),
 }  # fmt: skip
 
 
@@ -276,12 +279,15 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
             if not (p := p / "recipes.json" if flag == "--equal-budget" else p).exists():
                 fail(f"{p} does not exist (expected {flag}'s {FLAGS[flag][1]})")
     try:
-        keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v).items()}
+        keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v, data).items()}
     except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
         fail(str(e))
     for key, value in keys.items():  # "engine_speedup.vllm_cpu": one key of a section the others share
-        *parent, last = key.split(".")
-        (data.setdefault(parent[0], {}) if parent else data)[last] = value
+        *parents, last = key.split(".")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[last] = value
 
 
 def parser() -> argparse.ArgumentParser:

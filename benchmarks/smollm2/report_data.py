@@ -177,6 +177,22 @@ def llama_cpp_json(bench: Path) -> dict | None:
             **{k: r.get(k) for k in ("machine", "settings", "commands")}}  # fmt: skip
 
 
+def decoder_rounds_json(report_path: Path, data: dict) -> dict:
+    """eagle3's decoder's rounds on a trained head (benchmarks/stages/round_cost.py --out, its fp32 chains) in
+    plain decoding steps, split as llama.cpp's rounds are: set beside the page's llama_cpp.round_cost (printed)."""
+    from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side
+
+    if not (rc := (data.get("llama_cpp") or {}).get("round_cost")):
+        raise ValueError("the page has no llama_cpp.round_cost to set the decoder beside; first: report.py "
+                         "--llama-cpp runs/llama-cpp-bench/results.json")  # fmt: skip
+    if not (rows := decoder_rounds(report := json.loads(report_path.read_text()))):
+        raise ValueError(f"{report_path} profiles no chain of a trained head in fp32 (run round_cost.py with --head "
+                         "and --profile chain1,chain2,...)")  # fmt: skip
+    print(side_by_side(rc["rounds"], rows))
+    keys = ("target", "head", "bench", "prompts", "max_new_tokens", "repeats", "threads", "cpu_kernels")
+    return {"rows": rows, "dtype": "fp32", **{k: report.get(k) for k in keys}}
+
+
 def equal_budget_json(folders: list[Path], base: str = "chosen") -> dict:
     """`equal_budget`: every row of recipes.py --out FOLDERS at one CPU budget (EAGLE-3.1's norms, the cache
     storages), with the cache it trained on. Held-out tau is scored on the row's own cache, so it is compared
