@@ -42,11 +42,17 @@ def _config(run: Path) -> dict:
     return ((read_json(run / "train" / "manifest.json") or {}).get("config")) or {}
 
 
-def session_rows(sessions: list[Path]) -> list[dict]:
-    """One row per session: what it trained on and its held-out curve's ends."""
-    rows = []
-    for run in sessions:
-        m, curve = read_json(run / "train" / "manifest.json") or {}, heldout_curve(run)
+def session_keys(sessions: list[Path], before: dict, carries_on: bool = False) -> tuple[list[dict], list[dict]]:
+    """Per session its row (what it trained on, its held-out curve's ends) and its held-out points on one axis:
+    tokens, seconds and CPU seconds counted on from BEFORE (the last point of the head the first session started
+    from). A later session's step 0 re-measures the previous session's end and is left out (the first's too when
+    it CARRIES_ON from a session the page keeps)."""
+    rows, points = [], []
+    base = {"tokens": before["tokens"], **{k: before.get(k) or 0.0 for k in ("seconds", "cpu_seconds")}}
+    for i, run in enumerate(sessions):
+        if not (curve := heldout_curve(run)):
+            raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
+        m = read_json(run / "train" / "manifest.json") or {}
         cfg, by_folder = m.get("config") or {}, m.get("trained_by_folder") or []
         skip, n = cfg.get("skip_samples") or 0, cfg.get("train_samples")
         if n is None:  # no --train-samples: all the rest, as many as the manifest says --data gave
@@ -55,28 +61,14 @@ def session_rows(sessions: list[Path]) -> list[dict]:
                      "samples": None if n is None else [skip, skip + n - 1],
                      # --extra-data: what each other source gave (train's manifest, trained_by_folder)
                      "extra": [{"folder": f["folder"], "samples": f["samples"]} for f in by_folder[1:]],
-                     "steps": m.get("steps"), "tokens": m.get("tokens_seen"),
-                     "heldout_start": curve[0]["heldout_tau"] if curve else None,
-                     "heldout_end": curve[-1]["heldout_tau"] if curve else None,
-                     "stopped": m.get("stopped")})  # fmt: skip
-    return rows
-
-
-def session_curve(sessions: list[Path], before: dict, carries_on: bool = False) -> list[dict]:
-    """The sessions' held-out points on one axis: tokens, seconds and CPU seconds counted on from BEFORE (the
-    last point of the head the first session started from). A later session's step 0 re-measures the previous
-    session's end and is left out (the first's too when it CARRIES_ON from a session the page keeps)."""
-    out: list[dict] = []
-    base = {"tokens": before["tokens"], **{k: before.get(k) or 0.0 for k in ("seconds", "cpu_seconds")}}
-    for i, run in enumerate(sessions):
-        if not (curve := heldout_curve(run)):
-            raise PublishError(f"{run}/train/metrics.jsonl has no held-out point")
-        out += [{"tokens": base["tokens"] + p["tokens"], "steps": p["steps"],
-                 **{k: round(base[k] + (p[k] or 0.0), 2) for k in ("seconds", "cpu_seconds")},
-                 "heldout_tau": p["heldout_tau"], "session": run.name, "heldout_set": _config(run).get("data")}
-                for p in curve if not ((i or carries_on) and p["steps"] == 0)]  # fmt: skip
+                     "steps": m.get("steps"), "tokens": m.get("tokens_seen"), "heldout_start": curve[0]["heldout_tau"],
+                     "heldout_end": curve[-1]["heldout_tau"], "stopped": m.get("stopped")})  # fmt: skip
+        points += [{"tokens": base["tokens"] + p["tokens"], "steps": p["steps"],
+                    **{k: round(base[k] + (p[k] or 0.0), 2) for k in ("seconds", "cpu_seconds")},
+                    "heldout_tau": p["heldout_tau"], "session": run.name, "heldout_set": cfg.get("data")}
+                   for p in curve if not ((i or carries_on) and p["steps"] == 0)]  # fmt: skip
         base = {k: base[k] + (curve[-1][k] or 0) for k in base}
-    return out
+    return rows, points
 
 
 def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[dict]]:
@@ -123,7 +115,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     if not (before := old["learning_curve"]):
         raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
     kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
-    curve = kept_curve + session_curve(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
+    new_rows, new_curve = session_keys(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
+    curve = kept_curve + new_curve
     points = [{"run": old["head"], **{k: before[-1][k] for k in POINT}, "tau": old["mt_bench_tau"]},
               {"run": last.name, **{k: curve[-1][k] for k in POINT}, "tau": mt["tau"]}]  # fmt: skip
     data["rows"] = rows + [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
@@ -133,7 +126,7 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     how = (f"{rep['num_prompts']} {rep.get('turns', 'first')} turns, {rep.get('mode', 'chain')} d{rep['depth']}, "
            f"{dtype}, T={rep['temperature']}, {rep.get('max_new_tokens')} new tokens")  # fmt: skip
     data["published"] = {"head": "models/smollm2-135m-eagle3", "run": rel(last), "mt_bench_eval": how,
-                         "sessions": kept_rows + session_rows(sessions), "mt_bench_tau": mt["tau"],
+                         "sessions": kept_rows + new_rows, "mt_bench_tau": mt["tau"],
                          "mt_bench_tau_before": old["mt_bench_tau"], "trained_tokens": curve[-1]["tokens"]}  # fmt: skip
     if (sc := sampling_check(reports)) is not None:
         data["sampling_check"] = sc
