@@ -93,10 +93,6 @@ def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[di
     return rows, curve
 
 
-def _mt_chain(rows: list[dict]) -> dict | None:
-    return next((r for r in rows if r["eval"] == "mt_bench" and r["decoder"] == "chain"), None)
-
-
 def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict, keep: bool = False) -> dict:
     """The page's published-head keys for the head of SESSIONS[-1], written into MD_PATH's JSON, then
     the page rendered from it. KEEP (`--continue`): the sessions the page already publishes come first."""
@@ -104,16 +100,11 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     if (data := read_json(json_path)) is None:
         raise PublishError(f"no {json_path} to update (publish.py adds a head to the committed page)")
     rows, reports = eval_rows(last, evals)
-    if (mt := _mt_chain(rows)) is None:
+    if (mt := next((r for r in rows if (r["eval"], r["decoder"]) == ("mt_bench", "chain")), None)) is None:
         raise PublishError(f"no MT-bench eval in {last}/eval-mt_bench (run publish.py without --report-only)")
-    # what the head published before the sessions was, kept once so a later publish counts from it
-    if (old := data.get("published_before_sessions")) is None:
-        prev = _mt_chain(data.get("rows", [])) or {}
-        old = data["published_before_sessions"] = {
-            "head": prev.get("head"), "mt_bench_tau": prev.get("tau"),
-            "learning_curve": [p for p in data.get("learning_curve", []) if "session" not in p]}  # fmt: skip
-    if not (before := old["learning_curve"]):
-        raise PublishError(f"{json_path} has no learning_curve of the head the sessions started from")
+    # the head published before the sessions (its head, MT-bench tau and learning curve): a publish counts from it
+    if not (before := (old := data.get("published_before_sessions") or {}).get("learning_curve")):
+        raise PublishError(f"{json_path} has no published_before_sessions.learning_curve to count the sessions from")
     kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
     new_rows, new_curve = session_keys(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
     curve = kept_curve + new_curve

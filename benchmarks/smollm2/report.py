@@ -61,14 +61,13 @@ def projection(curve: list[dict]) -> dict | None:
 
 
 def sweep_summary(report: dict | None) -> dict | None:
-    """The fastest measured configuration of an eval's --sweep and what it recommended."""
+    """The fastest measured configuration of an eval's --sweep, beside every configuration's tau and speed-up."""
     if not (sw := (report or {}).get("sweep")):
         return None
     best = max(sw["configurations"], key=lambda r: r["speedup"])
     return {"best": best["name"], "speedup_vs_plain": best["speedup"],
-            **{k: best[k] for k in ("speedup_interval", "tau", "greedy_mismatches")}, "recommended": sw["recommended"],
+            **{k: best[k] for k in ("speedup_interval", "tau", "greedy_mismatches")},
             "prompts": len(sw["prompts"]), "max_new_tokens": sw["max_new_tokens"],
-            "dtype": report.get("dtype") or (report.get("target") or {}).get("dtype"),
             "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
             "kernels": report.get("kernels", "torch (F.linear)"),  # reports before --cpu-kernels ran F.linear
             "plain_tokens_per_s": sw.get("plain_tokens_per_s")}  # fmt: skip
@@ -146,10 +145,12 @@ def update_keys(a: argparse.Namespace) -> None:
         for p in v if isinstance(v, list) else [v]:
             if not p.exists():
                 fail(f"{p} does not exist (expected {flag}'s {FLAGS[flag][1]})")
-    try:
-        keys = {k: x for flag, v in given.items() for k, x in FLAGS[flag][3](v).items()}
-    except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
-        fail(str(e))
+    keys = {}
+    for flag, v in given.items():
+        try:
+            keys |= FLAGS[flag][3](v)
+        except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page (not JSON...)
+            fail(f"{flag}: {e} (expected {FLAGS[flag][2]})")
     for key, value in keys.items():
         record(a.results_md.with_suffix(".json"), key, value)
 

@@ -67,10 +67,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
                                     "(benchmarks/smollm2/levers.py)")  # fmt: skip
     chain = {k: _chain(r) for k, r in reports.items()}
     tau = chain["mt_bench"]["acceptance"]["tau"]
-    tokens = next(
-        (w["tokens_seen"] for w in (m, m.get("summary") or {}, m.get("counts") or {}) if "tokens_seen" in w), None
-    )
-    if tokens is None:
+    if (tokens := m.get("tokens_seen")) is None:
         raise KeyError(f"{run}/train/manifest.json records no tokens_seen")
     cpu = (m.get("final_metrics") or {}).get("train_cpu_seconds")  # the training's core-seconds
     # epochs begun: more than 1 when its corpus was smaller than the budget, so not every token was new

@@ -136,7 +136,7 @@ def _eval_report(tau: float, sweep_speedup: float | None = None) -> dict:
 
 
 def _page(tmp_path):
-    """A results page as a full report leaves it: the head before the sessions, and the pair's row."""
+    """A results page before a publish: the head before the sessions, and the pair's row."""
     md = tmp_path / "results.md"
     old_rows = [
         {"eval": "mt_bench", "decoder": "chain", "tau": 1.5, "head": "smollm2-long/head", "prompts": 80},
@@ -147,7 +147,9 @@ def _page(tmp_path):
         r |= {"greedy_mismatches": 0, "speedup_vs_generate": None, "alpha_k": [0.4], "unconditional_k": [0.4]}
     curve = [{"tokens": 1000 * 2**i, "steps": i, "seconds": 1.0 * i, "cpu_seconds": 2.0 * i, "heldout_tau": 1.2}
              for i in (1, 2)]  # fmt: skip
-    md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve}))
+    before = {"head": "smollm2-long/head", "mt_bench_tau": 1.5, "learning_curve": curve}
+    md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve,
+                                                   "published_before_sessions": before}))  # fmt: skip
     md.write_text("# page\n\nold text, rendered over by every publish\n")
     return md
 
