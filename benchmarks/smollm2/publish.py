@@ -5,6 +5,7 @@ keys (rows, sweeps, the learning curve from the head before the sessions on, the
 and commands) and render the page; `--export` then exports the head into models/smollm2-135m-eagle3. Each step
 is skipped when its output exists, so an interrupted publish resumes. Run folders do not outlive a machine:
 `--continue` keeps the sessions an earlier publish wrote on the page, and the ones named must carry on there.
+The run folders' readers (evals, learning curve, sweeps) are here: no other program writes those keys.
 
     .venv/bin/python benchmarks/smollm2/publish.py --sessions runs/long-s1 runs/long-s2 runs/long-s3
     .venv/bin/python benchmarks/smollm2/publish.py --continue --sessions runs/long-s4   # s1-s3 from the page
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -21,12 +23,110 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder  # noqa: E402
-from benchmarks.smollm2.report import curve_keys, eval_rows, heldout_curve, sampling_check  # noqa: E402
 from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, save  # noqa: E402
 from benchmarks.smollm2.run_bench import PAIR_EVALS, eval_cmd, eval_plan  # noqa: E402
 
 PUBLISHED_HEAD = REPO / "models" / "smollm2-135m-eagle3"
-POINT = ("tokens", "cpu_seconds", "heldout_tau")  # what an MT-bench point of the projection keeps of the curve
+GOAL_TAU = 2.5  # the MT-bench tau the projections say the tokens for
+# a point of a learning curve; `session` and `heldout_set` name a published session's points
+CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau", "session", "heldout_set")
+
+
+def metrics(run: Path) -> list[dict]:
+    path = run / "train" / "metrics.jsonl"
+    return [json.loads(x) for x in path.read_text().split("\n") if x.strip()] if path.exists() else []
+
+
+def heldout_curve(run: Path) -> list[dict]:
+    """The held-out points of RUN's training: chain tau at depth 8 on conversations the run never trains on,
+    against tokens, steps and seconds of training (wall and CPU)."""
+    return [{"tokens": m["tokens_seen"], "steps": m["step"], "seconds": m.get("train_seconds"),
+             "cpu_seconds": m.get("train_cpu_seconds"), "heldout_tau": m["heldout_tau"],
+             "heldout_alpha_k": m.get("heldout_alpha_k")} for m in metrics(run) if "heldout_tau" in m]  # fmt: skip
+
+
+def log_line(points: list[dict], tau: str) -> dict | None:
+    """A straight line of TAU against log2(tokens) through POINTS (None under 2 token counts), and the tokens at
+    which it reaches GOAL_TAU. An extrapolation: real curves flatten, so read it as a lower bound on the data a
+    goal needs."""
+    xs, ys = [math.log2(p["tokens"]) for p in points], [p[tau] for p in points]
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    out = {"tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": GOAL_TAU}
+    if slope > 0:
+        out["tokens_for_goal"] = round(2 ** (mx + (GOAL_TAU - my) / slope))
+    return out
+
+
+def projection(curve: list[dict]) -> dict | None:
+    """The line through the second half of a held-out curve (None under 3 points)."""
+    pts = [p for p in curve if p["tokens"] > 0]
+    return log_line(pts[len(pts) // 2 :], "heldout_tau") if len(pts) >= 5 else None
+
+
+def sweep_summary(report: dict | None) -> dict | None:
+    """The fastest measured configuration of an eval's --sweep, beside every configuration's tau and speed-up."""
+    if not (sw := (report or {}).get("sweep")):
+        return None
+    best = max(sw["configurations"], key=lambda r: r["speedup"])
+    return {"best": best["name"], "speedup_vs_plain": best["speedup"],
+            **{k: best[k] for k in ("speedup_interval", "tau", "greedy_mismatches")},
+            "prompts": len(sw["prompts"]), "max_new_tokens": sw["max_new_tokens"],
+            "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
+            "kernels": report.get("kernels", "torch (F.linear)"),  # reports before --cpu-kernels ran F.linear
+            "plain_tokens_per_s": sw.get("plain_tokens_per_s")}  # fmt: skip
+
+
+def curve_keys(curve: list[dict], reports: dict, points: list[dict] = (), fit: list[dict] | None = None) -> dict:
+    """The keys of a learning CURVE (projected through FIT, default all of it), of REPORTS' sweeps and of the
+    MT-bench eval tau of heads trained on different numbers of tokens (POINTS: [{run, tokens, cpu_seconds, tau}],
+    publish.py's head before the sessions and after them: what a goal is set on, where held-out tau runs ahead)."""
+    pts = sorted((p for p in points if p.get("tokens") and p.get("tau")), key=lambda p: p["tokens"])
+    line = log_line(pts, "tau")
+    return {"learning_curve": [{k: p[k] for k in CURVE_KEYS if k in p} for p in curve],
+            "learning_curve_projection": projection(curve if fit is None else fit),
+            "mt_bench_projection": line and {"points": pts, **line},
+            "sweep": {dt: sweep_summary(reports.get(name)) for dt, name in (("fp32", "mt_bench"), ("bf16", "mt_bench_bf16"))}}  # fmt: skip
+
+
+def _r3(x):
+    return None if x is None else round(x, 3)
+
+
+def eval_rows(run: Path, evals) -> tuple[list[dict], dict]:
+    """A row per head and decoder of each eval's RUN/eval-NAME/report.json (intervals and tau by depth too), and
+    the reports by eval name."""
+    rows, reports = [], {}
+    for name in evals:
+        if (rep := read_json(run / f"eval-{name}" / "report.json")) is None:
+            continue
+        reports[name] = rep
+        for label, head in rep["heads"].items():
+            for decoder, d in ((k, head[k]) for k in ("chain", "tree") if k in head):
+                acc, depths = d["acceptance"], d["acceptance"]["per_depth"]
+                rows.append({
+                    "bench": rep["bench"], "decoder": decoder, "depth": rep["depth"], "tau": round(acc["tau"], 3),
+                    "speedup_vs_generate": _r3(d.get("speedup_vs_generate")),
+                    "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
+                    "prompts": rep["num_prompts"], "eval": name, "turns": rep.get("turns", "first"),
+                    "temperature": rep.get("temperature", 0.0), "head": label,
+                    "speedup_vs_plain": _r3(d.get("speedup_vs_plain")),
+                    "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in depths],
+                    "unconditional_k": [round(x["unconditional"], 4) for x in depths],
+                    "tau_interval": acc.get("tau_interval"), "speedup_interval": d.get("speedup_interval"),
+                    "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
+                })  # fmt: skip
+    return rows, reports
+
+
+def sampling_check(reports: dict) -> dict | None:
+    """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
+    rep = reports.get("mt_bench_t1") or {}
+    sc = rep.get("sampling_check")
+    return sc and {"prompts": rep["num_prompts"], "positions": len(sc["positions"]),
+                   **{k: sc[k] for k in ("test", "draws", "min_p_value", "passed")}}  # fmt: skip
 
 
 def published_evals(last: Path, args) -> dict:
@@ -36,10 +136,6 @@ def published_evals(last: Path, args) -> dict:
 
 class PublishError(ValueError):
     """What is missing for a publish report, said so that the caller can exit 2."""
-
-
-def _config(run: Path) -> dict:
-    return ((read_json(run / "train" / "manifest.json") or {}).get("config")) or {}
 
 
 def session_keys(sessions: list[Path], before: dict, carries_on: bool = False) -> tuple[list[dict], list[dict]]:
@@ -83,7 +179,7 @@ def page_sessions(data: dict, sessions: list[Path]) -> tuple[list[dict], list[di
                            f"{', '.join(sorted(new))}; publish without --continue, naming every session's run "
                            "folder")  # fmt: skip
     curve = [p for p in data.get("learning_curve", []) if "session" in p and p["session"] not in new]
-    cfg, last = _config(sessions[0]), rows[-1]
+    cfg, last = ((read_json(sessions[0] / "train" / "manifest.json") or {}).get("config") or {}), rows[-1]
     if last["samples"] and cfg.get("data") == last["data"] and (cfg.get("skip_samples") or 0) != last["samples"][1] + 1:
         raise PublishError(
             f"{rel(sessions[0])} trained from sample {cfg.get('skip_samples') or 0} of {cfg['data']}, expected "
@@ -108,8 +204,8 @@ def publish_report(md_path: Path, sessions: list[Path], evals: dict, steps: dict
     kept_rows, kept_curve = page_sessions(data, sessions) if keep else ([], [])
     new_rows, new_curve = session_keys(sessions, (kept_curve or before)[-1], carries_on=bool(kept_curve))
     curve = kept_curve + new_curve
-    points = [{"run": old["head"], **{k: before[-1][k] for k in POINT}, "tau": old["mt_bench_tau"]},
-              {"run": last.name, **{k: curve[-1][k] for k in POINT}, "tau": mt["tau"]}]  # fmt: skip
+    points = [{"run": old["head"], "tokens": before[-1]["tokens"], "tau": old["mt_bench_tau"]},
+              {"run": last.name, "tokens": curve[-1]["tokens"], "tau": mt["tau"]}]  # fmt: skip
     data["rows"] = rows + [r for r in data.get("rows", []) if r["eval"] in PAIR_EVALS]
     data.update(curve_keys(before + curve, reports, points, fit=curve))
     rep = read_json(last / "eval-mt_bench" / "report.json") or {}

@@ -1,6 +1,8 @@
-"""The keys of docs/results-smollm2.json read from what a measurement program wrote: a run folder's evals and
-learning curve (publish.py writes them for the published head) and, one flag per key, report_data.py's; the
-other keys are kept, then the page is rendered from the JSON (report_page.py). Nothing here measures.
+"""The keys of docs/results-smollm2.json read from what a stage or a benchmark left, one flag per key: `corpus`
+(gen-data folders, finished or still growing), `data_scaling*` (data_scaling.py), `engine_speedup.vllm_cpu`
+(vllm_cpu/run_bench.py); the other keys are kept, then the page is rendered from the JSON (report_page.py).
+Nothing here measures. A benchmark that writes its own key calls benchmarks/common.record; publish.py
+writes the published head's keys.
 
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
         corpora/smollm2-135m-gsm8k-vllm
@@ -13,127 +15,149 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import record  # noqa: E402
-from benchmarks.smollm2 import report_data as rd  # noqa: E402
-from benchmarks.smollm2.report_page import PAGE, fail, read_json, write_page  # noqa: E402
+from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, write_page  # noqa: E402
+from eagle3cli.data.finish import throughput  # noqa: E402
+from eagle3cli.data.journal import PROGRESS, STATE  # noqa: E402
+from eagle3cli.eval.paired import BLOCKS_ORDER  # noqa: E402
+from eagle3cli.readers.jsonl import read_records  # noqa: E402
 
-GOAL_TAU = 2.5  # the MT-bench tau the projections say the tokens for
-# a point of a learning curve; `session` and `heldout_set` name a published session's points
-CURVE_KEYS = ("tokens", "steps", "seconds", "cpu_seconds", "heldout_tau", "session", "heldout_set")
-
-
-def metrics(run: Path) -> list[dict]:
-    path = run / "train" / "metrics.jsonl"
-    return [json.loads(x) for x in path.read_text().split("\n") if x.strip()] if path.exists() else []
+SUMMED = ("conversations", "assistant_turns", "completion_tokens", "planned", "generation_seconds",
+          "process_seconds", "sessions")  # fmt: skip
 
 
-def heldout_curve(run: Path) -> list[dict]:
-    """The held-out points of RUN's training: chain tau at depth 8 on conversations the run never trains on,
-    against tokens, steps and seconds of training (wall and CPU)."""
-    return [{"tokens": m["tokens_seen"], "steps": m["step"], "seconds": m.get("train_seconds"),
-             "cpu_seconds": m.get("train_cpu_seconds"), "heldout_tau": m["heldout_tau"],
-             "heldout_alpha_k": m.get("heldout_alpha_k")} for m in metrics(run) if "heldout_tau" in m]  # fmt: skip
+def corpus_json(folder: Path) -> dict:
+    """Conversations and completion tokens in a gen-data folder, finished or not (a corpus made over
+    many sessions is reported while it grows: `complete` says which), with its backend and rate."""
+    manifest = read_json(folder / "manifest.json")
+    records = [r for shard in sorted(folder.glob("shard-*.jsonl")) for r in read_records(shard)]
+    for journal in sorted((folder / PROGRESS).glob("shard-*.journal.jsonl")):
+        if not (folder / journal.name.replace(".journal", "")).exists():  # a shard still being made
+            records += [e["record"] for e in read_records(journal) if "record" in e]
+    turns = [t for r in records for t in (r.get("meta") or {}).get("turns") or []]
+    # a finished folder's sessions are gone (progress/ is cleared): its manifest keeps their rate
+    rate = (manifest or {}).get("throughput") or throughput(folder, 0.0, 0, len(records)) or {}
+    state = manifest or read_json(folder / PROGRESS / STATE) or {}
+    engine = state.get("engine")
+    planned = (state.get("counts") or {}).get("planned") if manifest else state.get("planned")
+    backend = f" -> {engine.get('engine')} {engine.get('version') or ''}".rstrip() if engine else ""
+    return {"folder": str(folder), "conversations": len(records), "assistant_turns": len(turns),
+            "completion_tokens": sum(t.get("completion_tokens", 0) for t in turns), "planned": planned,
+            "complete": manifest is not None, "backend": "openai" + backend, "engine": engine,
+            "gen_tok_s": rate.get("completion_tok_s"), "conversations_per_s": rate.get("conversations_per_s"),
+            "generation_seconds": rate.get("seconds"),  # clock time; side-by-side `--shard` processes count once
+            "process_seconds": rate.get("process_seconds"), "sessions": rate.get("sessions")}  # fmt: skip
 
 
-def log_line(points: list[dict], tau: str) -> dict | None:
-    """A straight line of TAU against log2(tokens) through POINTS (None under 2 token counts), and the tokens at
-    which it reaches GOAL_TAU. An extrapolation: real curves flatten, so read it as a lower bound on the data a
-    goal needs."""
-    xs, ys = [math.log2(p["tokens"]) for p in points], [p[tau] for p in points]
-    if len(set(xs)) < 2:
-        return None
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-    out = {"tau_per_doubling_of_tokens": round(slope, 4), "goal_tau": GOAL_TAU}
-    if slope > 0:
-        out["tokens_for_goal"] = round(2 ** (mx + (GOAL_TAU - my) / slope))
-    return out
+def corpus_sources_json(folders: list[Path]) -> dict:
+    """The `corpus` key: one folder's corpus_json, or for a corpus kept one folder per source (ShareGPT,
+    GSM8K...) their sums, each source's own numbers under `sources`, and the rate over all of them."""
+    parts = [corpus_json(f) for f in folders]
+    if len(parts) == 1:
+        return parts[0]
+    backends, total = sorted({p["backend"] for p in parts}), {k: sum(p[k] or 0 for p in parts) for k in SUMMED}
+    seconds = total["generation_seconds"]
+    return {"folder": " + ".join(p["folder"] for p in parts), **total, "complete": all(p["complete"] for p in parts),
+            "backend": " / ".join(backends),  # one per source: a source never mixes backends within itself
+            "engine": parts[0]["engine"] if len(backends) == 1 else None,
+            "gen_tok_s": round(total["completion_tokens"] / seconds, 1) if seconds else None,
+            "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None,
+            "sources": parts}  # fmt: skip
 
 
-def projection(curve: list[dict]) -> dict | None:
-    """The line through the second half of a held-out curve (None under 3 points)."""
-    pts = [p for p in curve if p["tokens"] > 0]
-    return log_line(pts[len(pts) // 2 :], "heldout_tau") if len(pts) >= 5 else None
+# commands: each row's train and eval command lines, so data_scaling.py --reuse docs/results-smollm2.json
+# grows the committed curve on a fresh machine instead of retraining its sizes
+ROW_KEYS = ("fraction", "conversations", "tokens", "trained_tokens", "heldout_tau", "mt_bench_tau", "commands")
 
 
-def sweep_summary(report: dict | None) -> dict | None:
-    """The fastest measured configuration of an eval's --sweep, beside every configuration's tau and speed-up."""
-    if not (sw := (report or {}).get("sweep")):
-        return None
-    best = max(sw["configurations"], key=lambda r: r["speedup"])
-    return {"best": best["name"], "speedup_vs_plain": best["speedup"],
-            **{k: best[k] for k in ("speedup_interval", "tau", "greedy_mismatches")},
-            "prompts": len(sw["prompts"]), "max_new_tokens": sw["max_new_tokens"],
-            "configurations": {r["name"]: {"tau": r["tau"], "speedup": r["speedup"]} for r in sw["configurations"]},
-            "kernels": report.get("kernels", "torch (F.linear)"),  # reports before --cpu-kernels ran F.linear
-            "plain_tokens_per_s": sw.get("plain_tokens_per_s")}  # fmt: skip
+def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
+    """`data_scaling` rows, `data_scaling_fit` (MT-bench's fit when the sizes were evaluated, else the
+    held-out one; the held-out fit under `heldout`) and the settings, from data_scaling.py's JSON."""
+    r = json.loads(bench.read_text(encoding="utf-8"))
+    # same_run_as: a size an equal-compute curve shares with the one-epoch curve (data_scaling.py --reuse);
+    # a curve run from another checkout names its runs by absolute path: made relative (no machine path)
+    rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
+            for row in r["rows"]]  # fmt: skip
+    for row in rows:
+        row["commands"] = [
+            re.sub(r"(?<![^\s=])/[^\s'\"]+", lambda m: rel(m.group(0)), c) for c in row["commands"] or []
+        ]
+    fits = r.get("fits") or {}
+    fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau",
+           **(fits.get("mt_bench_tau") or fits.get("heldout_tau") or {})}  # fmt: skip
+    if fits.get("mt_bench_tau") and fits.get("heldout_tau"):
+        fit["heldout"] = fits["heldout_tau"]
+    return rows, fit, {k: r[k] for k in ("data", "cache", "online", "budget", "corpus") if r.get(k) is not None}
 
 
-def curve_keys(curve: list[dict], reports: dict, points: list[dict] = (), fit: list[dict] | None = None) -> dict:
-    """The keys of a learning CURVE (projected through FIT, default all of it), of REPORTS' sweeps and of the
-    MT-bench eval tau of heads trained on different numbers of tokens (POINTS: [{run, tokens, cpu_seconds, tau}],
-    publish.py's head before the sessions and after them: what a goal is set on, where held-out tau runs ahead)."""
-    pts = sorted((p for p in points if p.get("tokens") and p.get("tau")), key=lambda p: p["tokens"])
-    line = log_line(pts, "tau")
-    return {"learning_curve": [{k: p[k] for k in CURVE_KEYS if k in p} for p in curve],
-            "learning_curve_projection": projection(curve if fit is None else fit),
-            "mt_bench_projection": line and {"points": pts, **line},
-            "sweep": {dt: sweep_summary(reports.get(name)) for dt, name in (("fp32", "mt_bench"), ("bf16", "mt_bench_bf16"))}}  # fmt: skip
+def equal_compute_json(curve: Path, others: list[Path]) -> dict:
+    """`data_scaling_equal_compute` and its settings: data_scaling.py's curve at one step budget (every size the
+    same optimizer steps) and, from `others`, other corpora trained at that budget with the same recipe and eval
+    (e.g. the target's own prompts), each a point beside the curve. ValueError: not one budget and recipe."""
+    rows, fit, settings = data_scaling_json(curve)
+    budget = settings.get("budget") or {}
+    if "steps_per_run" not in budget:
+        raise ValueError(f"{curve} was trained at {budget or 'no budget'}, not at equal compute (--steps-per-run)")
+
+    def how(cmds) -> list[str]:  # how a size trains and is scored, not where or on what
+        return [re.sub(r"--(run|data|cache|train-samples) \S+", r"--\1 X", c or "") for c in cmds]
+
+    points = []
+    for other in others:
+        o_rows, _fit, o = data_scaling_json(other)
+        for r in o_rows:
+            if o.get("budget") != budget or how(r["commands"]) != how(rows[0]["commands"]) or r["mt_bench_tau"] is None:
+                raise ValueError(f"{other}: {r['fraction']} is not trained at the curve's budget {budget} with its "
+                                 "recipe and scored by its eval")  # fmt: skip
+            points.append({"data": o.get("data") or o.get("cache"), **r})
+    return {"data_scaling_equal_compute": rows,
+            "data_scaling_equal_compute_settings": {**settings, "fit": fit, "points": points}}  # fmt: skip
 
 
-def _r3(x):
-    return None if x is None else round(x, 3)
-
-
-def eval_rows(run: Path, evals) -> tuple[list[dict], dict]:
-    """A row per head and decoder of each eval's RUN/eval-NAME/report.json (intervals and tau by depth too), and
-    the reports by eval name."""
-    rows, reports = [], {}
-    for name in evals:
-        if (rep := read_json(run / f"eval-{name}" / "report.json")) is None:
-            continue
-        reports[name] = rep
-        for label, head in rep["heads"].items():
-            for decoder, d in ((k, head[k]) for k in ("chain", "tree") if k in head):
-                acc, depths = d["acceptance"], d["acceptance"]["per_depth"]
-                rows.append({
-                    "bench": rep["bench"], "decoder": decoder, "depth": rep["depth"], "tau": round(acc["tau"], 3),
-                    "speedup_vs_generate": _r3(d.get("speedup_vs_generate")),
-                    "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
-                    "prompts": rep["num_prompts"], "eval": name, "turns": rep.get("turns", "first"),
-                    "temperature": rep.get("temperature", 0.0), "head": label,
-                    "speedup_vs_plain": _r3(d.get("speedup_vs_plain")),
-                    "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in depths],
-                    "unconditional_k": [round(x["unconditional"], 4) for x in depths],
-                    "tau_interval": acc.get("tau_interval"), "speedup_interval": d.get("speedup_interval"),
-                    "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
-                })  # fmt: skip
-    return rows, reports
-
-
-def sampling_check(reports: dict) -> dict | None:
-    """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
-    rep = reports.get("mt_bench_t1") or {}
-    sc = rep.get("sampling_check")
-    return sc and {"prompts": rep["num_prompts"], "positions": len(sc["positions"]),
-                   **{k: sc[k] for k in ("test", "draws", "min_p_value", "passed")}}  # fmt: skip
+def vllm_engine_json(results: Path) -> dict:
+    """`engine_speedup.vllm_cpu` from run_bench.py's results.json: per k the speed-up of each run
+    (speculative tok/s over plain tok/s, measured in the same eval), their geometric mean, engine tau,
+    eval's own chain tau and greedy equality; the best k is the highest mean speed-up."""
+    r = json.loads(results.read_text(encoding="utf-8", errors="replace"))
+    if not (engine := (r.get("engine") if isinstance(r, dict) else None) or {}):
+        raise ValueError(f"{results} has no `engine` rows: run benchmarks/vllm_cpu/run_bench.py with --head")
+    rows = []
+    for key, runs in engine.items():
+        dtype, k = key.split("-k")
+        speedups = [x["tok_s"] / x["plain_tok_s"] for x in runs]
+        rows.append({"dtype": dtype, "k": int(k), "tau": runs[0]["tau"],
+                     "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
+                     "speedup_runs": [round(x, 4) for x in speedups],
+                     "speedup_intervals": [x.get("speedup_interval") for x in runs],
+                     "order": runs[0].get("order") or BLOCKS_ORDER,
+                     "speedup_vs_plain": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 4),
+                     **{f: [round(x[f], 2) for x in runs] for f in ("tok_s", "plain_tok_s")},
+                     "identical": all(x["outputs_differ"] == 0 for x in runs),
+                     "outputs_differ": [x["outputs_differ"] for x in runs]})  # fmt: skip
+    best = max(rows, key=lambda x: x["speedup_vs_plain"])
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(results.stat().st_mtime))  # a result that records none
+    return {**{k: best[k] for k in ("k", "dtype", "tau", "speedup_vs_plain", "identical")}, "rows": rows,
+            "settings": {k: r.get(k) for k in ("target", "head", "bench", "num_prompts", "max_new_tokens")},
+            "measured_at": r.get("measured_at") or when, "commands": r.get("commands")}  # fmt: skip
 
 
 FLAGS = {  # flag: (nargs, metavar, help, the keys it writes from the path(s) given)
     "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)",
-                 lambda p: {"corpus": rd.corpus_sources_json(p)}),
+                 lambda p: {"corpus": corpus_sources_json(p)}),
     "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON",
                        lambda p: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
-                                          rd.data_scaling_json(p)))),
+                                          data_scaling_json(p)))),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
                                      "of a --steps-per-run curve; more JSONs: other corpora at that budget",
-                                     lambda p: rd.equal_compute_json(p[0], p[1:])),
+                                     lambda p: equal_compute_json(p[0], p[1:])),
     "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results",
-                   lambda p: {"engine_speedup.vllm_cpu": rd.vllm_engine_json(p)}),
+                   lambda p: {"engine_speedup.vllm_cpu": vllm_engine_json(p)}),
 }  # fmt: skip
 
 

@@ -9,9 +9,6 @@ and eval settings, so an arm measured later is paired against the stored baselin
         --arm synthetic=runs/lever-synthetic ...
     .venv/bin/python benchmarks/smollm2/report_levers.py --arm lk=runs/lever-lk   # the rest from the JSON
     .venv/bin/python benchmarks/smollm2/report_levers.py --table recipe_levers --arm ttt5=runs/lever-ttt5
-
-A gain over the baseline is paired by prompt: a percentile interval of tau(arm) - tau(baseline) over the
-same prompts resampled with replacement.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report import metrics  # noqa: E402
+from benchmarks.smollm2.publish import metrics  # noqa: E402
 from benchmarks.smollm2.report_page import CARRY, PAGE, fail, read_json, rel, save  # noqa: E402
 from eagle3cli.eval.metrics import bootstrap, sum_ratio  # noqa: E402
 

@@ -1,7 +1,7 @@
 """docs/results-smollm2.md, the README's results table and the page's figures, rendered from
 docs/results-smollm2.json (through docs/templates/ and benchmarks/render.py; a figure from the keys its section's
 table is written from, so a picture cannot disagree with its page). Every number is a key a measurement program
-wrote (run_bench.py, publish.py, recipes.py, report.py, report_levers.py...); nothing here reads a run folder.
+wrote (publish.py, report.py, report_levers.py, recipes.py...); nothing here reads a run folder.
 
     .venv/bin/python benchmarks/smollm2/report_page.py            # write the page, its figures, the README table
     .venv/bin/python benchmarks/smollm2/report_page.py --check    # exit 1 if the page or README differ from the JSON
@@ -150,7 +150,8 @@ def learning_curve_png(curve: list[dict], out: Path) -> None:
 def sweep_png(sweep: dict, out: Path) -> None:
     plt = pyplot()
     runs = {dt: s for dt, s in sweep.items() if s}
-    names = list(next(iter(runs.values()))["configurations"])
+    first = next(iter(runs.values()))
+    names = list(first["configurations"])
     fig, (ax_tau, ax_speed) = plt.subplots(1, 2, figsize=(11, 4))
     width = 0.8 / len(runs)
     for j, (dt, s) in enumerate(runs.items()):
@@ -174,7 +175,6 @@ def sweep_png(sweep: dict, out: Path) -> None:
         ax.set_xticks(range(len(names)), names, rotation=40, ha="right", fontsize=8)
         ax.grid(alpha=0.3, axis="y")
         ax.legend(fontsize=8)
-    first = next(iter(runs.values()))
     fig.suptitle(
         f"eval --sweep, MT-bench, {first.get('prompts')} prompts x {first.get('max_new_tokens')} tokens "
         "(outlined: the measured best, with its 90% interval)"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.llama_cpp.round_cost import breakdown, spec_stats, table
-from benchmarks.smollm2.report_data import corpus_json
+from benchmarks.smollm2.report import corpus_json
 from benchmarks.smollm2.report_page import page
 
 
@@ -57,7 +57,7 @@ def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
 
 
 def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(tmp_path):
-    from benchmarks.smollm2.report_data import corpus_sources_json
+    from benchmarks.smollm2.report import corpus_sources_json
 
     for name, n, toks, secs in (("sharegpt", 3, 10, 100.0), ("gsm8k", 2, 4, 20.0)):
         folder = tmp_path / name
@@ -370,7 +370,7 @@ def _vllm_results(path: Path) -> Path:
 
 
 def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp_path):
-    from benchmarks.smollm2.report_data import vllm_engine_json
+    from benchmarks.smollm2.report import vllm_engine_json
 
     v = vllm_engine_json(_vllm_results(tmp_path / "r.json"))
     assert v["k"] == 1 and v["dtype"] == "fp32" and v["identical"] is True and v["tau"] == 1.5
@@ -381,7 +381,7 @@ def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp
 
 
 def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(tmp_path):
-    from benchmarks.smollm2.report_data import vllm_engine_json
+    from benchmarks.smollm2.report import vllm_engine_json
 
     r = json.loads(_vllm_results(tmp_path / "r.json").read_text())
     for i, run in enumerate(r["engine"]["fp32-k1"]):

@@ -1,4 +1,4 @@
-"""The bench report's keys (benchmarks/smollm2/report*.py) on hand-made run folders: the learning-curve
+"""The results page's keys (benchmarks/smollm2/publish.py, report.py) on hand-made run folders: the learning-curve
 projection, the sweep's best configuration, the published head's keys; and the
 page rendered from them."""
 
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report import curve_keys, heldout_curve, projection, sweep_summary
+from benchmarks.smollm2.publish import curve_keys, heldout_curve, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -63,7 +63,7 @@ def test_sweep_summary_names_the_fastest_configuration(tmp_path):
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
     """run_bench.py: after the long run its head is the one evaluated (OUT-long/eval-*) and its curve is
     the learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
-    from benchmarks.smollm2.report import eval_rows
+    from benchmarks.smollm2.publish import eval_rows
     from benchmarks.smollm2.run_bench import eval_dir
 
     out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
