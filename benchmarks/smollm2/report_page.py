@@ -188,17 +188,16 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
     measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
     plt = pyplot()
     fig, (ax, dx) = plt.subplots(1, 2, figsize=(11, 0.6 * len(rows) + 2.4), sharey=True)
+
+    def dot(axes, x, interval, y, marker="o", color="#4c72b0", label=None):  # a value and its interval
+        axes.plot(interval, [y, y], color=color, lw=2)
+        axes.plot([x], [y], marker, color=color, label=label)
+
     for y, r in enumerate(rows):
-        lo, hi = r["mt_bench_tau_interval"]
-        ax.plot([lo, hi], [y, y], color="#4c72b0", lw=2)
-        ax.plot([r["mt_bench_tau"]], [y], "o", color="#4c72b0")
-        lo, hi = r["delta_interval"]
-        dx.plot([lo, hi], [y - 0.1, y - 0.1], color="#4c72b0", lw=2)
-        dx.plot([r["delta_vs_baseline"]], [y - 0.1], "o", color="#4c72b0", label="MT-bench" if y == 0 else None)
-        if f"{CARRY}_delta" in r:
-            lo, hi = r[f"{CARRY}_delta_interval"]
-            dx.plot([lo, hi], [y + 0.1, y + 0.1], color="#dd8452", lw=2)
-            dx.plot([r[f"{CARRY}_delta"]], [y + 0.1], "s", color="#dd8452", label=CARRY if y == 0 else None)
+        dot(ax, r["mt_bench_tau"], r["mt_bench_tau_interval"], y)
+        dot(dx, r["delta_vs_baseline"], r["delta_interval"], y - 0.1, label="MT-bench" if y == 0 else None)
+        if (c := f"{CARRY}_delta") in r:
+            dot(dx, r[c], r[f"{c}_interval"], y + 0.1, "s", "#dd8452", CARRY if y == 0 else None)
     if start_tau is not None:
         ax.axvline(start_tau, color="grey", ls="--", lw=1, label=f"published head ({start_tau:.3f})")
     base = rows[0]
