@@ -1,5 +1,6 @@
 """What the bench orchestrators share: run a command from the repo root, remember it (with its
-wall time and peak memory) for the results page, and read the JSON the helper scripts print."""
+wall time and peak memory) for the results page, read the JSON the helper scripts print, and record
+a measurement's key in a results page's JSON."""
 
 from __future__ import annotations
 
@@ -56,3 +57,15 @@ def last_json(text: str) -> dict:
     """The helper scripts print one JSON object (possibly pretty-printed) at the end."""
     start = text.rfind("\n{")
     return json.loads(text[start + 1 if start >= 0 else text.find("{") :])
+
+
+def record(results_json: Path, key: str, value: object) -> None:
+    """VALUE as KEY of RESULTS_JSON, its other keys kept ("a.b": key b of section a, the section's others
+    kept). Renders nothing: the page is its renderer's (benchmarks/smollm2/report_page.py)."""
+    data = json.loads(results_json.read_text(encoding="utf-8")) if results_json.exists() else {}
+    *parents, last = key.split(".")
+    node = data
+    for p in parents:
+        node = node.setdefault(p, {})
+    node[last] = value
+    results_json.write_text(json.dumps(data, indent=2) + "\n")

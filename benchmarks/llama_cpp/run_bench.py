@@ -10,8 +10,9 @@ tau from llama-server's counters, outputs compared token for token, speed-up fro
 the same eval against llama-server started with `--spec-type ngram-*`. One thread per server
 (`-t 1`), one slot. Then where a round's time goes (round_cost.py: llama-server's own draft clock
 at `-lv 4`, `llama-bench` for the verification pass); `--eval-tau` adds eagle3 eval's decoder tau
-at each k (fp32) beside the engine's. Prints one JSON object (also OUT/results.json). Needs `make llama-cpp` and
-models/smollm2-135m (`make smollm2`).
+at each k (fp32) beside the engine's. Prints one JSON object (also OUT/results.json; `--record
+docs/results-smollm2.json` writes it as that page's `llama_cpp` key, then benchmarks/smollm2/report_page.py
+renders the page). Needs `make llama-cpp` and models/smollm2-135m (`make smollm2`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.common import E3, REPO, Recorder  # noqa: E402
+from benchmarks.common import E3, REPO, Recorder, record  # noqa: E402
 from eagle3cli.engines.engine_api import is_healthy  # noqa: E402
 from eagle3cli.engines.local_engine import free_port, which_llama_server  # noqa: E402
 
@@ -144,6 +145,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--ngrams", default=",".join(NGRAMS), help="n-gram speculators to compare ('' for none)")
     ap.add_argument("--out", type=Path, default=Path("runs/llama-cpp-bench"))
+    ap.add_argument("--record", type=Path, metavar="RESULTS_JSON", help="also as its `llama_cpp` key")
     args = ap.parse_args()
     binary = which_llama_server()
     if binary is None:
@@ -211,6 +213,9 @@ def main() -> None:
     }
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    if args.record:
+        keys = ("measured_at", "machine", "settings", "commands")
+        record(args.record, "llama_cpp", {**result["llama_cpp"], **{k: result[k] for k in keys}})
 
 
 if __name__ == "__main__":

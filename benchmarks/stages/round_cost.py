@@ -4,6 +4,7 @@
         [--dtype fp32 --dtype bf16] [--depths 1,2,4,8] [--tree-depths 2,4,8] [--prompts 2]
         [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--cpu-kernels onednn|torch]
         [--bench gsm8k|mt_bench] [--profile chain1,chain3,tree8_16] [--no-random] [--out FILE.json]
+        [--record docs/results-smollm2.json]
 
 Prints one JSON object (also written to --out):
   parts[dtype]   ms per call, and in target-token times, of the pieces of a round: target passes
@@ -19,6 +20,9 @@ Prints one JSON object (also written to --out):
                  decoder's own rounds (draft forward, draft logits + pick,
                  verification forward, target logits, acceptance, tree selection, commit, glue).
   mismatches     greedy outputs that differ from plain decoding in the same dtype (expected 0).
+--record RESULTS_JSON: the trained head's fp32 chains (--profile chain1,chain2,...) split as llama.cpp's
+rounds are, printed beside the JSON's llama_cpp.round_cost and written as its
+llama_cpp.round_cost.eagle3_decoder (then benchmarks/smollm2/report_page.py renders the page).
 Heads: `random` (a random-init head over --draft-vocab: it accepts almost nothing, so tau ~ 1 and
 a round's whole cost shows) and `trained` (--head). Not a timed test. For a shared machine: the
 clock is this process's CPU time (wall-clock speedups beside it), every repeat runs every
@@ -31,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -44,6 +49,10 @@ from eagle3cli.speculate.aux_layers import default_aux_layer_ids
 from eagle3cli.speculate.decoder import SpeculativeDecoder, plain_decode, target_forward, target_logits
 from eagle3cli.speculate.draft import Eagle3Draft, draft_config_from_target
 from eagle3cli.speculate.target_kv import TargetKV
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import record  # noqa: E402
+from benchmarks.llama_cpp.round_cost import decoder_rounds, side_by_side  # noqa: E402
 
 
 def random_head(target, draft_vocab: int) -> tuple[Eagle3Draft, tuple[int, ...]]:
@@ -211,9 +220,15 @@ def main() -> None:
     )
     ap.add_argument("--no-random", action="store_true", help="only the trained head (--head)")
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--record", type=Path, metavar="RESULTS_JSON", help="the decoder's rounds beside its llama.cpp's")
     a = ap.parse_args()
     if a.no_random and not a.head:
         ap.error("--no-random needs --head")
+    page = json.loads(a.record.read_text()) if a.record and a.record.exists() else {}
+    rc = (page.get("llama_cpp") or {}).get("round_cost")
+    chains = "chain" in a.profile and "fp32" in (a.dtype or ["fp32"])
+    if a.record and not (a.head and chains and rc):  # refused before minutes of measuring
+        ap.error(f"--record needs --head, --profile chain1,chain2,... in fp32 and {a.record}'s llama_cpp.round_cost")
     torch.set_num_threads(a.threads)
     dtypes = a.dtype or ["fp32"]
     targets = {}
@@ -338,6 +353,11 @@ def main() -> None:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(text + "\n")
     print(text)
+    if a.record:  # eagle3's decoder's rounds in plain decoding steps, split as llama.cpp's are
+        print(side_by_side(rc["rounds"], rows := decoder_rounds(report)))
+        keys = ("target", "head", "bench", "prompts", "max_new_tokens", "repeats", "threads", "cpu_kernels")
+        value = {"rows": rows, "dtype": "fp32", **{k: report[k] for k in keys}}
+        record(a.record, "llama_cpp.round_cost.eagle3_decoder", value)
 
 
 if __name__ == "__main__":

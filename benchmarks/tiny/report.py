@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))  # run as a script: the repo root, for `benchmarks`
-from benchmarks.render import render_template, write  # noqa: E402
+from benchmarks.render import check_or_write, pyplot, render_template, save_figure  # noqa: E402
 
 PAGE = REPO / "docs" / "results.md"
 KEPT = ("machine", "evals", "speed", "toolkit", "commands", "minutes", "work_minutes")
@@ -50,17 +50,8 @@ def page_data(r: dict) -> dict:
     return data | {"commands": [c.replace(repo, "") for c in r["commands"]]}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_alpha(evals: dict, groups: dict[str, str], path: Path, title: str) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 3.6))
     for name, label in groups.items():
         a = evals[name]["chain"]["alpha"]
@@ -68,13 +59,11 @@ def plot_alpha(evals: dict, groups: dict[str, str], path: Path, title: str) -> N
     ax.set(xlabel="draft depth k", ylabel="α_k (conditional acceptance)", title=title, ylim=(0, 1.02))
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def plot_data(evals: dict, sizes: dict[str, int], path: Path) -> None:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
     xs = list(sizes.values())
     ax.plot(xs, [evals[n]["chain"]["tau"] for n in sizes], "o-", label="regenerated (target's own answers)")
@@ -84,9 +73,7 @@ def plot_data(evals: dict, sizes: dict[str, int], path: Path) -> None:
     ax.set_xscale("log", base=2)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
@@ -105,11 +92,8 @@ def main() -> None:
               file=sys.stderr)  # fmt: skip
         raise SystemExit(2)
     d = json.loads(json_path.read_text())
-    text = page(d)
+    check_or_write({args.out: page(d)}, args.check, json_path, Path(__file__).name)
     if args.check:
-        if args.out.read_text() != text:
-            print(f"{args.out} differs from {json_path}: run {Path(__file__).name}", file=sys.stderr)
-            raise SystemExit(1)
         return
     if args.results is not None:  # figures from the run's full-precision numbers
         ev, docs, n1 = d["evals"], args.out.parent, d["settings"]["samples"]
@@ -118,7 +102,6 @@ def main() -> None:
         plot_alpha(ev, {"ttt7": "low+mid+high [2,6,9]", "top": "top layer only [11]"}, docs / "results-fusion.png",
                    "multi-layer fusion vs top layer")  # fmt: skip
         plot_data(ev, {"regen1x": n1, "regen2x": 2 * n1, "ttt7": 4 * n1}, docs / "results-data.png")
-    write(args.out, text)
     print(f"wrote {args.out}")
 
 

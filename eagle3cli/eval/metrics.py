@@ -5,13 +5,24 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 
 # ---------------------------------------------------------------- paired bootstrap
-def _ratio(num: Sequence[float], den: Sequence[float], idx: Sequence[int]) -> float:
+def sum_ratio(num: Sequence[float], den: Sequence[float], idx: Sequence[int]) -> float:
+    """sum(num) / sum(den) over the prompts IDX (nan when den sums to 0)."""
     d = sum(den[i] for i in idx)
     return sum(num[i] for i in idx) / d if d else math.nan
+
+
+def bootstrap(
+    stat: Callable[[Sequence[int]], float], n: int, *, samples: int = 2000, level: float = 0.9, seed: int = 0
+) -> tuple[float, float, float]:
+    """STAT over all N prompts, and the ends of its LEVEL percentile interval over the prompts resampled
+    with replacement (STAT takes the resampled prompts' indices)."""
+    rng = random.Random(seed)
+    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
+    return stat(range(n)), values[int((1 - level) / 2 * (samples - 1))], values[int((1 + level) / 2 * (samples - 1))]
 
 
 def bootstrap_ratio(
@@ -31,15 +42,11 @@ def bootstrap_ratio(
         raise ValueError("bootstrap_ratio: per-prompt sequences of one non-zero length expected")
 
     def stat(idx):
-        v = _ratio(a[0], a[1], idx)
-        return v / _ratio(b[0], b[1], idx) if b is not None else v
+        v = sum_ratio(a[0], a[1], idx)
+        return v / sum_ratio(b[0], b[1], idx) if b is not None else v
 
-    point = stat(range(n))
-    rng = random.Random(seed)
-    values = sorted(stat([rng.randrange(n) for _ in range(n)]) for _ in range(samples))
-    lo_i = int((1 - level) / 2 * (samples - 1))
-    hi_i = int((1 + level) / 2 * (samples - 1))
-    return {"value": point, "low": values[lo_i], "high": values[hi_i], "level": level, "prompts": n}
+    point, low, high = bootstrap(stat, n, samples=samples, level=level, seed=seed)
+    return {"value": point, "low": low, "high": high, "level": level, "prompts": n}
 
 
 # ---------------------------------------------------------------- choosing a configuration

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.llama_cpp.round_cost import breakdown, spec_stats, table
-from benchmarks.smollm2.report_data import corpus_json, gen_data_throughput_json
+from benchmarks.smollm2.report import corpus_json
 from benchmarks.smollm2.report_page import page
 
 
@@ -57,7 +57,7 @@ def test_a_finished_corpus_reports_the_rate_its_manifest_kept(tmp_path):
 
 
 def test_a_corpus_of_several_source_folders_reports_their_sums_and_each_source(tmp_path):
-    from benchmarks.smollm2.report_data import corpus_sources_json
+    from benchmarks.smollm2.report import corpus_sources_json
 
     for name, n, toks, secs in (("sharegpt", 3, 10, 100.0), ("gsm8k", 2, 4, 20.0)):
         folder = tmp_path / name
@@ -97,24 +97,13 @@ def test_side_by_side_shard_processes_count_their_clock_time_once(tmp_path):
     assert t["conversations_per_s"] == pytest.approx(71 / 195, abs=0.001)
 
 
-def test_throughput_rows_carry_every_ratio_the_issue_asks_for(tmp_path):
-    bench = {
-        "target": "t",
-        "rows": [
-            {"concurrency": 32, "prompts": 128, "gen_data_tok_s": 90.0, "engine_tok_s": 100.0, "ratio": 0.9,
-             "hf_tok_s": 5.0, "vs_hf": 18.0, "runs": {"gen_data": [90.0], "engine": [100.0]}, "same_texts": 128},
-        ],
-        "hf": {"tok_s": 5.0},
-    }  # fmt: skip
-    p = tmp_path / "b.json"
-    p.write_text(json.dumps(bench))
-    rows, settings = gen_data_throughput_json(p)
-    assert rows[0]["gen_data_vs_engine"] == 0.9 and rows[0]["gen_data_vs_hf"] == 18.0 and rows[0]["hf_tok_s"] == 5.0
-    assert settings["target"] == "t"
+def test_the_throughput_section_carries_every_ratio_the_issue_asks_for():
+    rows = [{"concurrency": 32, "prompts": 128, "gen_data_tok_s": 90.0, "engine_tok_s": 100.0, "hf_tok_s": 5.0,
+             "gen_data_vs_engine": 0.9, "gen_data_vs_hf": 18.0}]  # fmt: skip
     corpus = {"folder": "c", "complete": True, "planned": 1, "backend": "openai", "generation_seconds": 1.0}
     corpus |= dict.fromkeys(("conversations", "assistant_turns", "completion_tokens", "gen_tok_s", "sessions"), 1)
     corpus["conversations_per_s"] = 1.0
-    text = page({"corpus": corpus, "gen_data_throughput": rows, "gen_data_throughput_settings": settings})
+    text = page({"corpus": corpus, "gen_data_throughput": rows, "gen_data_throughput_settings": {"target": "t"}})
     assert "| 32 | 128 | 90.0 | 100.0 | 0.90x | 5.0 | 18.0x |" in text
 
 
@@ -158,59 +147,7 @@ def test_a_round_is_split_into_draft_verification_and_the_rest_in_plain_steps():
     assert breakdown(row, stats, {"pass_ms": {2: 12.0}, "tg_ms_per_token": 9.0}) is None
 
 
-def _recipes_out(tmp_path, name: str, storage: str, per_token: float, rows: dict, budget=300.0):
-    cache = tmp_path / f"cache-{name}"
-    cache.mkdir()
-    (cache / "manifest.json").write_text(
-        json.dumps(
-            {
-                "storage": storage,
-                "counts": {"samples": 800, "tokens": 1000},
-                "bytes_per_token": {"measured": per_token},
-            }
-        )
-    )
-    out = tmp_path / f"rows-{name}"
-    out.mkdir()
-    full = {
-        k: {"what": k, "flags": "", "steps": 10, "tokens": 5000, "heldout_tau": h, "eval_tau": e}
-        for k, (h, e) in rows.items()
-    }
-    (out / "recipes.json").write_text(json.dumps({"budget_cpu_s": budget, "cache": str(cache), "rows": full}))
-    return out
-
-
-def test_equal_budget_rows_compare_held_out_within_a_cache_and_eval_across_storages(tmp_path):
-    """Held-out tau is scored on each cache's own features, so it is divided only within one
-    storage; storages are judged on eval tau against bf16, at the 2% bar."""
-    from benchmarks.smollm2.report_rows import equal_budget_json
-
-    bf16 = _recipes_out(tmp_path, "bf16", "bf16", 4600, {"chosen": (2.0, 1.5), "chosen_norm_fc": (2.2, None)})
-    fp8 = _recipes_out(tmp_path, "fp8", "fp8", 2350, {"chosen": (2.5, 1.485)})
-    compact = _recipes_out(tmp_path, "compact", "compact", 1800, {"chosen": (2.4, 1.44)})
-    eb = equal_budget_json([bf16, fp8, compact])
-    by = {(r["row"], r["storage"]): r for r in eb["rows"]}
-    assert by[("chosen_norm_fc", "bf16")]["heldout_vs_base"] == 1.1
-    assert "heldout_vs_base" not in by[("chosen", "fp8")]  # another cache's features: not comparable
-    assert eb["storage_vs_bf16"]["fp8"]["within_bar"] is True  # -1.0%
-    assert eb["storage_vs_bf16"]["compact"]["within_bar"] is False  # -4.0%
-    text = page({"equal_budget": eb})
-    assert "fp8: eval tau 1.485, -1.0% against bf16's (within" in text
-    assert "compact: eval tau 1.440, -4.0% against bf16's (outside" in text
-
-
-def test_equal_budget_refuses_rows_at_other_budgets_or_without_a_bf16_base(tmp_path):
-    from benchmarks.smollm2.report_rows import equal_budget_json
-
-    a = _recipes_out(tmp_path, "a", "bf16", 4600, {"chosen": (2.0, 1.5)})
-    b = _recipes_out(tmp_path, "b", "fp8", 2350, {"chosen": (2.0, 1.5)}, budget=600.0)
-    with pytest.raises(ValueError, match="different budgets"):
-        equal_budget_json([a, b])
-    with pytest.raises(ValueError, match="bf16 cache"):
-        equal_budget_json([b])
-
-
-def test_report_with_a_missing_rows_folder_exits_2_and_writes_nothing(tmp_path):
+def test_report_with_a_missing_input_exits_2_and_writes_nothing(tmp_path):
     import subprocess
     import sys
     from pathlib import Path
@@ -218,13 +155,11 @@ def test_report_with_a_missing_rows_folder_exits_2_and_writes_nothing(tmp_path):
     repo = Path(__file__).resolve().parents[2]
     md = tmp_path / "results.md"
     r = subprocess.run(
-        [sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--equal-budget", str(tmp_path / "nope"),
+        [sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--vllm-cpu", str(tmp_path / "nope.json"),
          "--results-md", str(md)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
-    assert r.returncode == 2 and "recipes.json does not exist" in r.stderr and "nothing was written" in r.stderr, (
-        r.stderr
-    )
+    assert r.returncode == 2 and "nope.json does not exist" in r.stderr and "nothing was written" in r.stderr, r.stderr
     assert not md.exists() and not md.with_suffix(".json").exists()
 
 
@@ -252,26 +187,10 @@ def test_the_decoders_round_is_split_like_llama_cpps_and_set_beside_it():
     assert decoder_rounds({}) == []
 
 
-def test_report_with_rows_at_other_budgets_exits_2_and_writes_nothing(tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    a = _recipes_out(tmp_path, "a", "bf16", 4600, {"chosen": (2.0, 1.5)})
-    b = _recipes_out(tmp_path, "b", "fp8", 2350, {"chosen": (2.0, 1.5)}, budget=600.0)
-    repo = Path(__file__).resolve().parents[2]
-    md = tmp_path / "results.md"
-    r = subprocess.run(
-        [sys.executable, str(repo / "benchmarks/smollm2/report.py"), "--equal-budget", str(a), str(b),
-         "--results-md", str(md)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 2 and "different budgets" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert not md.exists() and not md.with_suffix(".json").exists()
-
-
 def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tmp_path):
-    from benchmarks.smollm2.report_figures import LEARNING_CURVE, SWEEP, draw_figures, figure_line
+    from benchmarks.smollm2.report_page import FIGURES, draw_figures, figure_line
+
+    (LEARNING_CURVE, _), (SWEEP, _) = FIGURES["learning_curve"], FIGURES["sweep"]
 
     conf = {"chain d=1": {"tau": 1.3, "speedup": 1.1}, "chain d=2": {"tau": 1.5, "speedup": 0.9}}
     data = {
@@ -289,7 +208,7 @@ def test_page_figures_are_drawn_from_its_json_and_linked_under_their_sections(tm
     for p in data["learning_curve"]:
         p["steps"] = 100
     curve = page({"learning_curve": data["learning_curve"]})
-    assert f"## Learning curve of the published head\n\n{figure_line(LEARNING_CURVE)}\n" in curve
+    assert f"## Learning curve of the published head\n\n{figure_line('learning_curve')}\n" in curve
     assert "eval --sweep" not in page({"sweep": {"fp32": None}})  # no sweep measured: no section
 
 
@@ -451,7 +370,7 @@ def _vllm_results(path: Path) -> Path:
 
 
 def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp_path):
-    from benchmarks.smollm2.report_data import vllm_engine_json
+    from benchmarks.smollm2.report import vllm_engine_json
 
     v = vllm_engine_json(_vllm_results(tmp_path / "r.json"))
     assert v["k"] == 1 and v["dtype"] == "fp32" and v["identical"] is True and v["tau"] == 1.5
@@ -462,7 +381,7 @@ def test_vllm_engine_speedup_is_the_best_k_by_the_geometric_mean_of_its_runs(tmp
 
 
 def test_vllm_engine_rows_carry_each_runs_interval_and_the_order_into_the_page(tmp_path):
-    from benchmarks.smollm2.report_data import vllm_engine_json
+    from benchmarks.smollm2.report import vllm_engine_json
 
     r = json.loads(_vllm_results(tmp_path / "r.json").read_text())
     for i, run in enumerate(r["engine"]["fp32-k1"]):
@@ -527,7 +446,8 @@ def test_data_levers_rows_pair_each_arm_with_the_baseline_and_refuse_other_budge
     assert by["synthetic"]["tau_gain_per_million_tokens"] == 1.0  # (2.5 - 1.5) over 1M tokens
     assert by["synthetic"]["data"] == "corpora/synthetic"
     # an arm over two folders (levers.py --extra-data) names both, inside the repository as relative paths
-    from benchmarks.smollm2.report_levers import REPO, arm_row
+    from benchmarks.smollm2.report_levers import arm_row
+    from benchmarks.smollm2.report_page import REPO
 
     manifest = better / "train" / "manifest.json"
     m = json.loads(manifest.read_text())

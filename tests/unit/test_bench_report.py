@@ -1,5 +1,5 @@
-"""The bench report's keys (benchmarks/smollm2/report*.py) on hand-made run folders: the learning-curve
-projection, the one-core-hour ratio, the sweep's best configuration, the published head's keys; and the
+"""The results page's keys (benchmarks/smollm2/publish.py, report.py) on hand-made run folders: the learning-curve
+projection, the sweep's best configuration, the published head's keys; and the
 page rendered from them."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from benchmarks.common import REPO
-from benchmarks.smollm2.report_compute import compute_keys, heldout_curve, one_core_hour, projection, sweep_summary
+from benchmarks.smollm2.publish import curve_keys, heldout_curve, projection, sweep_summary
 
 
 def _run(tmp_path, name, taus, budget=3600.0):
@@ -31,30 +31,16 @@ def test_curve_keeps_only_heldout_points_and_projection_follows_the_line(tmp_pat
     run = _run(tmp_path, "r", [1.0 + 0.1 * i for i in range(1, 9)])  # +0.1 per doubling of tokens
     curve = heldout_curve(run)
     assert [p["steps"] for p in curve] == [200 * i for i in range(1, 9)]
-    proj = projection(curve, goal=2.5)
+    proj = projection(curve)
     assert proj["tau_per_doubling_of_tokens"] == pytest.approx(0.1)
     # tau = 1 + 0.1 * log2(tokens / 1000): 2.5 at 2**15 * 1000 tokens
     assert proj["tokens_for_goal"] == pytest.approx(1000 * 2**15, rel=1e-6)
-    # at the run's own rate (1000 tokens per 100 CPU s)
-    assert proj["cpu_hours_for_goal"] == pytest.approx(round(2**15 * 100 / 3600, 1))
 
 
 def test_a_flat_or_short_curve_projects_nothing(tmp_path):
     flat = heldout_curve(_run(tmp_path, "flat", [1.2] * 6))
-    assert "tokens_for_goal" not in projection(flat, 2.5)
-    assert projection(heldout_curve(_run(tmp_path, "short", [1.1, 1.2])), 2.5) is None
-
-
-def test_one_core_hour_ratio_is_chosen_over_before(tmp_path):
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    hour = tmp_path / "smollm2-hour"
-    hour.mkdir()
-    before = {"what": "old", "heldout_tau": 1.25, "steps": 180, "tokens": 1_400_000}
-    (hour / "recipes.json").write_text(json.dumps({"rows": {"baseline": before}}))
-    row = one_core_hour(out, hour)
-    assert row["ratio"] == pytest.approx(1.6 / 1.25, abs=1e-3)
-    assert row["budget_cpu_s"] == 3600.0
-    assert one_core_hour(out, tmp_path / "missing") is None
+    assert "tokens_for_goal" not in projection(flat)
+    assert projection(heldout_curve(_run(tmp_path, "short", [1.1, 1.2]))) is None
 
 
 def test_sweep_summary_names_the_fastest_configuration(tmp_path):
@@ -69,17 +55,16 @@ def test_sweep_summary_names_the_fastest_configuration(tmp_path):
     s = sweep_summary(report)
     assert (s["best"], s["speedup_vs_plain"], s["prompts"]) == ("chain d=2", 1.18, 2)
     assert sweep_summary({"heads": {}}) is None
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    rows = [{"eval": "mt_bench", "decoder": "chain", "tau": 2.6, "prompts": 80, "greedy_mismatches": 0}]
-    data = compute_keys(out, tmp_path / "no-hour", {"mt_bench": report}, rows)
+    data = curve_keys(heldout_curve(_run(tmp_path, "smollm2", [1.2, 1.5, 1.6])), {"mt_bench": report})
     assert data["sweep"]["bf16"] is None and math.isclose(data["sweep"]["fp32"]["speedup_vs_plain"], 1.18)
-    assert data["one_core_hour"] is None and "bar_issue22" not in data  # no work-item bars in the data
+    assert "one_core_hour" not in data and "bar_issue22" not in data  # no work-item tables in the data
 
 
 def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_path):
-    """After the long run its head is the one evaluated (OUT-long/eval-*) and its curve is the
-    learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
-    from benchmarks.smollm2.report import eval_dir, eval_rows
+    """run_bench.py: after the long run its head is the one evaluated (OUT-long/eval-*) and its curve is
+    the learning curve; K=1 vs the recipe's K compare the two one-core-hour heads in OUT."""
+    from benchmarks.smollm2.publish import eval_rows
+    from benchmarks.smollm2.run_bench import eval_dir
 
     out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
     long = _run(tmp_path, "smollm2-long", [1.3, 1.7, 1.8, 1.9], budget=9000.0)
@@ -106,16 +91,13 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     ):
         folder.mkdir(parents=True)
         (folder / "report.json").write_text(json.dumps(report(tau)))
-    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7), ("ttt_k_mt_bench", 1.5)]
-    rows, _ = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"))  # before the long run: OUT's own eval, once
-    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.4)]
-    data = compute_keys(out, tmp_path / "no-hour", {}, rows, long)
+    rows, _ = eval_rows(long, ("mt_bench", "gsm8k"))  # a run's evals: one it has not run is left out
+    assert [(r["eval"], r["tau"]) for r in rows] == [("mt_bench", 1.7)]
+    data = curve_keys(heldout_curve(long), {})
     assert [p["heldout_tau"] for p in data["learning_curve"]] == [1.3, 1.7, 1.8, 1.9]
-    # the MT-bench projection runs through both heads' eval tau: OUT (8k tokens) 1.5, long (16k) 1.7
-    _, reports = eval_rows(out, ("mt_bench", "ttt_k_mt_bench"), long)
-    data = compute_keys(out, tmp_path / "no-hour", reports, rows, long)
-    proj = data["mt_bench_projection"]
+    # the MT-bench projection runs through two heads' eval tau: 8k tokens 1.5, 16k 1.7
+    points = [{"run": "smollm2", "tokens": 8000, "tau": 1.5}, {"run": "smollm2-long", "tokens": 16000, "tau": 1.7}]
+    proj = curve_keys([], {}, points[::-1])["mt_bench_projection"]
     assert [(p["run"], p["tokens"], p["tau"]) for p in proj["points"]] == [
         ("smollm2", 8000, 1.5),
         ("smollm2-long", 16000, 1.7),
@@ -124,13 +106,8 @@ def test_a_long_run_is_published_and_the_equal_compute_pair_stays_in_out(tmp_pat
     assert proj["tokens_for_goal"] == pytest.approx(16000 * 2**4, rel=1e-6)  # 1.7 + 4 x 0.2 = 2.5
 
 
-def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_path):
-    from benchmarks.smollm2.report import parser, update_keys
-
-    def update_llama_cpp(page, bench):
-        data = json.loads(page.read_text())
-        update_keys(parser().parse_args(["--llama-cpp", str(bench)]), data)
-        page.write_text(json.dumps(data))
+def test_llama_cpp_summary_picks_the_best_k_and_ngram_from_the_rows():
+    from benchmarks.llama_cpp.run_bench import summarise
 
     def row(who, k, speedup, drafted, differ=0):
         first = [None] * (10 - differ) + [29] * differ
@@ -139,24 +116,11 @@ def test_llama_cpp_key_is_written_from_the_bench_results_and_the_rest_kept(tmp_p
 
     rows = [row("eagle3", 1, 0.9, 50, 1), row("eagle3", 2, 1.1, 90), row("ngram-simple", None, 1.02, 7)]
     rows.append(row("ngram-cache", None, 1.2, 0))  # drafted nothing: plain llama-server, its ratio is noise
-    section = {"best_k": 1, "best_speedup_vs_plain": 0.9, "best_ngram_speedup_vs_plain": 1.2, "identical": True}
-    bench = tmp_path / "results.json"
-    bench.write_text(json.dumps({"llama_cpp": section | {"rows": rows}, "measured_at": "2026-12-02T04:00:00Z"}))
-    page = tmp_path / "results-smollm2.json"
-    page.write_text(json.dumps({"rows": [1, 2], "llama_cpp": {"best_k": 9}}))
-    update_llama_cpp(page, bench)
-    data = json.loads(page.read_text())
-    assert data["rows"] == [1, 2]  # what the SmolLM2 run folder wrote is untouched
-    lc = data["llama_cpp"]
-    assert lc["best_k"] == 2 and lc["best_speedup_vs_plain"] == 1.1 and lc["rows"] == rows  # from the rows
+    lc = summarise(rows)
+    assert lc["best_k"] == 2 and lc["best_speedup_vs_plain"] == 1.1 and lc["rows"] == rows
     assert lc["best_ngram"] == "ngram-simple" and lc["best_ngram_speedup_vs_plain"] == 1.02
     assert lc["ngrams_that_drafted_nothing"] == ["ngram-cache"]
     assert lc["identical"] is False and lc["greedy_outputs_identical"]["eagle3 k=1"] == "9/10"
-    assert data["llama_cpp"]["measured_at"] == "2026-12-02T04:00:00Z"
-    bench.write_text(json.dumps({"llama_cpp": {"rows": rows}}))  # not a llama_cpp/run_bench.py result
-    with pytest.raises(SystemExit, match="best_k"):  # not a llama_cpp/run_bench.py result
-        update_llama_cpp(page, bench)
-    assert json.loads(page.read_text())["llama_cpp"]["best_k"] == 2
 
 
 def _eval_report(tau: float, sweep_speedup: float | None = None) -> dict:
@@ -172,7 +136,7 @@ def _eval_report(tau: float, sweep_speedup: float | None = None) -> dict:
 
 
 def _page(tmp_path):
-    """A results page as a full report leaves it: the head before the sessions, and the pair's row."""
+    """A results page before a publish: the head before the sessions, and the pair's row."""
     md = tmp_path / "results.md"
     old_rows = [
         {"eval": "mt_bench", "decoder": "chain", "tau": 1.5, "head": "smollm2-long/head", "prompts": 80},
@@ -183,7 +147,9 @@ def _page(tmp_path):
         r |= {"greedy_mismatches": 0, "speedup_vs_generate": None, "alpha_k": [0.4], "unconditional_k": [0.4]}
     curve = [{"tokens": 1000 * 2**i, "steps": i, "seconds": 1.0 * i, "cpu_seconds": 2.0 * i, "heldout_tau": 1.2}
              for i in (1, 2)]  # fmt: skip
-    md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve}))
+    before = {"head": "smollm2-long/head", "mt_bench_tau": 1.5, "learning_curve": curve}
+    md.with_suffix(".json").write_text(json.dumps({"rows": old_rows, "learning_curve": curve,
+                                                   "published_before_sessions": before}))  # fmt: skip
     md.write_text("# page\n\nold text, rendered over by every publish\n")
     return md
 
@@ -208,7 +174,7 @@ def test_a_head_trained_across_sessions_is_published_over_the_pages_head_and_kee
     """publish.py's report: the last session's evals replace the published head's rows, sweeps and
     keys; the learning curve runs on from the head before (a later session's step 0 dropped); the
     equal-compute pair's rows stay; the page is rendered from the JSON; publishing twice changes nothing."""
-    from benchmarks.smollm2.report_publish import PublishError, publish_report
+    from benchmarks.smollm2.publish import PublishError, publish_report
 
     md = _page(tmp_path)
     s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
@@ -302,7 +268,7 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
     when run twice, and refuses a session that would skip or repeat the corpus's samples."""
     import shutil
 
-    from benchmarks.smollm2.report_publish import PublishError, publish_report
+    from benchmarks.smollm2.publish import PublishError, publish_report
 
     md = _page(tmp_path)
     evals = {"mt_bench": None}
@@ -338,7 +304,7 @@ def test_publish_continue_keeps_the_pages_sessions_when_their_run_folders_are_go
 def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkeypatch, capsys):
     """`publish.py --continue` with a session that skips samples exits 2 before its hour of evals."""
     from benchmarks.smollm2 import publish
-    from benchmarks.smollm2.report_publish import publish_report
+    from benchmarks.smollm2.publish import publish_report
 
     md = _page(tmp_path)
     s1 = _session(tmp_path, "long-s1", [2.0, 2.1], 0, "models/h")
@@ -353,42 +319,16 @@ def test_publish_continue_refuses_a_gap_before_running_any_eval(tmp_path, monkey
     assert sorted(p.name for p in gap.iterdir()) == ["head", "train"]  # no eval ran
 
 
-def test_a_full_report_writes_the_run_folders_keys_keeps_the_others_and_renders_the_page(tmp_path):
-    """run_bench.py's report: eval rows, training, the pair as served, costs and commands into the JSON
-    (keys other programs measured are kept), then the page rendered from it, figures beside it."""
-    from benchmarks.smollm2.report import write_report
+def test_record_writes_one_key_of_a_section_and_keeps_the_others(tmp_path):
+    from benchmarks.common import record
 
-    out = _run(tmp_path, "smollm2", [1.2, 1.5, 1.6])
-    ttt1 = _run(tmp_path, "smollm2-ttt1", [1.3, 1.4])
-    for run in (out, ttt1):
-        metrics = run / "train" / "metrics.jsonl"
-        line = {"step": 10, "tokens_seen": 2000, "tokens": 1000, "tok_per_s": 50.0, "loss": 2.0, "acc_k": [0.5],
-                "sim_accept_len": 1.5}  # fmt: skip
-        metrics.write_text(metrics.read_text() + json.dumps(line) + "\n" + json.dumps(line | {"step": 20}) + "\n")
-    for run, name, tau in ((out, "mt_bench", 1.5), (out, "ttt1_mt_bench", 1.3)):
-        (run / f"eval-{name}").mkdir()
-        rep = _eval_report(tau, 1.1)
-        rep["heads"]["h"]["chain"]["acceptance"]["tau_by_depth_estimate"] = [1.0, 1.2, 1.4]
-        (run / f"eval-{name}" / "report.json").write_text(json.dumps(rep))
-        (run / f"eval-{name}" / "manifest.json").write_text(json.dumps({"config": {"bench": "mt_bench"}}))
-    md = tmp_path / "docs" / "results.md"
-    md.parent.mkdir()
-    md.with_suffix(".json").write_text(json.dumps({"recipes": {"baseline": {"what": "b", "first_loss": 9.0, "steps": 1,
-                                                   "tokens": 10, "heldout_tau": 1.1, "cpu_seconds": 300}}}))  # fmt: skip
-    steps = {"eval_mt_bench": {"command": "eagle3 eval --out x", "seconds": 120.0, "peak_rss_mib": 900.0}}
-    results = {"steps": steps, "invocation": "run_bench.py --max-new-tokens 64"}
-    write_report(out, ttt1, ("mt_bench", "ttt1_mt_bench"), results, ["extra command"], md)
-    data = json.loads(md.with_suffix(".json").read_text())
-    assert [r["eval"] for r in data["rows"]] == ["mt_bench", "ttt1_mt_bench"] and data["ttt_k"] == 3
-    assert data["recipes"]["baseline"]["what"] == "b"  # measured by recipes.py: kept
-    assert data["train"]["steps"] == 20 and data["ttt_serving"][0]["heldout_tau"] == 1.6
-    assert data["ttt_serving"][0]["sweep_fp32"] == {"speedup_vs_plain": 1.1, "best": "chain d=1"}
-    assert {"stage": "eval mt_bench", "tokens": "-", "minutes": 2.0, "estimated": False, "tok_s": "-",
-            "bytes_per_token": None, "peak_rss_mib": 900} in data["costs"]  # fmt: skip
-    chain = data["commands"]["chain"]
-    assert chain[-1] == "extra command"  # run_bench's planned commands, every eval among them, once
-    assert "eagle3 eval --out x" not in chain  # an eval step this pass ran is not listed a second time
-    text = md.read_text()
-    assert "| TTT K=3 | 1.600 | 1.200 | 1.500 | 1.10x (chain d=1) | - |" in text  # the pair as served
-    assert "| eval mt_bench | - | 2.0 min | - | - | 900 MiB |" in text and "## Recipe choices" in text
-    assert (md.parent / "results-smollm2-learning-curve.png").exists()
+    page = tmp_path / "results.json"
+    page.write_text(json.dumps({"rows": [1], "llama_cpp": {"round_cost": {"rounds": [2]}}}))
+    record(page, "llama_cpp.round_cost.eagle3_decoder", {"rows": [3]})
+    record(page, "corpus", {"conversations": 4})
+    assert json.loads(page.read_text()) == {
+        "rows": [1],
+        "llama_cpp": {"round_cost": {"rounds": [2], "eagle3_decoder": {"rows": [3]}}},
+        "corpus": {"conversations": 4},
+    }
+    assert page.read_text().endswith("}\n") and not (tmp_path / "results.md").exists()  # no page rendered
