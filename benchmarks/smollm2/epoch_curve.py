@@ -42,7 +42,10 @@ def mt_bench(report: Path) -> dict:
     (head,) = rep["heads"].values()
     rows = head["chain"]["per_prompt"]
     emitted, rounds = [r["accepted"] + r["rounds"] for r in rows], [r["rounds"] for r in rows]
-    return {"mt_bench_tau": round(sum(emitted) / sum(rounds), 4), "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds}}
+    return {
+        "mt_bench_tau": round(sum(emitted) / sum(rounds), 4),
+        "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds},
+    }
 
 
 def main() -> None:

@@ -136,7 +136,7 @@ def train_both(args, runs: dict, env: dict) -> dict:
 def eval_both(args, train: dict, env: dict) -> dict:
     """Each head on the same held-out ShareGPT prompts (eval's sharegpt bench: the corpus's held-out
     split), chain d8, fp32, greedy: tau per route and engine - hf paired by prompt (90% interval)."""
-    from benchmarks.smollm2.report_levers import _per_prompt, paired_delta
+    from benchmarks.smollm2.report_levers import _chain, paired_delta
 
     evals = {
         name: (
@@ -154,14 +154,17 @@ def eval_both(args, train: dict, env: dict) -> dict:
     }  # fmt: skip
     if not all((args.work / f"eval-{n}" / "report.json").exists() for n in evals):
         side_by_side(evals, args.work)
-    counts = {n: _per_prompt(json.loads((args.work / f"eval-{n}" / "report.json").read_text())) for n in evals}
-    tau = {n: sum(e) / sum(r) for n, (e, r) in counts.items()}
-    d = paired_delta(counts["engine"], counts["hf"])
+    counts = {}
+    for n in evals:
+        rows = _chain(json.loads((args.work / f"eval-{n}" / "report.json").read_text()))["per_prompt"]
+        counts[n] = {"emitted": [r["accepted"] + r["rounds"] for r in rows], "rounds": [r["rounds"] for r in rows]}
+    tau = {n: sum(c["emitted"]) / sum(c["rounds"]) for n, c in counts.items()}
+    diff, interval = paired_delta(counts["engine"], counts["hf"])
     return {
         "eval_tau_hf": round(tau["hf"], 4),
         "eval_tau_engine": round(tau["engine"], 4),
-        "eval_tau_diff": round(d["value"], 4),
-        "eval_tau_diff_interval": [round(d["low"], 4), round(d["high"], 4)],
+        "eval_tau_diff": diff,
+        "eval_tau_diff_interval": interval,
         "eval_prompts": args.eval_prompts,
         "eval_commands": [" ".join(evals[n][0]).replace(sys.executable + " -m eagle3cli", "eagle3") for n in evals],
     }
