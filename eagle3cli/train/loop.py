@@ -371,7 +371,10 @@ def epoch_feed(tr: Trainer, plan: list[list[int]]) -> Prefetch:
             pos, steps = pos + tr.world * tr.cfg.grad_accum, steps + 1
 
     pin = tr.device.type == "cuda"  # pinned host memory: the copy to the GPU runs asynchronously
-    return Prefetch(lambda indices: prepare(tr.source, indices, tr.cfg.max_length, pin), order(), tr.cfg.prefetch)
+    # a split target's forward is a collective of every rank: made in the loop's own thread, in the plan's
+    # order, never beside DeepSpeed's collectives in a reading thread
+    ahead = 0 if getattr(tr.source, "sharded", False) else tr.cfg.prefetch
+    return Prefetch(lambda indices: prepare(tr.source, indices, tr.cfg.max_length, pin), order(), ahead)
 
 
 def fit(tr: Trainer) -> None:
