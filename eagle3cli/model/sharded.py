@@ -13,8 +13,10 @@ from the safetensors (`train/setup.py`), never from the sharded model.
 
 from __future__ import annotations
 
+import contextlib
 import json
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +62,8 @@ def init_ranks(device_type: str) -> tuple[int, int]:
     import torch.distributed as dist
 
     if not dist.is_initialized():
+        if device_type == "cuda":  # before any collective: nccl's object broadcasts use the current GPU
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group("nccl" if device_type == "cuda" else "gloo")
     return dist.get_rank(), dist.get_world_size()
 
@@ -77,13 +81,35 @@ def load_sharded(path: Path, size: int, dtype: torch.dtype, device_type: str):
             "as many processes as --tensor-parallel-size (one tensor-parallel group)",
             f"launch {size} processes (eagle3 starts them itself when it is not already a launched rank)",
         )
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=dtype, distributed_config=DistributedConfig(tp_size=size)
-    )
+    with _read_slices_only():
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=dtype, distributed_config=DistributedConfig(tp_size=size)
+        )
     model.eval()
     for p in model.parameters():
         p.requires_grad_(False)
     return model
+
+
+@contextlib.contextmanager
+def _read_slices_only() -> Iterator[None]:
+    """transformers opens every checkpoint file with safetensors' copy-on-write mmap, which charges
+    the whole checkpoint to each rank's private memory (its own comment: it exhausts memory on Windows,
+    where it reads with `pread` instead). Each rank here needs 1/N of it: safetensors' `pread` backend
+    reads only the slices a rank takes, so a rank's commit charge (and a per-process cap such as
+    RLIMIT_DATA) is its share, not the checkpoint's."""
+    from transformers import modeling_utils
+
+    opened = modeling_utils.safe_open
+
+    def pread(file, framework, device="cpu", backend=None):
+        return opened(file, framework=framework, device=device, backend="pread")
+
+    modeling_utils.safe_open = pread  # type: ignore[misc,assignment]
+    try:
+        yield
+    finally:
+        modeling_utils.safe_open = opened  # type: ignore[misc]
 
 
 def gather(obj: Any) -> list[Any]:

@@ -61,7 +61,8 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     for key, name in wanted.items():
         f = path / (files[name] if files and name in files else "model.safetensors")
         try:
-            with safe_open(str(f), framework="pt") as h:
+            # pread: only these tensors are read (a copy-on-write mmap charges the whole file to this process)
+            with safe_open(str(f), framework="pt", backend="pread") as h:
                 out[key] = h.get_tensor(name).float()
         except Exception as e:  # missing file or tensor: not a Llama-style checkpoint
             raise UsageError(

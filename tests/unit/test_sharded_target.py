@@ -1,19 +1,23 @@
-"""`eagle3 cache --tensor-parallel-size N` on the hf route: the target split over N CPU processes
-(gloo) by transformers' tensor-parallel plan writes the unsharded cache; heads that N cannot split,
-and bad sizes, exit 2 before any process starts. (The 2-rank `train --online` is the slow tier's.)"""
+"""A target split over N CPU processes (gloo) by transformers' tensor-parallel plan
+(`--tensor-parallel-size N`): `eagle3 cache` on the hf route writes the unsharded cache, and resumes
+after a kill -9; heads that N cannot split, and bad sizes, exit 2 before any process starts;
+`train --online` over 2 ranks tracks one process (the last two: the slow tier)."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from cache_fixtures import conversations, write_data_folder
 from cli_helpers import err, wide_console  # noqa: F401
+from train_fixtures import eagle3, metrics, write_data
 
 from eagle3cli.cache.reader import CacheReader
 from eagle3cli.cli import main
@@ -34,12 +38,9 @@ def cache(data, out, target, *flags) -> int:
     return main(["cache", "--data", str(data), "--out", str(out), "--target", str(target), *FLAGS, *flags])
 
 
-def test_two_ranks_write_the_unsharded_cache(tmp_path, data, deep_target_dir):
+def same_cache(one: Path, two: Path) -> None:
     """The same manifest, shards and tokens; the stored (bf16) states equal up to bf16's rounding of
-    fp32 sums taken in another order (the fp32 states themselves: the next test)."""
-    one, two = tmp_path / "one", tmp_path / "two"
-    assert cache(data, one, deep_target_dir) == 0
-    assert cache(data, two, deep_target_dir, "--tensor-parallel-size", "2") == 0
+    fp32 sums taken in another order (the fp32 states themselves: `test_split_states_...`)."""
     a, b = read_json(one / "manifest.json"), read_json(two / "manifest.json")
     for key in ("settings_hash", "counts", "aux_layer_ids", "coverage", "storage", "target"):
         assert a[key] == b[key], key
@@ -56,6 +57,19 @@ def test_two_ranks_write_the_unsharded_cache(tmp_path, data, deep_target_dir):
             per_token = (x[k] - y[k]).norm(dim=-1) / x[k].norm(dim=-1).clamp_min(1e-30)
             assert per_token.max() <= 2**-8, k
             assert (x[k] != y[k]).float().mean() < 0.01, k
+
+
+@pytest.fixture(scope="module")
+def whole_cache(tmp_path_factory, data, deep_target_dir):
+    out = tmp_path_factory.mktemp("whole") / "cache"
+    assert cache(data, out, deep_target_dir) == 0
+    return out
+
+
+def test_two_ranks_write_the_unsharded_cache(tmp_path, data, deep_target_dir, whole_cache):
+    two = tmp_path / "two"
+    assert cache(data, two, deep_target_dir, "--tensor-parallel-size", "2") == 0
+    same_cache(whole_cache, two)
 
 
 def test_split_states_equal_the_unsharded_ones_in_fp32(tmp_path, deep_target_dir):
@@ -99,3 +113,55 @@ def test_bad_sizes_exit_2(tmp_path, data, deep_target_dir, capsys, flags, says):
     assert cache(data, tmp_path / "c", deep_target_dir, *flags) == 2
     assert says in err(capsys)
     assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_split_cache_resumes(tmp_path, data, deep_target_dir, whole_cache):
+    """kill -9 of the launcher and both ranks after the first shard: the rerun keeps it, computes the
+    rest, and the cache is the unsharded one."""
+    out = tmp_path / "c"
+    argv = ["cache", "--data", data, "--out", out, "--target", deep_target_dir, *FLAGS, "--shard-tokens", "200"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    log = (tmp_path / "first.log").open("wb")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "eagle3cli", *map(str, argv), "--tensor-parallel-size", "2"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    deadline = time.time() + 300
+    while time.time() < deadline and p.poll() is None and not list(out.glob(".shard-*.json")):
+        time.sleep(0.02)
+    assert p.poll() is None, "the run ended before it could be killed"
+    os.killpg(p.pid, signal.SIGKILL)
+    p.wait()
+    kept = sorted(out.glob(".shard-*.json"))
+    assert kept and not (out / "manifest.json").exists()
+    first = {f.name: f.read_bytes() for f in kept}
+    r = eagle3(*argv, "--tensor-parallel-size", "2")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert all((out / name).read_bytes() == body for name, body in first.items())  # kept, not redone
+    rebuilt = tmp_path / "whole"
+    assert main(["cache", *map(str, argv[1:5]), str(rebuilt), *map(str, argv[6:])]) == 0
+    same_cache(rebuilt, out)
+
+
+@pytest.mark.slow
+def test_train_online_over_two_split_ranks_tracks_one_process(tmp_path, deep_target_dir):
+    """2 ranks x 1 micro-batch, the target split over them (each forward runs both ranks' rows) against
+    1 process x 2 accumulated micro-batches with the whole target: the same batches, so the same losses
+    up to rounding; the head exported from the safetensors' embedding and lm_head alike."""
+    single, split = tmp_path / "single", tmp_path / "split"
+    for run in (single, split):
+        write_data(run, deep_target_dir, 24)
+    common = ["--online", "--target", str(deep_target_dir), "--max-steps", "3", "--log-every", "1",
+              "--save-every", "3", "--ttt-steps", "3", "--token-budget", "640", "--max-length", "160",
+              "--draft-vocab-size", "300", "--heldout-samples", "4"]  # fmt: skip
+    r = eagle3("train", "--run", single, "--grad-accum", "2", *common)
+    assert r.returncode == 0, r.stderr[-3000:]
+    ds = ["--deepspeed", "zero2", "--nproc", "2", "--tensor-parallel-size", "2"]
+    r = eagle3("train", "--run", split, *ds, *common, timeout=900)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    a, b = metrics(single), metrics(split)
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
+    for x, y in zip(a, b, strict=True):
+        assert y["loss"] == pytest.approx(x["loss"], rel=1e-4)
+        assert y["tokens"] == x["tokens"]
