@@ -101,6 +101,20 @@ def test_heads_the_ranks_cannot_split_are_refused_before_any_rank_starts(tmp_pat
         check_shardable(odd, 4)
 
 
+def test_train_refuses_heads_the_ranks_cannot_split_before_launching(tmp_path, capsys):
+    from conftest import build_random_target
+
+    odd = build_random_target(tmp_path / "odd", num_layers=4, hidden=72, heads=9, kv_heads=3)
+    run = tmp_path / "run"
+    write_data(run, odd, 4)
+    argv = ["train", "--run", str(run), "--online", "--deepspeed", "zero2", "--nproc", "2"]
+    assert main([*argv, "--tensor-parallel-size", "2"]) == 2
+    assert "9 attention heads and 3 KV heads" in err(capsys)
+    assert not (run / "train" / "launch.yaml").exists()  # nothing was launched
+    assert main([*argv, "--nproc", "3", "--tensor-parallel-size", "2"]) == 2
+    assert "give as many: --deepspeed zero2 --nproc 2" in err(capsys)
+
+
 @pytest.mark.parametrize(
     ("flags", "says"),
     [
