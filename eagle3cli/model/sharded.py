@@ -81,7 +81,7 @@ def load_sharded(path: Path, size: int, dtype: torch.dtype, device_type: str):
             "as many processes as --tensor-parallel-size (one tensor-parallel group)",
             f"launch {size} processes (eagle3 starts them itself when it is not already a launched rank)",
         )
-    with _read_slices_only():
+    with read_slices_only():
         model = AutoModelForCausalLM.from_pretrained(
             str(path), dtype=dtype, distributed_config=DistributedConfig(tp_size=size)
         )
@@ -92,7 +92,7 @@ def load_sharded(path: Path, size: int, dtype: torch.dtype, device_type: str):
 
 
 @contextlib.contextmanager
-def _read_slices_only() -> Iterator[None]:
+def read_slices_only() -> Iterator[None]:
     """transformers opens every checkpoint file with safetensors' copy-on-write mmap, which charges
     the whole checkpoint to each rank's private memory (its own comment: it exhausts memory on Windows,
     where it reads with `pread` instead). Each rank here needs 1/N of it: safetensors' `pread` backend
