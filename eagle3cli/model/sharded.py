@@ -74,7 +74,7 @@ def load_sharded(path: Path, size: int, dtype: torch.dtype, device_type: str):
     from transformers import AutoModelForCausalLM
     from transformers.distributed.configuration_utils import DistributedConfig
 
-    rank, world = init_ranks(device_type)
+    _, world = init_ranks(device_type)
     if world != size:
         raise UsageError(
             f"--tensor-parallel-size {size} in a launch of {world} processes",

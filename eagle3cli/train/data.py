@@ -234,6 +234,14 @@ class OnlineSource:
         self.teacher = "last_hidden"
         self.target = None
 
+    def release(self) -> None:
+        """Drop the target (training is over): a target split to fit beside the head left too little
+        room for the head's export copy (a 1.2B target under a 4.5 GB cap per rank failed there)."""
+        import gc
+
+        self.model = None
+        gc.collect()
+
     def _collate(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         rows = [
             {"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}

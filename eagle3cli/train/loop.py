@@ -44,7 +44,7 @@ from ..speculate.acceptance import conditional_acceptance, simulated_accept_leng
 from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import Prefetch, Ready, plan_for, prepare
+from .data import OnlineSource, Prefetch, Ready, plan_for, prepare
 from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, folder_shares, setup
 
@@ -569,6 +569,8 @@ def _run_train(cfg: TrainConfig) -> Path:
             write_card(tr.head_dir, keep_evals=False)
         return tr.head_dir
     fit(tr)
+    if isinstance(tr.source, OnlineSource):  # no forward past the last step: the export gets its memory
+        tr.source.release()
     return finish(tr)
 
 
