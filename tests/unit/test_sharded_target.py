@@ -130,7 +130,7 @@ def test_bad_sizes_exit_2(tmp_path, data, deep_target_dir, capsys, flags, says):
 
 
 @pytest.mark.slow
-def test_a_killed_split_cache_resumes(tmp_path, data, deep_target_dir, whole_cache):
+def test_a_killed_split_cache_resumes(tmp_path, data, deep_target_dir):
     """kill -9 of the launcher and both ranks after the first shard: the rerun keeps it, computes the
     rest, and the cache is the unsharded one."""
     out = tmp_path / "c"
@@ -154,7 +154,7 @@ def test_a_killed_split_cache_resumes(tmp_path, data, deep_target_dir, whole_cac
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert all((out / name).read_bytes() == body for name, body in first.items())  # kept, not redone
     rebuilt = tmp_path / "whole"
-    assert main(["cache", *map(str, argv[1:5]), str(rebuilt), *map(str, argv[6:])]) == 0
+    assert cache(data, rebuilt, deep_target_dir, "--shard-tokens", "200") == 0  # one process, the whole target
     same_cache(rebuilt, out)
 
 
