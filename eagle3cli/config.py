@@ -306,6 +306,7 @@ BOUNDS: dict[str, dict[str, tuple[float, float]]] = {
         "timeout": (0.0, _WEEK),
     },
     "train": {
+        "tensor_parallel_size": (1, 1024),
         "extra_data_from": (0, _MANY),
         "ttt_steps": (1, 64),
         "step_weight": (0.0, 10.0),

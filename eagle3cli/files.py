@@ -61,7 +61,14 @@ def read_file_bytes(path: Path, what: str, limit: int, next_step: str | None = N
     try:
         os.set_blocking(fd, True)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            raw = f.read(limit + 1)
+            # in pieces: read(n) allocates its n-byte buffer first, so `limit + 1` at once was a
+            # gigabyte asked of the allocator for a 1 KB config (refused under a per-process memory cap)
+            pieces: list[bytes] = []
+            got = 0
+            while got <= limit and (piece := f.read(min(1 << 20, limit + 1 - got))):
+                pieces.append(piece)
+                got += len(piece)
+            raw = b"".join(pieces)
     finally:
         os.close(fd)
     if not raw and stat.S_ISFIFO(st.st_mode):  # a named pipe with no writer: EOF at once, not a wait

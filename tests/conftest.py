@@ -46,7 +46,9 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def build_random_target(out: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0) -> Path:
+def build_random_target(
+    out: Path, num_layers: int = 4, hidden: int = 64, seed: int = 0, heads: int = 4, kv_heads: int = 2
+) -> Path:
     """A random LlamaForCausalLM saved like a real checkpoint (config, safetensors, tokenizer)."""
     from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -57,8 +59,8 @@ def build_random_target(out: Path, num_layers: int = 4, hidden: int = 64, seed: 
         hidden_size=hidden,
         intermediate_size=2 * hidden,
         num_hidden_layers=num_layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=1024,
         tie_word_embeddings=False,
         bos_token_id=tok.bos_token_id,

@@ -15,6 +15,7 @@ EPILOG = examples(
     "eagle3 cache --run runs/demo --engine vllm   # the target runs in vLLM",
     "eagle3 cache --run runs/big --engine vllm --tensor-parallel-size 8   # 8 GPUs",
     "eagle3 cache --run runs/big --engine sglang --tensor-parallel-size 8",
+    "eagle3 cache --run runs/big --tensor-parallel-size 2   # target split, 2 ranks",
     "eagle3 cache --verify runs/demo/cache",
     "eagle3 cache --run runs/demo --shard 0/2   # and --shard 1/2, then:",
     "eagle3 cache --merge runs/demo/cache",

@@ -59,7 +59,9 @@ class CacheConfig:
     SGLang server on GPUs (its return_hidden_states, in two passes: final states, then aux states).
     The same cache."""
     tensor_parallel_size: int = 1
-    """--engine vllm|sglang: GPUs the engine shards the target over (--tensor-parallel-size / --tp-size)."""
+    """Processes (GPUs) the target is split over, for a target bigger than one: with --engine hf, eagle3
+    starts N ranks and splits it by transformers' tensor-parallel plan (heads must divide by N); with
+    --engine vllm|sglang, the engine's own tensor parallelism (--tensor-parallel-size / --tp-size)."""
     engine_python: str | None = None
     """--engine vllm|sglang: the python whose environment has the engine (default: this one; vllm: else
     .venv-vllm/bin/python)."""
@@ -90,9 +92,13 @@ class CacheConfig:
             else:  # refused before the target is opened, as train/export/serve do
                 errs += [f"--aux-layers: {p}" for p in aux_layer_problems(choice)]
         if self.engine == "hf":
-            for name, default in (("tensor_parallel_size", 1), ("engine_python", None)):
-                if getattr(self, name) != default:
-                    errs.append(f"--{name.replace('_', '-')} is for --engine vllm or sglang: add --engine, or drop it")
+            if self.engine_python is not None:
+                errs.append("--engine-python is for --engine vllm or sglang: add --engine, or drop it")
+            if self.tensor_parallel_size != 1 and self.device not in (None, "auto", "cpu", "cuda"):
+                errs.append(
+                    f"--device {self.device} with --tensor-parallel-size {self.tensor_parallel_size}: rank i runs on "
+                    "cuda:i (or the CPU); give --device cpu or cuda, or leave it out"
+                )
         elif self.device is not None:
             errs.append(
                 f"--device {self.device} places the target in this process: with --engine {self.engine} the engine "

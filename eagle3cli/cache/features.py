@@ -43,7 +43,7 @@ class ModelFeatures:
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the target's own logits (Gemma-2 softcaps them): the teacher is its real distribution
-        return target_logits(self.model, hidden.to(self.model.dtype))
+        return target_logits(self.model, hidden.to(self.device, self.model.dtype))
 
 
 class EngineFeatures:

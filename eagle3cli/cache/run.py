@@ -26,12 +26,14 @@ from ..config import parse_shard
 from ..console import human_bytes, log, print_table, progress, warn
 from ..errors import UsageError
 from ..model.cpu_kernels import pack_for_inference
+from ..model.sharded import Lockstep
 from ..model.target import open_target
 from ..node.devices import check_device, shard_device
 from ..run_folder.folders import claim_output
 from ..run_folder.lock import LOCK_NAME, locked_stage
 from ..run_folder.manifest import atomic_write_json, read_json, remove_dead_temps, shard_record, write_manifest
 from ..speculate.aux_layers import aux_layer_problems, default_aux_layer_ids
+from . import sharded
 from .config import STORAGES, CacheConfig
 from .engine_route import remove_stash
 from .features import Features, ModelFeatures
@@ -71,8 +73,22 @@ def _lock_name(cfg: CacheConfig) -> str:
     return LOCK_NAME if n == 1 else f"{LOCK_NAME}.shard-{i}-of-{n}"
 
 
-@locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
 def run_cache(cfg: CacheConfig) -> Path:
+    """The cache run; with --tensor-parallel-size N on the hf route, its N ranks (`sharded.py`)."""
+    role = sharded.role(cfg)
+    if role == "launch":
+        check_device(cfg.device)
+        return sharded.launch(cfg, _target(cfg, check_data(cfg))[0])  # refused before any rank starts
+    if role == "follow":
+        return sharded.follow(cfg)
+    if role == "drive":
+        with sharded.driver(cfg) as lock:
+            return _run_cache(cfg, lock)
+    return _run_cache(cfg, None)
+
+
+@locked_stage("cache", lambda cfg: cfg.out_dir, _lock_name)
+def _run_cache(cfg: CacheConfig, lock: Lockstep | None) -> Path:
     check_device(cfg.device)  # before any model loads
     out = cfg.out_dir
     claim_output(out, "cache", CACHE_FILES, [("--data", cfg.data_dir)], resumable=(".shard-*.json", PLAN_FILE))
@@ -107,7 +123,7 @@ def run_cache(cfg: CacheConfig) -> Path:
         len(mine),
     )
     if todo:
-        _compute_shards(cfg, target_path, tok, ident, aux_ids, cp, mine, todo)
+        _compute_shards(cfg, target_path, tok, ident, aux_ids, cp, mine, todo, lock)
     remaining = [j for j in range(len(cp.ranges)) if shard_done(out, j) is None]
     if remaining:
         log(
@@ -165,15 +181,19 @@ def _check_disk(cfg: CacheConfig, out: Path, ident, n_aux: int, todo_tokens: int
         )
 
 
-def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, mine, todo) -> None:
+def _compute_shards(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, mine, todo, lock) -> None:
     """Run the target over each shard left, write it atomically, then its done record."""
     with contextlib.ExitStack() as stack:
-        features = _features(cfg, target_path, tok, ident, aux_ids, cp, todo, stack)
+        features = _features(cfg, target_path, tok, ident, aux_ids, cp, todo, stack, lock)
         _write_shards(cfg, features, ident, aux_ids, cp, mine, todo)
 
 
-def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, todo, stack) -> Features:
-    """The target in this process (hf), or in an engine that lives as long as `stack` (`engine_route.py`)."""
+def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan, todo, stack, lock) -> Features:
+    """The target in this process (hf), split over this launch's ranks (`lock`: rank 0 drives), or in
+    an engine that lives as long as `stack`."""
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    if lock is not None:
+        return sharded.driven_features(lock, target_path, aux_ids, pad_id)
     if cfg.engine == "hf":
         rank, world = parse_shard(cfg.shard)
         device = shard_device(cfg.device, rank) if world > 1 else cfg.device
@@ -181,7 +201,7 @@ def _features(cfg: CacheConfig, target_path, tok, ident, aux_ids, cp: CachePlan,
             log(f"cache: shard {rank}/{world} on {device} (no --device: shard i runs on cuda:(i mod GPUs))")
         model = open_target(target_path, load=True, device=device, dtype=cfg.dtype).model
         log(f"cache: target matmuls on {pack_for_inference(model, cfg.cpu_kernels)}")
-        return ModelFeatures(model, aux_ids, tok.pad_token_id if tok.pad_token_id is not None else 0)
+        return ModelFeatures(model, aux_ids, pad_id)
     from .engine_route import engine_features
 
     return engine_features(cfg, target_path, ident, aux_ids, cp, todo, stack)

@@ -184,8 +184,11 @@ def refuse_ids_past_vocab(path: Path, tok) -> None:
         )
 
 
-def load_target(name_or_path: str | Path, device: str | None = None, dtype: str | None = None):
-    """(model, tokenizer, path) with the model in eval mode on the chosen device/dtype."""
+def load_target(
+    name_or_path: str | Path, device: str | None = None, dtype: str | None = None, tensor_parallel: int = 1
+):
+    """(model, tokenizer, path) with the model in eval mode on the chosen device/dtype; with
+    `tensor_parallel` N > 1, split over the N ranks of this launch (`model/sharded.py`)."""
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -193,6 +196,11 @@ def load_target(name_or_path: str | Path, device: str | None = None, dtype: str 
     hf_logging.disable_progress_bar()
     path = resolve_model_path(name_or_path)
     dev = pick_device(device)
+    if tensor_parallel > 1:
+        from .sharded import check_shardable, load_sharded
+
+        check_shardable(path, tensor_parallel)
+        return load_sharded(path, tensor_parallel, pick_dtype(dev, dtype), dev.type), load_tokenizer(path), path
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=pick_dtype(dev, dtype))
     # transformers types `to` through a decorator whose signature mypy reads as (model) -> model
     model = model.to(dev).eval()  # type: ignore[arg-type]
@@ -256,14 +264,18 @@ class Target:
 
 
 def open_target(
-    name_or_path: str | Path, load: bool = False, device: str | None = None, dtype: str | None = None
+    name_or_path: str | Path,
+    load: bool = False,
+    device: str | None = None,
+    dtype: str | None = None,
+    tensor_parallel: int = 1,
 ) -> Target:
     """The one way a stage opens its target: the folder (a local one, or a hub id already in the
     local cache), its tokenizer, its identity, and with `load` the model in eval mode on `device` /
-    `dtype` (`load_target`). Each refusal (no config.json, no chat template, an unknown id) exits 2
-    with the same words in every stage."""
+    `dtype` (`load_target`; split over `tensor_parallel` ranks when that is above 1). Each refusal
+    (no config.json, no chat template, an unknown id) exits 2 with the same words in every stage."""
     if load:
-        model, tok, path = load_target(name_or_path, device, dtype)
+        model, tok, path = load_target(name_or_path, device, dtype, tensor_parallel)
         return Target(path, tok, model)
     path = resolve_model_path(name_or_path)
     return Target(path, load_tokenizer(path))

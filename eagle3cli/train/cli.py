@@ -11,6 +11,8 @@ from .config import TrainConfig
 TRAIN_EPILOG = examples(
     "eagle3 train --run runs/demo --depth 7 --max-steps 600",
     "eagle3 train --run runs/demo --deepspeed zero2 --nproc 2   # DeepSpeed",
+    "# a target bigger than one process: split over the 2 ranks",
+    "eagle3 train --run runs/big --online --deepspeed zero2 --nproc 2 \\\n    --tensor-parallel-size 2",
     "# ablations: --depth 1; --aux-layers top (a cache with the top layer)",
     "# the next session of a long run: the head so far, on samples it has not seen",
     "eagle3 train --run runs/s2 --online --data DATA --init-head runs/s1/head \\\n"

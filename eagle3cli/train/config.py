@@ -43,8 +43,8 @@ def upgrade_recorded(config: dict) -> dict:
 class TrainConfig:
     PANELS: ClassVar[Panels] = {
         "Run and data": (
-            "run", "cache", "online", "data", "extra_data", "extra_data_from", "target", "target_dtype", "max_length",
-            "train_samples", "skip_samples",
+            "run", "cache", "online", "data", "extra_data", "extra_data_from", "target", "target_dtype",
+            "tensor_parallel_size", "max_length", "train_samples", "skip_samples",
         ),
         "Model": ("init", "init_head", "lm_head", "aux_layers", "draft_vocab_size", "norm_before_fc",
                   "norm_before_residual"),
@@ -86,6 +86,10 @@ class TrainConfig:
     target_dtype: TrainDtype = "auto"
     """--online: the dtype the target computes its features in, as `eagle3 cache --dtype` (auto = fp32 on
     CPU, bf16 on GPU). Offline the cache's features are already computed: leave it at auto."""
+    tensor_parallel_size: int = 1
+    """--online: split the target over this many ranks by transformers' tensor-parallel plan, for a
+    target bigger than one process (or GPU): as many as --nproc, under --deepspeed; its heads must
+    divide by it. Each forward runs the ranks' micro-batches as one batch."""
     ttt_steps: int = flag(7, "--depth", "--ttt-steps")
     """Draft depth K the head is trained for: the training-time-test unroll (1 = no TTT, the paper's
     ablation; --ttt-steps is the older name)."""
@@ -271,6 +275,17 @@ class TrainConfig:
                 f"--target-dtype {self.target_dtype}: only --online runs the target (a cache's features were "
                 "computed in the cache's --dtype); drop it, or add --online"
             )
+        if self.tensor_parallel_size != 1:
+            ranks = (self.nproc or 1) if self.hostfile is None else None
+            if not self.online:
+                e.append(
+                    "--tensor-parallel-size: only --online runs the target (a cache holds its features); add --online"
+                )
+            elif self.deepspeed is None or ranks != self.tensor_parallel_size:
+                e.append(
+                    f"--tensor-parallel-size {self.tensor_parallel_size}: the target is split over the ranks of one "
+                    f"node, so give as many: --deepspeed zero2 --nproc {self.tensor_parallel_size} (no --hostfile)"
+                )
         if self.max_steps is not None and (not isinstance(self.max_steps, int) or self.max_steps <= 0):
             e.append(f"--max-steps {self.max_steps!r}: expected a positive integer")
         if not 0 <= self.min_lr_ratio <= 1:

@@ -201,8 +201,11 @@ class OnlineSource:
         aux_layer_ids: tuple[int, ...],
         draft_vocab_size: int,
         max_length: int,
+        sharded: bool = False,
     ):
         self.model, self.aux_layer_ids = target_model, tuple(aux_layer_ids)
+        # the target split over the ranks (`model/sharded.py`): every rank enters each forward together
+        self.sharded = sharded
         # --data first, then each --extra-data folder: one fingerprint, the first folder's alone as before
         prints = [folder_fingerprint(read_json(Path(d) / "manifest.json")) for d in data_dirs]
         self.fingerprint = "+".join(prints)
@@ -231,20 +234,46 @@ class OnlineSource:
         self.teacher = "last_hidden"
         self.target = None
 
-    @torch.no_grad()
-    def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
-        from ..speculate.target import capture_features
+    def release(self) -> None:
+        """Drop the target (training is over): a target split to fit beside the head left too little
+        room for the head's export copy (a 1.2B target under a 4.5 GB cap per rank failed there)."""
+        import gc
 
+        self.model = None
+        gc.collect()
+
+    def _collate(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
         rows = [
             {"input_ids": torch.tensor(self.samples[i][0]), "loss_mask": torch.tensor(self.samples[i][1])}
             for i in indices
         ]
-        b = collate(rows, max_length)
+        return collate(rows, max_length)
+
+    @torch.no_grad()
+    def batch(self, indices: list[int], max_length: int | None) -> dict[str, torch.Tensor]:
+        from ..speculate.target import capture_features
+
+        b = self._collate(indices, max_length)
+        run, start = list(indices), 0
+        if self.sharded:
+            # the split target runs the ranks' micro-batches as one batch, each rank keeping its rows (the
+            # held-out pass asks every rank for the same samples: those run once)
+            import torch.distributed as dist
+
+            from ..model.sharded import gather
+
+            everyone = gather(list(indices))
+            if any(x != everyone[0] for x in everyone):
+                run = [i for x in everyone for i in x]
+                start = sum(len(x) for x in everyone[: dist.get_rank()])
+        whole = b if run == list(indices) else self._collate(run, max_length)
         device = next(self.model.parameters()).device
-        att = (torch.arange(b["input_ids"].shape[1])[None] < b["lengths"][:, None]).long()
+        att = (torch.arange(whole["input_ids"].shape[1])[None] < whole["lengths"][:, None]).long()
         with READING:  # one capture at a time: its hooks are on the one target model
-            aux, last = capture_features(self.model, b["input_ids"].to(device), att.to(device), self.aux_layer_ids)
-        b["aux_hidden"], b["last_hidden"] = aux.float(), last.float()  # stay on the target's device
+            aux, last = capture_features(self.model, whole["input_ids"].to(device), att.to(device), self.aux_layer_ids)
+        rows, width = slice(start, start + len(indices)), b["input_ids"].shape[1]
+        # stay on the target's device
+        b["aux_hidden"], b["last_hidden"] = aux[rows, :width].float(), last[rows, :width].float()
         return b
 
 

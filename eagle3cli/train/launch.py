@@ -300,6 +300,14 @@ def launch(cfg: TrainConfig) -> Path:
     if cfg.hostfile is not None and not Path(cfg.hostfile).is_file():
         raise UsageError(f"--hostfile {cfg.hostfile} does not exist", "an MPI-style hostfile (host slots=N)")
     plan_processes(cfg)  # a bad hostfile fails before anything is written
+    if cfg.tensor_parallel_size > 1:  # heads the ranks cannot split: refused before any rank starts
+        from ..model.sharded import check_shardable
+        from ..model.target import resolve_model_path
+
+        data = Path(cfg.data or run_dir / "data") / "manifest.json"
+        ref = cfg.target or ((read_json(data).get("target") or {}).get("path") if data.is_file() else None)
+        if ref:  # none: the ranks say what is missing
+            check_shardable(resolve_model_path(ref), cfg.tensor_parallel_size)
     device = pick_device(cfg.device)
     # DeepSpeed's bf16 mode on GPUs only; on CPU a bf16 run autocasts (train/loop.py)
     ds = deepspeed_config(cfg, bf16=device.type == "cuda" and pick_dtype(device, cfg.dtype) == torch.bfloat16)

@@ -44,7 +44,7 @@ from ..speculate.acceptance import conditional_acceptance, simulated_accept_leng
 from ..speculate.ttt import Teacher, accuracies, teacher_from_hidden, teacher_from_topk
 from . import checkpoint as ckpt
 from .config import TrainConfig
-from .data import Prefetch, Ready, plan_for, prepare
+from .data import OnlineSource, Prefetch, Ready, plan_for, prepare
 from .heldout import heldout_acceptance, plot_curve
 from .setup import Trainer, config_key, folder_shares, setup
 
@@ -371,7 +371,10 @@ def epoch_feed(tr: Trainer, plan: list[list[int]]) -> Prefetch:
             pos, steps = pos + tr.world * tr.cfg.grad_accum, steps + 1
 
     pin = tr.device.type == "cuda"  # pinned host memory: the copy to the GPU runs asynchronously
-    return Prefetch(lambda indices: prepare(tr.source, indices, tr.cfg.max_length, pin), order(), tr.cfg.prefetch)
+    # a split target's forward is a collective of every rank: made in the loop's own thread, in the plan's
+    # order, never beside DeepSpeed's collectives in a reading thread
+    ahead = 0 if getattr(tr.source, "sharded", False) else tr.cfg.prefetch
+    return Prefetch(lambda indices: prepare(tr.source, indices, tr.cfg.max_length, pin), order(), ahead)
 
 
 def fit(tr: Trainer) -> None:
@@ -566,6 +569,8 @@ def _run_train(cfg: TrainConfig) -> Path:
             write_card(tr.head_dir, keep_evals=False)
         return tr.head_dir
     fit(tr)
+    if isinstance(tr.source, OnlineSource):  # no forward past the last step: the export gets its memory
+        tr.source.release()
     return finish(tr)
 
 

@@ -61,7 +61,8 @@ def load_target_weights(path: Path) -> tuple[dict, dict[str, torch.Tensor]]:
     for key, name in wanted.items():
         f = path / (files[name] if files and name in files else "model.safetensors")
         try:
-            with safe_open(str(f), framework="pt") as h:
+            # pread: only these tensors are read (a copy-on-write mmap charges the whole file to this process)
+            with safe_open(str(f), framework="pt", backend="pread") as h:
                 out[key] = h.get_tensor(name).float()
         except Exception as e:  # missing file or tensor: not a Llama-style checkpoint
             raise UsageError(
@@ -217,7 +218,8 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
         tpath = cfg.target or (gm.get("target") or {}).get("path")
         if not tpath:
             raise UsageError("--online needs the target model", "--target PATH", "eagle3 train --online --target ...")
-        target = open_target(tpath, load=True, device=str(device), dtype=cfg.target_dtype)
+        tp = cfg.tensor_parallel_size
+        target = open_target(tpath, load=True, device=str(device), dtype=cfg.target_dtype, tensor_parallel=tp)
         target_model, tok, tpath = target.model, target.tokenizer, target.path
         tcfg = text_config(target_model.config.to_dict())
         aux_ids = choose_aux_ids(cfg.aux_layers, tcfg["num_hidden_layers"], None)
@@ -228,12 +230,16 @@ def load_source(cfg: TrainConfig, run_dir: Path, device: torch.device):
             aux_ids,
             cfg.draft_vocab_size or ONLINE_DRAFT_VOCAB,
             cfg.max_length,
+            sharded=tp > 1,
         )
-        weights = {
-            "embed": target_model.get_input_embeddings().weight.float().cpu(),
-            "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
-            "norm": target_model.model.norm.weight.float().cpu(),
-        }
+        if tp > 1:  # each rank holds 1/N of the split matrices: the three the draft needs come from the files
+            weights = load_target_weights(tpath)[1]
+        else:
+            weights = {
+                "embed": target_model.get_input_embeddings().weight.float().cpu(),
+                "lm_head": target_model.get_output_embeddings().weight.float().cpu(),
+                "norm": target_model.model.norm.weight.float().cpu(),
+            }
     else:
         cache_dir = cfg.cache or run_dir / "cache"
         if not Path(cache_dir).exists():
@@ -479,6 +485,7 @@ def config_key(cfg: TrainConfig | dict) -> dict:
         "heldout_every",  # measuring reads the head and changes nothing (heldout_samples does: it is data)
         "heldout_depth",
         "head_from",  # which weights the head gets at the end: training is the same
+        "tensor_parallel_size",  # where the target's forward runs: float rounding only, as --compile
         "compile",  # changes float rounding only: a resume may switch it (bit-exactness is then not promised)
         "prefetch",  # when batches are read, not what they hold
     ):

@@ -278,8 +278,8 @@ def test_an_engine_that_dies_mid_cache_exits_3_and_the_rerun_resumes(
 
 
 def test_engine_flags_are_checked_before_anything_runs(tmp_path, data, deep_target_dir, capsys):
-    assert cache(data, tmp_path / "a", deep_target_dir, "--tensor-parallel-size", "2") == 2
-    assert "--tensor-parallel-size is for --engine vllm" in err(capsys)
+    assert cache(data, tmp_path / "a", deep_target_dir, "--engine-python", "/no/python") == 2
+    assert "--engine-python is for --engine vllm" in err(capsys)
     assert cache(data, tmp_path / "b", deep_target_dir, "--engine", "vllm", "--device", "cpu") == 2
     assert "with --engine vllm the engine places it" in err(capsys)
     assert cache(data, tmp_path / "c", deep_target_dir, "--engine", "vllm", "--engine-python", "/no/python") == 2

@@ -134,6 +134,10 @@ SAMPLES = {
     ("train", "aux_layers"): (["--aux-layers", "2,4"], "2,4"),
     ("train", "target_dtype"): (["--online", "--target-dtype", "bf16"], "bf16"),
     ("train", "extra_data"): (["--online", "--extra-data", "a", "--extra-data", "b"], ("a", "b")),
+    ("train", "tensor_parallel_size"): (
+        ["--online", "--deepspeed", "zero2", "--nproc", "3", "--tensor-parallel-size", "3"],
+        3,
+    ),
     ("train", "extra_data_from"): (["--skip-samples", "5", "--extra-data-from", "3"], 3),
     ("cache", "shard"): (["--shard", "1/2"], "1/2"),
     ("cache", "tensor_parallel_size"): (["--engine", "vllm", "--tensor-parallel-size", "3"], 3),
