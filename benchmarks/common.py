@@ -69,3 +69,12 @@ def record(results_json: Path, key: str, value: object) -> None:
         node = node.setdefault(p, {})
     node[last] = value
     results_json.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def print_result(result: dict, out: Path | None) -> None:
+    """A measurement's JSON on stdout, and in OUT when given (its folder made)."""
+    text = json.dumps(result, indent=2) + "\n"
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+    print(text, end="")

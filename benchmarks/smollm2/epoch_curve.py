@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import E3, Recorder  # noqa: E402
+from benchmarks.common import E3, Recorder, print_result, record  # noqa: E402
 
 TARGET = "models/smollm2-135m"
 RECIPE = "recipes/smollm2-135m/train-online.yaml"
@@ -96,15 +96,9 @@ def main() -> None:
         "eval": "MT-bench 80 first turns, chain d8, fp32, greedy, 64 tokens; held-out: the train's walk (depth 8)",
         "command": " ".join(sys.argv).replace(sys.executable, ".venv/bin/python"),
     }
-    text = json.dumps(result, indent=2) + "\n"
-    if a.out:
-        a.out.parent.mkdir(parents=True, exist_ok=True)
-        a.out.write_text(text)
     if a.record:
-        data = json.loads(a.record.read_text())
-        data["epoch_curve"] = result
-        a.record.write_text(json.dumps(data, indent=2) + "\n")
-    print(text)
+        record(a.record, "epoch_curve", result)
+    print_result(result, a.out)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import print_result  # noqa: E402
 from eagle3cli.engines.local_engine import _vllm_version, vllm_python  # noqa: E402
 
 
@@ -232,11 +233,7 @@ def main() -> None:
         trained = train_both(args, runs, base)
         result["commands"] += trained.pop("commands")
         result.update(trained)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.common import print_result  # noqa: E402
+
 TOKENIZER = REPO / "models" / "tiny-target"
 # ~1.18B parameters: 48 layers of 1536 wide (24 heads, 4 KV heads), MLP 4096, the tiny target's vocab.
 # Deep and narrow, so the draft head (one layer of this width) stays small beside the target.
@@ -328,11 +330,7 @@ def main() -> None:
         ],  # fmt: skip
         "measured_at": time.strftime("%Y-%m-%d"),
     }
-    text = json.dumps(result, indent=2)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
-    print(text)
+    print_result(result, args.out)
 
 
 if __name__ == "__main__":
