@@ -238,34 +238,48 @@ def test_ctrl_c_stops_every_engine_process(engines):
     assert not is_healthy(engines.spec_url + "/health")
 
 
-def vllm_processes() -> list[psutil.Process]:
-    """Live processes whose command line names vLLM. A zombie's or a vanished process's command
-    line cannot be read (psutil raises): those are not running, so they are left out."""
+def vllm_processes(owner: str | None = None) -> list[psutil.Process]:
+    """Live processes whose command line names vLLM (with `owner`: only those started under this
+    test's EAGLE3_TEST_OWNER, which the engine inherits: another xdist worker's vLLM is not ours). A
+    zombie's or a vanished process's command line cannot be read (psutil raises): those are not
+    running, so they are left out."""
     found = []
     for p in psutil.process_iter():
         try:
             if "vllm" in " ".join(p.cmdline() or []).lower() and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
+                if owner is None or p.environ().get("EAGLE3_TEST_OWNER") == owner:
+                    found.append(p)
         except psutil.Error:
             continue
     return found
 
 
-def test_gen_data_engine_vllm_starts_records_and_stops_its_own_engine(tmp_path):
+def test_gen_data_engine_vllm_starts_records_and_stops_its_own_engine(tmp_path, monkeypatch):
     """`gen-data --engine vllm`: one command starts vLLM on the target (fp32 here), regenerates through
     it, records engine and dtype, stops it (no vLLM process of ours is left), and a resume on
     another dtype is refused before anything starts."""
     out = tmp_path / "engine"
     common = ["--target", TARGET, "--input", "gsm8k", "--num-samples", "4", "--temperature", "0",
               "--max-new-tokens", "24", "--shard-size", "2", "--concurrency", "4", "--out", out]  # fmt: skip
-    before = {p.pid for p in vllm_processes()}
-    r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "fp32", "--engine-python", ENGINE_PY, timeout=900)
-    assert r.returncode == 0, r.stderr[-2000:]
+    owner = str(tmp_path)
+    monkeypatch.setenv("EAGLE3_TEST_OWNER", owner)  # inherited by the engine eagle3 starts
+    argv = [sys.executable, "-m", "eagle3cli", "gen-data", *map(str, common), "--engine", "vllm", "--dtype", "fp32",
+            "--engine-python", str(ENGINE_PY)]  # fmt: skip
+    log = tmp_path / "gen-data.log"  # a file, not a pipe: minutes of progress lines must not block it
+    proc = subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=subprocess.DEVNULL, stderr=log.open("w"))
+    seen: set[int] = set()  # the vLLM processes this command started, watched while it runs
+    deadline = time.time() + 900
+    while proc.poll() is None and time.time() < deadline:
+        seen |= {p.pid for p in vllm_processes(owner)}
+        time.sleep(0.5)
+    proc.wait(timeout=max(1.0, deadline - time.time()))
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert seen, "no vLLM process was seen while gen-data --engine vllm ran"
     m = json.loads((out / "manifest.json").read_text())
     assert m["engine"]["engine"] == "vllm" and m["engine"]["dtype"] == "float32"
     assert m["backend"] == "openai" and m["counts"]["written"] == 4 and m["throughput"]["completion_tokens"] > 0
     time.sleep(2.0)
-    ours = [p for p in vllm_processes() if p.pid not in before]
+    ours = vllm_processes(owner)
     assert ours == [], ours
     r = eagle3("gen-data", *common, "--engine", "vllm", "--dtype", "bf16", "--engine-python", ENGINE_PY, timeout=300)
     assert r.returncode == 2 and "bfloat16" in r.stderr and "float32" in r.stderr
