@@ -25,6 +25,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.common import E3, Recorder, print_result, record  # noqa: E402
+from benchmarks.render import pyplot, save_figure  # noqa: E402
+from benchmarks.smollm2.report_levers import paired_delta  # noqa: E402
 
 TARGET = "models/smollm2-135m"
 RECIPE = "recipes/smollm2-135m/train-online.yaml"
@@ -46,6 +48,43 @@ def mt_bench(report: Path) -> dict:
         "mt_bench_tau": round(sum(emitted) / sum(rounds), 4),
         "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds},
     }
+
+
+def paired_passes(points: list[dict]) -> list[dict]:
+    """The points, each after the first with what its pass bought on MT-bench: the change from the pass before,
+    paired by prompt, and its 90% interval."""
+    for prev, point in zip(points, points[1:]):
+        point["delta_vs_previous"], point["delta_interval"] = paired_delta(
+            point["mt_bench_per_prompt"], prev["mt_bench_per_prompt"]
+        )
+    return points
+
+
+def plot(curve: dict, out: Path) -> None:
+    """Held-out and MT-bench tau after each pass (MT-bench with its paired interval against the pass before),
+    and the training loss on its own axis: does acceptance turn down while the loss keeps falling?"""
+    plt = pyplot()
+    pts = curve["points"]
+    passes = [p["pass"] for p in pts]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(passes, [p["heldout_tau"] for p in pts], "o-", label="held-out tau (train's walk, depth 8)")
+    ax.plot(passes, [p["mt_bench_tau"] for p in pts], "s-", label="MT-bench tau (eval, 80 prompts, chain d8)")
+    for p in pts[1:]:  # the paired interval of each pass's MT-bench change, drawn around its point
+        lo, hi = p["delta_interval"]
+        ax.plot([p["pass"]] * 2, [p["mt_bench_tau"] - p["delta_vs_previous"] + lo,
+                                  p["mt_bench_tau"] - p["delta_vs_previous"] + hi], color="#dd8452", lw=2, alpha=0.6)  # fmt: skip
+    ax.set(xlabel=f"passes over {curve['samples']} conversations", ylabel="tau (tokens per target pass)")
+    ax.set_xticks(passes)
+    ax.grid(alpha=0.3)
+    if any(p.get("loss") is not None for p in pts):
+        loss = ax.twinx()
+        loss.plot(passes, [p.get("loss") for p in pts], "^:", color="grey", label="train loss (right axis)")
+        loss.set_ylabel("train loss")
+        loss.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper left", fontsize=8)
+    ax.set_title("Epoch curve, SmolLM2-135M from scratch, constant lr (orange: the paired 90% interval of "
+                 "each pass's MT-bench change)", fontsize=8)  # fmt: skip
+    save_figure(fig, out)
 
 
 def main() -> None:
@@ -89,7 +128,7 @@ def main() -> None:
         done.write_text(json.dumps(point) + "\n")
         points.append(point)
     result = {
-        "points": points,
+        "points": paired_passes(points),
         "samples": a.samples,
         "data": a.data,
         "recipe": f"{RECIPE} from scratch, constant lr {a.lr} (no warmup, no decay), one core, one thread",

@@ -67,8 +67,13 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     if (tokens := m.get("tokens_seen")) is None:
         raise KeyError(f"{run}/train/manifest.json records no tokens_seen")
     cpu = (m.get("final_metrics") or {}).get("train_cpu_seconds")  # the training's core-seconds
+    logged = metrics(run) or [{}]
     # epochs begun: more than 1 when its corpus was smaller than the budget, so not every token was new
-    epochs = 1 + int((metrics(run) or [{}])[-1].get("epoch", 0))
+    epochs = 1 + int(logged[-1].get("epoch", 0))
+    # a CPU-seconds budget (equal compute): its steps are what the budget bought; its CPU seconds at each logged
+    # step let a step-budgeted arm of the same K that predates CPU seconds be costed on the same batches
+    budget = cfg.get("time_budget_s") if cfg.get("time_clock") == "cpu" else None
+    cpu_by_step = {str(r["step"]): round(r["train_cpu_seconds"]) for r in logged if r.get("train_cpu_seconds")}
     per_prompt = {
         k: {
             "emitted": [r["accepted"] + r["rounds"] for r in c["per_prompt"]],
@@ -81,7 +86,8 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     return {"arm": name, "run": str(run),
             "data": " + ".join(rel(d or "?") for d in [cfg.get("data"), *(cfg.get("extra_data") or ())]),
             "loss": cfg.get("loss"), "ttt_steps": cfg.get("ttt_steps"), "cpu_seconds": round(cpu) if cpu else None,
-            "new_tokens": int(tokens), "epochs": epochs, "steps": cfg.get("max_steps"),
+            "new_tokens": int(tokens), "epochs": epochs, "steps": cfg.get("max_steps") or logged[-1].get("step"),
+            **({"cpu_budget_s": budget, "cpu_seconds_by_step": cpu_by_step} if budget else {}),
             "mt_bench_tau": taus["mt_bench"],
             "mt_bench_tau_interval": [round(x, 4) for x in chain["mt_bench"]["acceptance"]["tau_interval"]],
             "tau_gain_per_million_tokens": None if start_tau is None else round((tau - start_tau) / (tokens / 1e6), 4),
@@ -110,10 +116,9 @@ def levers_json(arms: dict[str, Path | None], baseline: str, start_tau: float | 
         r = rows[n]
         if "mt_bench_per_prompt" not in r:
             raise KeyError(f"the stored row of {n!r} predates per-prompt counts: name it again as {n}=RUN_DIR")
-        if r["steps"] != base["steps"]:
-            raise ValueError(
-                f"the arms trained different budgets (--max-steps): {n} {r['steps']}, {baseline} {base['steps']}"
-            )
+        if r["steps"] != base["steps"] and not r.get("cpu_budget_s"):  # equal steps, or a declared CPU budget
+            raise ValueError(f"the arms trained different budgets (--max-steps): {n} {r['steps']}, {baseline} "
+                             f"{base['steps']} (an arm at equal CPU seconds trains --time-budget-s --time-clock cpu)")  # fmt: skip
         for key in BENCHES:  # CARRY not measured on one side: no carry-over pair, the page shows "-"
             mine, theirs = r["eval_settings"].get(key), base["eval_settings"].get(key)
             if mine != theirs and not (key == CARRY and None in (mine, theirs)):
@@ -132,7 +137,20 @@ def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dic
     stored = data.get(table) or []
     if table == "recipe_levers" and not any(r["arm"] == ARMS[0] for r in stored):
         stored = [*stored, *(r for r in data.get("data_levers") or [] if r["arm"] == ARMS[0])]
-    return levers_json(arms, ARMS[0], (data.get("published") or {}).get("mt_bench_tau"), stored)
+    rows = levers_json(arms, ARMS[0], (data.get("published") or {}).get("mt_bench_tau"), stored)
+    if table == "recipe_levers":
+        base, k = rows[0], lambda r: r.get("ttt_steps") or 3  # the baseline predates `ttt_steps`: K=3
+        # the baseline predates CPU seconds: its cost is an equal-CPU arm's of its K at its step (same batches)
+        for r in [r for r in rows[1:] if k(r) == k(base) and str(base["steps"]) in r.get("cpu_seconds_by_step", {})]:
+            base["cpu_seconds"] = base.get("cpu_seconds") or r["cpu_seconds_by_step"][str(base["steps"])]
+            base.setdefault("cpu_seconds_from", f"{r['arm']} at step {base['steps']:,} (same K, same batches)")
+        # every arm keeps the published head's shape: one draft step cost for all, in target-token times (the median
+        # of eval's fp32 chains that round_cost.py --record measured)
+        rc = ((data.get("llama_cpp") or {}).get("round_cost") or {}).get("eagle3_decoder") or {}
+        costs = sorted(r["draft_per_token_plain_steps"] for r in rc.get("rows") or [])
+        for r in rows:
+            r["draft_step_cost"] = costs[len(costs) // 2] if costs else None
+    return rows
 
 
 if __name__ == "__main__":

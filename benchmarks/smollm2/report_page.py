@@ -29,6 +29,8 @@ FIGURES = {  # the template's name for a figure: its file, its alt text
     "sweep": ("results-smollm2-sweep.png", "tau and measured speedup of each sweep configuration, fp32 and bf16"),
     "data_scaling": ("results-data-scaling.png",
                      "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law"),
+    "recipe_levers": ("results-recipe-levers.png", "MT-bench tau by recipe lever, and its paired gain over K=3"),
+    "epoch_curve": ("results-epoch-curve.png", "held-out and MT-bench tau and the train loss after each pass"),
     "levers": ("results-data-levers.png",
                "MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline"),
 }  # fmt: skip
@@ -182,7 +184,7 @@ def sweep_png(sweep: dict, out: Path) -> None:
     save_figure(fig, out)
 
 
-def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
+def levers_png(rows: list[dict], path: Path, start_tau: float | None, what: str = "Data levers at one budget") -> None:
     """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
     baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
     measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
@@ -207,7 +209,7 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None) -> None:
     ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
     ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
     dx.set_xlabel(f"tau gain over {base['arm']}, paired by prompt, 90% interval")
-    ax.set_title("Data levers at one budget (SmolLM2-135M, from the published head)", fontsize=10)
+    ax.set_title(f"{what} (SmolLM2-135M, from the published head)", fontsize=10)
     dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     dx.legend(loc="lower right", fontsize=8)
@@ -237,6 +239,13 @@ def draw_figures(data: dict, docs: Path) -> list[str]:
              (equal, data["data_scaling_equal_compute_settings"]) if equal else None)  # fmt: skip
     if data.get("data_levers"):
         levers_png(data["data_levers"], out("levers"), (data.get("published") or {}).get("mt_bench_tau"))
+    if data.get("recipe_levers"):
+        levers_png(data["recipe_levers"], out("recipe_levers"), (data.get("published") or {}).get("mt_bench_tau"),
+                   "Recipe levers: TTT depth at equal steps and equal CPU s")  # fmt: skip
+    if data.get("epoch_curve"):
+        from benchmarks.smollm2.epoch_curve import plot as epoch_plot
+
+        epoch_plot(data["epoch_curve"], out("epoch_curve"))
     return drawn
 
 

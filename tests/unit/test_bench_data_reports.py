@@ -541,3 +541,61 @@ def test_recipe_levers_pair_an_arm_with_the_data_tables_baseline_and_record_its_
     data["recipe_levers"] = rows
     again = table_rows(data, "recipe_levers", {"ttt5": None})  # a later report keeps the stored rows
     assert again == rows and table_rows(data, "data_levers", {}) == data["data_levers"]
+
+
+def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on_its_batches(tmp_path):
+    """An arm trained to a CPU budget (--time-budget-s --time-clock cpu) joins the table at the steps the budget
+    bought; a step-budgeted arm trains the baseline's steps or is refused. The baseline (its run predating CPU
+    seconds) is costed by the equal-CPU arm of its K at its step, and every row carries the draft step's cost."""
+    from benchmarks.smollm2.report_levers import levers_json, table_rows
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
+    cost = {"llama_cpp": {"round_cost": {"eagle3_decoder": {"rows": [{"draft_per_token_plain_steps": x}
+                                                                      for x in (0.05, 0.06, 0.06)]}}}}  # fmt: skip
+    data = {"data_levers": levers_json({"baseline": base}, "baseline", start_tau=None), **cost}
+    k3 = _lever_arm(tmp_path, "ttt3-cpu", 100, [(8, 4), (4, 4), (4, 4), (4, 4)])
+    manifest = k3 / "train" / "manifest.json"
+    m = json.loads(manifest.read_text())
+    m["config"].update(max_steps=None, time_budget_s=300.0, time_clock="cpu")
+    m["final_metrics"] = {"train_cpu_seconds": 300.4}
+    manifest.write_text(json.dumps(m))
+    logged = [{"step": s, "epoch": 0, "train_cpu_seconds": s * 1.5} for s in (50, 100, 150, 200)]
+    (k3 / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
+    by = {r["arm"]: r for r in table_rows(data, "recipe_levers", {"ttt3-cpu": k3})}
+    assert (by["ttt3-cpu"]["steps"], by["ttt3-cpu"]["cpu_seconds"], by["ttt3-cpu"]["cpu_budget_s"]) == (200, 300, 300.0)
+    assert by["baseline"]["cpu_seconds"] == 150 and "ttt3-cpu at step 100" in by["baseline"]["cpu_seconds_from"]
+    assert {r["draft_step_cost"] for r in by.values()} == {0.06}
+    del m["config"]["time_budget_s"]  # the same steps without a CPU budget: another step budget, refused
+    manifest.write_text(json.dumps(m))
+    with pytest.raises(ValueError, match="different budgets"):
+        table_rows(data, "recipe_levers", {"ttt3-cpu": k3})
+
+
+def test_epoch_curve_pairs_each_pass_with_the_one_before_and_renders_its_section_and_figure(tmp_path):
+    """benchmarks/smollm2/epoch_curve.py's result: each pass after the first carries its MT-bench change over
+    the pass before, paired by prompt; the page's section names the peak passes and draws the figure."""
+    from benchmarks.smollm2.epoch_curve import paired_passes
+    from benchmarks.smollm2.report_page import draw_figures
+    from benchmarks.smollm2.report_page import page as render_page
+
+    rounds = [4, 4, 4, 4]
+    accepted = {
+        1: [2, 2, 2, 2],
+        2: [6, 6, 2, 2],
+        3: [4, 4, 2, 2],
+    }  # pass 2 gains on two prompts, pass 3 gives half back
+    points = [{"pass": p, "steps": 10 * p, "loss": 5.0 - p, "heldout_tau": 1.5 + 0.1 * p, "tokens_seen": 1000 * p,
+               "train_cpu_seconds": 60 * p, "mt_bench_tau": sum(a) / 16 + 1,
+               "mt_bench_per_prompt": {"emitted": [x + 4 for x in a], "rounds": rounds}}
+              for p, a in accepted.items()]  # fmt: skip
+    curve = {"points": paired_passes(points), "samples": 8, "data": "corpora/x", "recipe": "online",
+             "eval": "MT-bench", "command": "epoch_curve.py --passes 3"}  # fmt: skip
+    assert "delta_vs_previous" not in points[0]
+    assert points[1]["delta_vs_previous"] == 0.5 and points[2]["delta_vs_previous"] == -0.25
+    lo, hi = points[2]["delta_interval"]
+    assert -0.5 <= lo <= -0.25 <= hi <= 0.0  # no prompt gained in pass 3: the interval never crosses zero
+    text = render_page({"epoch_curve": curve})
+    assert "MT-bench tau peaks at pass 2 (2.000) and held-out tau at pass 3 (1.800) of 3" in text
+    assert "| 3 | 30 | 3,000 | 180 | 2.000 | 1.800 | 1.750 | -0.250 [" in text
+    assert draw_figures({"epoch_curve": curve}, tmp_path) == ["results-epoch-curve.png"]
+    assert (tmp_path / "results-epoch-curve.png").stat().st_size > 0
