@@ -5,9 +5,9 @@ One head from scratch on the first --samples conversations of one corpus, the on
 constant learning rate (no warmup, no decay: pass p's weights are the same run's whatever number of
 passes is asked, so the run grows one pass at a time by resuming with --epochs p+1). After each pass:
 the train's held-out walk (depth 8) and eval on MT-bench's 80 first turns (chain d8, fp32, greedy, 64
-tokens), as the levers are scored. Resumable: rerun the same command after a kill.
+tokens), as the levers are scored (--mt-bench-prompts 40: the first 40 of them, at half the cost). Resumable: rerun the same command after a kill.
 
-    .venv/bin/python benchmarks/smollm2/epoch_curve.py --passes 5 --samples 360 --core 0 \
+    .venv/bin/python benchmarks/smollm2/epoch_curve.py --passes 4 --samples 360 --mt-bench-prompts 40 --core 0 \
         --out runs/bench/epoch-curve.json
 
 Then `--record docs/results-smollm2.json` writes the key `epoch_curve` there.
@@ -92,6 +92,7 @@ def main() -> None:
     ap.add_argument("--data", default="corpora/smollm2-135m-sharegpt-vllm")
     ap.add_argument("--samples", type=int, default=360, help="conversations in the corpus passed over")
     ap.add_argument("--passes", type=int, default=5)
+    ap.add_argument("--mt-bench-prompts", type=int, default=80, help="MT-bench first turns scored after each pass")
     ap.add_argument("--lr", default="5e-4", help="the constant learning rate (the recipe's peak)")
     ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
     ap.add_argument("--run", type=Path, default=REPO / "runs" / "epoch-curve")
@@ -112,7 +113,7 @@ def main() -> None:
                 "--heldout-every", 100000, "--save-every", 100, "--head-from", "last"], env=env)  # fmt: skip
         ev = a.run / f"eval-pass-{p}"
         rec.sh([*pin, *E3, "eval", "--head", a.run / "head", "--target", TARGET, "--bench", "mt_bench",
-                "--num-prompts", 80, "--max-new-tokens", 64, "--depth", 8, "--dtype", "fp32", "--mode", "chain",
+                "--num-prompts", a.mt_bench_prompts, "--max-new-tokens", 64, "--depth", 8, "--dtype", "fp32", "--mode", "chain",
                 "--no-generate-baseline", "--threads", 1, "--out", ev], env=env)  # fmt: skip
         last = heldout_points(a.run)[-1]
         manifest = json.loads((a.run / "train" / "manifest.json").read_text())
@@ -132,7 +133,8 @@ def main() -> None:
         "samples": a.samples,
         "data": a.data,
         "recipe": f"{RECIPE} from scratch, constant lr {a.lr} (no warmup, no decay), one core, one thread",
-        "eval": "MT-bench 80 first turns, chain d8, fp32, greedy, 64 tokens; held-out: the train's walk (depth 8)",
+        "eval": f"MT-bench's first {a.mt_bench_prompts} first turns, chain d8, fp32, greedy, 64 tokens; held-out: the "
+        "train's walk (depth 8)",
         "command": " ".join(sys.argv).replace(sys.executable, ".venv/bin/python"),
     }
     if a.record:

@@ -19,6 +19,14 @@ passed through to `eagle3 train` with --train-flag (the head is the last step's,
 
     .venv/bin/python benchmarks/smollm2/levers.py --arm ttt5 --data corpora/smollm2-135m-sharegpt-vllm \
         --train-flag=--ttt-steps=5
+
+Arms that change the head's shape (EAGLE-3.1's norms, the draft vocab) cannot start from the published head:
+--scratch trains them from nothing at the equal-compute curve's budget (its 1/8 point: the first 1,851
+conversations, 1,380 steps, the recipe's lr), named scratch-*, beside the from-scratch baseline `scratch`:
+
+    .venv/bin/python benchmarks/smollm2/levers.py --arm scratch --scratch --data corpora/smollm2-135m-sharegpt-vllm
+    .venv/bin/python benchmarks/smollm2/levers.py --arm scratch-nbr --scratch --data corpora/smollm2-135m-sharegpt-vllm \
+        --train-flag=--norm-before-residual
 """
 
 from __future__ import annotations
@@ -35,6 +43,7 @@ if str(REPO) not in sys.path:
 from benchmarks.common import E3, Recorder  # noqa: E402
 
 STEPS = 1320
+SCRATCH = ("--train-samples", 1851, "--max-steps", 1380, "--epochs", 1000000)  # data_scaling_equal_compute's 1/8
 PUBLISHED = "models/smollm2-135m-eagle3"
 TARGET = "models/smollm2-135m"
 # bench, prompts (sharegpt: its held-out split, prompts over 2,048 tokens skipped: some run past the 8k context;
@@ -55,17 +64,23 @@ def main() -> None:
         default=[],
         help="one more `eagle3 train` flag, e.g. --train-flag=--ttt-steps=5",
     )
+    ap.add_argument("--scratch", action="store_true", help="from no head at the equal-compute curve's 1/8 budget")
     ap.add_argument("--core", type=int, default=None, help="bind to this CPU core (taskset -c)")
     ap.add_argument("--runs", type=Path, default=REPO / "runs")
     a = ap.parse_args()
     run = a.runs / f"lever-{a.arm}"
+    if a.scratch != (a.arm == "scratch" or a.arm.startswith("scratch-")):
+        ap.error(f"--arm {a.arm}: a --scratch arm is named scratch or scratch-*, and only it (report_levers.py pairs "
+                 "it with the from-scratch baseline by its name)")  # fmt: skip
+    budget = (
+        SCRATCH if a.scratch else ("--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1", "--max-steps", STEPS)
+    )
     pin = ["taskset", "-c", str(a.core)] if a.core is not None else []
     env = {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     rec = Recorder()
     if not (run / "head" / "manifest.json").is_file():
         rec.sh([*pin, *E3, "train", "--recipe", "recipes/smollm2-135m/train-online.yaml", "--run", run,
-                "--data", a.data, "--target", TARGET, "--init-head", PUBLISHED, "--lr", "1.5e-4", "--epochs", "1",
-                "--max-steps", STEPS, "--heldout-every", "400", "--loss", a.loss, "--head-from", "last",
+                "--data", a.data, "--target", TARGET, *budget, "--heldout-every", "400", "--loss", a.loss, "--head-from", "last",
                 *[x for d in a.extra_data for x in ("--extra-data", d)], *a.train_flag], env=env)  # fmt: skip
     for bench, n in EVALS:
         out = run / f"eval-{bench}"

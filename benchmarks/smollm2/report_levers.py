@@ -85,7 +85,8 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     taus = {k: round(c["acceptance"]["tau"], 4) for k, c in chain.items()}
     return {"arm": name, "run": str(run),
             "data": " + ".join(rel(d or "?") for d in [cfg.get("data"), *(cfg.get("extra_data") or ())]),
-            "loss": cfg.get("loss"), "ttt_steps": cfg.get("ttt_steps"), "cpu_seconds": round(cpu) if cpu else None,
+            "loss": cfg.get("loss"), "ttt_steps": cfg.get("ttt_steps"), "draft_vocab_size": cfg.get("draft_vocab_size"),
+            **{n: True for n in ("norm_before_fc", "norm_before_residual") if cfg.get(n)}, "cpu_seconds": round(cpu) if cpu else None,
             "new_tokens": int(tokens), "epochs": epochs, "steps": cfg.get("max_steps") or logged[-1].get("step"),
             **({"cpu_budget_s": budget, "cpu_seconds_by_step": cpu_by_step} if budget else {}),
             "mt_bench_tau": taus["mt_bench"],
@@ -133,24 +134,35 @@ def levers_json(arms: dict[str, Path | None], baseline: str, start_tau: float | 
 
 def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dict]:
     """The rows of `table` (data_levers, recipe_levers) with `arms` read or kept. The recipe table's
-    baseline is the data table's: another pass over the same data at the same budget, TTT K=3."""
-    stored = data.get(table) or []
-    if table == "recipe_levers" and not any(r["arm"] == ARMS[0] for r in stored):
+    baseline is the data table's: another pass over the same data at the same budget, TTT K=3; its arms
+    named scratch-* (levers.py --scratch: another shape, from no head) pair with the from-scratch `scratch`."""
+    stored, start = data.get(table) or [], (data.get("published") or {}).get("mt_bench_tau")
+    if table == "data_levers":
+        return levers_json(arms, ARMS[0], start, stored)
+    if not any(r["arm"] == ARMS[0] for r in stored):
         stored = [*stored, *(r for r in data.get("data_levers") or [] if r["arm"] == ARMS[0])]
-    rows = levers_json(arms, ARMS[0], (data.get("published") or {}).get("mt_bench_tau"), stored)
-    if table == "recipe_levers":
-        base, k = rows[0], lambda r: r.get("ttt_steps") or 3  # the baseline predates `ttt_steps`: K=3
-        # the baseline predates CPU seconds: its cost is an equal-CPU arm's of its K at its step (same batches)
-        for r in [r for r in rows[1:] if k(r) == k(base) and str(base["steps"]) in r.get("cpu_seconds_by_step", {})]:
-            base["cpu_seconds"] = base.get("cpu_seconds") or r["cpu_seconds_by_step"][str(base["steps"])]
-            base.setdefault("cpu_seconds_from", f"{r['arm']} at step {base['steps']:,} (same K, same batches)")
-        # every arm keeps the published head's shape: one draft step cost for all, in target-token times (the median
-        # of eval's fp32 chains that round_cost.py --record measured)
-        rc = ((data.get("llama_cpp") or {}).get("round_cost") or {}).get("eagle3_decoder") or {}
-        costs = sorted(r["draft_per_token_plain_steps"] for r in rc.get("rows") or [])
-        for r in rows:
-            r["draft_step_cost"] = costs[len(costs) // 2] if costs else None
+    rows = []
+    for base, tau in ((ARMS[0], start), ("scratch", None)):
+        named = {n: r for n, r in arms.items() if n.startswith("scratch") == (base == "scratch")}
+        kept = [r for r in stored if r["arm"].startswith("scratch") == (base == "scratch")]
+        rows += levers_json(named, base, tau, kept) if named or kept else []
+    _costs(rows, data)
     return rows
+
+
+def _costs(rows: list[dict], data: dict) -> None:
+    """The baseline's CPU seconds where its run predates them: an equal-CPU arm's of its K at its step (the same
+    batches). Each row's draft step in target-token times: the published head's shape drafts at the median of
+    eval's fp32 chains that round_cost.py --record measured; another shape is not costed by that measurement."""
+    base, k = rows[0], lambda r: r.get("ttt_steps") or 3  # the baseline predates `ttt_steps`: K=3
+    for r in [r for r in rows[1:] if k(r) == k(base) and not r["arm"].startswith("scratch")]:
+        if base.get("cpu_seconds") is None and (cpu := r.get("cpu_seconds_by_step", {}).get(str(base["steps"]))):
+            base["cpu_seconds"], base["cpu_seconds_from"] = cpu, f"{r['arm']} at step {base['steps']:,} (same batches)"
+    rc = ((data.get("llama_cpp") or {}).get("round_cost") or {}).get("eagle3_decoder") or {}
+    costs = sorted(r["draft_per_token_plain_steps"] for r in rc.get("rows") or [])
+    for r in rows:
+        same = r.get("draft_vocab_size") in (None, 16384) and not r.get("norm_before_fc")
+        r["draft_step_cost"] = costs[len(costs) // 2] if costs and same else None
 
 
 if __name__ == "__main__":
