@@ -26,7 +26,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks.common import E3, Recorder, print_result, record  # noqa: E402
 from benchmarks.render import pyplot, save_figure  # noqa: E402
-from benchmarks.smollm2.report_levers import paired_delta  # noqa: E402
+from benchmarks.smollm2.report_levers import _chain, counts, paired_delta  # noqa: E402
 
 TARGET = "models/smollm2-135m"
 RECIPE = "recipes/smollm2-135m/train-online.yaml"
@@ -38,16 +38,10 @@ def heldout_points(run: Path) -> list[dict]:
 
 
 def mt_bench(report: Path) -> dict:
-    """The chain decoder's tau over the 80 prompts (eval's report.json: heads.NAME.chain) and its
-    per-prompt counts, so passes can be paired by prompt."""
-    rep = json.loads(report.read_text())
-    (head,) = rep["heads"].values()
-    rows = head["chain"]["per_prompt"]
-    emitted, rounds = [r["accepted"] + r["rounds"] for r in rows], [r["rounds"] for r in rows]
-    return {
-        "mt_bench_tau": round(sum(emitted) / sum(rounds), 4),
-        "mt_bench_per_prompt": {"emitted": emitted, "rounds": rounds},
-    }
+    """The chain decoder's tau over the prompts (eval's report.json: heads.NAME.chain) and its per-prompt
+    counts, so passes can be paired by prompt."""
+    c = counts(_chain(json.loads(report.read_text())))
+    return {"mt_bench_tau": round(sum(c["emitted"]) / sum(c["rounds"]), 4), "mt_bench_per_prompt": c}
 
 
 def paired_passes(points: list[dict]) -> list[dict]:

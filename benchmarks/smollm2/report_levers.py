@@ -38,6 +38,12 @@ def _chain(report: dict) -> dict:
     return next(iter(heads.values()))["chain"]
 
 
+def counts(chain: dict) -> dict:
+    """{emitted, rounds} per prompt of a chain decoder's report (tau = sum / sum): what pairing reads."""
+    return {k: [r["accepted"] + r["rounds"] if k == "emitted" else r["rounds"] for r in chain["per_prompt"]]
+            for k in ("emitted", "rounds")}  # fmt: skip
+
+
 def paired_delta(a: dict, b: dict) -> tuple[float, list]:
     """tau(a) - tau(b) over the same prompts ({emitted, rounds} per prompt: tau = sum / sum), and its 90%
     percentile interval over prompts resampled together (eval's paired bootstrap)."""
@@ -74,14 +80,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
     # step let a step-budgeted arm of the same K that predates CPU seconds be costed on the same batches
     budget = cfg.get("time_budget_s") if cfg.get("time_clock") == "cpu" else None
     cpu_by_step = {str(r["step"]): round(r["train_cpu_seconds"]) for r in logged if r.get("train_cpu_seconds")}
-    per_prompt = {
-        k: {
-            "emitted": [r["accepted"] + r["rounds"] for r in c["per_prompt"]],
-            "rounds": [r["rounds"] for r in c["per_prompt"]],
-        }
-        for k, c in chain.items()
-        if k in DELTAS
-    }
+    per_prompt = {k: counts(c) for k, c in chain.items() if k in DELTAS}
     taus = {k: round(c["acceptance"]["tau"], 4) for k, c in chain.items()}
     return {"arm": name, "run": str(run),
             "data": " + ".join(rel(d or "?") for d in [cfg.get("data"), *(cfg.get("extra_data") or ())]),
