@@ -151,17 +151,16 @@ def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dic
 
 def _costs(rows: list[dict], data: dict) -> None:
     """The baseline's CPU seconds where its run predates them: an equal-CPU arm's of its K at its step (the same
-    batches). Each row's draft step in target-token times: the published head's shape drafts at the median of
-    eval's fp32 chains that round_cost.py --record measured; another shape is not costed by that measurement."""
+    batches). Each row's draft step in target-token times, as round_cost.py measured its draft vocab's (none where
+    it was not measured)."""
     base, k = rows[0], lambda r: r.get("ttt_steps") or 3  # the baseline predates `ttt_steps`: K=3
     for r in [r for r in rows[1:] if k(r) == k(base) and not r["arm"].startswith("scratch")]:
         if base.get("cpu_seconds") is None and (cpu := r.get("cpu_seconds_by_step", {}).get(str(base["steps"]))):
             base["cpu_seconds"], base["cpu_seconds_from"] = cpu, f"{r['arm']} at step {base['steps']:,} (same batches)"
-    rc = ((data.get("llama_cpp") or {}).get("round_cost") or {}).get("eagle3_decoder") or {}
-    costs = sorted(r["draft_per_token_plain_steps"] for r in rc.get("rows") or [])
-    for r in rows:
-        same = r.get("draft_vocab_size") in (None, 16384) and not r.get("norm_before_fc")
-        r["draft_step_cost"] = costs[len(costs) // 2] if costs and same else None
+    steps = (data.get("draft_step_cost") or {}).get("by_draft_vocab") or {}  # round_cost.py --draft-step-vocabs
+    for r in rows:  # one layer in every arm (norm_before_fc's one more norm not measured apart); a row predating
+        # `draft_vocab_size` trained the recipe's 16,384
+        r["draft_step_cost"] = (steps.get(str(r.get("draft_vocab_size") or 16384)) or {}).get("target_tokens")
 
 
 if __name__ == "__main__":

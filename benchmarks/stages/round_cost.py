@@ -5,6 +5,8 @@
         [--max-new-tokens 32] [--repeats 3] [--draft-vocab 2048] [--threads 1] [--cpu-kernels onednn|torch]
         [--bench gsm8k|mt_bench] [--profile chain1,chain3,tree8_16] [--no-random] [--out FILE.json]
         [--record docs/results-smollm2.json]
+    .venv/bin/python benchmarks/stages/round_cost.py --target models/smollm2-135m --draft-step-vocabs 16384,32768,49152 \
+        [--record-draft-steps docs/results-smollm2.json]   # a draft step of each draft vocab, nothing else
 
 Prints one JSON object (also written to --out):
   parts[dtype]   ms per call, and in target-token times, of the pieces of a round: target passes
@@ -197,6 +199,26 @@ def variants(depths: list[int], tree_depths: list[int], topk: int) -> dict[str, 
     return v
 
 
+def draft_steps(a: argparse.Namespace) -> None:
+    """What a draft step of each shape costs (--draft-step-vocabs): the recipe table's other draft vocabs draft
+    slower, so their tau is read beside it. One fp32 target, one random 1-layer head per vocab, eval's kernels."""
+    torch.set_num_threads(a.threads)
+    target, _, _ = load_target(a.target, dtype="fp32")
+    heads = {n: random_head(target, n)[0] for n in [int(x) for x in a.draft_step_vocabs.split(",") if x]}
+    shares = {n: draft_step_bytes(h) / target_bytes_per_token(target) for n, h in heads.items()}  # before packing
+    if a.cpu_kernels == "onednn":  # as eval and main() pack them
+        for model in [target, *heads.values()]:
+            pack_linears(model, keep_weight=isinstance(model, Eagle3Draft))
+    by_vocab = {str(h.config.draft_vocab_size): measure_parts(target, h, a.parts_repeats, shares[n])["draft_step"]
+                for n, h in heads.items()}  # fmt: skip
+    value = {"by_draft_vocab": by_vocab, "unit": "target_pass_1 (one target token, fp32)", "target": a.target,
+             "threads": a.threads, "cpu_kernels": a.cpu_kernels, "parts_repeats": a.parts_repeats,
+             "command": " ".join([".venv/bin/python", *sys.argv])}  # fmt: skip
+    print(json.dumps(value, indent=1))
+    if a.record_draft_steps:
+        record(a.record_draft_steps, "draft_step_cost", value)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="models/tiny-target")
@@ -221,7 +243,17 @@ def main() -> None:
     ap.add_argument("--no-random", action="store_true", help="only the trained head (--head)")
     ap.add_argument("--out", type=Path, default=None)
     ap.add_argument("--record", type=Path, metavar="RESULTS_JSON", help="the decoder's rounds beside its llama.cpp's")
+    ap.add_argument(
+        "--draft-step-vocabs",
+        default=None,
+        metavar="N,N,...",
+        help="only the draft step of a random head of each draft vocab (fp32), in target-token times",
+    )
+    ap.add_argument("--record-draft-steps", type=Path, metavar="RESULTS_JSON", help="write those as `draft_step_cost`")
     a = ap.parse_args()
+    if a.draft_step_vocabs:
+        draft_steps(a)
+        return
     if a.no_random and not a.head:
         ap.error("--no-random needs --head")
     page = json.loads(a.record.read_text()) if a.record and a.record.exists() else {}

@@ -550,8 +550,7 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
     from benchmarks.smollm2.report_levers import levers_json, table_rows
 
     base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
-    cost = {"llama_cpp": {"round_cost": {"eagle3_decoder": {"rows": [{"draft_per_token_plain_steps": x}
-                                                                      for x in (0.05, 0.06, 0.06)]}}}}  # fmt: skip
+    cost = {"draft_step_cost": {"by_draft_vocab": {"16384": {"ms": 1.0, "target_tokens": 0.06}}}}
     data = {"data_levers": levers_json({"baseline": base}, "baseline", start_tau=None), **cost}
     k3 = _lever_arm(tmp_path, "ttt3-cpu", 100, [(8, 4), (4, 4), (4, 4), (4, 4)])
     manifest = k3 / "train" / "manifest.json"
@@ -563,7 +562,10 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
     (k3 / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
     by = {r["arm"]: r for r in table_rows(data, "recipe_levers", {"ttt3-cpu": k3})}
     assert (by["ttt3-cpu"]["steps"], by["ttt3-cpu"]["cpu_seconds"], by["ttt3-cpu"]["cpu_budget_s"]) == (200, 300, 300.0)
-    assert by["baseline"]["cpu_seconds"] == 150 and "ttt3-cpu at step 100 (same batches)" == by["baseline"]["cpu_seconds_from"]
+    assert (
+        by["baseline"]["cpu_seconds"] == 150
+        and "ttt3-cpu at step 100 (same batches)" == by["baseline"]["cpu_seconds_from"]
+    )
     assert {r["draft_step_cost"] for r in by.values()} == {0.06}
     del m["config"]["time_budget_s"]  # the same steps without a CPU budget: another step budget, refused
     manifest.write_text(json.dumps(m))
@@ -603,12 +605,12 @@ def test_epoch_curve_pairs_each_pass_with_the_one_before_and_renders_its_section
 
 def test_recipe_levers_pair_scratch_arms_with_the_scratch_baseline_and_cost_only_the_published_shape(tmp_path):
     """Arms that change the head's shape train from no head (levers.py --scratch, named scratch-*) and pair with
-    the from-scratch `scratch` at their own budget, not with the published head's baseline; an arm of another
-    draft vocab or with norm_before_fc is not given the published shape's draft step cost."""
+    the from-scratch `scratch` at their own budget, not with the published head's baseline; each row's draft step
+    is its own draft vocab's as round_cost.py measured it, none where it was not."""
     from benchmarks.smollm2.report_levers import levers_json, table_rows
 
     base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
-    cost = {"llama_cpp": {"round_cost": {"eagle3_decoder": {"rows": [{"draft_per_token_plain_steps": 0.06}]}}}}
+    cost = {"draft_step_cost": {"by_draft_vocab": {"16384": {"target_tokens": 0.06}, "32768": {"target_tokens": 0.09}}}}
     data = {"data_levers": levers_json({"baseline": base}, "baseline", start_tau=1.5), **cost}
     scratch = _lever_arm(tmp_path, "scratch", 138, [(2, 4)] * 4)
     wide = _lever_arm(tmp_path, "scratch-vocab32k", 138, [(4, 4), (2, 4), (2, 4), (2, 4)])
@@ -624,6 +626,10 @@ def test_recipe_levers_pair_scratch_arms_with_the_scratch_baseline_and_cost_only
     assert by["scratch-vocab32k"]["delta_vs_baseline"] == 0.125 and by["scratch"]["delta_vs_baseline"] == 0.0
     assert by["scratch-vocab32k"]["tau_gain_per_million_tokens"] is None  # not from the published head
     assert (by["baseline"]["draft_step_cost"], by["scratch"]["draft_step_cost"]) == (0.06, 0.06)
-    assert by["scratch-vocab32k"]["draft_step_cost"] is None
+    assert by["scratch-vocab32k"]["draft_step_cost"] == 0.09
     data["recipe_levers"] = rows
     assert table_rows(data, "recipe_levers", {}) == rows  # both groups kept from the JSON
+    del data["draft_step_cost"]["by_draft_vocab"]["32768"]
+    assert (
+        table_rows(data, "recipe_levers", {"scratch": scratch, "scratch-vocab32k": wide})[2]["draft_step_cost"] is None
+    )
