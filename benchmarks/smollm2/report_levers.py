@@ -88,6 +88,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
             **{n: True for n in ("norm_before_fc", "norm_before_residual") if cfg.get(n)}, "cpu_seconds": round(cpu) if cpu else None,
             "new_tokens": int(tokens), "epochs": epochs, "steps": cfg.get("max_steps") or logged[-1].get("step"),
             **({"cpu_budget_s": budget, "cpu_seconds_by_step": cpu_by_step} if budget else {}),
+            "machine": (m.get("machine") or {}).get("cpu"),  # CPU seconds compare only on one machine
             "mt_bench_tau": taus["mt_bench"],
             "mt_bench_tau_interval": [round(x, 4) for x in chain["mt_bench"]["acceptance"]["tau_interval"]],
             "tau_gain_per_million_tokens": None if start_tau is None else round((tau - start_tau) / (tokens / 1e6), 4),

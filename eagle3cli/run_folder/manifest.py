@@ -11,6 +11,7 @@ import json
 import os
 import platform
 import socket
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
@@ -400,13 +401,29 @@ def package_versions() -> dict:
     return out
 
 
+def machine() -> dict:
+    """The machine a stage ran on: its timings (CPU seconds above all) compare only on the same one. The CPU's
+    model as /proc/cpuinfo names it, the logical CPUs, and the GPU where torch is loaded and sees one."""
+    try:
+        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        info = ""
+    name = next((ln.partition(":")[2].strip() for ln in info.split("\n") if ln.startswith("model name")), None)
+    out = {"cpu": name or platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()}
+    torch = sys.modules.get("torch")  # never imported for this: a stage that has no torch has no GPU to name
+    if torch is not None and torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    return out
+
+
 def write_manifest(folder: Path, stage: str, **fields: Any) -> Path:
-    """Write `folder/manifest.json` atomically, with schema version, stage, time and versions."""
+    """Write `folder/manifest.json` atomically, with schema version, stage, time, versions and machine."""
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "stage": stage,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "versions": package_versions(),
+        "machine": machine(),
         **fields,
     }
     path = Path(folder) / MANIFEST

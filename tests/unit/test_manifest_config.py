@@ -117,3 +117,13 @@ def test_build_config_unknown_key_and_validation(tmp_path):
         build_config(_Cfg, None, "eval", depth=0)
     with pytest.raises(UsageError, match="does not exist"):
         build_config(_Cfg, tmp_path / "missing.yaml", "eval")
+
+
+def test_every_manifest_names_the_machine_its_timings_were_measured_on(tmp_path):
+    """CPU seconds compare only on one machine (the recipe levers' equal-CPU arms): each stage's manifest
+    records the CPU's model and logical CPUs."""
+    import os
+
+    write_manifest(tmp_path, "gen-data", counts={}, shards=[])
+    m = read_manifest(tmp_path, "gen-data", "x")["machine"]
+    assert m["logical_cpus"] == os.cpu_count() and isinstance(m["cpu"], str) and m["cpu"]
