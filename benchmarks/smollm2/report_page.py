@@ -31,7 +31,7 @@ FIGURES = {  # the template's name for a figure: its file, its alt text
                      "held-out and MT-bench tau against distinct training tokens, with the fitted log2 law"),
     "recipe_levers": ("results-recipe-levers.png", "MT-bench tau by recipe lever, and its paired gain over K=3"),
     "epoch_curve": ("results-epoch-curve.png", "held-out and MT-bench tau and the train loss after each pass"),
-    "levers": ("results-data-levers.png",
+    "data_levers": ("results-data-levers.png",
                "MT-bench tau by lever beside the published head, and each lever's paired gain over the baseline"),
 }  # fmt: skip
 
@@ -184,7 +184,7 @@ def sweep_png(sweep: dict, out: Path) -> None:
     save_figure(fig, out)
 
 
-def levers_png(rows: list[dict], path: Path, start_tau: float | None, what: str = "Data levers at one budget") -> None:
+def levers_png(rows: list[dict], path: Path, start_tau: float | None, what: str) -> None:
     """Left: each arm's MT-bench tau with its 90% interval, beside the published head it started from and the
     baseline. Right: the gain over the baseline paired by prompt (the table's), on MT-bench and, where both
     measured it, on the carry-over bench: unpaired intervals overlap where the paired ones do not."""
@@ -209,7 +209,7 @@ def levers_png(rows: list[dict], path: Path, start_tau: float | None, what: str 
     ax.set_ylim(len(rows) + 0.4, -0.5)  # an empty band under the last arm: the legends never cover a row
     ax.set_xlabel("MT-bench tau (80 first turns, chain d8, 64 new tokens), 90% interval")
     dx.set_xlabel(f"tau gain over {base['arm']}, paired by prompt, 90% interval")
-    ax.set_title(f"{what} (SmolLM2-135M, from the published head)", fontsize=10)
+    ax.set_title(what, fontsize=10)
     dx.set_title("Gain over another pass: MT-bench, and does it carry over?", fontsize=10)
     ax.legend(loc="lower right", fontsize=8)
     dx.legend(loc="lower right", fontsize=8)
@@ -237,11 +237,10 @@ def draw_figures(data: dict, docs: Path) -> list[str]:
              ((data.get("data_scaling_settings") or {}).get("corpus") or {}).get("tokens"),
              data.get("data_scaling_whole_corpus"),
              (equal, data["data_scaling_equal_compute_settings"]) if equal else None)  # fmt: skip
-    if data.get("data_levers"):
-        levers_png(data["data_levers"], out("levers"), (data.get("published") or {}).get("mt_bench_tau"))
-    if data.get("recipe_levers"):
-        levers_png(data["recipe_levers"], out("recipe_levers"), (data.get("published") or {}).get("mt_bench_tau"),
-                   "Recipe levers: TTT depth at equal steps and equal CPU s")  # fmt: skip
+    for key, what in (("data_levers", "Data levers at one budget (SmolLM2-135M, from the published head)"),
+                      ("recipe_levers", "Recipe levers (SmolLM2-135M; scratch-*: from no head)")):  # fmt: skip
+        if data.get(key):
+            levers_png(data[key], out(key), (data.get("published") or {}).get("mt_bench_tau"), what)
     if data.get("epoch_curve"):
         from benchmarks.smollm2.epoch_curve import plot as epoch_plot
 
