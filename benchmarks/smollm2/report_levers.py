@@ -96,6 +96,9 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
             "mismatches": sum(c.get("lossless", {}).get("mismatches", 0) for c in chain.values()),
             "eval_settings": {k: {s: r.get(s) for s in SAME_EVAL} for k, r in reports.items()},
             "mt_bench_per_prompt": per_prompt["mt_bench"],
+            # alpha at each draft depth (accepted / attempted there): where deeper TTT should show, if anywhere
+            "mt_bench_alpha_k": [round(x["alpha"], 4) if x["attempts"] else None
+                                 for x in chain["mt_bench"]["acceptance"]["per_depth"]],
             **({f"{CARRY}_tau": taus[CARRY], f"{CARRY}_per_prompt": per_prompt[CARRY]} if CARRY in chain
                else {})}  # fmt: skip
 

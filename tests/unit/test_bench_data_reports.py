@@ -424,7 +424,9 @@ def _lever_arm(
     tau = sum(a + r for a, r in per_prompt) / sum(r for _, r in per_prompt)
     for bench in ("mt_bench", "gsm8k", "sharegpt", *(["humaneval"] if carry else [])):
         (run / f"eval-{bench}").mkdir()
-        chain = {"acceptance": {"tau": tau, "tau_interval": [tau - 0.1, tau + 0.1]}, "per_prompt": rows,
+        depths = [{"depth": 1, "attempts": 4, "accepted": 2, "alpha": 0.5}, {"depth": 2, "attempts": 0, "alpha": 0.0}]
+        chain = {"acceptance": {"tau": tau, "tau_interval": [tau - 0.1, tau + 0.1], "per_depth": depths},
+                 "per_prompt": rows,
                  "lossless": {"mismatches": 0}}  # fmt: skip
         report = {"bench": bench, "num_prompts": num_prompts, "max_new_tokens": 64, "depth": 8, "mode": "chain",
                   "temperature": 0.0, "heads": {f"{name}/head": {"chain": chain}}}  # fmt: skip
@@ -548,6 +550,7 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
     bought; a step-budgeted arm trains the baseline's steps or is refused. The baseline (its run predating CPU
     seconds) is costed by the equal-CPU arm of its K at its step, and every row carries the draft step's cost."""
     from benchmarks.smollm2.report_levers import levers_json, table_rows
+    from benchmarks.smollm2.report_page import page as render_page
 
     base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
     cost = {"draft_step_cost": {"by_draft_vocab": {"16384": {"ms": 1.0, "target_tokens": 0.06}}}}
@@ -567,6 +570,9 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
         and "ttt3-cpu at step 100 (same batches)" == by["baseline"]["cpu_seconds_from"]
     )
     assert {r["draft_step_cost"] for r in by.values()} == {0.06}
+    assert by["ttt3-cpu"]["mt_bench_alpha_k"] == [0.5, None]  # a depth never attempted has no alpha
+    page = render_page({**data, "recipe_levers": list(by.values())})
+    assert "| ttt3-cpu | 3 | 0.500 | - | 2.250 |" in page  # a depth with no attempt: "-"
     del m["config"]["time_budget_s"]  # the same steps without a CPU budget: another step budget, refused
     manifest.write_text(json.dumps(m))
     with pytest.raises(ValueError, match="different budgets"):
