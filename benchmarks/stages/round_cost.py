@@ -214,7 +214,10 @@ def draft_steps(a: argparse.Namespace) -> None:
     value = {"by_draft_vocab": by_vocab, "unit": "target_pass_1 (one target token, fp32)", "target": a.target,
              "threads": a.threads, "cpu_kernels": a.cpu_kernels, "parts_repeats": a.parts_repeats,
              "command": " ".join([".venv/bin/python", *sys.argv])}  # fmt: skip
-    print(json.dumps(value, indent=1))
+    print(text := json.dumps(value, indent=1))
+    if a.out:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(text + "\n")
     if a.record_draft_steps:
         record(a.record_draft_steps, "draft_step_cost", value)
 
