@@ -78,3 +78,32 @@ def print_result(result: dict, out: Path | None) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(text)
     print(text, end="")
+
+
+# an eval report's chain decoder, and two heads (or two passes) compared on the same prompts
+def chain_of(report: dict) -> dict:
+    """The chain decoder's numbers of the report's one head (eval's report.json: heads.NAME.chain)."""
+    if len(heads := report["heads"]) != 1:
+        raise ValueError(f"an arm's eval holds one head, this one {len(heads)}")
+    return next(iter(heads.values()))["chain"]
+
+
+def counts(chain: dict) -> dict:
+    """{emitted, rounds} per prompt of a chain decoder's report (tau = sum / sum): what pairing reads."""
+    return {k: [r["accepted"] + r["rounds"] if k == "emitted" else r["rounds"] for r in chain["per_prompt"]]
+            for k in ("emitted", "rounds")}  # fmt: skip
+
+
+def paired_delta(a: dict, b: dict) -> tuple[float, list]:
+    """tau(a) - tau(b) over the same prompts ({emitted, rounds} per prompt: tau = sum / sum), and its 90%
+    percentile interval over prompts resampled together (eval's paired bootstrap)."""
+    from eagle3cli.eval.metrics import bootstrap, sum_ratio
+
+    if (n := len(a["emitted"])) == 0 or len(b["emitted"]) != n:
+        raise ValueError(f"paired prompts expected, got {n} and {len(b['emitted'])}")
+
+    def gain(i) -> float:
+        return sum_ratio(a["emitted"], a["rounds"], i) - sum_ratio(b["emitted"], b["rounds"], i)
+
+    point, lo, hi = bootstrap(gain, n)
+    return round(point, 4), [round(lo, 4), round(hi, 4)]

@@ -24,23 +24,25 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.common import E3, Recorder, print_result, record  # noqa: E402
+from benchmarks.common import E3, Recorder, chain_of, counts, paired_delta, print_result, record  # noqa: E402
 from benchmarks.render import pyplot, save_figure  # noqa: E402
-from benchmarks.smollm2.report_levers import _chain, counts, paired_delta  # noqa: E402
 
 TARGET = "models/smollm2-135m"
 RECIPE = "recipes/smollm2-135m/train-online.yaml"
 
 
+def json_lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
 def heldout_points(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "train" / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return [r for r in rows if "heldout_tau" in r]
+    return [r for r in json_lines(run / "train" / "metrics.jsonl") if "heldout_tau" in r]
 
 
 def mt_bench(report: Path) -> dict:
     """The chain decoder's tau over the prompts (eval's report.json: heads.NAME.chain) and its per-prompt
     counts, so passes can be paired by prompt."""
-    c = counts(_chain(json.loads(report.read_text())))
+    c = counts(chain_of(json.loads(report.read_text())))
     return {"mt_bench_tau": round(sum(c["emitted"]) / sum(c["rounds"]), 4), "mt_bench_per_prompt": c}
 
 
@@ -62,7 +64,8 @@ def plot(curve: dict, out: Path) -> None:
     passes = [p["pass"] for p in pts]
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(passes, [p["heldout_tau"] for p in pts], "o-", label="held-out tau (train's walk, depth 8)")
-    ax.plot(passes, [p["mt_bench_tau"] for p in pts], "s-", label="MT-bench tau (eval, 80 prompts, chain d8)")
+    n = len(pts[0]["mt_bench_per_prompt"]["emitted"])
+    ax.plot(passes, [p["mt_bench_tau"] for p in pts], "s-", label=f"MT-bench tau (eval, {n} prompts, chain d8)")
     for p in pts[1:]:  # the paired interval of each pass's MT-bench change, drawn around its point
         lo, hi = p["delta_interval"]
         ax.plot([p["pass"]] * 2, [p["mt_bench_tau"] - p["delta_vs_previous"] + lo,
@@ -72,7 +75,9 @@ def plot(curve: dict, out: Path) -> None:
     ax.grid(alpha=0.3)
     if any(p.get("loss") is not None for p in pts):
         loss = ax.twinx()
-        loss.plot(passes, [p.get("loss") for p in pts], "^:", color="grey", label="train loss (right axis)")
+        loss.plot(
+            passes, [p.get("loss") for p in pts], "^:", color="grey", label="train loss, the pass's mean (right axis)"
+        )
         loss.set_ylabel("train loss")
         loss.legend(loc="lower right", fontsize=8)
     ax.legend(loc="upper left", fontsize=8)
@@ -114,7 +119,6 @@ def main() -> None:
         point = {
             "pass": p,
             "steps": last["step"],
-            "loss": round(last["loss"], 4) if "loss" in last else None,
             "heldout_tau": round(last["heldout_tau"], 4),
             **mt_bench(ev / "report.json"),
             "tokens_seen": last.get("tokens_seen"),
@@ -122,6 +126,10 @@ def main() -> None:
         }
         done.write_text(json.dumps(point) + "\n")
         points.append(point)
+    losses = [r for r in json_lines(a.run / "train" / "metrics.jsonl") if "loss" in r]
+    for prev, point in zip([0, *(q["steps"] for q in points)], points):  # one batch's loss is noise: the pass's mean
+        pass_rows = [r["loss"] for r in losses if prev < r["step"] <= point["steps"]]
+        point["loss"] = round(sum(pass_rows) / len(pass_rows), 4) if pass_rows else None
     result = {
         "points": paired_passes(points),
         "samples": a.samples,

@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
+from benchmarks.common import chain_of, counts, paired_delta  # noqa: E402
 from benchmarks.smollm2.publish import metrics  # noqa: E402
 from benchmarks.smollm2.report_page import CARRY, PAGE, fail, read_json, rel, save  # noqa: E402
-from eagle3cli.eval.metrics import bootstrap, sum_ratio  # noqa: E402
 
 ARMS = ("baseline", "synthetic", "lk", "answers", "augment", "chitchat", "mixture")  # the page's order
 BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt", CARRY: CARRY}  # key: eval folder
@@ -29,32 +29,6 @@ BENCHES = {"mt_bench": "mt_bench", "gsm8k": "gsm8k", "heldout": "sharegpt", CARR
 # an MT-bench gain carry over? Its eval came after the first arms, so a row may lack it, "-" on the page)
 DELTAS = {"mt_bench": ("delta_vs_baseline", "delta_interval"), CARRY: (f"{CARRY}_delta", f"{CARRY}_delta_interval")}
 SAME_EVAL = ("bench", "num_prompts", "max_new_tokens", "depth", "mode", "temperature")
-
-
-def _chain(report: dict) -> dict:
-    """The chain decoder's numbers of the report's one head (eval's report.json: heads.NAME.chain)."""
-    if len(heads := report["heads"]) != 1:
-        raise ValueError(f"an arm's eval holds one head, this one {len(heads)}")
-    return next(iter(heads.values()))["chain"]
-
-
-def counts(chain: dict) -> dict:
-    """{emitted, rounds} per prompt of a chain decoder's report (tau = sum / sum): what pairing reads."""
-    return {k: [r["accepted"] + r["rounds"] if k == "emitted" else r["rounds"] for r in chain["per_prompt"]]
-            for k in ("emitted", "rounds")}  # fmt: skip
-
-
-def paired_delta(a: dict, b: dict) -> tuple[float, list]:
-    """tau(a) - tau(b) over the same prompts ({emitted, rounds} per prompt: tau = sum / sum), and its 90%
-    percentile interval over prompts resampled together (eval's paired bootstrap)."""
-    if (n := len(a["emitted"])) == 0 or len(b["emitted"]) != n:
-        raise ValueError(f"paired prompts expected, got {n} and {len(b['emitted'])}")
-
-    def gain(i) -> float:
-        return sum_ratio(a["emitted"], a["rounds"], i) - sum_ratio(b["emitted"], b["rounds"], i)
-
-    point, lo, hi = bootstrap(gain, n)
-    return round(point, 4), [round(lo, 4), round(hi, 4)]
 
 
 def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
@@ -68,7 +42,7 @@ def arm_row(name: str, run: Path, start_tau: float | None) -> dict:
         elif key != CARRY:
             raise FileNotFoundError(f"{run}/eval-{suffix}/report.json is missing: run the arm's evals "
                                     "(benchmarks/smollm2/levers.py)")  # fmt: skip
-    chain = {k: _chain(r) for k, r in reports.items()}
+    chain = {k: chain_of(r) for k, r in reports.items()}
     tau = chain["mt_bench"]["acceptance"]["tau"]
     if (tokens := m.get("tokens_seen")) is None:
         raise KeyError(f"{run}/train/manifest.json records no tokens_seen")

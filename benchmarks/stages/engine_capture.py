@@ -137,7 +137,7 @@ def train_both(args, runs: dict, env: dict) -> dict:
 def eval_both(args, train: dict, env: dict) -> dict:
     """Each head on the same held-out ShareGPT prompts (eval's sharegpt bench: the corpus's held-out
     split), chain d8, fp32, greedy: tau per route and engine - hf paired by prompt (90% interval)."""
-    from benchmarks.smollm2.report_levers import _chain, paired_delta
+    from benchmarks.common import chain_of, counts, paired_delta
 
     evals = {
         name: (
@@ -155,12 +155,9 @@ def eval_both(args, train: dict, env: dict) -> dict:
     }  # fmt: skip
     if not all((args.work / f"eval-{n}" / "report.json").exists() for n in evals):
         side_by_side(evals, args.work)
-    counts = {}
-    for n in evals:
-        rows = _chain(json.loads((args.work / f"eval-{n}" / "report.json").read_text()))["per_prompt"]
-        counts[n] = {"emitted": [r["accepted"] + r["rounds"] for r in rows], "rounds": [r["rounds"] for r in rows]}
-    tau = {n: sum(c["emitted"]) / sum(c["rounds"]) for n, c in counts.items()}
-    diff, interval = paired_delta(counts["engine"], counts["hf"])
+    per = {n: counts(chain_of(json.loads((args.work / f"eval-{n}" / "report.json").read_text()))) for n in evals}
+    tau = {n: sum(c["emitted"]) / sum(c["rounds"]) for n, c in per.items()}
+    diff, interval = paired_delta(per["engine"], per["hf"])
     return {
         "eval_tau_hf": round(tau["hf"], 4),
         "eval_tau_engine": round(tau["engine"], 4),
