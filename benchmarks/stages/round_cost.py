@@ -255,6 +255,8 @@ def main() -> None:
     ap.add_argument("--record-draft-steps", type=Path, metavar="RESULTS_JSON", help="write those as `draft_step_cost`")
     a = ap.parse_args()
     if a.draft_step_vocabs:
+        if not all(x.strip().isdigit() and int(x) > 0 for x in a.draft_step_vocabs.split(",")):
+            ap.error(f"--draft-step-vocabs {a.draft_step_vocabs!r}: expected draft vocab sizes, e.g. 16384,32768")
         draft_steps(a)
         return
     if a.no_random and not a.head:

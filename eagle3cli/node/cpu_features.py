@@ -41,14 +41,18 @@ def forced_level() -> str:
     return level
 
 
-@functools.lru_cache(maxsize=1)
-def _proc_flags() -> frozenset[str]:
+@functools.lru_cache(maxsize=4)
+def cpuinfo(field: str) -> str:
+    """The first `field` line's value in /proc/cpuinfo ("" where there is none or no such file)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
-    line = next((ln for ln in text.split("\n") if ln.startswith("flags")), "")
-    return frozenset(line.partition(":")[2].split())
+        return ""
+    return next((ln.partition(":")[2].strip() for ln in text.split("\n") if ln.startswith(field)), "")
+
+
+def _proc_flags() -> frozenset[str]:
+    return frozenset(cpuinfo("flags").split())
 
 
 def native_flags() -> set[str]:

@@ -404,12 +404,9 @@ def package_versions() -> dict:
 def machine() -> dict:
     """The machine a stage ran on: its timings (CPU seconds above all) compare only on the same one. The CPU's
     model as /proc/cpuinfo names it, the logical CPUs, and the GPU where torch is loaded and sees one."""
-    try:
-        info = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        info = ""
-    name = next((ln.partition(":")[2].strip() for ln in info.split("\n") if ln.startswith("model name")), None)
-    out = {"cpu": name or platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()}
+    from ..node.cpu_features import cpuinfo
+
+    out = {"cpu": cpuinfo("model name") or platform.processor() or platform.machine(), "logical_cpus": os.cpu_count()}
     torch = sys.modules.get("torch")  # never imported for this: a stage that has no torch has no GPU to name
     if torch is not None and torch.cuda.is_available():
         out["gpu"] = torch.cuda.get_device_name(0)
