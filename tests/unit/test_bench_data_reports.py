@@ -563,7 +563,11 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
     manifest.write_text(json.dumps(m))
     logged = [{"step": s, "epoch": 0, "train_cpu_seconds": s * 1.5} for s in (50, 100, 150, 200)]
     (k3 / "train" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in logged))
-    by = {r["arm"]: r for r in table_rows(data, "recipe_levers", {"ttt3-cpu": k3})}
+    k7 = _lever_arm(tmp_path, "ttt7", 100, [(4, 4)] * 4)  # at the baseline's steps, costing the CPU budget
+    m7 = json.loads((k7 / "train" / "manifest.json").read_text())
+    m7["config"]["ttt_steps"], m7["final_metrics"] = 7, {"train_cpu_seconds": 299.6}
+    (k7 / "train" / "manifest.json").write_text(json.dumps(m7))
+    by = {r["arm"]: r for r in table_rows(data, "recipe_levers", {"ttt3-cpu": k3, "ttt7": k7})}
     assert (by["ttt3-cpu"]["steps"], by["ttt3-cpu"]["cpu_seconds"], by["ttt3-cpu"]["cpu_budget_s"]) == (200, 300, 300.0)
     assert (
         by["baseline"]["cpu_seconds"] == 150
@@ -573,6 +577,9 @@ def test_recipe_levers_take_an_arm_at_equal_cpu_seconds_and_cost_the_baseline_on
     assert by["ttt3-cpu"]["mt_bench_alpha_k"] == [0.5, None]  # a depth never attempted has no alpha
     page = render_page({**data, "recipe_levers": list(by.values())})
     assert "| ttt3-cpu | 3 | 0.500 | - | 2.250 |" in page  # a depth with no attempt: "-"
+    # the budget is what K=7's steps cost, so K=7's equal-CPU arm is that row: the page says so
+    assert "what ttt7's 100 steps cost on its machine: K=7 at equal CPU seconds is ttt7 itself." in page
+    assert "--time-budget-s=300 " in page
     del m["config"]["time_budget_s"]  # the same steps without a CPU budget: another step budget, refused
     manifest.write_text(json.dumps(m))
     with pytest.raises(ValueError, match="different budgets"):
