@@ -49,6 +49,7 @@ def test_train_writes_checkpoints_metrics_and_a_loadable_head(run_dir, tiny_targ
     for r in m:
         assert len(r["loss_k"]) == len(r["acc_k"]) == len(r["alpha_k"]) == 3
         assert r["tok_per_s"] > 0 and r["loss"] > 0 and 0 <= r["sim_accept_len"] <= 3
+        assert r["rss_mib"] > 0  # the log shows the process's memory (Linux /proc)
     ck = run_dir / "train" / "checkpoints"
     assert (ck / "last").resolve().name == "step-0000004.safetensors" and (ck / "best").is_symlink()
     man = json.loads((run_dir / "train" / "manifest.json").read_text())

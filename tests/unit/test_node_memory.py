@@ -1,0 +1,33 @@
+"""node/memory.py: freed heap memory goes back to the OS (the cause of online training's RSS growth)."""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import sys
+
+import pytest
+
+from eagle3cli.node.memory import release_free_heap, resident_mib
+
+pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc and /proc")
+
+
+def test_freed_heap_pages_are_given_back():
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 3,000 blocks of 64 KiB: under malloc's mmap threshold, so they come from the heap, as a step's
+    # medium tensors do; the last one stays allocated, so the heap's top cannot shrink on free()
+    blocks = [libc.malloc(64 << 10) for _ in range(3000)]
+    assert all(blocks)
+    for b in blocks:
+        ctypes.memset(b, 1, 64 << 10)  # touched: resident
+    for b in blocks[:-1]:
+        libc.free(b)
+    held = resident_mib()
+    assert release_free_heap() is True
+    after = resident_mib()
+    libc.free(blocks[-1])
+    assert held is not None and after is not None
+    assert held - after > 100, f"resident {held:.0f} MiB before the trim, {after:.0f} after"
