@@ -9,6 +9,11 @@ and eval settings, so an arm measured later is paired against the stored baselin
         --arm synthetic=runs/lever-synthetic ...
     .venv/bin/python benchmarks/smollm2/report_levers.py --arm lk=runs/lever-lk   # the rest from the JSON
     .venv/bin/python benchmarks/smollm2/report_levers.py --table recipe_levers --arm ttt5=runs/lever-ttt5
+    .venv/bin/python benchmarks/smollm2/report_levers.py --table recipe_levers --vs-published runs/published-eval-mt_bench
+
+`--vs-published DIR`: the published head's own MT-bench eval, run again with the arms' settings (`eagle3 eval
+--head models/smollm2-135m-eagle3 ... --out DIR`, levers.py's eval command); the recipe arms that start from that
+head are then paired with it too, side by side on the same prompts: the gain a new head would publish on.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a script: the repo root, for `benchmarks`
 from benchmarks.common import chain_of, counts, paired_delta  # noqa: E402
+from benchmarks.smollm2.levers import PUBLISHED  # noqa: E402
 from benchmarks.smollm2.publish import metrics  # noqa: E402
 from benchmarks.smollm2.report_page import CARRY, PAGE, fail, read_json, rel, save  # noqa: E402
 
@@ -124,7 +130,33 @@ def table_rows(data: dict, table: str, arms: dict[str, Path | None]) -> list[dic
         kept = [r for r in stored if r["arm"].startswith("scratch") == (base == "scratch")]
         rows += levers_json(named, base, tau, kept) if named or kept else []
     _costs(rows, data)
+    if pub := data.get("recipe_levers_vs_published"):
+        _vs_published(rows, pub)
     return rows
+
+
+def published_eval(path: Path) -> dict:
+    """The published head's MT-bench eval in PATH (eval's report.json): its settings, tau and per-prompt counts,
+    kept in the JSON so a later report pairs new arms with it when PATH is gone."""
+    if (rep := read_json(path / "report.json")) is None:
+        raise FileNotFoundError(f"{path}/report.json is missing: run the published head's MT-bench eval there with "
+                                "the arms' settings (levers.py's `eagle3 eval` with --head models/smollm2-135m-eagle3)")  # fmt: skip
+    if rep.get("bench") != "mt_bench" or (head := next(iter(rep.get("heads") or {}), None)) != PUBLISHED:
+        raise ValueError(f"{path} is {rep.get('bench')}'s eval of {head}, expected MT-bench's of {PUBLISHED}")
+    chain = chain_of(rep)
+    return {"eval": rel(path), "head": head, "mt_bench_tau": round(chain["acceptance"]["tau"], 4),
+            "eval_settings": {s: rep.get(s) for s in SAME_EVAL}, "mt_bench_per_prompt": counts(chain)}  # fmt: skip
+
+
+def _vs_published(rows: list[dict], pub: dict) -> None:
+    """Each arm that starts from the published head (not scratch-*) paired with that head's own eval."""
+    for r in (r for r in rows if not r["arm"].startswith("scratch")):
+        if r["eval_settings"]["mt_bench"] != pub["eval_settings"]:
+            raise ValueError(f"the published head's eval ({pub['eval']}) differs from {r['arm']}'s MT-bench eval: "
+                             f"{pub['eval_settings']} against {r['eval_settings']['mt_bench']}")  # fmt: skip
+        r["delta_vs_published"], r["delta_vs_published_interval"] = paired_delta(
+            r["mt_bench_per_prompt"], pub["mt_bench_per_prompt"]
+        )
 
 
 def _costs(rows: list[dict], data: dict) -> None:
@@ -147,6 +179,8 @@ if __name__ == "__main__":
                     help="NAME=RUN_DIR (repeat): read this arm from its run folder; NAME alone or not named: its "
                     "stored row")  # fmt: skip
     ap.add_argument("--results-md", type=Path, default=PAGE)
+    ap.add_argument("--vs-published", type=Path, default=None, metavar="DIR",
+                    help="the published head's MT-bench eval folder: pair the recipe arms from it with it too")  # fmt: skip
     ap.add_argument("--table", choices=("data_levers", "recipe_levers"), default="data_levers",
                     help="recipe_levers: arms that change a training setting on the baseline's data, paired with the "
                     "data table's baseline (another pass at TTT K=3)")  # fmt: skip
@@ -159,6 +193,10 @@ if __name__ == "__main__":
         arms[name] = Path(run) if run else None
     data = read_json(a.results_md.with_suffix(".json")) or {}
     try:
+        if a.vs_published is not None:
+            if a.table != "recipe_levers":
+                ap.error("--vs-published pairs the recipe arms: give it with --table recipe_levers")
+            data["recipe_levers_vs_published"] = published_eval(a.vs_published)
         data[a.table] = table_rows(data, a.table, arms)
     except (ValueError, KeyError, FileNotFoundError) as e:
         fail(str(e))

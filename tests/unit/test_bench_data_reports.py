@@ -646,3 +646,39 @@ def test_recipe_levers_pair_scratch_arms_with_the_scratch_baseline_and_cost_only
     assert (
         table_rows(data, "recipe_levers", {"scratch": scratch, "scratch-vocab32k": wide})[2]["draft_step_cost"] is None
     )
+
+
+def test_recipe_levers_pair_arms_from_the_published_head_with_its_own_eval_side_by_side(tmp_path):
+    """`report_levers.py --vs-published DIR`: the published head's MT-bench eval, kept in the JSON, pairs every
+    arm that starts from that head (not scratch-*); an eval of another bench, head or settings is refused; the
+    page names the arms paired above zero over the published head."""
+    from benchmarks.smollm2.report_levers import levers_json, published_eval, table_rows
+    from benchmarks.smollm2.report_page import page as render_page
+
+    base = _lever_arm(tmp_path, "baseline", 100, [(4, 4)] * 4)
+    data = {"data_levers": levers_json({"baseline": base}, "baseline", start_tau=1.5),
+            "published": {"mt_bench_tau": 1.5}}  # fmt: skip
+    k3 = _lever_arm(tmp_path, "ttt3-cpu", 100, [(8, 4), (8, 4), (8, 4), (6, 4)])
+    scratch = _lever_arm(tmp_path, "scratch", 138, [(2, 4)] * 4)
+    pub = _lever_arm(tmp_path, "published", 0, [(4, 4), (4, 4), (4, 4), (5, 4)])
+    report = pub / "eval-mt_bench" / "report.json"
+    rep = json.loads(report.read_text())
+    with pytest.raises(ValueError, match="expected MT-bench's of models/smollm2-135m-eagle3"):
+        published_eval(pub / "eval-mt_bench")  # the eval of some other head
+    rep["heads"] = {"models/smollm2-135m-eagle3": rep["heads"]["published/head"]}
+    report.write_text(json.dumps(rep))
+    data["recipe_levers_vs_published"] = published_eval(pub / "eval-mt_bench")
+    rows = table_rows(data, "recipe_levers", {"ttt3-cpu": k3, "scratch": scratch})
+    by = {r["arm"]: r for r in rows}
+    assert (
+        by["ttt3-cpu"]["delta_vs_published"] == 2.875 - 2.0625 and by["ttt3-cpu"]["delta_vs_published_interval"][0] > 0
+    )
+    assert by["baseline"]["delta_vs_published"] == 2.0 - 2.0625
+    assert "delta_vs_published" not in by["scratch"]  # another starting point: not paired with the published head
+    text = render_page({**data, "recipe_levers": rows})
+    assert "ttt3-cpu +0.812 [+" in text and "Paired above zero over the published head: ttt3-cpu." in text
+    rep["max_new_tokens"] = 128
+    report.write_text(json.dumps(rep))
+    data["recipe_levers_vs_published"] = published_eval(pub / "eval-mt_bench")
+    with pytest.raises(ValueError, match="differs from baseline's MT-bench eval"):
+        table_rows(data, "recipe_levers", {"ttt3-cpu": k3})
