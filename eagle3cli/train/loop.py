@@ -28,7 +28,7 @@ from ..head.card import CARD
 from ..head.check import nonfinite_tensors
 from ..head.write import HEAD_FILES, save_head, self_check, write_card
 from ..node.devices import check_device
-from ..node.memory import release_free_heap, resident_mib
+from ..node.memory import keep_large_blocks_off_the_heap, release_free_heap, resident_mib
 from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
@@ -384,6 +384,7 @@ def fit(tr: Trainer) -> None:
     cfg = tr.cfg
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
+    keep_large_blocks_off_the_heap()  # node/memory.py: a CPU run's resident set grew without bound
     iv = Interval()
     saved = -1
     plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)

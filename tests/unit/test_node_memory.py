@@ -31,3 +31,35 @@ def test_freed_heap_pages_are_given_back():
     libc.free(blocks[-1])
     assert held is not None and after is not None
     assert held - after > 100, f"resident {held:.0f} MiB before the trim, {after:.0f} after"
+
+
+_FRAGMENT = """
+import ctypes, ctypes.util, sys
+from eagle3cli.node.memory import keep_large_blocks_off_the_heap, resident_mib
+if sys.argv[1] == "fixed":
+    assert keep_large_blocks_off_the_heap()
+libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+size = 3 << 20  # a step's tensor: 3 MiB
+libc.free(libc.malloc(size))  # glibc's default now serves blocks this large from the heap
+blocks = [libc.malloc(size) for _ in range(100)]
+for b in blocks:
+    ctypes.memset(b, 1, size)
+before = resident_mib()
+for b in blocks[:-1]:  # the last one stays: the heap's top cannot shrink on free()
+    libc.free(b)
+print(before - resident_mib())
+"""
+
+
+def test_large_blocks_go_back_to_the_os_when_freed_once_train_fixes_the_threshold():
+    """glibc's dynamic mmap threshold moves freed 3 MiB blocks into the heap, where freeing them gives nothing
+    back; with keep_large_blocks_off_the_heap (train calls it) each is unmapped on free."""
+    import subprocess
+
+    freed = {}
+    for mode in ("default", "fixed"):
+        out = subprocess.run([sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True)
+        freed[mode] = float(out.stdout)
+    assert freed["default"] < 20 and freed["fixed"] > 250, freed
