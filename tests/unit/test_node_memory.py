@@ -56,10 +56,24 @@ print(before - resident_mib())
 def test_large_blocks_go_back_to_the_os_when_freed_once_train_fixes_the_threshold():
     """glibc's dynamic mmap threshold moves freed 3 MiB blocks into the heap, where freeing them gives nothing
     back; with keep_large_blocks_off_the_heap (train calls it) each is unmapped on free."""
+    import os
     import subprocess
 
     freed = {}
+    env = {k: v for k, v in os.environ.items() if k not in ("MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES")}
     for mode in ("default", "fixed"):
-        out = subprocess.run([sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True)
+        out = subprocess.run(
+            [sys.executable, "-c", _FRAGMENT, mode], capture_output=True, text=True, check=True, env=env
+        )
         freed[mode] = float(out.stdout)
     assert freed["default"] < 20 and freed["fixed"] > 250, freed
+
+
+def test_a_users_own_malloc_threshold_is_left_alone(monkeypatch):
+    from eagle3cli.node.memory import keep_large_blocks_off_the_heap
+
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "33554432")
+    assert keep_large_blocks_off_the_heap() is False
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=33554432")
+    assert keep_large_blocks_off_the_heap() is False
