@@ -28,7 +28,7 @@ from ..head.card import CARD
 from ..head.check import nonfinite_tensors
 from ..head.write import HEAD_FILES, save_head, self_check, write_card
 from ..node.devices import check_device
-from ..node.memory import keep_large_blocks_off_the_heap, release_free_heap, resident_mib
+from ..node.memory import resident_mib
 from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
@@ -313,7 +313,7 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "train_seconds": round(tr.loop.train_seconds, 2),
         "train_cpu_seconds": round(tr.loop.train_cpu_seconds, 2),
     }
-    if (rss := resident_mib()) is not None:  # this rank's resident set: memory growth shows in the log
+    if (rss := resident_mib()) is not None:  # this rank's resident set: memory growth shows (node/memory.py)
         m["rss_mib"] = round(rss)
     if heldout:
         m.update(measure_heldout(tr))
@@ -384,7 +384,6 @@ def fit(tr: Trainer) -> None:
     cfg = tr.cfg
     tr.train_dir.mkdir(parents=True, exist_ok=True)
     tr.model.train()
-    keep_large_blocks_off_the_heap()  # node/memory.py: a CPU run's resident set grew without bound
     iv = Interval()
     saved = -1
     plan = plan_for(cfg, tr.source.lengths, tr.loop.epoch, exclude=tr.unused)
@@ -431,8 +430,6 @@ def fit(tr: Trainer) -> None:
                 if tr.loop.step % cfg.save_every == 0 or best:  # a new best is kept off the cadence too
                     save_checkpoint(tr, best)
                     saved = tr.loop.step
-                if tr.loop.step % cfg.save_every == 0:
-                    release_free_heap()  # node/memory.py: the heap keeps freed step memory otherwise
     finally:
         feed.close()
     best = bool(iv.steps) and new_best(tr, log_interval(tr, iv, heldout=bool(tr.heldout)))
