@@ -5,7 +5,7 @@ thread): with glibc's malloc as it comes, the resident set grows from ~2 GB towa
 ~1,000 steps and then holds, because glibc raises its mmap threshold as large blocks are freed and then
 serves the step's tensors from a heap that fragments. Two such runs side by side were OOM-killed on a 24 GB
 machine. glibc's own `MALLOC_MMAP_THRESHOLD_=1048576` (blocks over 1 MiB mapped on their own, unmapped
-when freed) held the same run under 4.8 GB, at ~40% more CPU per token (page faults), and trimming
+when freed) held the same run under 4.8 GB, at 33-53% more CPU per token (page faults), and trimming
 the heap at each checkpoint (`malloc_trim`) cost ~4% and did not stop the peak growing. So eagle3 leaves
 malloc as it is (speed first) and docs/train.md says which variable trades the speed for the memory.
 """
