@@ -1,4 +1,3 @@
 """What this machine can run, asked before any model loads: `cpu_features.py` (the CPU's
 instruction sets and which fast paths need which) and `devices.py` (`--device` checked against this
-torch build and machine). `eagle3 doctor` (`doctor.py`) reports both. `memory.py`: a stage's resident
-set, as train logs it."""
+torch build and machine). `eagle3 doctor` (`doctor.py`) reports both."""

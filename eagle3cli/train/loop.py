@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from typing_extensions import TypedDict  # pydantic reads TypedDicts from here before Python 3.12
 
@@ -28,7 +29,6 @@ from ..head.card import CARD
 from ..head.check import nonfinite_tensors
 from ..head.write import HEAD_FILES, save_head, self_check, write_card
 from ..node.devices import check_device
-from ..node.memory import resident_mib
 from ..run_folder.folders import claim_output, refuse_link_out
 from ..run_folder.lock import stage_lock
 from ..run_folder.manifest import (
@@ -313,8 +313,8 @@ def log_interval(tr: Trainer, iv: Interval, heldout: bool = False) -> dict:
         "train_seconds": round(tr.loop.train_seconds, 2),
         "train_cpu_seconds": round(tr.loop.train_cpu_seconds, 2),
     }
-    if (rss := resident_mib()) is not None:  # this rank's resident set: memory growth shows (node/memory.py)
-        m["rss_mib"] = round(rss)
+    # this rank's resident set: on CPU it grows while glibc's heap fragments (docs/troubleshooting.md)
+    m["rss_mib"] = round(psutil.Process().memory_info().rss / 2**20)
     if heldout:
         m.update(measure_heldout(tr))
     tr.loop.metrics = m
