@@ -141,7 +141,8 @@ def published_eval(path: Path) -> dict:
     if (rep := read_json(path / "report.json")) is None:
         raise FileNotFoundError(f"{path}/report.json is missing: run the published head's MT-bench eval there with "
                                 "the arms' settings (levers.py's `eagle3 eval` with --head models/smollm2-135m-eagle3)")  # fmt: skip
-    if rep.get("bench") != "mt_bench" or (head := next(iter(rep.get("heads") or {}), None)) != PUBLISHED:
+    head = next(iter(rep.get("heads") or {}), None)
+    if rep.get("bench") != "mt_bench" or head != PUBLISHED:
         raise ValueError(f"{path} is {rep.get('bench')}'s eval of {head}, expected MT-bench's of {PUBLISHED}")
     chain = chain_of(rep)
     return {"eval": rel(path), "head": head, "mt_bench_tau": round(chain["acceptance"]["tau"], 4),

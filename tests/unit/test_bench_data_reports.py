@@ -666,6 +666,9 @@ def test_recipe_levers_pair_arms_from_the_published_head_with_its_own_eval_side_
     with pytest.raises(ValueError, match="expected MT-bench's of models/smollm2-135m-eagle3"):
         published_eval(pub / "eval-mt_bench")  # the eval of some other head
     rep["heads"] = {"models/smollm2-135m-eagle3": rep["heads"]["published/head"]}
+    report.write_text(json.dumps(rep | {"bench": "gsm8k"}))
+    with pytest.raises(ValueError, match="is gsm8k's eval of models/smollm2-135m-eagle3, expected MT-bench's"):
+        published_eval(pub / "eval-mt_bench")  # the published head, another bench
     report.write_text(json.dumps(rep))
     data["recipe_levers_vs_published"] = published_eval(pub / "eval-mt_bench")
     rows = table_rows(data, "recipe_levers", {"ttt3-cpu": k3, "scratch": scratch})
